@@ -1,0 +1,310 @@
+"""The Optimal Token Baseline (OTB), the Logit-Gradient Proxy and the group baselines.
+
+Pure tensor functions, no classes. Everything takes right-padded (B, T) tensors:
+B rows (responses), T response positions, ``response_mask`` 1 on valid tokens.
+
+The story
+---------
+REINFORCE estimates the policy gradient from one sampled response tau as
+
+    g(tau) = R(tau) * S(tau),    S(tau) = sum_t s_t,    s_t = grad log pi(y_t | x, y_<t).
+
+Subtracting a baseline that does not depend on the sampled action keeps it unbiased and can
+cut its variance a lot. Group baselines (GRPO, Dr.GRPO, RLOO) compare each response with the
+other N - 1 responses to the same prompt and give *one* number per response.
+
+OTB gives one baseline per token position t. With the reward-to-go G_t and the per-token
+squared score norm w_t,
+
+    G_t  = sum_{u >= t} r_u                     (1) reward-to-go
+    w_t  = ||s_t||^2                            (2) token energy
+    W_t  = sum_{j <= t} w_j                     (3) realized energy up to t
+    B*_t = E[G_t W_t] / E[W_t]                  (4) optimal token baseline
+    A_t  = G_t - B*_t                           (5) advantage
+
+Where (4) comes from: the minimum-variance constant baseline for the estimator (G_t - b) S_<=t
+is E[||S_<=t||^2 G_t] / E[||S_<=t||^2] (set the derivative of the variance to zero). Per-token
+scores are martingale differences, E[s_j | y_<j] = 0, so E||S_<=t||^2 = E[sum_{j<=t} ||s_j||^2]
+= E[W_t] exactly; using W_t inside the reward-weighted expectation too is the approximation
+that makes (4) computable. ``toy_env.py`` checks both statements with exact numbers.
+
+The expectations in (4) are estimated over the N responses of the group, counting only rows
+still active at t (padding never enters the average):
+
+    B_t = sum_i G_t^i W_t^i m_t^i / (sum_i W_t^i m_t^i + eps)           (6)
+
+The Logit-Gradient Proxy. w_t needs a backward pass per token. For a softmax over logits z,
+d log softmax(z)_y / dz = e_y - pi, so the squared gradient norm *with respect to that
+position's logits* is
+
+    ||e_y - pi||^2 = 1 - 2 pi(y) + sum_k pi_k^2                         (7)
+
+which needs only the forward pass. sum_k pi_k^2 = exp(logsumexp(2z) - 2 logsumexp(z)).
+(7) is exact for the logits and a proxy for the full parameter gradient (it ignores the
+hidden-state factor and all earlier layers). Mathematically 0 <= w_t <= 2.
+
+Departures and choices (all matching the widely used verl implementation unless noted)
+- The row's own return is inside its baseline (6): biased by O(1/N), like GRPO's mean.
+  ``leave_one_out=True`` drops the row's own term: unbiased; B = 0 where no other row of the
+  group is active. (This variant is ours; verl has no leave-one-out OTB.)
+- Singleton groups get B = 0 (the advantage is the return itself).
+- Importance weights rho_t (``is_weights``) multiply w_t by rho_t^2.
+- ``zero_tail=True``: where only one row of a group is still active its baseline would be its
+  own return (advantage ~ 0); zero tail sets B = 0 there instead.
+- w_t is clamped to [0, 2]: rounding can push (7) a hair below 0 for confident tokens.
+- sum pi^2 is computed in float32 even for bf16 logits (float64 stays float64): in bf16 the
+  difference in (7) can go negative.
+
+Diagnostics. With the proxy, ||g(tau)||^2 ~ sum_t w_t A_t^2 (cross terms vanish in
+expectation), which is W(tau) A^2 when A is constant over the response. Its batch mean is the
+"total power"; subtracting the squared norm of the batch-mean gradient and dividing by N - 1
+gives "pure noise", an estimate of the variance of the batch-mean gradient.
+"""
+from functools import partial
+
+import torch
+
+# =====================================================================================
+# Input checks: every public function fails early, naming the argument and the problem.
+# =====================================================================================
+
+LOG_PROB_TOLERANCE = 1e-4  # log-probs a hair above 0 are float rounding, not a bug
+
+
+def _as_2d(name, x):
+    x = torch.as_tensor(x)
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (batch, length), got shape {tuple(x.shape)}")
+    return x
+
+
+def _check_inputs(token_rewards, response_mask, group_index, **extra):
+    """Validate the (B, T) inputs; returns (rewards, valid, gid, n_groups, extra tensors).
+
+    The common case (everything fine) costs one reduction per tensor; the slower search for
+    the offending position only runs when that reduction says something is wrong.
+    """
+    token_rewards = _as_2d("token_rewards", token_rewards)
+    response_mask = _as_2d("response_mask", response_mask)
+    shape = tuple(token_rewards.shape)
+    if 0 in shape:
+        raise ValueError(f"empty batch: token_rewards has shape {shape}")
+    tensors = {k: _as_2d(k, v) for k, v in extra.items() if v is not None}
+    for name, x in [("response_mask", response_mask)] + list(tensors.items()):
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(x.shape)} but token_rewards has shape {shape}")
+    valid = response_mask.bool()  # (B, T)
+    if response_mask.dtype != torch.bool and not torch.equal(valid.to(response_mask.dtype), response_mask):
+        bad = response_mask[(response_mask != 0) & (response_mask != 1)][0].item()
+        raise ValueError(f"response_mask must contain only 0 and 1, found {bad}")
+    for name, x in [("token_rewards", token_rewards)] + list(tensors.items()):
+        if not torch.isfinite(x.sum()):  # fast path: a finite sum means finite entries
+            nonfinite = ~torch.isfinite(x) & valid
+            if nonfinite.any():
+                i, t = nonfinite.nonzero()[0].tolist()
+                raise ValueError(f"{name} has a non-finite value ({x[i, t].item()}) "
+                                 f"at valid position ({i}, {t})")
+    if "log_probs" in tensors and tensors["log_probs"].max() > LOG_PROB_TOLERANCE:
+        too_big = (tensors["log_probs"] > LOG_PROB_TOLERANCE) & valid
+        if too_big.any():
+            i, t = too_big.nonzero()[0].tolist()
+            raise ValueError(f"log_probs must be <= 0, found {tensors['log_probs'][i, t].item():.6g} "
+                             f"at valid position ({i}, {t})")
+    gid, n_groups = group_ids(group_index, shape[0])
+    return token_rewards, valid, gid.to(token_rewards.device), n_groups, {k: tensors.get(k) for k in extra}
+
+
+def group_ids(group_index, batch):
+    """Map one prompt id per row (any hashables, or an integer tensor) to ids 0..n_groups-1.
+
+    Returns (gid, n_groups) with gid a (B,) long tensor. Groups may be interleaved.
+    """
+    if isinstance(group_index, torch.Tensor):
+        if group_index.dim() != 1 or group_index.is_floating_point():
+            raise ValueError(f"group_index must be a 1-D integer tensor or a sequence of ids, "
+                             f"got a tensor of shape {tuple(group_index.shape)} and dtype {group_index.dtype}")
+        if len(group_index) != batch:
+            raise ValueError(f"group_index has {len(group_index)} entries but the batch has {batch} rows")
+        uniq, gid = torch.unique(group_index, return_inverse=True)
+        return gid.long(), len(uniq)
+    ids = list(group_index)
+    if len(ids) != batch:
+        raise ValueError(f"group_index has {len(ids)} entries but the batch has {batch} rows")
+    first_seen = {}
+    gid = [first_seen.setdefault(g, len(first_seen)) for g in ids]  # id encoding, not the estimator
+    return torch.tensor(gid, dtype=torch.long), len(first_seen)
+
+
+def _group_sum(x, gid, n_groups):
+    """Sum rows of x (B, ...) into their groups: (n_groups, ...). No loop over groups."""
+    out = torch.zeros((n_groups,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    return out.index_add_(0, gid, x)
+
+
+# =====================================================================================
+# The Logit-Gradient Proxy, eq. (7)
+# =====================================================================================
+
+def sum_pi_squared(logits, chunk_size=None):
+    """sum_k softmax(z)_k^2 over the last dimension, computed stably in float32.
+
+    Uses exp(logsumexp(2z) - 2 logsumexp(z)), which never forms pi itself. float64 input stays
+    float64; every other dtype (bf16, fp16, fp32) is computed and returned in float32.
+    With ``chunk_size``, the first dimension is processed that many slices at a time, so the
+    temporaries are bounded by one chunk instead of the whole (B, T, V) tensor.
+    Shape: (..., V) -> (...).
+    """
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+    logits = torch.as_tensor(logits)
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    if logits.dim() < 2 or chunk_size is None:
+        z = logits.to(dtype)
+        return torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * torch.logsumexp(z, dim=-1))
+    out = torch.empty(logits.shape[:-1], dtype=dtype, device=logits.device)  # (B, ...)
+    for start in range(0, logits.shape[0], chunk_size):  # a loop over memory chunks only
+        z = logits[start:start + chunk_size].to(dtype)  # (chunk, ..., V)
+        out[start:start + chunk_size] = torch.exp(torch.logsumexp(2 * z, -1) - 2 * torch.logsumexp(z, -1))
+    return out
+
+
+def token_energy(log_probs, sum_pi_sq):
+    """w_t = 1 - 2 pi(y_t) + sum_k pi_k^2, eq. (7), clamped to [0, 2]. Same shape as inputs."""
+    dtype = torch.float64 if torch.float64 in (log_probs.dtype, sum_pi_sq.dtype) else torch.float32
+    pi_y = log_probs.to(dtype).exp()  # pi(y_t), a fresh tensor: the in-place ops below are safe
+    return pi_y.mul_(-2.0).add_(sum_pi_sq.to(dtype)).add_(1.0).clamp_(0.0, 2.0)  # w_t
+
+
+# =====================================================================================
+# The Optimal Token Baseline, eqs. (1)-(6)
+# =====================================================================================
+
+def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, *,
+                           is_weights=None, leave_one_out=False, zero_tail=False, eps=1e-8):
+    """OTB advantages A_t = G_t - B_t, eq. (5), with B_t from eq. (6).
+
+    token_rewards, response_mask, log_probs (of the sampled tokens), sum_pi_sq, is_weights:
+    (B, T). group_index: one prompt id per row. Returns (advantages, returns), both (B, T),
+    exactly 0 at padded positions.
+    """
+    r, valid, gid, n_groups, x = _check_inputs(token_rewards, response_mask, group_index,
+                                               log_probs=log_probs, sum_pi_sq=sum_pi_sq,
+                                               is_weights=is_weights)
+    dtype = torch.float64 if r.dtype == torch.float64 else torch.float32
+    m = valid.to(dtype)  # m_t, (B, T)
+    r = torch.where(valid, r.to(dtype), 0.0)  # r_t, padding (even NaN) -> 0
+
+    R = r.sum(-1, keepdim=True)  # R(tau), total reward, (B, 1)
+    G = r.cumsum(-1).neg_().add_(r).add_(R)  # G_t = R - sum_{u<t} r_u = sum_{u>=t} r_u, eq. (1)
+    w = token_energy(x["log_probs"], x["sum_pi_sq"]).to(dtype)  # w_t, eq. (7), (B, T)
+    if x["is_weights"] is not None:
+        w = w * x["is_weights"].to(dtype) ** 2  # w_t <- rho_t^2 w_t
+    w.masked_fill_(~valid, 0.0)  # padding (even NaN) -> 0; w is a fresh tensor
+    Wm = w.cumsum(-1).mul_(m)  # W_t = sum_{j<=t} w_j, eq. (3), times m_t, (B, T)
+    GWm = G * Wm  # G_t W_t m_t, (B, T)
+
+    if leave_one_out:  # sums over the *other* rows j != i of the group, (B, T)
+        num = _group_sum(GWm, gid, n_groups)[gid] - GWm  # sum_j G W m
+        den = (_group_sum(Wm, gid, n_groups)[gid] - Wm).clamp_(min=0.0)  # sum_j W m
+        others = _group_sum(m, gid, n_groups)[gid] - m  # other rows active at t
+        B = torch.where(others > 0, num / (den + eps), 0.0)  # B_t without row i
+    else:  # the baseline is the same for every row of a group: compute it once per group
+        num = _group_sum(GWm, gid, n_groups)  # sum_i G W m, (groups, T)
+        den = _group_sum(Wm, gid, n_groups)  # sum_i W m, (groups, T)
+        B_group = num / (den + eps)  # B_t, eq. (6), (groups, T)
+        group_size = torch.bincount(gid, minlength=n_groups)  # rows per group, (groups,)
+        B_group[group_size == 1] = 0.0  # singleton groups: B = 0
+        if zero_tail:
+            active = _group_sum(m, gid, n_groups)  # rows still active at t, (groups, T)
+            B_group[active <= 1] = 0.0  # only one row left at t: B = 0
+        B = B_group[gid]  # (B, T)
+
+    advantages = (G - B).mul_(m)  # A_t, eq. (5), 0 on padding
+    return advantages, G.mul_(m)
+
+
+# =====================================================================================
+# Group baselines: one number per response
+# =====================================================================================
+
+def _sequence_setup(token_rewards, response_mask, group_index):
+    r, valid, gid, n_groups, _ = _check_inputs(token_rewards, response_mask, group_index)
+    dtype = torch.float64 if r.dtype == torch.float64 else torch.float32
+    m = valid.to(dtype)  # (B, T)
+    score = torch.where(valid, r.to(dtype), 0.0).sum(-1)  # R(tau) = sum of valid rewards, (B,)
+    size = torch.bincount(gid, minlength=n_groups).to(dtype)  # rows per group, (G,)
+    return score, m, gid, n_groups, size
+
+
+def _broadcast(adv, score, m):
+    """Per-response advantage and score (B,) -> token level (B, T), 0 on padding."""
+    return adv[:, None] * m, score[:, None] * m
+
+
+def reinforce(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None):
+    """No baseline: A = R(tau). (log_probs and sum_pi_sq are accepted and ignored.)"""
+    score, m, _, _, _ = _sequence_setup(token_rewards, response_mask, group_index)
+    return _broadcast(score, score, m)
+
+
+def group_mean(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None):
+    """Dr.GRPO: A = R - mean of the group's R (own row included). Singletons keep R."""
+    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index)
+    mean = _group_sum(score, gid, n) / size  # group mean, (G,)
+    mean = torch.where(size > 1, mean, 0.0)[gid]  # singleton: mean 0, (B,)
+    return _broadcast(score - mean, score, m)
+
+
+def grpo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None):
+    """GRPO: A = (R - mean) / (std + 1e-6), std with N - 1. Singletons: mean 0, std 1."""
+    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index)
+    mean = (_group_sum(score, gid, n) / size)[gid]  # (B,)
+    sq_dev = _group_sum((score - mean) ** 2, gid, n)  # sum of squared deviations, (G,)
+    std = (sq_dev / (size - 1).clamp(min=1)).sqrt()  # unbiased std, (G,)
+    singleton = (size == 1)[gid]  # (B,)
+    mean = torch.where(singleton, 0.0, mean)
+    std = torch.where(singleton, 1.0, std[gid])
+    return _broadcast((score - mean) / (std + 1e-6), score, m)
+
+
+def rloo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None):
+    """RLOO: A = R - mean of the *other* rows' R. Singletons keep R."""
+    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index)
+    others = size[gid] - 1  # (B,)
+    loo_mean = (_group_sum(score, gid, n)[gid] - score) / others.clamp(min=1)  # (B,)
+    loo_mean = torch.where(others > 0, loo_mean, 0.0)
+    return _broadcast(score - loo_mean, score, m)
+
+
+# =====================================================================================
+# Forward-only variance diagnostics
+# =====================================================================================
+
+def gradient_power(advantages, response_mask, log_probs, sum_pi_sq):
+    """P_i = sum_t w_t A_t^2 m_t: the proxy of ||g(tau_i)||^2, (B, T) -> (B,)."""
+    valid = torch.as_tensor(response_mask).bool()
+    w = token_energy(log_probs, sum_pi_sq)  # w_t, (B, T)
+    return torch.where(valid, w * advantages.to(w.dtype) ** 2, 0.0).sum(-1)  # P_i, (B,)
+
+
+def noise_diagnostics(power, mean_grad_sq_norm):
+    """total_power = mean_i P_i; pure_noise = (total_power - ||mean g||^2) / (N - 1).
+
+    E[total_power] = ||E g||^2 + tr Var(g) and E||mean g||^2 = ||E g||^2 + tr Var(g) / N,
+    so pure_noise estimates tr Var(g) / N, the noise left in the batch-mean gradient.
+    """
+    n = power.numel()
+    total_power = power.mean().item()
+    pure_noise = (total_power - float(mean_grad_sq_norm)) / (n - 1) if n > 1 else float("nan")
+    return {"total_power": total_power, "pure_noise": pure_noise}
+
+
+# One string picks the estimator in a training loop; all take the same keyword arguments.
+ESTIMATORS = {
+    "reinforce": reinforce,
+    "group_mean": group_mean,
+    "grpo": grpo,
+    "rloo": rloo,
+    "otb": optimal_token_baseline,
+    "otb_loo": partial(optimal_token_baseline, leave_one_out=True),
+}
