@@ -145,6 +145,17 @@ def _group_sum(x, gid, n_groups):
 # The Logit-Gradient Proxy, eq. (7)
 # =====================================================================================
 
+def _sum_pi_squared_dense(z):
+    """exp(logsumexp(2z) - 2 logsumexp(z)) after shifting z by its max, (..., V) -> (...).
+
+    The shift changes nothing mathematically but keeps both logsumexps near 0, so their
+    difference does not lose float32 digits when the logits are large (LM logits often sit
+    around +40, where the unshifted difference is off by ~6e-6).
+    """
+    z = z - z.amax(dim=-1, keepdim=True)  # max logit -> 0
+    return torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * torch.logsumexp(z, dim=-1))
+
+
 def sum_pi_squared(logits, chunk_size=None):
     """sum_k softmax(z)_k^2 over the last dimension, computed stably in float32.
 
@@ -159,12 +170,11 @@ def sum_pi_squared(logits, chunk_size=None):
     logits = torch.as_tensor(logits)
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     if logits.dim() < 2 or chunk_size is None:
-        z = logits.to(dtype)
-        return torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * torch.logsumexp(z, dim=-1))
+        return _sum_pi_squared_dense(logits.to(dtype))
     out = torch.empty(logits.shape[:-1], dtype=dtype, device=logits.device)  # (B, ...)
     for start in range(0, logits.shape[0], chunk_size):  # a loop over memory chunks only
         z = logits[start:start + chunk_size].to(dtype)  # (chunk, ..., V)
-        out[start:start + chunk_size] = torch.exp(torch.logsumexp(2 * z, -1) - 2 * torch.logsumexp(z, -1))
+        out[start:start + chunk_size] = _sum_pi_squared_dense(z)
     return out
 
 
@@ -194,8 +204,7 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     m = valid.to(dtype)  # m_t, (B, T)
     r = torch.where(valid, r.to(dtype), 0.0)  # r_t, padding (even NaN) -> 0
 
-    R = r.sum(-1, keepdim=True)  # R(tau), total reward, (B, 1)
-    G = r.cumsum(-1).neg_().add_(r).add_(R)  # G_t = R - sum_{u<t} r_u = sum_{u>=t} r_u, eq. (1)
+    G = r.flip(-1).cumsum(-1).flip(-1)  # G_t = sum_{u>=t} r_u, eq. (1), (B, T)
     w = token_energy(x["log_probs"], x["sum_pi_sq"]).to(dtype)  # w_t, eq. (7), (B, T)
     if x["is_weights"] is not None:
         w = w * x["is_weights"].to(dtype) ** 2  # w_t <- rho_t^2 w_t
@@ -204,10 +213,13 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     GWm = G * Wm  # G_t W_t m_t, (B, T)
 
     if leave_one_out:  # sums over the *other* rows j != i of the group, (B, T)
-        num = _group_sum(GWm, gid, n_groups)[gid] - GWm  # sum_j G W m
-        den = (_group_sum(Wm, gid, n_groups)[gid] - Wm).clamp_(min=0.0)  # sum_j W m
+        # "group total minus own term" cancels badly in float32 when one row's energy dwarfs
+        # the others', so these sums are taken in float64.
+        GWm64, Wm64 = GWm.double(), Wm.double()
+        num = _group_sum(GWm64, gid, n_groups)[gid] - GWm64  # sum_j G W m
+        den = (_group_sum(Wm64, gid, n_groups)[gid] - Wm64).clamp_(min=0.0)  # sum_j W m
         others = _group_sum(m, gid, n_groups)[gid] - m  # other rows active at t
-        B = torch.where(others > 0, num / (den + eps), 0.0)  # B_t without row i
+        B = torch.where(others > 0, num / (den + eps), 0.0).to(dtype)  # B_t without row i
     else:  # the baseline is the same for every row of a group: compute it once per group
         num = _group_sum(GWm, gid, n_groups)  # sum_i G W m, (groups, T)
         den = _group_sum(Wm, gid, n_groups)  # sum_i W m, (groups, T)

@@ -1,0 +1,194 @@
+"""How fast is the vectorised Optimal Token Baseline?
+
+`otb.optimal_token_baseline` computes, for every row i of a (B, T) right-padded batch,
+
+    G_t = sum_{u>=t} r_u,   W_t = sum_{j<=t} w_j,   B_t = sum_{i in group} G_t W_t m_t / (sum W_t m_t + eps)
+
+without a Python loop over groups, rows or positions. This script times it on a grid of shapes
+(random response lengths, interleaved groups) against two references:
+
+- `loop_reference`: the shape of the widely used implementation, which maps prompt ids to row
+  lists in Python and then loops over the groups, computing each group's baseline with torch ops.
+  Its cost grows with the number of groups, so it is slowest with thousands of short groups.
+- the floor: one reverse cumulative sum (flip, cumsum, flip) over a float32 tensor of the same
+  (B, T) shape, i.e. the single pass that computing G_t alone needs. OTB needs several such passes
+  (G_t, w_t, W_t, two group sums, the gather back), so a small multiple of it is the best possible.
+
+It checks that OTB and the loop agree, then prints per shape the median times and both ratios.
+Goals: faster than the loop at every shape (>= 5x where there are >= 1000 groups) and within 10x
+of the floor. Timings on a shared machine are noisy; use --repeats to tighten them.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_estimators.py            # the full grid, CPU
+    python benchmarks/bench_estimators.py --quick                      # tiny shapes, a smoke run
+    python benchmarks/bench_estimators.py --shapes 8192x256:4 --repeats 9 --device cuda
+"""
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import otb  # noqa: E402
+
+# rows x tokens : group size
+GRID = ["1024x4096:4", "8192x256:4", "4096x1024:8", "2048x512:2"]
+QUICK = ["64x128:4", "512x32:4", "128x64:2"]
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where to run; auto picks cuda when available, else cpu")
+    p.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (median reported)")
+    p.add_argument("--shapes", nargs="+", default=None, metavar="ROWSxTOKENS:GROUP",
+                   help=f"subset of shapes to run, e.g. 8192x256:4 (default: {' '.join(GRID)})")
+    p.add_argument("--quick", action="store_true", help=f"tiny shapes ({' '.join(QUICK)}), 2 repeats")
+    p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
+    return p.parse_args()
+
+
+def parse_shape(text):
+    size, group = text.split(":")
+    rows, tokens = size.lower().split("x")
+    return int(rows), int(tokens), int(group)
+
+
+# =====================================================================================
+# Inputs and the two references
+# =====================================================================================
+
+def make_inputs(rows, tokens, group_size, device, seed=0):
+    """Outcome rewards, random lengths in [1, T], groups of `group_size` interleaved at random."""
+    g = torch.Generator().manual_seed(seed)
+    n_groups = max(rows // group_size, 1)
+    group_index = torch.arange(n_groups).repeat_interleave(group_size)[:rows]
+    group_index = group_index[torch.randperm(rows, generator=g)]  # (B,) interleaved
+    lengths = torch.randint(1, tokens + 1, (rows,), generator=g)  # (B,)
+    mask = (torch.arange(tokens)[None, :] < lengths[:, None]).float()  # (B, T)
+    rewards = torch.zeros(rows, tokens)
+    rewards[torch.arange(rows), lengths - 1] = (torch.rand(rows, generator=g) < 0.5).float()
+    pi_y = torch.rand(rows, tokens, generator=g).clamp_min(1e-4)  # pi(y_t)
+    # a valid sum pi^2 for that pi_y: pi_y^2 + (rest of the mass)^2 * u, u in (0, 1]
+    sum_pi_sq = pi_y ** 2 + (1 - pi_y) ** 2 * torch.rand(rows, tokens, generator=g).clamp_min(0.01)
+    inputs = dict(token_rewards=rewards, response_mask=mask, group_index=group_index,
+                  log_probs=pi_y.log(), sum_pi_sq=sum_pi_sq)
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
+def loop_reference(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, eps=1e-8):
+    """OTB with a Python loop over groups: the shape of the widely used implementation.
+
+    Same maths as otb.optimal_token_baseline with its defaults (no importance weights, no zero
+    tail, own row included, singleton groups get B = 0). Returns (advantages, returns), (B, T).
+    """
+    m = response_mask.to(token_rewards.dtype)  # (B, T)
+    G = torch.flip(torch.cumsum(torch.flip(token_rewards * m, [-1]), -1), [-1]) * m  # G_t
+    w = (1 - 2 * log_probs.exp() + sum_pi_sq).clamp(0, 2)  # w_t
+    W = torch.cumsum(w * m, -1) * m  # W_t
+    rows_of = defaultdict(list)  # prompt id -> its rows
+    for row, uid in enumerate(group_index.tolist()):
+        rows_of[uid].append(row)
+    B = torch.zeros_like(G)  # B_t
+    for rows in rows_of.values():
+        if len(rows) == 1:
+            continue  # singleton: B = 0
+        idx = torch.tensor(rows, device=G.device)
+        Gg, Wg = G[idx], W[idx]  # (n, T)
+        B[idx] = ((Gg * Wg).sum(0) / (Wg.sum(0) + eps)).expand_as(Gg)
+    return (G - B) * m, G
+
+
+def floor_pass(x):
+    """One reverse cumulative sum over (B, T): the single pass that computing G_t needs."""
+    return torch.flip(torch.cumsum(torch.flip(x, [-1]), -1), [-1])
+
+
+# =====================================================================================
+# Timing
+# =====================================================================================
+
+def timed(fns, device, repeats):
+    """Median wall time in seconds of each of `fns` over `repeats` rounds, after one warm-up.
+
+    The functions are interleaved within each round (a, b, c, a, b, c, ...), so a change in the
+    load of a shared machine hits all of them alike and their ratios stay meaningful.
+    """
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    times = [[] for _ in fns]
+    for k in range(repeats + 1):
+        for fn, bucket in zip(fns, times):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            if k > 0:  # round 0 is the warm-up
+                bucket.append(time.perf_counter() - t0)
+    return [statistics.median(b) for b in times]
+
+
+def machine_line(device):
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    line = (f"CPU: {cpu} ({os.cpu_count()} logical cores), torch threads: {torch.get_num_threads()}, "
+            f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, torch {torch.__version__}, "
+            f"device: {device}")
+    if device.type == "cuda":
+        line += f" ({torch.cuda.get_device_name(device)})"
+    return line
+
+
+def main():
+    args = parse_args()
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(args.device)
+    shapes = args.shapes or (QUICK if args.quick else GRID)
+    repeats = 2 if args.quick and args.repeats == 5 else args.repeats
+    print("command: python " + " ".join(sys.argv))
+    print(machine_line(device))
+    print(f"float32 inputs, median of {repeats} interleaved rounds after a warm-up round\n")
+    header = (f"{'shape (rows x tokens : group)':>30} {'groups':>7} {'otb ms':>9} {'loop ms':>9} "
+              f"{'floor ms':>9} {'loop/otb':>9} {'otb/floor':>10} {'max|diff|':>10}  goals")
+    print(header)
+    print("-" * len(header))
+    all_agree = True
+    for text in shapes:
+        rows, tokens, group = parse_shape(text)
+        x = make_inputs(rows, tokens, group, device, seed=args.seed)
+        adv, ret = otb.optimal_token_baseline(**x)
+        adv_loop, ret_loop = loop_reference(**x)
+        diff = max((adv - adv_loop).abs().max().item(), (ret - ret_loop).abs().max().item())
+        agree = diff <= 1e-4 * (1 + ret_loop.abs().max().item())
+        all_agree &= agree
+        t_otb, t_loop, t_floor = timed([lambda: otb.optimal_token_baseline(**x), lambda: loop_reference(**x),
+                                        lambda: floor_pass(x["token_rewards"])], device, repeats)
+        n_groups = int(torch.unique(x["group_index"]).numel())
+        speedup, vs_floor = t_loop / t_otb, t_otb / t_floor
+        need = 5.0 if n_groups >= 1000 else 1.0
+        goals = []
+        goals.append(f"loop {'ok' if speedup >= need else 'MISS'} (>={need:g}x)")
+        goals.append(f"floor {'ok' if vs_floor <= 10 else 'MISS'} (<=10x)")
+        if not agree:
+            goals.append("DISAGREES WITH LOOP")
+        print(f"{f'{rows} x {tokens} : {group}':>30} {n_groups:>7} {t_otb * 1e3:>9.2f} {t_loop * 1e3:>9.2f} "
+              f"{t_floor * 1e3:>9.3f} {speedup:>8.1f}x {vs_floor:>9.1f}x {diff:>10.1e}  {', '.join(goals)}")
+    if not all_agree:
+        print("\nERROR: otb.optimal_token_baseline disagrees with the per-group loop", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
