@@ -79,10 +79,11 @@ def _as_2d(name, x):
 
 
 def _check_inputs(token_rewards, response_mask, group_index, **extra):
-    """Validate the (B, T) inputs; returns (rewards, valid, gid, n_groups, extra tensors).
+    """Validate the (B, T) inputs; returns (rewards, valid, m, gid, n_groups, extra tensors).
 
-    The common case (everything fine) costs one reduction per tensor; the slower search for
-    the offending position only runs when that reduction says something is wrong.
+    m is the mask as 0/1 floats in the working dtype (float64 if the rewards are, else float32).
+    The common case (everything fine) costs a few reductions and no (B, T) temporaries; the
+    search for the offending position only runs when a reduction says something is wrong.
     """
     token_rewards = _as_2d("token_rewards", token_rewards)
     response_mask = _as_2d("response_mask", response_mask)
@@ -93,10 +94,12 @@ def _check_inputs(token_rewards, response_mask, group_index, **extra):
     for name, x in [("response_mask", response_mask)] + list(tensors.items()):
         if tuple(x.shape) != shape:
             raise ValueError(f"{name} has shape {tuple(x.shape)} but token_rewards has shape {shape}")
+    if response_mask.dtype != torch.bool:
+        # All 0/1 exactly when every non-zero entry equals 1 (counts, no float temporaries).
+        if torch.count_nonzero(response_mask) != torch.count_nonzero(response_mask == 1):
+            bad = response_mask[(response_mask != 0) & (response_mask != 1)][0].item()
+            raise ValueError(f"response_mask must contain only 0 and 1, found {bad}")
     valid = response_mask.bool()  # (B, T)
-    if response_mask.dtype != torch.bool and not torch.equal(valid.to(response_mask.dtype), response_mask):
-        bad = response_mask[(response_mask != 0) & (response_mask != 1)][0].item()
-        raise ValueError(f"response_mask must contain only 0 and 1, found {bad}")
     for name, x in [("token_rewards", token_rewards)] + list(tensors.items()):
         if not torch.isfinite(x.sum()):  # fast path: a finite sum means finite entries
             nonfinite = ~torch.isfinite(x) & valid
@@ -110,8 +113,21 @@ def _check_inputs(token_rewards, response_mask, group_index, **extra):
             i, t = too_big.nonzero()[0].tolist()
             raise ValueError(f"log_probs must be <= 0, found {tensors['log_probs'][i, t].item():.6g} "
                              f"at valid position ({i}, {t})")
+    dtype = torch.float64 if token_rewards.dtype == torch.float64 else torch.float32
+    m = response_mask if response_mask.dtype == dtype else valid.to(dtype)  # m_t, 0/1, (B, T)
     gid, n_groups = group_ids(group_index, shape[0])
-    return token_rewards, valid, gid.to(token_rewards.device), n_groups, {k: tensors.get(k) for k in extra}
+    return token_rewards, valid, m, gid.to(token_rewards.device), n_groups, {k: tensors.get(k) for k in extra}
+
+
+def _zero_padding(x, valid, m, inplace=False):
+    """x with padded positions set to 0 (in place when ``inplace``, else as a new tensor).
+
+    Padding may hold anything, NaN included; multiplying by m is the fast way but keeps NaN as
+    NaN, so the slower masked fill is used only when x is not finite everywhere.
+    """
+    if torch.isfinite(x.sum()):
+        return x.mul_(m) if inplace else x * m
+    return x.masked_fill_(~valid, 0.0) if inplace else x.masked_fill(~valid, 0.0)
 
 
 def group_ids(group_index, batch):
@@ -197,19 +213,19 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     (B, T). group_index: one prompt id per row. Returns (advantages, returns), both (B, T),
     exactly 0 at padded positions.
     """
-    r, valid, gid, n_groups, x = _check_inputs(token_rewards, response_mask, group_index,
-                                               log_probs=log_probs, sum_pi_sq=sum_pi_sq,
-                                               is_weights=is_weights)
-    dtype = torch.float64 if r.dtype == torch.float64 else torch.float32
-    m = valid.to(dtype)  # m_t, (B, T)
-    r = torch.where(valid, r.to(dtype), 0.0)  # r_t, padding (even NaN) -> 0
+    r, valid, m, gid, n_groups, x = _check_inputs(token_rewards, response_mask, group_index,
+                                                  log_probs=log_probs, sum_pi_sq=sum_pi_sq,
+                                                  is_weights=is_weights)
+    dtype = m.dtype  # float64 if the rewards are, else float32
+    r = _zero_padding(r.to(dtype), valid, m)  # r_t, 0 on padding, (B, T)
 
-    G = r.flip(-1).cumsum(-1).flip(-1)  # G_t = sum_{u>=t} r_u, eq. (1), (B, T)
+    R = r.sum(-1, keepdim=True)  # R(tau) = sum_u r_u, (B, 1)
+    G = r.cumsum(-1).neg_().add_(r).add_(R)  # G_t = R - sum_{u<t} r_u = sum_{u>=t} r_u, eq. (1)
     w = token_energy(x["log_probs"], x["sum_pi_sq"]).to(dtype)  # w_t, eq. (7), (B, T)
     if x["is_weights"] is not None:
-        w = w * x["is_weights"].to(dtype) ** 2  # w_t <- rho_t^2 w_t
-    w.masked_fill_(~valid, 0.0)  # padding (even NaN) -> 0; w is a fresh tensor
-    Wm = w.cumsum(-1).mul_(m)  # W_t = sum_{j<=t} w_j, eq. (3), times m_t, (B, T)
+        w.mul_(x["is_weights"].to(dtype) ** 2)  # w_t <- rho_t^2 w_t
+    w = _zero_padding(w, valid, m, inplace=True)  # 0 on padding (w is our own tensor)
+    Wm = w.cumsum_(-1).mul_(m)  # W_t = sum_{j<=t} w_j, eq. (3), times m_t, (B, T)
     GWm = G * Wm  # G_t W_t m_t, (B, T)
 
     if leave_one_out:  # sums over the *other* rows j != i of the group, (B, T)
@@ -229,9 +245,9 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
         if zero_tail:
             active = _group_sum(m, gid, n_groups)  # rows still active at t, (groups, T)
             B_group[active <= 1] = 0.0  # only one row left at t: B = 0
-        B = B_group[gid]  # (B, T)
+        B = B_group.index_select(0, gid)  # each row gets its group's B_t, (B, T)
 
-    advantages = (G - B).mul_(m)  # A_t, eq. (5), 0 on padding
+    advantages = torch.sub(G, B, out=B).mul_(m)  # A_t = G_t - B_t, eq. (5), 0 on padding
     return advantages, G.mul_(m)
 
 
@@ -240,11 +256,9 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
 # =====================================================================================
 
 def _sequence_setup(token_rewards, response_mask, group_index):
-    r, valid, gid, n_groups, _ = _check_inputs(token_rewards, response_mask, group_index)
-    dtype = torch.float64 if r.dtype == torch.float64 else torch.float32
-    m = valid.to(dtype)  # (B, T)
-    score = torch.where(valid, r.to(dtype), 0.0).sum(-1)  # R(tau) = sum of valid rewards, (B,)
-    size = torch.bincount(gid, minlength=n_groups).to(dtype)  # rows per group, (G,)
+    r, valid, m, gid, n_groups, _ = _check_inputs(token_rewards, response_mask, group_index)
+    score = _zero_padding(r.to(m.dtype), valid, m).sum(-1)  # R(tau) = sum of valid rewards, (B,)
+    size = torch.bincount(gid, minlength=n_groups).to(m.dtype)  # rows per group, (G,)
     return score, m, gid, n_groups, size
 
 
