@@ -1,0 +1,474 @@
+"""Self-checks for the exercise notebooks.
+
+Each ``exN_...`` function takes the student's function, runs it on a ladder of cases (an easy
+case first, then the awkward ones: overflow, bf16, padding, interleaved or singleton groups,
+positions where every token is certain), and compares the answer with the project's own code
+(``otb.py``, ``toy_env.py``) or with exact numbers from autograd. It prints one verdict:
+
+    Exercise 1a (sum_k pi_k^2): CORRECT. ...
+    Exercise 1a (sum_k pi_k^2): NOT YET CORRECT
+      problem: <which case, what differs, where>
+      hint:    <what usually causes it>
+
+and returns True or False. A check never raises, whatever the student's code does (an
+exception inside it, or a blank that still returns None, is reported as "not yet correct"),
+so a half-finished notebook still runs top to bottom.
+"""
+import math
+import traceback
+
+import torch
+
+import otb
+
+CORRECT = "CORRECT"
+NOT_YET = "NOT YET CORRECT"
+
+
+class NotYet(Exception):
+    """Raised inside a check to stop at the first problem; turned into the printed verdict."""
+
+    def __init__(self, problem, hint):
+        super().__init__(problem)
+        self.problem, self.hint = problem, hint
+
+
+def _verdict(title, body):
+    """Run ``body()``; print CORRECT + its summary, or NOT YET CORRECT + problem and hint."""
+    try:
+        summary = body()
+    except NotYet as e:
+        print(f"{title}: {NOT_YET}\n  problem: {e.problem}\n  hint:    {e.hint}")
+        return False
+    except Exception as e:  # a bug in the check itself must still not crash the notebook
+        print(f"{title}: {NOT_YET}\n  problem: the check failed unexpectedly ({type(e).__name__}: {e})\n"
+              f"  hint:    run your function on the example inputs above and look at what it returns")
+        return False
+    print(f"{title}: {CORRECT}. {summary}")
+    return True
+
+
+def _call(fn, case, *args, **kwargs):
+    """Call the student's function; an exception or a None result becomes NotYet."""
+    try:
+        out = fn(*args, **kwargs)
+    except Exception as e:
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        raise NotYet(f"on the case '{case}' your function raised {type(e).__name__}: {e} "
+                     f"(line {where.lineno}: {where.line})",
+                     "a function you call still returns None: finish the earlier blanks first"
+                     if "NoneType" in str(e) else
+                     "call your function on the example inputs in the notebook and read the traceback")
+    if out is None:
+        raise NotYet("your function returned None: the blank marked TODO(student) is not filled in yet",
+                     "replace the `return None` line with your code (the markdown above the cell says what "
+                     "to compute)")
+    return out
+
+
+def _show(x):
+    return str(x.detach().double().numpy().round(4).tolist()) if x.numel() <= 24 else f"<{tuple(x.shape)} tensor>"
+
+
+def _compare(got, want, case, hint, *, atol=1e-5, rtol=1e-5, dtype=None):
+    """got must be a tensor with want's shape (and dtype if given) and close values."""
+    if not isinstance(got, torch.Tensor):
+        raise NotYet(f"on the case '{case}' your function returned a {type(got).__name__}, not a tensor",
+                     "return a torch.Tensor")
+    if tuple(got.shape) != tuple(want.shape):
+        raise NotYet(f"on the case '{case}' your result has shape {tuple(got.shape)}, expected "
+                     f"{tuple(want.shape)}", "check which dimension you reduce over (dim=-1) and whether you "
+                     "kept or dropped it")
+    if dtype is not None and got.dtype != dtype:
+        raise NotYet(f"on the case '{case}' your result has dtype {got.dtype}, expected {dtype}", hint)
+    got_d, want_d = got.detach().double(), want.detach().double()
+    if not torch.isfinite(got_d).all():
+        bad = (~torch.isfinite(got_d)).nonzero()[0].tolist()
+        raise NotYet(f"on the case '{case}' your result has a non-finite value ({got_d[tuple(bad)].item()}) "
+                     f"at index {tuple(bad)}", hint)
+    err = (got_d - want_d).abs()
+    tol = atol + rtol * want_d.abs()
+    if (err > tol).any():
+        flat = int((err - tol).flatten().argmax())
+        idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), err.shape))
+        msg = (f"on the case '{case}' your values differ, worst at index {idx}: yours "
+               f"{got_d[idx].item():.6g}, expected {want_d[idx].item():.6g}")
+        if got.numel() <= 24:
+            msg += f"\n           yours:    {_show(got_d)}\n           expected: {_show(want_d)}"
+        raise NotYet(msg, hint)
+    return err.max().item() if err.numel() else 0.0
+
+
+# =====================================================================================
+# Random but reproducible inputs shaped like a real batch
+# =====================================================================================
+
+def _batch(lengths, T=None, V=11, scale=2.0, seed=0, dense=False, junk=None, certain=False):
+    """Right-padded batch: rewards (outcome at the last valid token, or dense), mask, log_probs, sum pi^2."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = len(lengths), T or max(lengths)
+    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).float()  # (B, T)
+    logits = scale * torch.randn(B, T, V, generator=g)  # (B, T, V)
+    if certain:
+        logits[..., 0] += 100.0  # token 0 has probability 1 in float32: w_t = 0 exactly
+    tokens = torch.distributions.Categorical(logits=logits).sample()  # (B, T)
+    log_probs = logits.log_softmax(-1).gather(-1, tokens[..., None])[..., 0] * mask  # (B, T)
+    sum_pi_sq = otb.sum_pi_squared(logits) * mask  # (B, T)
+    if dense:
+        rewards = torch.randn(B, T, generator=g).round(decimals=1) * mask
+    else:
+        outcome = torch.randint(0, 2, (B,), generator=g).float()  # R in {0, 1}
+        rewards = torch.zeros(B, T)
+        rewards[torch.arange(B), torch.tensor(lengths) - 1] = outcome
+    if junk is not None:
+        rewards = torch.where(mask.bool(), rewards, junk)  # padding holds junk: only the mask says valid
+    return dict(token_rewards=rewards, response_mask=mask, log_probs=log_probs, sum_pi_sq=sum_pi_sq,
+                logits=logits, tokens=tokens)
+
+
+# =====================================================================================
+# Exercise 1: sum pi^2 and the Logit-Gradient Proxy
+# =====================================================================================
+
+def ex1a_sum_pi_squared(student_fn):
+    """student_fn(logits) -> sum_k softmax(logits)_k^2 over the last dim (float32; float64 stays)."""
+    g = torch.Generator().manual_seed(1)
+    confident = 4.0 * torch.randn(64, 50, generator=g)
+    confident[:, 0] += 30.0  # one token takes nearly all the mass
+    cases = [
+        ("small float32 logits, shape (3, 5)", torch.randn(3, 5, generator=g),
+         "sum_k pi_k^2 = sum_k exp(2 z_k) / (sum_k exp(z_k))^2 = exp(logsumexp(2z) - 2 logsumexp(z))"),
+        ("huge float32 logits (|z| ~ 1000)", 1000.0 * torch.randn(4, 7, generator=g),
+         "exp(1000) overflows to inf; never exponentiate raw logits, work with torch.logsumexp "
+         "(which subtracts the max for you)"),
+        ("confident bf16 logits", confident.bfloat16(),
+         "compute and return float32 for bf16/fp16 input (upcast the logits first, e.g. z.float()): bf16 has "
+         "8 bits of mantissa, far too few for 1 - 2 pi(y) + sum pi^2 when pi(y) ~ 1"),
+        ("float64 logits", torch.randn(5, 9, generator=g, dtype=torch.float64),
+         "float64 input should stay float64 (upcast half precision to float32, but do not downcast float64)"),
+        ("batched logits, shape (2, 3, 4, 6)", torch.randn(2, 3, 4, 6, generator=g),
+         "reduce over the last dimension only (dim=-1), whatever the number of leading dimensions"),
+    ]
+
+    def body():
+        for case, z, hint in cases:
+            want = otb.sum_pi_squared(z)
+            atol = 1e-12 if z.dtype == torch.float64 else 1e-6
+            _compare(_call(student_fn, case, z.clone()), want, case, hint, atol=atol, dtype=want.dtype)
+        return ("Matches otb.sum_pi_squared on small, huge, confident-bf16, float64 and batched logits.")
+    return _verdict("Exercise 1a (sum_k pi_k^2 from logits)", body)
+
+
+def _autograd_token_energy(logits, tokens):
+    """||d log softmax(z)_y / dz||^2 per position by autograd: the exact quantity eq. (7) claims."""
+    z = logits.detach().double().requires_grad_(True)  # (B, T, V)
+    lp = z.log_softmax(-1).gather(-1, tokens[..., None])[..., 0]  # (B, T)
+    (grad,) = torch.autograd.grad(lp.sum(), z)  # positions do not interact: each gets its own gradient
+    return (grad ** 2).sum(-1)  # (B, T)
+
+
+def ex1b_token_energy(student_fn):
+    """student_fn(log_probs, sum_pi_sq) -> w_t = ||e_y - pi||^2, clamped to [0, 2]."""
+    b = _batch([6, 6, 6], V=13, seed=2)
+    lp, s = b["log_probs"], b["sum_pi_sq"]
+    exact = _autograd_token_energy(b["logits"], b["tokens"])
+    # A confident token whose log-prob (from a bf16 rollout, say) says pi(y) = 1 while sum pi^2 says
+    # 0.999: the formula gives 1 - 2 + 0.999 < 0, impossible for a squared norm.
+    lp_c, s_c = torch.tensor([[0.0, -1e-4, -0.5]]), torch.tensor([[0.999, 0.9996, 0.5]])
+    wrong = {  # the usual slips, recognised so the hint can be specific
+        "1 - pi(y) + sum pi^2 (the factor 2 is missing)": 1 - lp.exp() + s,
+        "1 - 2 pi(y) + pi(y)^2 = (1 - pi(y))^2 (you kept only the y-th component)": (1 - lp.exp()) ** 2,
+        "1 - 2 log pi(y) + sum pi^2 (log-prob used as a probability)": 1 - 2 * lp + s,
+        "1 + 2 pi(y) + sum pi^2 (sign of the cross term)": 1 + 2 * lp.exp() + s,
+    }
+
+    def body():
+        case = "random tokens, compared with autograd"
+        got = _call(student_fn, case, lp.clone(), s.clone())
+        if isinstance(got, torch.Tensor) and got.shape == lp.shape:
+            for name, w in wrong.items():
+                if torch.allclose(got.double(), w.double(), atol=1e-5):
+                    raise NotYet(f"on the case '{case}' you computed {name}",
+                                 "expand ||e_y - pi||^2 = sum_k (1[k=y] - pi_k)^2 term by term")
+        err = _compare(got, exact, case, "d log softmax(z)_y / dz_k = 1[k=y] - pi_k; square and sum over k",
+                       atol=1e-5)
+        case = "confident tokens where rounding gives 1 - 2 pi(y) + sum pi^2 < 0"
+        _compare(_call(student_fn, case, lp_c.clone(), s_c.clone()), otb.token_energy(lp_c, s_c), case,
+                 "a squared norm cannot be negative: clamp the result to [0, 2]")
+        return (f"Equals ||d log pi(y)/dz||^2 from autograd (max error {err:.1e}) and clamps like "
+                f"otb.token_energy.")
+    return _verdict("Exercise 1b (the Logit-Gradient Proxy w_t)", body)
+
+
+# =====================================================================================
+# Exercise 2: group baselines
+# =====================================================================================
+
+_GROUP_CASES = [  # (case, lengths, group_index, batch options, hint)
+    ("one group of 4 rows, no padding", [5, 5, 5, 5], [0, 0, 0, 0], {},
+     "the baseline is the mean score of the group; A = R - baseline on every valid token"),
+    ("right padding with junk (7.0) in the padded rewards", [5, 2, 4, 3], [0, 0, 0, 0], {"junk": 7.0},
+     "only valid tokens count: multiply the rewards by response_mask before summing, and multiply the "
+     "advantage by response_mask so padded positions are exactly 0"),
+    ("two interleaved groups with string ids", [4, 4, 4, 4, 4, 4], ["a", "b", "a", "b", "a", "b"], {},
+     "group by id, not by position: rows of a group need not be next to each other (otb.group_ids maps "
+     "ids to 0..n-1)"),
+    ("groups of sizes 3 and 5", [3, 4, 5, 3, 4, 5, 3, 4], [0, 1, 0, 1, 1, 0, 1, 1], {},
+     "do not reshape to (n_groups, N): groups can have different sizes"),
+    ("a singleton group next to a group of 3", [4, 4, 4, 4], ["solo", "x", "x", "x"], {"dense": True},
+     "a group with one response has nothing to compare with: like otb.py (and verl), use baseline 0 "
+     "there, so a singleton keeps its score as its advantage"),
+    ("group_index as an integer tensor", [3, 3, 3, 3, 3], torch.tensor([7, 7, 2, 2, 2]), {"dense": True},
+     "group_index may be a tensor; otb.group_ids(group_index, B) handles both lists and tensors"),
+]
+
+
+def ex2a_sequence_scores(student_fn):
+    """student_fn(token_rewards, response_mask) -> R (B,): sum of valid token rewards."""
+    cases = [("outcome reward at the last valid token", _batch([3, 3, 3], seed=3), "R_i = sum_t r_t m_t"),
+             ("right padding with junk (7.0) in the padded rewards", _batch([4, 1, 2], seed=4, junk=7.0),
+              "multiply by response_mask (or use torch.where) before summing: padding holds junk"),
+             ("dense token rewards", _batch([4, 4, 2], seed=5, dense=True),
+              "the score is the sum of all valid token rewards, not just the last one")]
+
+    def body():
+        for case, b, hint in cases:
+            want = otb.reinforce(b["token_rewards"], b["response_mask"], range(len(b["log_probs"])))[0][:, 0]
+            _compare(_call(student_fn, case, b["token_rewards"].clone(), b["response_mask"].clone()), want,
+                     case, hint)
+        return "Matches the score otb.reinforce uses."
+    return _verdict("Exercise 2a (sequence scores R)", body)
+
+
+def _check_group_estimator(title, student_fn, reference, name):
+    def body():
+        for k, (case, lengths, gi, opts, hint) in enumerate(_GROUP_CASES):
+            b = _batch(lengths, seed=10 + k, **opts)
+            want = reference(b["token_rewards"], b["response_mask"], gi)[0]
+            got = _call(student_fn, case, b["token_rewards"].clone(), b["response_mask"].clone(), gi)
+            _compare(got, want, case, hint)
+        return (f"Matches otb.{name} with padding, interleaved groups, unequal sizes, singletons and "
+                f"tensor ids.")
+    return _verdict(title, body)
+
+
+def ex2b_group_mean(student_fn):
+    """student_fn(token_rewards, response_mask, group_index) -> advantages (B, T) like otb.group_mean."""
+    return _check_group_estimator("Exercise 2b (group-mean baseline)", student_fn, otb.group_mean, "group_mean")
+
+
+def ex2c_rloo(student_fn):
+    """student_fn(token_rewards, response_mask, group_index) -> advantages (B, T) like otb.rloo."""
+    return _check_group_estimator("Exercise 2c (leave-one-out baseline, RLOO)", student_fn, otb.rloo, "rloo")
+
+
+# =====================================================================================
+# Exercise 3: the Optimal Token Baseline
+# =====================================================================================
+
+def ex3a_reward_to_go(student_fn):
+    """student_fn(token_rewards, response_mask) -> G (B, T), 0 on padding."""
+    cases = [("outcome reward only", _batch([4, 4, 4], seed=20),
+              "with a single outcome reward at the last token, G_t = R at every valid position"),
+             ("dense token rewards", _batch([5, 5], seed=21, dense=True),
+              "G_t = sum_{u >= t} r_u sums from t to the end: a reversed cumulative sum "
+              "(x.flip(-1).cumsum(-1).flip(-1))"),
+             ("right padding with junk (7.0) in the padded rewards", _batch([5, 2, 3], seed=22, dense=True,
+                                                                           junk=7.0),
+              "mask the rewards before the cumulative sum, and return 0 on padded positions")]
+
+    def body():
+        for case, b, hint in cases:
+            want = otb.optimal_token_baseline(b["token_rewards"], b["response_mask"], [0] * len(b["log_probs"]),
+                                              b["log_probs"], b["sum_pi_sq"])[1]
+            _compare(_call(student_fn, case, b["token_rewards"].clone(), b["response_mask"].clone()), want,
+                     case, hint)
+        return "Matches the returns of otb.optimal_token_baseline, padding included."
+    return _verdict("Exercise 3a (reward-to-go G_t)", body)
+
+
+def ex3b_realized_energy(student_fn):
+    """student_fn(log_probs, sum_pi_sq, response_mask) -> W (B, T); compared on valid positions."""
+    cases = [("three rows, no padding", _batch([6, 6, 6], seed=23)),
+             ("right padding", _batch([6, 2, 4], seed=24))]
+
+    def body():
+        for case, b in cases:
+            w = _autograd_token_energy(b["logits"], b["tokens"])  # w_t exactly, by autograd
+            want = (w * b["response_mask"]).cumsum(-1) * b["response_mask"]  # W_t on valid positions
+            got = _call(student_fn, case, b["log_probs"].clone(), b["sum_pi_sq"].clone(), b["response_mask"].clone())
+            if isinstance(got, torch.Tensor) and got.shape == want.shape:
+                got = got * b["response_mask"]  # padded positions are not compared
+            _compare(got, want, case, "W_t = w_1 + ... + w_t: a cumulative sum over positions (dim=-1) of the "
+                     "token energy otb.token_energy(log_probs, sum_pi_sq)", atol=1e-4)
+        return "W_t equals the running sum of squared logit-gradient norms computed by autograd."
+    return _verdict("Exercise 3b (realized energy W_t)", body)
+
+
+_OTB_CASES = [  # (case, lengths, group_index, batch options, hint)
+    ("one group of 4 rows, no padding", [5, 5, 5, 5], [0, 0, 0, 0], {},
+     "B_t = sum_i G_t W_t / (sum_i W_t + 1e-8) over the rows of the group, one value per position t; "
+     "A_t = G_t - B_t"),
+    ("rows of different lengths (right padding)", [6, 2, 4, 3], [0, 0, 0, 0], {"dense": True, "junk": 7.0},
+     "only rows still active at t enter B_t: multiply G_t W_t and W_t by response_mask before summing over "
+     "the group, and return A_t = 0 on padding"),
+    ("two interleaved groups with string ids", [4, 3, 4, 2, 4, 4], ["a", "b", "a", "b", "a", "b"], {},
+     "sum over the rows with the same id (otb.group_ids maps ids to 0..n-1), not over neighbours"),
+    ("a singleton group", [4, 3, 4], ["solo", "x", "x"], {"dense": True},
+     "a group with one response gets B_t = 0 (its advantage is its own return)"),
+    ("a group whose tokens are all certain (w_t = 0)", [3, 3], [0, 0], {"certain": True},
+     "when sum_i W_t = 0 the eps = 1e-8 in the denominator keeps B_t = 0 / 1e-8 = 0; do not drop it"),
+]
+
+_OTB_LOO_CASES = _OTB_CASES[:3] + [
+    ("a singleton group", [4, 3, 4], ["solo", "x", "x"], {"dense": True},
+     "with leave-one-out, a row whose group has no other active row at t gets B_t = 0"),
+    ("tail of the longest row (no other row active)", [6, 2, 3], [0, 0, 0], {"dense": True},
+     "at positions where no other row of the group is active, B_t = 0 (there is nothing to average)"),
+]
+
+
+def ex3c_optimal_token_baseline(student_fn, leave_one_out=False):
+    """student_fn(token_rewards, response_mask, group_index, log_probs, sum_pi_sq[, leave_one_out]) -> A (B, T)."""
+    cases = _OTB_LOO_CASES if leave_one_out else _OTB_CASES
+    extra = {"leave_one_out": True} if leave_one_out else {}
+
+    def body():
+        for k, (case, lengths, gi, opts, hint) in enumerate(cases):
+            b = _batch(lengths, seed=30 + k, **opts)
+            args = (b["token_rewards"], b["response_mask"], gi, b["log_probs"], b["sum_pi_sq"])
+            want = otb.optimal_token_baseline(*args, **extra)[0]
+            got = _call(student_fn, case, *(a.clone() if isinstance(a, torch.Tensor) else a for a in args),
+                        **extra)
+            _compare(got, want, case, hint, atol=1e-4, rtol=1e-4)
+        what = "leave_one_out=True" if leave_one_out else "the default (own row included)"
+        return f"Matches otb.optimal_token_baseline with {what} on every case."
+    title = "Exercise 3d (leave-one-out OTB)" if leave_one_out else "Exercise 3c (the Optimal Token Baseline)"
+    return _verdict(title, body)
+
+
+# =====================================================================================
+# Exercise 4: bias and variance on the toy bandit (exact numbers from toy_env.py)
+# =====================================================================================
+
+def _toy_rows_and_advantages(en, N, groups, seed):
+    """Sampled rows (groups * N,) and arbitrary advantages A (groups * N, T) on their valid tokens.
+
+    g_hat is linear in A, so any A tests the contraction. Random A rather than an estimator's: on this
+    sparse toy (~2% of responses succeed) most groups contain no success, every group baseline then gives
+    A = 0, and a check on them would accept any function that returns zeros of the right shape.
+    """
+    import toy_env
+    gen = torch.Generator().manual_seed(seed)
+    rows, _ = toy_env.sample_groups(en, N, groups, gen)  # (G*N,)
+    A = torch.randn(len(rows), en.mask.shape[1], generator=gen, dtype=en.scores.dtype) * en.mask[rows]  # (G*N, T)
+    return rows, A
+
+
+def ex4a_batch_gradients(student_fn, en):
+    """student_fn(en, A, rows, N) -> g_hat (groups, P), compared with toy_env.batch_gradients."""
+    import toy_env
+
+    def body():
+        for N, groups in ((4, 50), (1, 7), (3, 20)):
+            case = f"{groups} groups of N = {N}"
+            rows, A = _toy_rows_and_advantages(en, N, groups, seed=N)
+            want = toy_env.batch_gradients(en, A, rows, N)  # (groups, P), the mean over each group
+            got = _call(student_fn, case, en, A.clone(), rows.clone(), N)
+            if isinstance(got, torch.Tensor) and got.shape == want.shape and N > 1 and \
+                    want.abs().max() > 0 and torch.allclose(got, N * want, rtol=1e-9, atol=1e-12):
+                raise NotYet(f"on the case '{case}' your gradients are N = {N} times too large",
+                             "g_hat is the *mean* over the N responses of a group, not the sum")
+            _compare(got, want, case, "g(tau_i) = sum_t A_t^i s_t^i with s_t^i = en.scores[rows] (G*N, T, P); "
+                     "then reshape to (groups, N, P) and average over the N responses of each group",
+                     atol=1e-10, rtol=1e-8)
+        return "Matches toy_env.batch_gradients."
+    return _verdict("Exercise 4a (one gradient estimate per group)", body)
+
+
+def ex4b_bias_and_variance(student_fn):
+    """student_fn(g_hat, grad_J) -> (bias2, variance), compared with toy_env.gradient_stats."""
+    import toy_env
+    g = torch.Generator().manual_seed(40)
+    grad_J = torch.randn(6, generator=g, dtype=torch.float64)
+    g_hat = grad_J + 0.3 + torch.randn(200, 6, generator=g, dtype=torch.float64)  # biased by 0.3 per coordinate
+
+    def body():
+        case = "200 noisy estimates of a 6-dimensional gradient"
+        got = _call(student_fn, case, g_hat.clone(), grad_J.clone())
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            raise NotYet(f"on the case '{case}' your function returned {type(got).__name__} "
+                         f"{got if not isinstance(got, torch.Tensor) else tuple(got.shape)}",
+                         "return a pair of numbers: (bias2, variance)")
+        bias2, variance = (float(x) for x in got)
+        want = toy_env.gradient_stats(g_hat, grad_J)[0]
+        G = g_hat.shape[0]
+        dev_sq = ((g_hat - g_hat.mean(0)) ** 2).sum()
+        naive_bias2 = ((g_hat.mean(0) - grad_J) ** 2).sum().item()
+        if math.isclose(variance, dev_sq.item() / G, rel_tol=1e-9):
+            raise NotYet(f"your variance {variance:.6g} divides by G = {G}, expected {want['variance']:.6g}",
+                         "the unbiased estimate of tr Cov divides the sum of squared deviations by G - 1")
+        if not math.isclose(variance, want["variance"], rel_tol=1e-9):
+            raise NotYet(f"your variance is {variance:.6g}, expected {want['variance']:.6g}",
+                         "variance = tr Cov(g_hat) = sum over coordinates of the sample variance over groups")
+        if math.isclose(bias2, naive_bias2, rel_tol=1e-9):
+            raise NotYet(f"your bias2 {bias2:.6g} is ||mean g_hat - grad J||^2 itself, expected "
+                         f"{want['bias2']:.6g}",
+                         "even an unbiased estimator gives ||mean - grad J||^2 > 0 with finite G: its "
+                         "expectation is ||bias||^2 + variance / G, so subtract variance / G")
+        if not math.isclose(bias2, want["bias2"], rel_tol=1e-9):
+            raise NotYet(f"your bias2 is {bias2:.6g}, expected {want['bias2']:.6g}",
+                         "bias2 = ||mean over groups of g_hat - grad J||^2 - variance / G")
+        return "Matches toy_env.gradient_stats (bias^2 with the Monte Carlo excess removed, unbiased variance)."
+    return _verdict("Exercise 4b (bias^2 and variance)", body)
+
+
+def ex4c_measure(student_fn, en, Ns=(2, 4, 8), groups=4000, seed=0):
+    """student_fn(en, name, N, groups, seed) -> (bias2, variance) for 'group_mean' and 'rloo'.
+
+    Compared with toy_env.measure on the same groups, then with the exact facts of Exercise 2:
+    group mean = (N-1)/N x RLOO, so its variance is ((N-1)/N)^2 x RLOO's and its squared bias is
+    ||grad J||^2 / N^2, while RLOO's is 0 (both within 4 standard errors).
+    """
+    import toy_env
+    grad_sq = (en.grad_J ** 2).sum().item()
+
+    def body():
+        table = []
+        for N in Ns:
+            got, ref = {}, {}
+            for name in ("group_mean", "rloo"):
+                case = f"{name}, N = {N}"
+                out = _call(student_fn, case, en, name, N, groups, seed)
+                if not (isinstance(out, (tuple, list)) and len(out) == 2):
+                    raise NotYet(f"on the case '{case}' your function returned {out!r:.80}",
+                                 "return the pair (bias2, variance) from your bias_and_variance")
+                got[name] = tuple(float(x) for x in out)
+                ref[name] = toy_env.measure(en, Ns=(N,), groups=groups, seed=seed, names=[name])[0]
+                for k, key in enumerate(("bias2", "variance")):
+                    if not math.isclose(got[name][k], ref[name][key], rel_tol=1e-6, abs_tol=1e-12):
+                        raise NotYet(f"on the case '{case}' your {key} is {got[name][k]:.6g}, toy_env.measure "
+                                     f"gives {ref[name][key]:.6g} on the same groups",
+                                     "sample with toy_env.sample_groups(en, N, groups, "
+                                     "torch.Generator().manual_seed(seed)), get advantages from "
+                                     "otb.ESTIMATORS[name](**en.batch(rows), group_index=gid)[0], then use "
+                                     "your batch_gradients and bias_and_variance")
+            ratio = got["group_mean"][1] / got["rloo"][1]
+            if not math.isclose(ratio, ((N - 1) / N) ** 2, rel_tol=1e-6):
+                raise NotYet(f"at N = {N} the variance ratio group_mean / rloo is {ratio:.6g}, but "
+                             f"((N-1)/N)^2 = {((N - 1) / N) ** 2:.6g} exactly",
+                             "measure both estimators on the same groups (same seed)")
+            for name, exact in (("group_mean", grad_sq / N ** 2), ("rloo", 0.0)):
+                se = ref[name]["bias2_se"]
+                if abs(got[name][0] - exact) > 4 * se:
+                    raise NotYet(f"at N = {N}, {name}'s bias^2 {got[name][0]:.3g} is more than 4 standard "
+                                 f"errors ({se:.2g}) from the exact {exact:.3g}", "use more groups")
+            table.append((N, got, grad_sq / N ** 2))
+        print(f"{'N':>3} {'estimator':>11} {'bias^2':>10} {'exact bias^2':>13} {'variance':>9} {'MSE':>9}")
+        for N, got, exact in table:
+            for name, ex in (("group_mean", exact), ("rloo", 0.0)):
+                b2, var = got[name]
+                print(f"{N:>3} {name:>11} {b2:>10.2e} {ex:>13.2e} {var:>9.4f} {b2 + var:>9.4f}")
+        return ("Your measurements match toy_env.measure, the variance ratio is ((N-1)/N)^2 and the squared "
+                "biases agree with ||grad J||^2 / N^2 (group mean) and 0 (RLOO) within 4 standard errors.")
+    return _verdict("Exercise 4c (measure two estimators)", body)
