@@ -1,0 +1,247 @@
+"""Rollouts for RL on a causal language model: prompts in, scored responses out.
+
+Three jobs, in the order a training step needs them:
+
+1. ``sample``: draw N responses per prompt from any ``transformers`` causal LM, one token at a
+   time with the KV cache. Each step samples y_t ~ softmax(z_t / tau) and records
+   log pi_tau(y_t), the log-prob *of the distribution actually sampled from* (temperature
+   applied). A row stops at EOS (the EOS token is part of the response and of the mask: ending
+   is an action the model must learn); after that it is padded and masked out.
+2. ``score``: one forward pass over prompt + response that returns, for every response token,
+   log pi_tau(y_t), sum_k pi_k^2 (through ``otb.sum_pi_squared``) and the entropy, all at the
+   same temperature as sampling. The (B, T, V) logits are processed ``chunk_size`` positions at
+   a time, so no second full-size float32 tensor is ever held.
+3. Tasks with verifiable rewards, generated on the fly from a seeded ``random.Random`` that is
+   independent of the model's RNG (so every configuration sees the same prompts):
+   ``ReverseTask`` (the default, for a tiny character-level model) and ``ArithmeticTask`` (for a
+   pretrained instruct model, through its chat template).
+
+Layout: prompts are left-padded (so every row's last prompt token sits in the same column),
+responses are right-padded; ``position_ids`` are computed from the attention mask, so left
+padding does not shift positions.
+"""
+import random
+import re
+from dataclasses import dataclass
+
+import torch
+
+import otb
+
+
+# =====================================================================================
+# Padding helpers
+# =====================================================================================
+
+def left_pad(seqs, pad_id):
+    """List of token-id lists -> (ids, mask), both (B, P), padding on the left."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if len(s):
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+def positions(attention_mask):
+    """Position ids that ignore left padding: 0 at each row's first real token. (B, L)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+# =====================================================================================
+# Sampling with the KV cache
+# =====================================================================================
+
+@dataclass
+class Rollout:
+    """A batch of B = n_prompts * group_size responses; rows of one group are consecutive."""
+    prompt_ids: torch.Tensor  # (B, P) left-padded
+    prompt_mask: torch.Tensor  # (B, P) 1 on real prompt tokens
+    response: torch.Tensor  # (B, T) right-padded with pad_id
+    response_mask: torch.Tensor  # (B, T) float, 1 on sampled tokens (EOS included)
+    group_index: torch.Tensor  # (B,) prompt id of each row
+    logp: torch.Tensor  # (B, T) sampler's log pi_tau(y_t), 0 on padding
+    finished: torch.Tensor  # (B,) bool, True where the row emitted EOS
+
+
+@torch.no_grad()
+def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, pad_id,
+           generator=None):
+    """Sample ``group_size`` responses to every prompt (a list of token-id lists).
+
+    Returns a ``Rollout`` on the model's device. ``generator`` (a torch.Generator on the CPU)
+    makes the draws reproducible; the multinomial draws happen on the CPU for that reason.
+    """
+    device = next(model.parameters()).device
+    rows = [p for p in prompts for _ in range(group_size)]  # each prompt repeated N times
+    ids, mask = left_pad(rows, pad_id)  # (B, P)
+    ids, mask = ids.to(device), mask.to(device)
+    B = ids.shape[0]
+    group_index = torch.arange(len(prompts), device=device).repeat_interleave(group_size)  # (B,)
+
+    # Prefill: one pass over the prompts fills the cache; keep only the last position's logits.
+    pos = positions(mask)  # (B, P)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                logits_to_keep=1)
+    cache, logits = out.past_key_values, out.logits[:, -1]  # logits z_t: (B, V)
+    next_pos = pos[:, -1:] + 1  # (B, 1)
+
+    tokens, logps, alive = [], [], []
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    attn = mask
+    for _ in range(max_new_tokens):
+        logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # log pi_tau, (B, V)
+        y = torch.multinomial(logprobs.exp().cpu(), 1, generator=generator).to(device)  # (B, 1)
+        y = y.squeeze(-1).masked_fill(done, pad_id)  # finished rows only pad
+        alive.append(~done)
+        tokens.append(y)
+        logps.append(logprobs.gather(-1, y[:, None]).squeeze(-1).masked_fill(done, 0.0))
+        done = done | (y == eos_id)
+        if bool(done.all()):
+            break
+        # Decode one token: the cache holds every earlier key/value, so the pass costs O(1) tokens.
+        attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=device)], dim=1)
+        out = model(input_ids=y[:, None], attention_mask=attn, position_ids=next_pos,
+                    past_key_values=cache, use_cache=True)
+        cache, logits = out.past_key_values, out.logits[:, -1]
+        next_pos = next_pos + 1
+
+    return Rollout(prompt_ids=ids, prompt_mask=mask,
+                   response=torch.stack(tokens, 1),  # (B, T)
+                   response_mask=torch.stack(alive, 1).float(),  # (B, T)
+                   group_index=group_index,
+                   logp=torch.stack(logps, 1),  # (B, T)
+                   finished=done)
+
+
+# =====================================================================================
+# Scoring: the training forward pass
+# =====================================================================================
+
+def score(model, prompt_ids, prompt_mask, response, response_mask, temperature, chunk_size=None):
+    """log pi_tau(y_t), sum_k pi_k^2 and entropy of every response token, from one forward pass.
+
+    Returns (logp, sum_pi_sq, entropy), each (B, T) float32 and 0 on padding. ``logp`` keeps
+    the autograd graph (it is what the policy-gradient loss differentiates); ``sum_pi_sq`` and
+    ``entropy`` are detached diagnostics. ``chunk_size`` = response positions per chunk
+    (None: all at once).
+    """
+    P, T = prompt_ids.shape[1], response.shape[1]
+    ids = torch.cat([prompt_ids, response], dim=1)  # (B, P+T)
+    attn = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)  # (B, P+T)
+    # Keep only the last T + 1 columns: the logit at column j predicts token j + 1, so columns
+    # P-1 .. P+T-2 score the response; the prompt's other logits are never materialised.
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=positions(attn),
+                   logits_to_keep=T + 1).logits[:, :-1]  # (B, T, V)
+
+    step = T if chunk_size is None else chunk_size
+    logp, spp, ent = [], [], []
+    for s in range(0, T, step):  # a loop over memory chunks only
+        z = logits[:, s:s + step].float() / temperature  # z / tau, (B, c, V)
+        lse = torch.logsumexp(z, dim=-1)  # (B, c)
+        logp.append(z.gather(-1, response[:, s:s + step, None]).squeeze(-1) - lse)
+        with torch.no_grad():
+            spp.append(otb.sum_pi_squared(z))  # sum_k pi_k^2, (B, c)
+            ent.append(lse - (torch.softmax(z, -1) * z).sum(-1))  # H = lse - E_pi[z], (B, c)
+    m = response_mask.float()
+    return torch.cat(logp, 1) * m, torch.cat(spp, 1) * m, torch.cat(ent, 1) * m
+
+
+def response_texts(tokenizer, response, response_mask):
+    """Decode each row's valid tokens, dropping special tokens (EOS, padding)."""
+    lengths = response_mask.sum(-1).long().tolist()
+    return [tokenizer.decode(row[:n].tolist(), skip_special_tokens=True)
+            for row, n in zip(response.cpu(), lengths)]
+
+
+# =====================================================================================
+# Tasks with verifiable rewards
+# =====================================================================================
+
+@dataclass
+class ReverseTask:
+    """Reverse a random string: prompt ``<bos>cabd=``, correct response ``dbac<eos>``.
+
+    The string length is uniform in [horizon // 2, horizon] (at least 1), so responses have
+    variable length and ``horizon`` makes them longer. The reward checks the whole response:
+    1 if the row ended with EOS and its text is exactly the reversed string, else 0.
+    """
+    horizon: int = 8
+    alphabet: str = "abcdefgh"
+
+    def sample(self, rng, n):
+        """n (question, answer) pairs drawn from ``rng`` (a random.Random)."""
+        out = []
+        for _ in range(n):
+            length = rng.randint(max(1, self.horizon // 2), self.horizon)
+            s = "".join(rng.choice(self.alphabet) for _ in range(length))
+            out.append((s, s[::-1]))
+        return out
+
+    def prompt_text(self, tokenizer, question):
+        return f"{tokenizer.bos_token}{question}="
+
+    def target_text(self, answer):
+        """The supervised target for the warm-up (the tokenizer appends nothing; EOS is added)."""
+        return answer
+
+    def reward(self, text, answer, finished):
+        return float(bool(finished) and text == answer)
+
+
+@dataclass
+class ArithmeticTask:
+    """Add two random numbers with ``horizon`` digits each; the chat template frames the question.
+
+    The reward is 1 if the last integer in the response equals the sum exactly.
+    """
+    horizon: int = 2
+
+    def sample(self, rng, n):
+        lo, hi = 10 ** (self.horizon - 1) if self.horizon > 1 else 0, 10 ** self.horizon - 1
+        out = []
+        for _ in range(n):
+            a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+            out.append((f"What is {a} + {b}? Reply with the number only.", str(a + b)))
+        return out
+
+    def prompt_text(self, tokenizer, question):
+        return tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                             add_generation_prompt=True, tokenize=False)
+
+    def target_text(self, answer):
+        return answer
+
+    def reward(self, text, answer, finished):
+        numbers = re.findall(r"-?\d+", text.replace(",", ""))
+        return float(bool(numbers) and numbers[-1] == answer)
+
+
+TASKS = {"reverse": ReverseTask, "arithmetic": ArithmeticTask}
+
+
+def prompt_batch(task, tokenizer, seed, step, n_prompts):
+    """The prompts of one training step: a function of (seed, step) only, never of the model.
+
+    Returns (list of token-id lists, list of answers).
+    """
+    rng = random.Random(seed * 1_000_003 + step)
+    pairs = task.sample(rng, n_prompts)
+    ids = [tokenizer(task.prompt_text(tokenizer, q), add_special_tokens=False)["input_ids"]
+           for q, _ in pairs]
+    return ids, [a for _, a in pairs]
+
+
+def rewards(task, tokenizer, rollout, answers, group_size):
+    """Outcome reward per row (B,) and as token rewards (B, T): R at the last valid token."""
+    texts = response_texts(tokenizer, rollout.response, rollout.response_mask)
+    row_answers = [a for a in answers for _ in range(group_size)]
+    R = torch.tensor([task.reward(t, a, f) for t, a, f in
+                      zip(texts, row_answers, rollout.finished.tolist())])  # (B,)
+    m = rollout.response_mask.cpu()
+    last = (m.sum(-1).long() - 1).clamp(min=0)  # index of the last valid token, (B,)
+    token_rewards = torch.zeros_like(m)  # (B, T)
+    token_rewards[torch.arange(len(R)), last] = R
+    return R, token_rewards * m, texts

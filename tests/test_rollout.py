@@ -1,0 +1,169 @@
+"""rollout.py: sampling shapes / masks / EOS, score against a naive per-sequence loop, tasks."""
+import random
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import rollout
+
+PAD, BOS, EOS, V = 0, 1, 2, 12
+
+
+def tiny_llama(seed=0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                      pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def fixed_distribution_model(bias):
+    """A model whose next-token logits are ``bias`` whatever the context (lm_head: W = 0, b)."""
+    model = tiny_llama()
+    head = torch.nn.Linear(32, V, bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.copy_(bias)
+    model.lm_head = head
+    return model
+
+
+PROMPTS = [[BOS, 3, 4, 5, 6], [BOS, 7], [BOS, 8, 9]]  # different lengths: left padding matters
+
+
+def draw(model, group_size=3, max_new_tokens=10, temperature=1.0, seed=0):
+    return rollout.sample(model, PROMPTS, group_size=group_size, max_new_tokens=max_new_tokens,
+                          temperature=temperature, eos_id=EOS, pad_id=PAD,
+                          generator=torch.Generator().manual_seed(seed))
+
+
+def test_sample_shapes_masks_and_eos():
+    ro = draw(tiny_llama(), seed=3)
+    B, T = ro.response.shape
+    assert B == 9 and T <= 10
+    assert ro.group_index.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert ro.prompt_ids.shape == ro.prompt_mask.shape == (9, 5)
+    assert ro.prompt_mask[3].tolist() == [0, 0, 0, 1, 1]  # left padded
+    assert ro.response_mask.shape == ro.logp.shape == (B, T)
+    m = ro.response_mask
+    assert (m[:, 1:] <= m[:, :-1]).all(), "mask must be 1s then 0s"
+    assert set(ro.finished.tolist()) == {True, False}, "this seed gives both endings"
+    for i in range(B):
+        n = int(m[i].sum())
+        row = ro.response[i].tolist()
+        if ro.finished[i]:
+            assert row[n - 1] == EOS and EOS not in row[:n - 1]  # stops at the first EOS, keeps it
+        else:
+            assert n == 10 and EOS not in row  # truncated at max_new_tokens
+        assert all(t == PAD for t in row[n:])
+    assert (ro.logp[m == 0] == 0).all() and (ro.logp[m == 1] < 0).all()
+
+
+def test_sampler_log_probs_are_those_of_the_tempered_distribution():
+    bias = torch.linspace(-1.0, 1.0, V)
+    bias[EOS] = -2.0
+    for tau in (1.0, 0.5):
+        ro = draw(fixed_distribution_model(bias), temperature=tau)
+        expected = torch.log_softmax(bias / tau, -1)[ro.response]  # closed form, (B, T)
+        m = ro.response_mask.bool()
+        torch.testing.assert_close(ro.logp[m], expected[m], atol=1e-5, rtol=0)
+
+
+def test_certain_eos_gives_one_token_responses():
+    bias = torch.zeros(V)
+    bias[EOS] = 50.0
+    ro = draw(fixed_distribution_model(bias))
+    assert ro.response.shape == (9, 1) and (ro.response == EOS).all() and ro.finished.all()
+
+
+def test_same_generator_seed_gives_the_same_rollout():
+    a, b = draw(tiny_llama(), seed=5), draw(tiny_llama(), seed=5)
+    assert torch.equal(a.response, b.response) and torch.equal(a.logp, b.logp)
+
+
+def naive_scores(model, prompt, response, tau):
+    """One sequence at a time, no padding: log pi_tau(y_t), sum pi^2 and entropy by definition."""
+    ids = torch.tensor([prompt + response])
+    z = model(input_ids=ids).logits[0, len(prompt) - 1:-1].double() / tau  # (T, V)
+    pi = torch.softmax(z, -1)
+    logp = torch.log_softmax(z, -1)[torch.arange(len(response)), response]
+    return logp, (pi ** 2).sum(-1), -(pi * torch.log(pi)).sum(-1)
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.7])
+def test_score_equals_naive_per_sequence_recomputation(tau):
+    model = tiny_llama(seed=1)
+    ro = draw(model, temperature=tau, seed=2)
+    logp, spp, ent = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response,
+                                   ro.response_mask, tau)
+    m = ro.response_mask
+    for i in range(len(m)):
+        n = int(m[i].sum())
+        prompt = ro.prompt_ids[i][ro.prompt_mask[i].bool()].tolist()
+        ref_logp, ref_spp, ref_ent = naive_scores(model, prompt, ro.response[i, :n].tolist(), tau)
+        torch.testing.assert_close(logp[i, :n].double(), ref_logp, atol=2e-5, rtol=0)
+        torch.testing.assert_close(spp[i, :n].double(), ref_spp, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(ent[i, :n].double(), ref_ent, atol=2e-5, rtol=0)
+        assert (logp[i, n:] == 0).all() and (spp[i, n:] == 0).all()
+    # the KV-cache sampler and the full forward pass agree on the same tokens
+    torch.testing.assert_close(ro.logp, logp.detach(), atol=2e-5, rtol=0)
+    assert logp.requires_grad and not spp.requires_grad
+
+
+def test_chunked_and_unchunked_scores_agree():
+    model = tiny_llama(seed=4)
+    ro = draw(model, seed=6)
+    args = (model, ro.prompt_ids, ro.prompt_mask, ro.response, ro.response_mask, 1.0)
+    full = rollout.score(*args, chunk_size=None)
+    for chunk in (1, 3, 100):
+        for a, b in zip(rollout.score(*args, chunk_size=chunk), full):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_rewards_sit_at_the_last_valid_token():
+    class CharTok:  # decode ids 3.. as letters; 0-2 are special
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(ord("a") + i - 3) for i in ids if i > 2)
+    task = rollout.ReverseTask(horizon=2)
+    ro = rollout.Rollout(prompt_ids=None, prompt_mask=None,
+                         response=torch.tensor([[4, 3, EOS], [4, 3, 5], [3, EOS, PAD]]),
+                         response_mask=torch.tensor([[1., 1, 1], [1, 1, 1], [1, 1, 0]]),
+                         group_index=torch.tensor([0, 0, 0]), logp=None,
+                         finished=torch.tensor([True, False, True]))
+    R, token_rewards, texts = rollout.rewards(task, CharTok(), ro, ["ba"], group_size=3)
+    assert texts == ["ba", "bac", "a"]
+    assert R.tolist() == [1.0, 0.0, 0.0]
+    assert token_rewards.tolist() == [[0, 0, 1], [0, 0, 0], [0, 0, 0]]
+
+
+def test_reverse_task_prompts_rewards_and_horizon():
+    task = rollout.ReverseTask(horizon=6)
+    pairs = task.sample(random.Random(0), 200)
+    assert all(3 <= len(q) <= 6 and a == q[::-1] for q, a in pairs)
+    assert {len(q) for q, _ in pairs} == {3, 4, 5, 6}
+    assert task.reward("cba", "cba", finished=True) == 1.0
+    assert task.reward("cba", "cba", finished=False) == 0.0  # no EOS: truncated, not an answer
+    assert task.reward("cb", "cba", finished=True) == 0.0
+
+
+def test_prompt_stream_depends_only_on_seed_and_step():
+    class Tok:
+        bos_token = "<bos>"
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [ord(c) for c in text]}
+    task = rollout.ReverseTask()
+    a = rollout.prompt_batch(task, Tok(), seed=0, step=3, n_prompts=5)
+    assert a == rollout.prompt_batch(task, Tok(), seed=0, step=3, n_prompts=5)
+    assert a != rollout.prompt_batch(task, Tok(), seed=0, step=4, n_prompts=5)
+    assert a != rollout.prompt_batch(task, Tok(), seed=1, step=3, n_prompts=5)
+
+
+def test_arithmetic_reward_checks_the_exact_number():
+    task = rollout.ArithmeticTask(horizon=2)
+    q, a = task.sample(random.Random(1), 1)[0]
+    x, y = [int(t) for t in q.split("?")[0].split() if t.isdigit()]
+    assert a == str(x + y) and 10 <= x <= 99 and 10 <= y <= 99
+    assert task.reward(f"The answer is {a}.", a, True) == 1.0
+    assert task.reward(f"{int(a) + 1}", a, True) == 0.0
+    assert task.reward("no idea", a, True) == 0.0
