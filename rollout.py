@@ -239,7 +239,7 @@ def rewards(task, tokenizer, rollout, answers, group_size):
     texts = response_texts(tokenizer, rollout.response, rollout.response_mask)
     row_answers = [a for a in answers for _ in range(group_size)]
     R = torch.tensor([task.reward(t, a, f) for t, a, f in
-                      zip(texts, row_answers, rollout.finished.tolist())])  # (B,)
+                      zip(texts, row_answers, rollout.finished.tolist())], dtype=torch.float32)  # (B,)
     m = rollout.response_mask.cpu()
     last = (m.sum(-1).long() - 1).clamp(min=0)  # index of the last valid token, (B,)
     token_rewards = torch.zeros_like(m)  # (B, T)

@@ -501,10 +501,18 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # exact sums: the whole toy runs in float64
+    try:
+        return run(argv)
+    finally:
+        torch.set_default_dtype(previous)  # leave the caller's process as it was
+
+
+def run(argv=None):
     cfg, args = parse_args(argv)
     command = "python toy_env.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print("#", command.strip())
-    torch.set_default_dtype(torch.float64)
     start = time.time()
     en = enumerate_toy(cfg)
     ex = exact_summary(en)

@@ -220,7 +220,9 @@ def test_no_unbiased_estimator_beats_optimal_per_position(fixture, request):
 
 def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     js, png = tmp_path / "t.json", tmp_path / "p.png"
+    before = torch.get_default_dtype()
     te.main(["--groups", "200", "--Ns", "2", "4", "--json", str(js), "--plot", str(png)])
+    assert torch.get_default_dtype() == before  # the float64 toy must not leak into the process
     out = capsys.readouterr().out
     assert out.startswith("# python toy_env.py") and "opt_per_position" in out
     data = json.loads(js.read_text())
