@@ -1,0 +1,194 @@
+"""What does sum_k pi_k^2 cost inside the scoring pass?
+
+OTB needs one extra number per token, sum_k pi_k^2, which ``rollout.score`` computes from the
+(B, T, V) logits it already holds (``otb.sum_pi_squared``: exp(logsumexp(2z) - 2 logsumexp(z))).
+At a real vocabulary (V = 49152, SmolLM2's) those logits are the largest tensor of the pass, so
+this is where the Logit-Gradient Proxy could cost time and memory. This script measures it.
+
+Variants (same model, same inputs):
+- ``with``: ``rollout.score`` as it is.
+- ``without`` (the baseline): the same function with ``otb.sum_pi_squared`` replaced by a stub that
+  returns zeros (no pass over the logits), i.e. the score pass a group baseline needs.
+
+Time: median of ``--repeats`` calls per variant, alternating variants in one process.
+Peak memory: each variant runs in a fresh subprocess; on the CPU the peak resident set during
+the call (VmHWM, reset just before through /proc/self/clear_refs) minus the resident set before
+it ("working memory" of the call); on CUDA torch.cuda.max_memory_allocated minus the allocation
+before. Goals: at most +5% time and +10% peak working memory.
+
+Model: a LlamaConfig with V = 49152, hidden 576 (SmolLM2-135M's width and heads) and only
+``--layers`` layers, random weights. Fewer layers than SmolLM2's 30 make the logits a larger
+share of the pass, so the measured overhead is an upper bound for the real model.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_score.py                   # CPU, ~2 min
+    python benchmarks/bench_score.py --batch 32 --response 512 --chunk-sizes 0,64   # on a GPU
+"""
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import otb  # noqa: E402
+import rollout  # noqa: E402
+from benchmarks.grad_variance import machine  # noqa: E402
+
+REAL_SUM_PI_SQUARED = otb.sum_pi_squared
+
+
+def stub_sum_pi_squared(logits, chunk_size=None):
+    """The baseline: no pass over the logits, zeros of the right shape (...,)."""
+    return logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
+
+
+def use(variant):
+    otb.sum_pi_squared = REAL_SUM_PI_SQUARED if variant == "with" else stub_sum_pi_squared
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--vocab", type=int, default=49152, help="vocabulary size V")
+    p.add_argument("--hidden", type=int, default=576, help="hidden size, a multiple of the 9 heads (SmolLM2-135M: 576)")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers (SmolLM2-135M: 30)")
+    p.add_argument("--batch", type=int, default=8, help="B, responses scored in one pass")
+    p.add_argument("--prompt", type=int, default=32, help="prompt tokens per row")
+    p.add_argument("--response", type=int, default=128, help="T, response tokens per row")
+    p.add_argument("--chunk-sizes", default="0,32", help="rollout.score chunk_size values; 0 = all at once")
+    p.add_argument("--repeats", type=int, default=5, help="timed calls per variant (median reported)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cost"), help="results folder")
+    p.add_argument("--child", default="", help=argparse.SUPPRESS)  # internal: one memory measurement
+    return p.parse_args(argv)
+
+
+def build(args, device):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=1536,
+                      num_hidden_layers=args.layers, num_attention_heads=9, num_key_value_heads=3,
+                      max_position_embeddings=2048, tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg).to(device).eval()
+    g = torch.Generator().manual_seed(0)
+    B, P, T = args.batch, args.prompt, args.response
+    lengths = torch.randint(T // 2, T + 1, (B,), generator=g)  # ragged responses
+    inputs = dict(prompt_ids=torch.randint(0, args.vocab, (B, P), generator=g),
+                  prompt_mask=torch.ones(B, P, dtype=torch.long),
+                  response=torch.randint(0, args.vocab, (B, T), generator=g),
+                  response_mask=(torch.arange(T)[None] < lengths[:, None]).float())
+    return model, {k: v.to(device) for k, v in inputs.items()}
+
+
+def call(model, inputs, chunk):
+    with torch.no_grad():  # the scoring pass of a training step (train.py: old_logp, sum_pi_sq)
+        out = rollout.score(model, **inputs, temperature=1.0, chunk_size=chunk or None)
+    if out[0].is_cuda:
+        torch.cuda.synchronize()
+    return out
+
+
+def rss_kb(field):
+    with open("/proc/self/status") as f:
+        return int(next(l.split()[1] for l in f if l.startswith(field + ":")))
+
+
+def child(args, device):
+    """One variant in a fresh process: the working memory of one call, printed as JSON."""
+    variant, chunk = args.child.split(":")
+    use(variant)
+    model, inputs = build(args, device)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        call(model, inputs, int(chunk))
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak resident set (VmHWM) to the current one
+        before = rss_kb("VmRSS") * 1024
+        call(model, inputs, int(chunk))
+        peak = rss_kb("VmHWM") * 1024
+    print(json.dumps(dict(before=before, peak=peak)))
+
+
+def memory(args, variant, chunk):
+    cmd = [sys.executable, __file__, "--child", f"{variant}:{chunk}", "--device", args.device]
+    for k in ("vocab", "hidden", "layers", "batch", "prompt", "response"):
+        cmd += [f"--{k}", str(getattr(args, k))]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.child:
+        return child(args, device)
+    info = machine()
+    model, inputs = build(args, device)
+    n_params = sum(p.numel() for p in model.parameters())
+    shape = f"B={args.batch}, prompt {args.prompt}, T={args.response}, V={args.vocab}"
+    print(f"{shape}; Llama hidden {args.hidden}, {args.layers} layers ({n_params / 1e6:.1f}M params) on {device}\n{info}")
+    use("with")
+    a = call(model, inputs, 0)[1]
+    assert torch.allclose(a, call(model, inputs, 32)[1]), "chunked and unchunked sum pi^2 differ"
+    results = []
+    for chunk in [int(c) for c in args.chunk_sizes.split(",")]:
+        times = {"with": [], "without": []}
+        for r in range(args.repeats + 1):  # the first round warms up and is dropped
+            for variant in (("with", "without") if r % 2 else ("without", "with")):
+                use(variant)
+                t0 = time.perf_counter()
+                call(model, inputs, chunk)
+                if r:
+                    times[variant].append(time.perf_counter() - t0)
+        use("with")
+        mem = {v: memory(args, v, chunk) for v in ("without", "with")}
+        work = {v: mem[v]["peak"] - mem[v]["before"] for v in mem}
+        row = dict(chunk_size=chunk or None,
+                   time_without_s=statistics.median(times["without"]), time_with_s=statistics.median(times["with"]),
+                   work_mem_without_mb=work["without"] / 2**20, work_mem_with_mb=work["with"] / 2**20,
+                   peak_without_mb=mem["without"]["peak"] / 2**20, peak_with_mb=mem["with"]["peak"] / 2**20)
+        row["time_ratio"] = row["time_with_s"] / row["time_without_s"]
+        row["work_mem_ratio"] = work["with"] / work["without"]
+        row["peak_ratio"] = mem["with"]["peak"] / mem["without"]["peak"]
+        row["meets_goals"] = row["time_ratio"] <= 1.05 and row["work_mem_ratio"] <= 1.10
+        results.append(row)
+        print(f"chunk {row['chunk_size']}: time {row['time_without_s']:.3f} -> {row['time_with_s']:.3f} s "
+              f"(x{row['time_ratio']:.3f}); working memory {row['work_mem_without_mb']:.0f} -> "
+              f"{row['work_mem_with_mb']:.0f} MB (x{row['work_mem_ratio']:.3f}); process peak "
+              f"x{row['peak_ratio']:.3f}; goals (<= x1.05 time, <= x1.10 memory) "
+              f"{'met' if row['meets_goals'] else 'NOT met'}", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python benchmarks/bench_score.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    tag = device.type
+    (out / f"bench_score_{tag}.json").write_text(json.dumps(dict(
+        command=command.strip(), shape=shape, model=dict(hidden=args.hidden, layers=args.layers, params=n_params),
+        device=str(device), machine=info, repeats=args.repeats, results=results), indent=1))
+    lines = [f"# sum pi^2 in rollout.score: cost ({tag})\n", f"`{command.strip()}`  ",
+             f"{shape}; Llama hidden {args.hidden}, {args.layers} layers, {n_params / 1e6:.1f}M params; "
+             f"{info['cpu']}, {info['torch_threads']} thread(s), torch {info['torch']}"
+             + (f", {info['cuda']}" if device.type == "cuda" else "") + "\n",
+             "| chunk_size | time without (s) | time with (s) | time ratio | work mem without (MB) | "
+             "work mem with (MB) | work mem ratio | process peak ratio | goals met |", "|" + "---|" * 9]
+    lines += [f"| {r['chunk_size']} | {r['time_without_s']:.3f} | {r['time_with_s']:.3f} | {r['time_ratio']:.3f} | "
+              f"{r['work_mem_without_mb']:.0f} | {r['work_mem_with_mb']:.0f} | {r['work_mem_ratio']:.3f} | "
+              f"{r['peak_ratio']:.3f} | {'yes' if r['meets_goals'] else 'no'} |" for r in results]
+    (out / f"bench_score_{tag}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / f'bench_score_{tag}.md'} and .json")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,330 @@
+"""The true variance of the policy gradient on the tiny language model, estimator by estimator.
+
+train.py logs forward-only proxies of gradient noise (``total_power``, ``pure_noise``, built on
+the Logit-Gradient Proxy w_t = 1 - 2 pi(y_t) + sum_k pi_k^2). This script measures the real
+thing with backward passes, at fixed weights, and checks how well the proxies track it.
+
+Setup (common random numbers: every estimator sees the same responses)
+- Fixed checkpoint: the warmed-up tiny model that train.py caches under runs/_cache/tiny-*/
+  (loaded with from_pretrained; ~0.8M parameters, reversal task, ~15-20% success).
+- Pool: P prompts, M responses each, sampled once with ``rollout.sample``; rewards 0/1.
+- For each group size N, the M responses of a prompt are split into K = M / N disjoint groups
+  (``--partitions`` random splits). Each group is an independent draw of N responses, so its
+  batch gradient
+
+      g_k = (1 / N) sum_{i in group k} sum_t A_t^i grad_theta log pi(y_t^i)          (1)
+
+  (advantages from ``otb.ESTIMATORS[e]`` computed on that group) is an i.i.d. sample, and
+
+      tr Var[g] = (1 / (K - 1)) sum_k ||g_k - mean_k g_k||^2                           (2)
+
+  is unbiased. It is averaged over prompts (and splits) and reported with its standard error.
+- Exact gradients: for estimators whose advantage is one number per response (reinforce,
+  group_mean, grpo, rloo), (1) is sum_i (A_i / N) S_i with S_i = grad log pi(tau_i), one backward
+  per response, stored for the prompt's M responses. OTB's advantage changes with t, so (1) is
+  one backward pass of the surrogate over the group's rows. tests/test_grad_variance.py checks
+  both paths against a naive per-row loop.
+- Proxies, per group, with the very functions train.py logs: total_power = mean_i sum_t w_t A_t^2
+  (``otb.gradient_power``) and pure_noise = (total_power - ||mean g||^2_proxy) / (N - 1)
+  (``otb.noise_diagnostics`` with ``train.mean_gradient_sq_norm``). pure_noise targets the same
+  quantity as (2) (the noise left in the group-mean gradient), but in logit units, so only ratios
+  between estimators are comparable; the table divides every column by group_mean at the same N.
+- Proxy against the true norm, per response: W(tau) = sum_t w_t against ||S(tau)||^2 (exact);
+  Pearson and Spearman correlations and a log-log scatter plot.
+
+Departures: (1) normalises by N per group (the estimator's natural scale); train.py's loss is a
+token mean over the batch, which rescales every estimator alike and does not change ratios.
+
+    OMP_NUM_THREADS=1 python benchmarks/grad_variance.py                 # ~3 min of CPU (7 min wall on a busy 2-core box)
+    python benchmarks/grad_variance.py --prompts 8 --pool 16 --group-sizes 2,4   # a smoke run
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import otb  # noqa: E402
+import rollout  # noqa: E402
+
+
+@dataclass
+class Args:
+    model_dir: str = field(default="", metadata={"help": "save_pretrained folder of the model; empty: the "
+                                                 "warmed-up tiny model cached by train.py under runs/_cache"})
+    prompts: int = field(default=24, metadata={"help": "P, prompts in the pool"})
+    pool: int = field(default=32, metadata={"help": "M, responses sampled once per prompt"})
+    group_sizes: str = field(default="2,4,8,16", metadata={"help": "N values, each must divide M"})
+    estimators: str = field(default=",".join(otb.ESTIMATORS), metadata={"help": "estimators to measure"})
+    partitions: int = field(default=1, metadata={"help": "random splits of each pool into groups"})
+    horizon: int = field(default=8, metadata={"help": "reversal task: max string length"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling and scoring temperature"})
+    seed: int = field(default=1234, metadata={"help": "seed of the prompts, the sampler and the splits"})
+    out: str = field(default=str(ROOT / "benchmarks" / "results" / "grad_variance"),
+                     metadata={"help": "folder for table.md, results.json and proxy_vs_true.png"})
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in fields(Args):
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                       help=f.metadata["help"])
+    return Args(**vars(p.parse_args(argv)))
+
+
+def machine():
+    cpu = platform.processor() or "unknown CPU"
+    if Path("/proc/cpuinfo").exists():
+        cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), cpu)
+    return dict(cpu=cpu, logical_cores=os.cpu_count(), torch_threads=torch.get_num_threads(),
+                torch=torch.__version__, cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+
+
+# =====================================================================================
+# Model and pool
+# =====================================================================================
+
+def find_cached_tiny(root=ROOT / "runs" / "_cache"):
+    """The newest runs/_cache/tiny-*/ folder that holds a saved model."""
+    dirs = sorted((d for d in Path(root).glob("tiny-*") if (d / "config.json").exists()),
+                  key=lambda d: d.stat().st_mtime)
+    if not dirs:
+        raise SystemExit(f"no cached tiny model under {root}: run `python train.py --estimator group_mean "
+                         f"--steps 1` once (it warms the model up and caches it), or pass --model-dir")
+    return dirs[-1]
+
+
+def load_model(model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()  # no dropout
+    return model, AutoTokenizer.from_pretrained(model_dir)
+
+
+def subset(ro, rows):
+    """The rows ``rows`` of a Rollout, responses trimmed to their longest valid length."""
+    rows = torch.as_tensor(rows)
+    T = max(int(ro.response_mask[rows].sum(-1).max()), 1)
+    return rollout.Rollout(prompt_ids=ro.prompt_ids[rows], prompt_mask=ro.prompt_mask[rows],
+                           response=ro.response[rows, :T], response_mask=ro.response_mask[rows, :T],
+                           group_index=ro.group_index[rows], logp=ro.logp[rows, :T],
+                           finished=ro.finished[rows])
+
+
+# =====================================================================================
+# Exact gradients and their variance
+# =====================================================================================
+
+def flat(grads):
+    return torch.cat([g.reshape(-1) for g in grads])  # (D,)
+
+
+def weighted_score_gradient(model, ro, weights, temperature):
+    """grad_theta sum_i sum_t weights[i, t] log pi(y_t^i), flattened: (D,). One backward pass."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    logp, _, _ = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response, ro.response_mask,
+                               temperature)  # log pi(y_t), (B, T), keeps the graph
+    return flat(torch.autograd.grad((weights * logp).sum(), params))
+
+
+def per_response_scores(model, ro, temperature):
+    """S_i = grad_theta log pi(tau_i) = grad sum_t log pi(y_t^i) for every row: (B, D)."""
+    return torch.stack([weighted_score_gradient(model, subset(ro, [i]), subset(ro, [i]).response_mask,
+                                                temperature) for i in range(len(ro.response))])
+
+
+def is_sequence_level(adv, mask):
+    """True when every row's advantage is one number over its valid tokens."""
+    first = adv[:, :1]  # (B, 1)
+    return bool(torch.allclose(adv * mask, first * mask, rtol=0, atol=1e-7))
+
+
+def group_gradients(model, ro, groups, adv, temperature, S=None):
+    """g_k = (1/N) sum_{i in group k} sum_t A_t^i grad log pi(y_t^i), eq. (1): (K, D).
+
+    groups: (K, N) row indices. With S (B, D) given and a sequence-level advantage, g_k is the
+    linear combination (1/N) sum_i A_i S_i; otherwise one backward pass per group.
+    """
+    N = groups.shape[1]
+    if S is not None and is_sequence_level(adv, ro.response_mask):
+        A = adv[:, 0]  # A_i, (B,)
+        return torch.stack([(A[g, None] * S[g]).sum(0) / N for g in groups])  # (K, D)
+    out = []
+    for g in groups:
+        sub = subset(ro, g)
+        out.append(weighted_score_gradient(model, sub, adv[g, :sub.response.shape[1]] / N, temperature))
+    return torch.stack(out)  # (K, D)
+
+
+def trace_variance(G):
+    """Unbiased tr Var of i.i.d. vectors, eq. (2): sum_k ||g_k - mean||^2 / (K - 1). G: (K, D)."""
+    G = G.double()
+    return ((G - G.mean(0)) ** 2).sum().item() / (G.shape[0] - 1)
+
+
+def spearman(x, y):
+    rank = lambda v: torch.argsort(torch.argsort(v)).double()
+    return pearson(rank(x), rank(y))
+
+
+def pearson(x, y):
+    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()
+    return (x @ y / (x.norm() * y.norm())).item()
+
+
+# =====================================================================================
+# The measurement
+# =====================================================================================
+
+def measure(model, tok, args, progress=True):
+    """Returns (cells, scatter): cells[(estimator, N)] -> lists of per-prompt values."""
+    import train  # train.mean_gradient_sq_norm is the proxy of ||mean g||^2 that training logs
+    task = rollout.ReverseTask(horizon=args.horizon)
+    prompts, answers = rollout.prompt_batch(task, tok, args.seed, 0, args.prompts)
+    gen = torch.Generator().manual_seed(args.seed)
+    ro = rollout.sample(model, prompts, group_size=args.pool, max_new_tokens=2 * args.horizon + 2,
+                        temperature=args.temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                        generator=gen)
+    R, token_rewards, _ = rollout.rewards(task, tok, ro, answers, args.pool)
+    Ns = [int(n) for n in args.group_sizes.split(",")]
+    ests = args.estimators.split(",")
+    if not all(args.pool % n == 0 and args.pool // n >= 2 for n in Ns):
+        raise SystemExit(f"every N in --group-sizes must divide --pool {args.pool} at least twice (K >= 2 groups)")
+    cells = {(e, n): dict(true=[], power=[], noise=[]) for e in ests for n in Ns}
+    scatter = dict(W=[], S_sq=[], R=[])
+    split_gen = torch.Generator().manual_seed(args.seed + 1)
+    for p in tqdm(range(args.prompts), desc="prompts", disable=not progress):
+        rows = torch.arange(p * args.pool, (p + 1) * args.pool)
+        sub = subset(ro, rows)  # this prompt's M responses
+        m, r = sub.response_mask, token_rewards[rows, :sub.response.shape[1]]  # (M, T)
+        with torch.no_grad():
+            logp, spp, _ = rollout.score(model, sub.prompt_ids, sub.prompt_mask, sub.response, m,
+                                         args.temperature)  # (M, T)
+        S = per_response_scores(model, sub, args.temperature)  # S_i, (M, D)
+        scatter["W"] += (otb.token_energy(logp, spp) * m).sum(-1).tolist()  # W(tau)
+        scatter["S_sq"] += (S.double() ** 2).sum(-1).tolist()  # ||S(tau)||^2
+        scatter["R"] += R[rows].tolist()
+        for _ in range(args.partitions):
+            perm = torch.randperm(args.pool, generator=split_gen)
+            for n in Ns:
+                groups = perm.view(-1, n)  # (K, N) disjoint groups
+                gid = torch.empty(args.pool, dtype=torch.long)
+                gid[groups.reshape(-1)] = torch.arange(len(groups)).repeat_interleave(n)
+                for e in ests:
+                    adv, _ = otb.ESTIMATORS[e](token_rewards=r, response_mask=m, group_index=gid,
+                                               log_probs=logp, sum_pi_sq=spp)  # A_t, (M, T)
+                    G = group_gradients(model, sub, groups, adv, args.temperature, S=S)  # (K, D)
+                    power = otb.gradient_power(adv, m, logp, spp)  # P_i, (M,)
+                    diag = [otb.noise_diagnostics(power[g], train.mean_gradient_sq_norm(
+                        sub.response[g], m[g], gid[g], adv[g], logp[g], spp[g])) for g in groups]
+                    cells[(e, n)]["true"].append(trace_variance(G))
+                    cells[(e, n)]["power"].append(sum(d["total_power"] for d in diag) / len(diag))
+                    cells[(e, n)]["noise"].append(sum(d["pure_noise"] for d in diag) / len(diag))
+    return cells, scatter, R
+
+
+def mean_se(xs):
+    k = len(xs)
+    mu = sum(xs) / k
+    var = sum((x - mu) ** 2 for x in xs) / (k - 1) if k > 1 else float("nan")
+    return mu, math.sqrt(var / k)
+
+
+def summarize(cells, scatter):
+    rows = []
+    for (e, n), c in cells.items():
+        true, se = mean_se(c["true"])
+        rows.append(dict(estimator=e, N=n, true_var=true, true_var_se=se,
+                         total_power=mean_se(c["power"])[0], pure_noise=mean_se(c["noise"])[0]))
+    for r in rows:  # relative to group_mean at the same N
+        ref = next((q for q in rows if q["estimator"] == "group_mean" and q["N"] == r["N"]), None)
+        for k in ("true_var", "total_power", "pure_noise"):
+            r[k + "_rel"] = r[k] / ref[k] if ref and ref[k] else float("nan")
+        r["pure_noise_over_true"] = r["pure_noise"] / r["true_var"] if r["true_var"] else float("nan")
+    W, S2 = torch.tensor(scatter["W"]), torch.tensor(scatter["S_sq"])
+    corr = dict(pearson=pearson(W, S2), spearman=spearman(W, S2),
+                pearson_log=pearson(W.clamp_min(1e-12).log(), S2.clamp_min(1e-12).log()), responses=len(W))
+    tv = torch.tensor([r["true_var"] for r in rows])
+    across = dict(spearman_true_vs_pure_noise=spearman(tv, torch.tensor([r["pure_noise"] for r in rows])),
+                  spearman_true_vs_total_power=spearman(tv, torch.tensor([r["total_power"] for r in rows])))
+    return rows, corr, across
+
+
+def table_md(rows):
+    cols = ["estimator", "N", "true tr Var (± s.e.)", "true / group_mean", "total_power", "pure_noise",
+            "pure_noise / group_mean", "pure_noise / true"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in sorted(rows, key=lambda r: (r["N"], r["estimator"])):
+        lines.append(f"| {r['estimator']} | {r['N']} | {r['true_var']:.4g} ± {r['true_var_se']:.2g} | "
+                     f"{r['true_var_rel']:.3f} | {r['total_power']:.4g} | {r['pure_noise']:.4g} | "
+                     f"{r['pure_noise_rel']:.3f} | {r['pure_noise_over_true']:.3g} |")
+    return "\n".join(lines)
+
+
+def plot(scatter, corr, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    W, S2, R = (torch.tensor(scatter[k]) for k in ("W", "S_sq", "R"))
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    for val, colour, label in [(0.0, "tab:blue", "reward 0"), (1.0, "tab:orange", "reward 1")]:
+        sel = R == val
+        ax.scatter(W[sel], S2[sel], s=6, alpha=0.5, c=colour, label=label)
+    ax.set(xscale="log", yscale="log", xlabel="W(tau) = sum_t w_t  (forward-only proxy)",
+           ylabel="||grad_theta log pi(tau)||^2  (exact)",
+           title=f"Pearson {corr['pearson']:.2f}, Spearman {corr['spearman']:.2f}, "
+                 f"log-log Pearson {corr['pearson_log']:.2f}")
+    ax.title.set_fontsize(9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    model_dir = Path(args.model_dir) if args.model_dir else find_cached_tiny()
+    model, tok = load_model(model_dir)
+    info = machine()
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model {model_dir} ({n_params / 1e6:.2f}M parameters); {info}", flush=True)
+    t0 = time.time()
+    cells, scatter, R = measure(model, tok, args)
+    rows, corr, across = summarize(cells, scatter)
+    seconds = time.time() - t0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python benchmarks/grad_variance.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    table = table_md(rows)
+    text = (f"# True gradient variance vs the forward-only proxies\n\n`{command.strip()}`  \n"
+            f"model: {model_dir.name} ({n_params} parameters), {args.prompts} prompts x {args.pool} responses, "
+            f"success rate of the pool {R.mean().item():.3f}, {args.partitions} split(s); {seconds:.0f} s on "
+            f"{info['cpu']} ({info['torch_threads']} thread(s)), torch {info['torch']}\n\n{table}\n\n"
+            f"Proxy W(tau) vs exact ||grad log pi(tau)||^2 over {corr['responses']} responses: "
+            f"Pearson {corr['pearson']:.3f}, Spearman {corr['spearman']:.3f}, log-log Pearson "
+            f"{corr['pearson_log']:.3f}.  \nAcross the table's cells, Spearman(true, pure_noise) = "
+            f"{across['spearman_true_vs_pure_noise']:.3f}, Spearman(true, total_power) = "
+            f"{across['spearman_true_vs_total_power']:.3f}.\n")
+    (out / "table.md").write_text(text)
+    (out / "results.json").write_text(json.dumps(dict(
+        command=command.strip(), args=asdict(args), model_dir=str(model_dir), parameters=n_params,
+        machine=info, seconds=seconds, success_rate=R.mean().item(), rows=rows, proxy_correlation=corr,
+        across_cells=across), indent=1))
+    plot(scatter, corr, out / "proxy_vs_true.png")
+    print(text)
+    print(f"wrote {out / 'table.md'}, results.json, proxy_vs_true.png")
+    return rows, corr, across
+
+
+if __name__ == "__main__":
+    main()
