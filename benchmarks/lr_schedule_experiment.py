@@ -1,0 +1,375 @@
+"""Does the length-triggered learning-rate schedule keep an unstable run stable?
+
+The second paper claims that, when RL training of a language model goes wrong, three things move
+together: the response length rises, the training-inference mismatch grows (log-probs of the
+rollout engine drift from those of the training forward pass), and the gradient gets noisier; the
+length rises *before* the collapse. Its remedy (lr_schedule.py) decays the learning rate once the
+mean response length L_i surges:
+
+    L0 = mean(L_1..L_W),   s = min{ i > W : L_i > r L0 },   eta_i = eta_0 max(d^k_i, f)
+
+This script runs train.py (through its command line, one subprocess per run) on a grid
+
+    {constant, length} schedule  x  {group_mean, otb} estimator  x  seeds
+
+in a setting chosen to be unstable (longer strings, a bfloat16 rollout copy, a high learning rate),
+then aggregates the per-step metrics over seeds and writes
+
+    lr_schedule.png   response length, LR, mismatch mean |dlogp|, gradient norm, success and finished
+                      fraction against the step: one line per configuration (seed mean), the band is
+                      the seed min..max
+    summary.md/json   per configuration and seed: final success, max gradient norm, max length, the
+                      surge step, whether and when the run collapsed, and corr(mismatch, grad norm)
+
+Definitions fixed before the real run (so they cannot be tuned to its outcome):
+
+* surge step: the rule of lr_schedule.py applied to the logged lengths, for *every* run (under a
+  constant LR it only says when the schedule would have fired): the first step i > W whose mean
+  length exceeds r times the mean of steps 1..W. With the length schedule it is the step after
+  which the logged LR first drops.
+* collapsed: over the last k = 10 steps the mean success rate is below 0.5 x its mean over the
+  first k steps, or the mean finished fraction (rows that emitted EOS) is below 0.5.
+* collapse step: the first step at which the k-step trailing mean of success is below 0.5 x the
+  initial (first-k) mean; "length rose before collapse" means surge step < collapse step.
+
+    OMP_NUM_THREADS=1 python benchmarks/lr_schedule_experiment.py   # the real grid: 12 runs, ~14 min on 2 cores
+    python benchmarks/lr_schedule_experiment.py --aggregate-only    # re-plot finished runs
+    python benchmarks/lr_schedule_experiment.py --quick             # smoke run into runs/lr_schedule_quick
+
+Each run is `python train.py --estimator E --lr-schedule S --seed K ...` with OMP_NUM_THREADS=1, its
+output in <out>/<run>.log; the warm-up cache lives in <out>/_cache (one supervised warm-up per seed).
+
+Runs are resumable: a run folder with a DONE marker is not run again.
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PANELS = [  # (metric key, y label, log scale, floor: smaller values are drawn at the floor)
+    ("response_len", "mean response length (tokens)", False, None),
+    ("lr", "learning rate used", True, None),
+    ("mismatch_mean_abs", "mismatch mean |log pi_train - log pi_rollout|", True, None),
+    ("grad_norm", "gradient norm (before clipping; 0 drawn at 1e-3)", True, 1e-3),
+    ("success", "success rate", False, None),
+    ("finished", "finished fraction (emitted EOS)", False, None),
+]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (model init, prompts, sampler)")
+    p.add_argument("--steps", type=int, default=50, help="training steps per run")
+    p.add_argument("--horizon", type=int, default=8, help="max string length of the reversal task")
+    p.add_argument("--max-new-tokens", type=int, default=40,
+                   help="response length limit; above 2 * horizon + 2 so that a length surge has room")
+    p.add_argument("--lr", type=float, default=1e-3, help="initial AdamW learning rate eta_0")
+    p.add_argument("--rollout-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the sampling copy of the model (training stays float32)")
+    p.add_argument("--estimators", default="group_mean,otb", help="advantage estimators to compare")
+    p.add_argument("--schedules", default="constant,length", help="LR schedules to compare")
+    p.add_argument("--lr-warmup-window", type=int, default=10, help="W: steps whose mean length is L0")
+    p.add_argument("--lr-surge-ratio", type=float, default=1.5, help="r: a surge is L_i > r * L0")
+    p.add_argument("--lr-decay-factor", type=float, default=0.5, help="d: LR multiplier per decay")
+    p.add_argument("--lr-decay-period-factor", type=float, default=1.8, help="c: decay period = c * s")
+    p.add_argument("--lr-floor", type=float, default=0.1, help="f: the LR never goes below f * eta_0")
+    p.add_argument("--window", type=int, default=10, help="k: steps averaged for initial/final success")
+    p.add_argument("--collapse-ratio", type=float, default=0.5,
+                   help="collapsed if final success < ratio * initial success ...")
+    p.add_argument("--collapse-finished", type=float, default=0.5,
+                   help="... or the final finished fraction is below this")
+    p.add_argument("--train-args", default="", help="extra arguments passed to every train.py run")
+    p.add_argument("--jobs", type=int, default=2, help="train.py processes in parallel")
+    p.add_argument("--out", default=None,
+                   help="folder of the run folders (and warm-up cache); default runs/lr_schedule (--quick: "
+                        "runs/lr_schedule_quick)")
+    p.add_argument("--results", default=None,
+                   help="where plot and summary go; default benchmarks/results/lr_schedule (--quick: "
+                        "runs/lr_schedule_quick/results)")
+    p.add_argument("--aggregate-only", action="store_true", help="do not train; aggregate existing runs")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 1 seed, 6 steps, a 1-layer model without warm-up, W = 2")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.steps, args.horizon, args.max_new_tokens, args.lr_warmup_window = "0", 6, 4, 12, 2
+        args.window = 2
+        args.train_args = ("--tiny-hidden 32 --tiny-layers 1 --warmup-max-steps 0 --prompts-per-step 2 "
+                           "--group-size 2 " + args.train_args)
+    quick = "runs/lr_schedule_quick"  # a smoke run never overwrites the real results
+    args.out = args.out or (quick if args.quick else "runs/lr_schedule")
+    args.results = args.results or (quick + "/results" if args.quick else "benchmarks/results/lr_schedule")
+    return args
+
+
+def configs(args):
+    """The grid: list of (config name, schedule, estimator)."""
+    return [(f"{s}/{e}", s, e) for s in args.schedules.split(",") for e in args.estimators.split(",")]
+
+
+def seeds(args):
+    return [int(s) for s in args.seeds.split(",")]
+
+
+def run_name(config, seed):
+    return config.replace("/", "-") + f"-seed{seed}"
+
+
+def train_command(args, schedule, estimator, seed):
+    """The train.py command line of one run (everything but the schedule and estimator is shared)."""
+    cmd = [sys.executable, "train.py", "--estimator", estimator, "--lr-schedule", schedule,
+           "--seed", str(seed), "--steps", str(args.steps), "--horizon", str(args.horizon),
+           "--max-new-tokens", str(args.max_new_tokens), "--lr", str(args.lr),
+           "--rollout-dtype", args.rollout_dtype, "--lr-warmup-window", str(args.lr_warmup_window),
+           "--lr-surge-ratio", str(args.lr_surge_ratio), "--lr-decay-factor", str(args.lr_decay_factor),
+           "--lr-decay-period-factor", str(args.lr_decay_period_factor), "--lr-floor", str(args.lr_floor),
+           "--out", args.out, "--name", run_name(f"{schedule}/{estimator}", seed),
+           "--checkpoint-every", "0", "--log-every", "10"]
+    return cmd + shlex.split(args.train_args)
+
+
+# =====================================================================================
+# Running the grid
+# =====================================================================================
+
+def run_one(cmd, run_dir):
+    """One train.py subprocess, single-threaded; its output goes to run_dir/train.log."""
+    if (run_dir / "DONE").exists():
+        return f"{run_dir.name}: already done"
+    if run_dir.exists():  # an unfinished run of this script (no checkpoint to resume): start it again
+        shutil.rmtree(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    t0 = time.time()
+    with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:  # the log sits beside the run folder
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise RuntimeError(f"{run_dir.name} failed (exit {rc}); see {run_dir.parent / (run_dir.name + '.log')}")
+    return f"{run_dir.name}: {time.time() - t0:.0f} s"
+
+
+def run_grid(args):
+    """All runs, at most args.jobs at a time. Seed-major within a configuration, so the first jobs
+    warm up different seeds' models (one cache entry each) instead of racing on the same one."""
+    out = ROOT / args.out
+    jobs = [(train_command(args, s, e, seed), out / run_name(c, seed))
+            for c, s, e in configs(args) for seed in seeds(args)]
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for message in pool.map(lambda job: run_one(*job), jobs):
+            print(message, flush=True)
+
+
+# =====================================================================================
+# Aggregation: pure functions of the per-step metrics (tested on synthetic histories)
+# =====================================================================================
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def surge_step(lengths, window, ratio):
+    """First step i > W (steps numbered from 1) with L_i > r * mean(L_1..L_W); None if none."""
+    if len(lengths) <= window:
+        return None
+    L0 = mean(lengths[:window])
+    return next((i for i, L in enumerate(lengths, start=1) if i > window and L > ratio * L0), None)
+
+
+def first_lr_drop(lrs):
+    """Step after which the logged LR first falls below the initial one (lr of step i + 1 < lr_1)."""
+    return next((i for i in range(1, len(lrs)) if lrs[i] < lrs[0] * (1 - 1e-9)), None)
+
+
+def collapse(history, k, ratio, min_finished):
+    """(collapsed, collapse step) by the criterion fixed in the module docstring."""
+    success = [r["success"] for r in history]
+    initial, final = mean(success[:k]), mean(success[-k:])
+    finished = mean([r["finished"] for r in history[-k:]])
+    collapsed = final < ratio * initial or finished < min_finished
+    step = None
+    for i in range(k, len(success) + 1):  # trailing k-step means from step k on
+        if mean(success[i - k:i]) < ratio * initial:
+            step = i
+            break
+    return collapsed, step
+
+
+def pearson(xs, ys):
+    mx, my = mean(xs), mean(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else None
+
+
+def summarize_run(history, args):
+    """One row per run (seed)."""
+    k = args.window
+    lengths = [r["response_len"] for r in history]
+    collapsed, c_step = collapse(history, k, args.collapse_ratio, args.collapse_finished)
+    s = surge_step(lengths, args.lr_warmup_window, args.lr_surge_ratio)
+    return dict(
+        steps=len(history),
+        initial_success=mean([r["success"] for r in history[:k]]),
+        final_success=mean([r["success"] for r in history[-k:]]),
+        final_finished=mean([r["finished"] for r in history[-k:]]),
+        max_grad_norm=max(r["grad_norm"] for r in history),
+        max_len=max(lengths),
+        final_lr=history[-1]["lr"],
+        surge_step=s,
+        lr_drop_step=first_lr_drop([r["lr"] for r in history]),
+        collapsed=collapsed,
+        collapse_step=c_step,
+        len_before_collapse=None if c_step is None else (s is not None and s < c_step),
+        max_mismatch=max(r["mismatch_mean_abs"] for r in history),
+        corr_mismatch_gradnorm=pearson([r["mismatch_mean_abs"] for r in history],
+                                       [r["grad_norm"] for r in history]),
+    )
+
+
+def band(histories, key):
+    """Per step mean, min and max over seeds (runs cut to the shortest)."""
+    n = min(len(h) for h in histories)
+    cols = [[h[i][key] for h in histories] for i in range(n)]
+    return [mean(c) for c in cols], [min(c) for c in cols], [max(c) for c in cols]
+
+
+def summarize(histories, args):
+    """histories: {config: {seed: [metrics rows]}} -> {config: dict(runs={seed: row}, aggregate)}."""
+    out = {}
+    for config, by_seed in histories.items():
+        runs = {seed: summarize_run(h, args) for seed, h in sorted(by_seed.items())}
+        finals = [r["final_success"] for r in runs.values()]
+        sd = math.sqrt(sum((x - mean(finals)) ** 2 for x in finals) / (len(finals) - 1)) if len(finals) > 1 else 0.0
+        corrs = [r["corr_mismatch_gradnorm"] for r in runs.values() if r["corr_mismatch_gradnorm"] is not None]
+        out[config] = dict(runs=runs, final_success_mean=mean(finals), final_success_sd=sd,
+                           collapsed=sum(r["collapsed"] for r in runs.values()), n_seeds=len(runs),
+                           surged=sum(r["surge_step"] is not None for r in runs.values()),
+                           max_grad_norm=max(r["max_grad_norm"] for r in runs.values()),
+                           max_len=max(r["max_len"] for r in runs.values()),
+                           corr_mismatch_gradnorm_mean=mean(corrs) if corrs else None)
+    return out
+
+
+def fmt(x):
+    if x is None:
+        return "none"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    return f"{x:.3g}" if isinstance(x, float) else str(x)
+
+
+def markdown(summary, args, header=""):
+    cols = ["initial_success", "final_success", "final_finished", "max_grad_norm", "max_len",
+            "final_lr", "surge_step", "collapsed", "collapse_step", "corr_mismatch_gradnorm"]
+    lines = [header, "", "| config | seed | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 2)]
+    for config, agg in summary.items():
+        for seed, r in agg["runs"].items():
+            lines.append(f"| {config} | {seed} | " + " | ".join(fmt(r[c]) for c in cols) + " |")
+    lines += ["", "| config | final success (mean ± sd over seeds) | collapsed | surged | max grad norm "
+              "| max length | mean corr(mismatch, grad norm) |", "|---|---|---|---|---|---|---|"]
+    for config, a in summary.items():
+        lines.append(f"| {config} | {a['final_success_mean']:.3f} ± {a['final_success_sd']:.3f} | "
+                     f"{a['collapsed']}/{a['n_seeds']} | {a['surged']}/{a['n_seeds']} | "
+                     f"{a['max_grad_norm']:.3g} | {a['max_len']:.3g} | {fmt(a['corr_mismatch_gradnorm_mean'])} |")
+    lines += ["", f"success / finished: means over the first / last {args.window} steps. surge_step: first step "
+              f"i > {args.lr_warmup_window} with mean length > {args.lr_surge_ratio} x the mean of steps "
+              f"1..{args.lr_warmup_window} (computed for every run; only the length schedule acts on it). "
+              f"collapsed: final success < {args.collapse_ratio} x initial, or final finished fraction < "
+              f"{args.collapse_finished}; collapse_step: first step whose trailing {args.window}-step success "
+              f"mean is below {args.collapse_ratio} x initial. corr: Pearson correlation over steps of "
+              f"mismatch_mean_abs and grad_norm within a run."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(histories, args, path, title=""):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharex=True)
+    colors = dict(zip(histories, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for ax, (key, label, log, floor) in zip(axes.flat, PANELS):
+        for config, by_seed in histories.items():
+            runs = list(by_seed.values())
+            mid, lo, hi = band(runs, key)
+            if floor is not None:  # a zero gradient (every group's rewards equal) on a log axis
+                mid, lo, hi = ([max(v, floor) for v in vs] for vs in (mid, lo, hi))
+            steps = list(range(1, len(mid) + 1))
+            style = "-" if config.startswith("length") else "--"  # dashed under solid: equal runs show as one
+            ax.plot(steps, mid, style, color=colors[config], label=config,
+                    lw=2.5 if config.startswith("constant") else 1.2)
+            ax.fill_between(steps, lo, hi, color=colors[config], alpha=0.15, lw=0)
+        ax.set(ylabel=label, yscale="log" if log else "linear")
+        ax.grid(alpha=0.3)
+    for ax in axes[1]:
+        ax.set_xlabel("step")
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def load_histories(args):
+    out = ROOT / args.out
+    histories = {}
+    for config, _, _ in configs(args):
+        for seed in seeds(args):
+            path = out / run_name(config, seed) / "metrics.jsonl"
+            if path.exists():
+                rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                if rows:
+                    histories.setdefault(config, {})[seed] = rows
+    return histories
+
+
+def machine():
+    import torch
+    return dict(platform=platform.platform(), processor=platform.processor() or platform.machine(),
+                cpu_count=os.cpu_count(), python=platform.python_version(), torch=torch.__version__)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    command = "python benchmarks/lr_schedule_experiment.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    info = machine()
+    print(command, "\nmachine:", json.dumps(info), flush=True)
+    print("one run:", shlex.join(train_command(args, "length", "otb", seeds(args)[0])[1:]), flush=True)
+    t0 = time.time()
+    if not args.aggregate_only:
+        run_grid(args)
+    wall = time.time() - t0
+    histories = load_histories(args)
+    if not histories:
+        sys.exit("no metrics found under " + args.out)
+    summary = summarize(histories, args)
+    results = ROOT / args.results
+    results.mkdir(parents=True, exist_ok=True)
+    title = (f"reverse, horizon {args.horizon}, rollout {args.rollout_dtype}, lr {args.lr}, "
+             f"{len(seeds(args))} seeds (band: min..max); length rule W={args.lr_warmup_window} "
+             f"r={args.lr_surge_ratio} d={args.lr_decay_factor} c={args.lr_decay_period_factor} f={args.lr_floor}")
+    plot(histories, args, results / "lr_schedule.png", title)
+    run = dict(command=command, machine=info, wall_seconds=round(wall))  # the run that trained
+    if args.aggregate_only and (results / "summary.json").exists():  # re-plotting keeps that record
+        run = json.loads((results / "summary.json").read_text()).get("run", run)
+    header = f"`{run['command']}` ({run['wall_seconds']} s wall)\n\n{title}"
+    (results / "summary.md").write_text(markdown(summary, args, header))
+    (results / "summary.json").write_text(json.dumps(dict(
+        run=run, aggregated_by=command, args=vars(args),
+        train_command=shlex.join(train_command(args, "length", "otb", seeds(args)[0])[1:]),
+        configs=summary), indent=1))
+    print((results / "summary.md").read_text())
+    print(f"wall {wall:.0f} s; plot {results / 'lr_schedule.png'}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
