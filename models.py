@@ -114,7 +114,7 @@ def tiny_model_folder(cfg, task, max_new):
     """Build + warm up the tiny model once per setting; cached as a save_pretrained folder."""
     key = dict(v=1, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, task=type(task).__name__,
                horizon=task.horizon, seed=cfg.seed, temperature=cfg.temperature,
-               steps=cfg.warmup_max_steps, target=cfg.warmup_target)
+               steps=cfg.warmup_max_steps, target=cfg.warmup_target, max_new=max_new)  # all it depends on
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     folder = Path(cfg.out) / "_cache" / f"tiny-{digest}"
     if (folder / "warmup.json").exists():

@@ -231,3 +231,12 @@ def test_mean_gradient_norm_equals_explicit_logit_space_vectors():
     distinct = torch.arange(len(m))
     assert train.mean_gradient_sq_norm(ro.response, m, distinct, adv, logp, spp) == pytest.approx(
         power.sum().item() / len(m) ** 2, rel=1e-4)
+
+
+def test_warm_up_cache_is_keyed_by_every_setting_it_depends_on(tmp_path):
+    """The warm-up evaluates with max_new_tokens, so two limits must not share one cached model."""
+    cfg = train.Config(tiny_hidden=16, tiny_layers=1, warmup_max_steps=0, out=str(tmp_path))
+    task = train.make_task(cfg)
+    short, long_ = models.tiny_model_folder(cfg, task, 10), models.tiny_model_folder(cfg, task, 40)
+    assert short != long_ and (short / "warmup.json").exists() and (long_ / "warmup.json").exists()
+    assert models.tiny_model_folder(cfg, task, 10) == short  # and the same settings reuse it
