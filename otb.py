@@ -228,7 +228,9 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
         w.mul_(x["is_weights"].to(dtype) ** 2)  # w_t <- rho_t^2 w_t
     w = _zero_padding(w, valid, m, inplace=True)  # 0 on padding (w is our own tensor)
     Wm = w.cumsum_(-1).mul_(m)  # W_t = sum_{j<=t} w_j, eq. (3), times m_t, (B, T)
-    GWm = G * Wm  # G_t W_t m_t, (B, T)
+    # Fresh (B, T) buffers cost more than the arithmetic on a CPU, so the ones no longer needed
+    # are reused: r's memory holds G W m, and after the group sums it holds B_t, then A_t.
+    GWm = torch.mul(G, Wm, out=r)  # G_t W_t m_t, (B, T)
 
     if leave_one_out:  # sums over the *other* rows j != i of the group, (B, T)
         # "group total minus own term" cancels badly in float32 when one row's energy dwarfs
@@ -247,7 +249,7 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
         if zero_tail:
             active = _group_sum(m, gid, n_groups)  # rows still active at t, (groups, T)
             B_group[active <= 1] = 0.0  # only one row left at t: B = 0
-        B = B_group.index_select(0, gid)  # each row gets its group's B_t, (B, T)
+        B = torch.index_select(B_group, 0, gid, out=GWm)  # each row gets its group's B_t, (B, T)
 
     advantages = torch.sub(G, B, out=B).mul_(m)  # A_t = G_t - B_t, eq. (5), 0 on padding
     return advantages, G.mul_(m)
