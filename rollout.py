@@ -128,7 +128,7 @@ def score(model, prompt_ids, prompt_mask, response, response_mask, temperature, 
     ``entropy`` are detached diagnostics. ``chunk_size`` = response positions per chunk
     (None: all at once).
     """
-    P, T = prompt_ids.shape[1], response.shape[1]
+    T = response.shape[1]  # response positions
     ids = torch.cat([prompt_ids, response], dim=1)  # (B, P+T)
     attn = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)  # (B, P+T)
     # Keep only the last T + 1 columns: the logit at column j predicts token j + 1, so columns

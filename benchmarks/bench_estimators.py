@@ -23,8 +23,6 @@ of the floor. Timings on a shared machine are noisy; use --repeats to tighten th
     python benchmarks/bench_estimators.py --shapes 8192x256:4 --repeats 9 --device cuda
 """
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
@@ -35,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import otb  # noqa: E402
+from benchmarks.machine import machine  # noqa: E402
 
 # rows x tokens : group size
 GRID = ["1024x4096:4", "8192x256:4", "4096x1024:8", "2048x512:2"]
@@ -136,15 +135,9 @@ def timed(fns, device, repeats):
 
 
 def machine_line(device):
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    line = (f"CPU: {cpu} ({os.cpu_count()} logical cores), torch threads: {torch.get_num_threads()}, "
-            f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, torch {torch.__version__}, "
-            f"device: {device}")
+    m = machine()
+    line = (f"CPU: {m['cpu']} ({m['logical_cpus']} logical cores), torch threads: {m['torch_threads']}, "
+            f"OMP_NUM_THREADS={m['omp_num_threads']}, torch {m['torch']}, device: {device}")
     if device.type == "cuda":
         line += f" ({torch.cuda.get_device_name(device)})"
     return line

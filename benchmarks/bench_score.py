@@ -26,7 +26,6 @@ share of the pass, so the measured overhead is an upper bound for the real model
 import argparse
 import gc
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
-from benchmarks.grad_variance import machine  # noqa: E402
+from benchmarks.machine import machine  # noqa: E402
 
 REAL_SUM_PI_SQUARED = otb.sum_pi_squared
 

@@ -38,7 +38,8 @@ import otb  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
 from benchmarks.bench_score import REAL_SUM_PI_SQUARED, stub_sum_pi_squared  # noqa: E402
-from benchmarks.grad_variance import find_cached_tiny, load_model, machine  # noqa: E402
+from benchmarks.grad_variance import find_cached_tiny, load_model  # noqa: E402
+from benchmarks.machine import machine  # noqa: E402
 
 VARIANTS = {"group_mean": ("group_mean", False), "otb": ("otb", True), "group_mean+spp": ("group_mean", True)}
 

@@ -41,8 +41,6 @@ token mean over the batch, which rescales every estimator alike and does not cha
 import argparse
 import json
 import math
-import os
-import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -55,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
+from benchmarks.machine import machine  # noqa: E402
 
 
 @dataclass
@@ -80,14 +79,6 @@ def parse_args(argv=None):
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
                        help=f.metadata["help"])
     return Args(**vars(p.parse_args(argv)))
-
-
-def machine():
-    cpu = platform.processor() or "unknown CPU"
-    if Path("/proc/cpuinfo").exists():
-        cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), cpu)
-    return dict(cpu=cpu, logical_cores=os.cpu_count(), torch_threads=torch.get_num_threads(),
-                torch=torch.__version__, cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
 
 
 # =====================================================================================

@@ -45,7 +45,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import shlex
 import shutil
 import subprocess
@@ -55,6 +54,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from benchmarks.machine import machine  # noqa: E402
+
 PANELS = [  # (metric key, y label, log scale, floor: smaller values are drawn at the floor)
     ("response_len", "mean response length (tokens)", False, None),
     ("lr", "learning rate used", True, None),
@@ -329,12 +332,6 @@ def load_histories(args):
                 if rows:
                     histories.setdefault(config, {})[seed] = rows
     return histories
-
-
-def machine():
-    import torch
-    return dict(platform=platform.platform(), processor=platform.processor() or platform.machine(),
-                cpu_count=os.cpu_count(), python=platform.python_version(), torch=torch.__version__)
 
 
 def main(argv=None):

@@ -55,7 +55,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import shlex
 import shutil
 import subprocess
@@ -67,6 +66,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent  # the repository root, where train.py lives
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `import train` for --jobs 1
+from benchmarks.machine import machine  # noqa: E402
 QUICK = dict(seeds="0,1", steps=4, horizon=2, group_sizes="2,4", otb_group_sizes="2", window=2, jobs=1,
              train_args="--prompts-per-step 4 --tiny-hidden 32 --tiny-layers 1 --warmup-max-steps 300 "
                         "--warmup-target 0.3 --lr 3e-3", runs="runs/sample_efficiency_quick",
@@ -123,21 +123,6 @@ def configurations(args):
     out = [(args.otb_estimator, n) for n in ints(args.otb_group_sizes)]
     out += [(e.strip(), n) for e in args.estimators.split(",") for n in ints(args.group_sizes)]
     return out
-
-
-def machine():
-    """What the numbers were measured on."""
-    import torch
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return dict(cpu=cpu, logical_cpus=os.cpu_count(), threads_per_run=1, torch=torch.__version__,
-                python=platform.python_version(), platform=platform.platform())
 
 
 # =====================================================================================
@@ -399,7 +384,7 @@ def markdown(summary):
              f"{a['jobs']} runs at a time with 1 thread each, torch {m['torch']}  ",
              f"Seeds: {a['seeds']}; horizon {a['horizon']}; {a['steps']} steps per run; wall time "
              f"{summary['wall_seconds'] / 60:.1f} min (this invocation; warm-ups cached earlier not included)  ",
-             f"Target (fixed before the runs): " + (f"success {a['target_success']}" if a["target_success"] else
+             "Target (fixed before the runs): " + (f"success {a['target_success']}" if a["target_success"] else
              f"initial success of the seed + {a['target_margin']}") + " -> per seed "
              + ", ".join(f"{s}: {t:.3f}" for s, t in summary["targets"].items()), "", table(summary)]
     lines += [f"Mean ± sample standard deviation over seeds. Success: fraction of exactly right responses "
@@ -457,7 +442,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     command = ("python benchmarks/sample_efficiency.py " + shlex.join(argv)).strip()
     args = parse_args(argv)
-    info = machine()
+    info = dict(machine(), threads_per_run=1)  # every run gets OMP_NUM_THREADS=1
     print(command)
     print(f"machine: {info['cpu']}, {info['logical_cpus']} logical CPUs, torch {info['torch']}, "
           f"{args.jobs} job(s) x 1 thread", flush=True)

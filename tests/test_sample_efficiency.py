@@ -155,6 +155,7 @@ def test_tiny_end_to_end_run_through_train_main(tmp_path):
                        "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
     assert (tmp_path / "out/summary.md").exists() and (tmp_path / "out/sample_efficiency.png").exists()
     saved = json.loads((tmp_path / "out/summary.json").read_text())
+    assert [c["name"] for c in summary["configs"]] == [c["name"] for c in saved["configs"]]  # returned = written
     assert len(saved["runs"]) == 4 and [c["name"] for c in saved["configs"]] == ["otb-n2", "grpo-n2"]
     for seed in (0, 1):
         otb_run, grpo_run = (next(r for r in saved["runs"] if r["estimator"] == e and r["seed"] == seed)
