@@ -57,8 +57,9 @@ Departures and choices (all matching the widely used verl implementation unless 
 
 Diagnostics. With the proxy, ||g(tau)||^2 ~ sum_t w_t A_t^2 (cross terms vanish in
 expectation), which is W(tau) A^2 when A is constant over the response. Its batch mean is the
-"total power"; subtracting the squared norm of the batch-mean gradient and dividing by N - 1
-gives "pure noise", an estimate of the variance of the batch-mean gradient.
+"total power"; subtracting the squared norm of the batch-mean gradient (in the same proxy
+units, ``mean_gradient_sq_norm``) and dividing by N - 1 gives "pure noise", an estimate of the
+variance of the batch-mean gradient.
 """
 from functools import partial
 
@@ -322,6 +323,31 @@ def gradient_power(advantages, response_mask, log_probs, sum_pi_sq):
     valid = torch.as_tensor(response_mask).bool()
     w = token_energy(log_probs, sum_pi_sq)  # w_t, (B, T)
     return torch.where(valid, w * advantages.to(w.dtype) ** 2, 0.0).sum(-1)  # P_i, (B,)
+
+
+def mean_gradient_sq_norm(response, response_mask, group_index, adv, logp, sum_pi_sq):
+    """||(1/B) sum_i g_i||^2 in the units of the Logit-Gradient Proxy; forward-only.
+
+    The proxy treats the logits at each distinct context (prompt, response prefix) as parameters of
+    their own, so g_i = sum_t A_t (e_{y_t} - pi_t) placed at its contexts, and responses that share
+    a prefix add into the same block. For one context, with c_k = sum of A over the rows that
+    sampled token k there and S = sum_k c_k:  ||c - S pi||^2 = sum_k c_k^2 - 2 S sum_rows A pi(y)
+    + S^2 sum_k pi_k^2. With a single row this is w_t A_t^2, the term of gradient_power.
+    A diagnostic, not an estimator: it walks the tokens in Python (fine for a logged metric).
+    Inputs (B, T); group_index: one integer prompt id per row. Returns a float.
+    """
+    A, pi_y, spp = adv.double().cpu(), logp.double().exp().cpu(), sum_pi_sq.double().cpu()  # (B, T)
+    rows, lengths = response.cpu().tolist(), response_mask.sum(-1).long().tolist()
+    nodes = {}  # context -> [ {token: c_k}, S, sum A pi(y), sum pi^2 ]
+    for i, (row, n) in enumerate(zip(rows, lengths)):
+        for t in range(n):
+            node = nodes.setdefault((int(group_index[i]), tuple(row[:t])), [{}, 0.0, 0.0, spp[i, t].item()])
+            a = A[i, t].item()
+            node[0][row[t]] = node[0].get(row[t], 0.0) + a
+            node[1] += a
+            node[2] += a * pi_y[i, t].item()
+    total = sum(sum(c * c for c in cs.values()) - 2 * S * a_pi + S * S * p2 for cs, S, a_pi, p2 in nodes.values())
+    return total / len(rows) ** 2
 
 
 def noise_diagnostics(power, mean_grad_sq_norm):

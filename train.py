@@ -298,29 +298,6 @@ def update(model, opt, cfg, ro, old_logp, adv, generator):
     return norms, sum(clipped) / len(clipped), sum(losses) / len(losses)
 
 
-def mean_gradient_sq_norm(response, response_mask, group_index, adv, logp, sum_pi_sq):
-    """||(1/B) sum_i g_i||^2 in the units of the Logit-Gradient Proxy; forward-only.
-
-    The proxy treats the logits at each distinct context (prompt, response prefix) as parameters of
-    their own, so g_i = sum_t A_t (e_{y_t} - pi_t) placed at its contexts, and responses that share
-    a prefix add into the same block. For one context, with c_k = sum of A over the rows that
-    sampled token k there and S = sum_k c_k:  ||c - S pi||^2 = sum_k c_k^2 - 2 S sum_rows A pi(y)
-    + S^2 sum_k pi_k^2. With a single row this is w_t A_t^2, the term of otb.gradient_power.
-    """
-    A, pi_y, spp = adv.double().cpu(), logp.double().exp().cpu(), sum_pi_sq.double().cpu()  # (B, T)
-    rows, lengths = response.cpu().tolist(), response_mask.sum(-1).long().tolist()
-    nodes = {}  # context -> [ {token: c_k}, S, sum A pi(y), sum pi^2 ]
-    for i, (row, n) in enumerate(zip(rows, lengths)):
-        for t in range(n):
-            node = nodes.setdefault((int(group_index[i]), tuple(row[:t])), [{}, 0.0, 0.0, spp[i, t].item()])
-            a = A[i, t].item()
-            node[0][row[t]] = node[0].get(row[t], 0.0) + a
-            node[1] += a
-            node[2] += a * pi_y[i, t].item()
-    total = sum(sum(c * c for c in cs.values()) - 2 * S * a_pi + S * S * p2 for cs, S, a_pi, p2 in nodes.values())
-    return total / len(rows) ** 2
-
-
 def train(cfg, run_dir, model, tok, resume=False):
     """Run one configuration in run_dir (metrics.jsonl, checkpoint.pt, DONE). Returns the metrics."""
     import lr_schedule
@@ -381,7 +358,7 @@ def train(cfg, run_dir, model, tok, resume=False):
         tokens += int(n_tok.item())
         delta = (old_logp - ro.logp) * m  # log pi_train - log pi_rollout, (B, T)
         power = otb.gradient_power(adv, m, old_logp, sum_pi_sq)  # P_i, (B,)
-        mean_g_sq = mean_gradient_sq_norm(ro.response, m, ro.group_index, adv, old_logp, sum_pi_sq)
+        mean_g_sq = otb.mean_gradient_sq_norm(ro.response, m, ro.group_index, adv, old_logp, sum_pi_sq)
         row = dict(step=step + 1, reward=R.mean().item(), success=(R >= 1).float().mean().item(),
                    response_len=m.sum(-1).mean().item(), finished=ro.finished.float().mean().item(),
                    tokens=tokens, loss=loss, grad_norm=norms[0], lr=lr, clip_frac=clip_frac,

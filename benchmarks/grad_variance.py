@@ -26,7 +26,7 @@ Setup (common random numbers: every estimator sees the same responses)
   both paths against a naive per-row loop.
 - Proxies, per group, with the very functions train.py logs: total_power = mean_i sum_t w_t A_t^2
   (``otb.gradient_power``) and pure_noise = (total_power - ||mean g||^2_proxy) / (N - 1)
-  (``otb.noise_diagnostics`` with ``train.mean_gradient_sq_norm``). pure_noise targets the same
+  (``otb.noise_diagnostics`` with ``otb.mean_gradient_sq_norm``). pure_noise targets the same
   quantity as (2) (the noise left in the group-mean gradient), but in logit units, so only ratios
   between estimators are comparable; the table divides every column by group_mean at the same N.
 - Proxy against the true norm, per response: W(tau) = sum_t w_t against ||S(tau)||^2 (exact);
@@ -178,7 +178,6 @@ def pearson(x, y):
 
 def measure(model, tok, args, progress=True):
     """Returns (cells, scatter): cells[(estimator, N)] -> lists of per-prompt values."""
-    import train  # train.mean_gradient_sq_norm is the proxy of ||mean g||^2 that training logs
     task = rollout.ReverseTask(horizon=args.horizon)
     prompts, answers = rollout.prompt_batch(task, tok, args.seed, 0, args.prompts)
     gen = torch.Generator().manual_seed(args.seed)
@@ -215,7 +214,7 @@ def measure(model, tok, args, progress=True):
                                                log_probs=logp, sum_pi_sq=spp)  # A_t, (M, T)
                     G = group_gradients(model, sub, groups, adv, args.temperature, S=S)  # (K, D)
                     power = otb.gradient_power(adv, m, logp, spp)  # P_i, (M,)
-                    diag = [otb.noise_diagnostics(power[g], train.mean_gradient_sq_norm(
+                    diag = [otb.noise_diagnostics(power[g], otb.mean_gradient_sq_norm(
                         sub.response[g], m[g], gid[g], adv[g], logp[g], spp[g])) for g in groups]
                     cells[(e, n)]["true"].append(trace_variance(G))
                     cells[(e, n)]["power"].append(sum(d["total_power"] for d in diag) / len(diag))
