@@ -80,6 +80,8 @@ import otb
 
 EOS = 0  # token 0 ends a response
 REWARDS = ("long_finish", "streak", "length")
+POLICIES = ("tabular", "shared")
+MAX_RESPONSES = 200_000  # enumeration (and per-response scores) must fit in memory and a minute
 ORACLES = ("b_star", "opt_per_position", "otb_population", "otb_exact_w")
 UNBIASED = ("reinforce", "rloo", "otb_loo")  # no baseline or leave-one-out: E g_hat = grad J
 
@@ -497,6 +499,21 @@ def parse_args(argv=None):
                    help="save MSE against N, log-log (default path: benchmarks/results/toy_mse_vs_n.png)")
     args = p.parse_args(argv)
     cfg = ToyConfig(**{f.name: getattr(args, f.name) for f in fields(ToyConfig)})
+    n_responses = sum((cfg.K - 1) ** (L - 1) for L in range(1, cfg.T + 1)) + (cfg.K - 1) ** cfg.T
+    checks = [("--K", cfg.K, cfg.K >= 2, "must be >= 2 (EOS and at least one other token)"),
+              ("--T", cfg.T, cfg.T >= 2, "must be >= 2 (responses of different lengths)"),
+              ("--T", cfg.T, cfg.K < 2 or cfg.T < 2 or n_responses <= MAX_RESPONSES,
+               f"with --K {cfg.K} gives {n_responses} responses, more than {MAX_RESPONSES} to enumerate"),
+              ("--policy", cfg.policy, cfg.policy in POLICIES, f"must be one of {POLICIES}"),
+              ("--reward", cfg.reward, cfg.reward in REWARDS, f"must be one of {REWARDS}"),
+              ("--min-len", cfg.min_len, 1 <= cfg.min_len <= cfg.T, f"must be in 1..T ({cfg.T})"),
+              ("--hidden", cfg.hidden, cfg.hidden >= 2, "must be >= 2"),
+              ("--init-scale", cfg.init_scale, cfg.init_scale >= 0, "must be >= 0"),
+              ("--groups", args.groups, args.groups >= 2, "must be >= 2 (a variance needs two groups)"),
+              ("--Ns", args.Ns, min(args.Ns) >= 2, "every N must be >= 2 (group baselines need two responses)")]
+    for flag, value, ok, why in checks:
+        if not ok:
+            p.error(f"{flag} {value} {why}")  # one line on stderr, exit status 2
     return cfg, args
 
 

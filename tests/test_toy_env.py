@@ -233,5 +233,22 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     assert png.stat().st_size > 10_000
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--K", "1"], "--K 1 must be >= 2"),
+    (["--T", "1"], "--T 1 must be >= 2"),
+    (["--K", "9", "--T", "9"], "more than 200000 to enumerate"),
+    (["--policy", "cnn"], "--policy cnn must be one of"),
+    (["--reward", "dense"], "--reward dense must be one of"),
+    (["--min-len", "8"], "--min-len 8 must be in 1..T (7)"),
+    (["--groups", "1"], "--groups 1 must be >= 2"),
+    (["--Ns", "1", "4"], "every N must be >= 2"),
+])
+def test_cli_rejects_bad_arguments_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        te.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and message in err[-1] and "Traceback" not in "\n".join(err)
+
+
 def test_notebook_runs(run_notebook):
     run_notebook("notebooks/01_toy_bandit.ipynb", timeout=240)
