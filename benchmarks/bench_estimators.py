@@ -34,29 +34,37 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import otb  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
+from benchmarks.cli import at_least  # noqa: E402
 
 # rows x tokens : group size
 GRID = ["1024x4096:4", "8192x256:4", "4096x1024:8", "2048x512:2"]
 QUICK = ["64x128:4", "512x32:4", "128x64:2"]
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="where to run; auto picks cuda when available, else cpu")
-    p.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (median reported)")
-    p.add_argument("--shapes", nargs="+", default=None, metavar="ROWSxTOKENS:GROUP",
+    p.add_argument("--repeats", type=at_least(1), default=5, help="timed calls per measurement (median reported)")
+    p.add_argument("--shapes", nargs="+", type=parse_shape, default=None, metavar="ROWSxTOKENS:GROUP",
                    help=f"subset of shapes to run, e.g. 8192x256:4 (default: {' '.join(GRID)})")
     p.add_argument("--quick", action="store_true", help=f"tiny shapes ({' '.join(QUICK)}), 2 repeats")
     p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def parse_shape(text):
-    size, group = text.split(":")
-    rows, tokens = size.lower().split("x")
-    return int(rows), int(tokens), int(group)
+    """'ROWSxTOKENS:GROUP' -> (rows, tokens, group), each a positive integer."""
+    try:
+        size, group = text.split(":")
+        rows, tokens = size.lower().split("x")
+        shape = int(rows), int(tokens), int(group)
+    except ValueError:
+        shape = (0,)
+    if min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"must look like ROWSxTOKENS:GROUP, e.g. 8192x256:4, got {text!r}")
+    return shape
 
 
 # =====================================================================================
@@ -148,7 +156,7 @@ def main():
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
-    shapes = args.shapes or (QUICK if args.quick else GRID)
+    shapes = args.shapes or [parse_shape(t) for t in (QUICK if args.quick else GRID)]
     repeats = 2 if args.quick and args.repeats == 5 else args.repeats
     print("command: python " + " ".join(sys.argv))
     print(machine_line(device))
@@ -158,8 +166,7 @@ def main():
     print(header)
     print("-" * len(header))
     all_agree = True
-    for text in shapes:
-        rows, tokens, group = parse_shape(text)
+    for rows, tokens, group in shapes:
         x = make_inputs(rows, tokens, group, device, seed=args.seed)
         adv, ret = otb.optimal_token_baseline(**x)
         adv_loop, ret_loop = loop_reference(**x)

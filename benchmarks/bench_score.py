@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
+from benchmarks.cli import at_least, int_list  # noqa: E402
 
 REAL_SUM_PI_SQUARED = otb.sum_pi_squared
 
@@ -55,14 +56,14 @@ def use(variant):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--vocab", type=int, default=49152, help="vocabulary size V")
+    p.add_argument("--vocab", type=at_least(2), default=49152, help="vocabulary size V")
     p.add_argument("--hidden", type=int, default=576, help="hidden size, a multiple of the 9 heads (SmolLM2-135M: 576)")
-    p.add_argument("--layers", type=int, default=2, help="decoder layers (SmolLM2-135M: 30)")
-    p.add_argument("--batch", type=int, default=8, help="B, responses scored in one pass")
-    p.add_argument("--prompt", type=int, default=32, help="prompt tokens per row")
-    p.add_argument("--response", type=int, default=128, help="T, response tokens per row")
-    p.add_argument("--chunk-sizes", default="0,32", help="rollout.score chunk_size values; 0 = all at once")
-    p.add_argument("--repeats", type=int, default=5, help="timed calls per variant (median reported)")
+    p.add_argument("--layers", type=at_least(1), default=2, help="decoder layers (SmolLM2-135M: 30)")
+    p.add_argument("--batch", type=at_least(1), default=8, help="B, responses scored in one pass")
+    p.add_argument("--prompt", type=at_least(1), default=32, help="prompt tokens per row")
+    p.add_argument("--response", type=at_least(1), default=128, help="T, response tokens per row")
+    p.add_argument("--chunk-sizes", type=int_list(0), default="0,32", help="rollout.score chunk_size values; 0 = all at once")
+    p.add_argument("--repeats", type=at_least(1), default=5, help="timed calls per variant (median reported)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cost"), help="results folder")
     p.add_argument("--child", default="", help=argparse.SUPPRESS)  # internal: one memory measurement

@@ -40,6 +40,7 @@ import train  # noqa: E402
 from benchmarks.bench_score import REAL_SUM_PI_SQUARED, stub_sum_pi_squared  # noqa: E402
 from benchmarks.grad_variance import find_cached_tiny, load_model  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
+from benchmarks.cli import at_least  # noqa: E402
 
 VARIANTS = {"group_mean": ("group_mean", False), "otb": ("otb", True), "group_mean+spp": ("group_mean", True)}
 
@@ -48,10 +49,10 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--models", default="tiny,v49k", help="which models to time (tiny, v49k)")
-    p.add_argument("--steps", type=int, default=6, help="timed steps per variant (median reported)")
-    p.add_argument("--prompts-per-step", type=int, default=0, help="0: 16 (tiny), 8 (v49k)")
-    p.add_argument("--group-size", type=int, default=4, help="N")
-    p.add_argument("--max-new-tokens", type=int, default=0, help="0: 18 (tiny, reversal), 32 (v49k)")
+    p.add_argument("--steps", type=at_least(1), default=6, help="timed steps per variant (median reported)")
+    p.add_argument("--prompts-per-step", type=at_least(0), default=0, help="0: 16 (tiny), 8 (v49k)")
+    p.add_argument("--group-size", type=at_least(2), default=4, help="N")
+    p.add_argument("--max-new-tokens", type=at_least(0), default=0, help="0: 18 (tiny, reversal), 32 (v49k)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cost"), help="results folder")
     return p.parse_args(argv)
 

@@ -78,7 +78,12 @@ def parse_args(argv=None):
     for f in fields(Args):
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
                        help=f.metadata["help"])
-    return Args(**vars(p.parse_args(argv)))
+    args = Args(**vars(p.parse_args(argv)))
+    for flag, value, low in [("--prompts", args.prompts, 1), ("--pool", args.pool, 2),
+                             ("--partitions", args.partitions, 1), ("--horizon", args.horizon, 1)]:
+        if value < low:
+            p.error(f"argument {flag}: must be an integer >= {low}, got {value}")
+    return args
 
 
 # =====================================================================================

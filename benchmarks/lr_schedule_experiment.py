@@ -57,6 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from benchmarks.machine import machine  # noqa: E402
+from benchmarks.cli import at_least, int_list, positive_float  # noqa: E402
 
 PANELS = [  # (metric key, y label, log scale, floor: smaller values are drawn at the floor)
     ("response_len", "mean response length (tokens)", False, None),
@@ -71,12 +72,12 @@ PANELS = [  # (metric key, y label, log scale, floor: smaller values are drawn a
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (model init, prompts, sampler)")
-    p.add_argument("--steps", type=int, default=50, help="training steps per run")
-    p.add_argument("--horizon", type=int, default=8, help="max string length of the reversal task")
-    p.add_argument("--max-new-tokens", type=int, default=40,
+    p.add_argument("--seeds", type=int_list(0), default="0,1,2", help="comma-separated seeds (model init, prompts, sampler)")
+    p.add_argument("--steps", type=at_least(1), default=50, help="training steps per run")
+    p.add_argument("--horizon", type=at_least(1), default=8, help="max string length of the reversal task")
+    p.add_argument("--max-new-tokens", type=at_least(1), default=40,
                    help="response length limit; above 2 * horizon + 2 so that a length surge has room")
-    p.add_argument("--lr", type=float, default=1e-3, help="initial AdamW learning rate eta_0")
+    p.add_argument("--lr", type=positive_float, default=1e-3, help="initial AdamW learning rate eta_0")
     p.add_argument("--rollout-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
                    help="dtype of the sampling copy of the model (training stays float32)")
     p.add_argument("--estimators", default="group_mean,otb", help="advantage estimators to compare")
@@ -86,13 +87,13 @@ def parse_args(argv=None):
     p.add_argument("--lr-decay-factor", type=float, default=0.5, help="d: LR multiplier per decay")
     p.add_argument("--lr-decay-period-factor", type=float, default=1.8, help="c: decay period = c * s")
     p.add_argument("--lr-floor", type=float, default=0.1, help="f: the LR never goes below f * eta_0")
-    p.add_argument("--window", type=int, default=10, help="k: steps averaged for initial/final success")
+    p.add_argument("--window", type=at_least(1), default=10, help="k: steps averaged for initial/final success")
     p.add_argument("--collapse-ratio", type=float, default=0.5,
                    help="collapsed if final success < ratio * initial success ...")
     p.add_argument("--collapse-finished", type=float, default=0.5,
                    help="... or the final finished fraction is below this")
     p.add_argument("--train-args", default="", help="extra arguments passed to every train.py run")
-    p.add_argument("--jobs", type=int, default=2, help="train.py processes in parallel")
+    p.add_argument("--jobs", type=at_least(1), default=2, help="train.py processes in parallel")
     p.add_argument("--out", default=None,
                    help="folder of the run folders (and warm-up cache); default runs/lr_schedule (--quick: "
                         "runs/lr_schedule_quick)")

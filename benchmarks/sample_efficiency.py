@@ -67,6 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository root, where trai
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `import train` for --jobs 1
 from benchmarks.machine import machine  # noqa: E402
+from benchmarks.cli import at_least, int_list  # noqa: E402
 QUICK = dict(seeds="0,1", steps=4, horizon=2, group_sizes="2,4", otb_group_sizes="2", window=2, jobs=1,
              train_args="--prompts-per-step 4 --tiny-hidden 32 --tiny-layers 1 --warmup-max-steps 300 "
                         "--warmup-target 0.3 --lr 3e-3", runs="runs/sample_efficiency_quick",
@@ -81,26 +82,26 @@ def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
-    a("--seeds", default="99,0,1", help="comma-separated seeds; each seed is one warm-up and one prompt stream")
-    a("--horizon", type=int, default=12, help="train.py --horizon: max string length (default task: 8)")
-    a("--steps", type=int, default=50, help="training steps of every run (same prompts for every N)")
+    a("--seeds", type=int_list(0), default="99,0,1", help="comma-separated seeds; each seed is one warm-up and one prompt stream")
+    a("--horizon", type=at_least(1), default=12, help="train.py --horizon: max string length (default task: 8)")
+    a("--steps", type=at_least(1), default=50, help="training steps of every run (same prompts for every N)")
     a("--estimators", default="group_mean,grpo", help="baselines, each run at every --group-sizes")
-    a("--group-sizes", default="4,8,16,32", help="group sizes N of the baselines")
+    a("--group-sizes", type=int_list(2), default="4,8,16,32", help="group sizes N of the baselines")
     a("--otb-estimator", default="otb", help="the estimator under test")
-    a("--otb-group-sizes", default="4", help="group sizes N of the estimator under test")
+    a("--otb-group-sizes", type=int_list(2), default="4", help="group sizes N of the estimator under test")
     a("--reference-group-size", type=int, default=0, help="N of the references the verdict compares "
       "with; 0 = the largest of --group-sizes")
     a("--target-success", type=float, default=0.0, help="absolute target success; 0 = per seed, "
       "initial success + --target-margin")
     a("--target-margin", type=float, default=0.05, help="target = initial success + this margin")
-    a("--window", type=int, default=10, help="k of the k-step moving average of the success rate")
+    a("--window", type=at_least(1), default=10, help="k of the k-step moving average of the success rate")
     a("--match-tolerance", type=float, default=0.02, help="verdict: largest allowed shortfall of the "
       "mean paired final success")
     a("--train-args", default="--prompts-per-step 8 --lr 5e-4", help="extra train.py arguments for every run, e.g. '--lr 3e-4'")
     a("--runs", default="runs/sample_efficiency", help="train.py --out: the run folders and the warm-up cache")
     a("--out", default="benchmarks/results/sample_efficiency", help="folder for summary.json/.md and the plot")
     a("--fixture", default="", help="also copy summary.json to this path (the tests' small fixture)")
-    a("--jobs", type=int, default=2, help="train.py processes at once (each OMP_NUM_THREADS=1); "
+    a("--jobs", type=at_least(1), default=2, help="train.py processes at once (each OMP_NUM_THREADS=1); "
       "1 = in this process through train.main")
     a("--quick", action="store_true", help="tiny smoke run: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     return p

@@ -1,0 +1,32 @@
+"""Every benchmark script rejects a bad option value with one argparse line (exit status 2)
+before it runs or writes anything -- so a typo never overwrites the saved results."""
+import importlib
+
+import pytest
+
+CASES = [
+    ("bench_estimators", ["--shapes", "3x"], "--shapes: must look like ROWSxTOKENS:GROUP"),
+    ("bench_estimators", ["--repeats", "0"], "--repeats: must be an integer >= 1"),
+    ("bench_score", ["--batch", "0"], "--batch: must be an integer >= 1"),
+    ("bench_score", ["--chunk-sizes", "0,-1"], "--chunk-sizes: must be comma-separated integers >= 0"),
+    ("bench_step_cost", ["--group-size", "1"], "--group-size: must be an integer >= 2"),
+    ("grad_variance", ["--pool", "1"], "--pool: must be an integer >= 2"),
+    ("lr_schedule_experiment", ["--steps", "0"], "--steps: must be an integer >= 1"),
+    ("lr_schedule_experiment", ["--lr", "-1"], "--lr: must be a number > 0"),
+    ("sample_efficiency", ["--seeds", "x"], "--seeds: must be comma-separated integers >= 0"),
+    ("sample_efficiency", ["--group-sizes", "1,4"], "--group-sizes: must be comma-separated integers >= 2"),
+]
+
+
+@pytest.mark.parametrize("script, argv, message", CASES)
+def test_bad_option_is_one_line_and_exit_2(script, argv, message, capsys):
+    module = importlib.import_module(f"benchmarks.{script}")
+    with pytest.raises(SystemExit) as e:
+        module.parse_args(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and message in err[-1], err
+
+
+def test_good_values_parse():
+    import benchmarks.bench_estimators as be
+    assert be.parse_args(["--shapes", "8x4:2", "--repeats", "3"]).shapes == [(8, 4, 2)]
