@@ -336,16 +336,17 @@ def mean_gradient_sq_norm(response, response_mask, group_index, adv, logp, sum_p
     A diagnostic, not an estimator: it walks the tokens in Python (fine for a logged metric).
     Inputs (B, T); group_index: one integer prompt id per row. Returns a float.
     """
-    A, pi_y, spp = adv.double().cpu(), logp.double().exp().cpu(), sum_pi_sq.double().cpu()  # (B, T)
+    # Python floats once, not a .item() per token: (B, T) nested lists
+    A, pi_y, spp = (x.double().cpu().tolist() for x in (adv, logp.double().exp(), sum_pi_sq))
     rows, lengths = response.cpu().tolist(), response_mask.sum(-1).long().tolist()
     nodes = {}  # context -> [ {token: c_k}, S, sum A pi(y), sum pi^2 ]
     for i, (row, n) in enumerate(zip(rows, lengths)):
         for t in range(n):
-            node = nodes.setdefault((int(group_index[i]), tuple(row[:t])), [{}, 0.0, 0.0, spp[i, t].item()])
-            a = A[i, t].item()
+            node = nodes.setdefault((int(group_index[i]), tuple(row[:t])), [{}, 0.0, 0.0, spp[i][t]])
+            a = A[i][t]
             node[0][row[t]] = node[0].get(row[t], 0.0) + a
             node[1] += a
-            node[2] += a * pi_y[i, t].item()
+            node[2] += a * pi_y[i][t]
     total = sum(sum(c * c for c in cs.values()) - 2 * S * a_pi + S * S * p2 for cs, S, a_pi, p2 in nodes.values())
     return total / len(rows) ** 2
 
