@@ -71,8 +71,11 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
            generator=None):
     """Sample ``group_size`` responses to every prompt (a list of token-id lists).
 
-    Returns a ``Rollout`` on the model's device. ``generator`` (a torch.Generator on the CPU)
-    makes the draws reproducible; the multinomial draws happen on the CPU for that reason.
+    Returns a ``Rollout`` on the model's device. ``generator`` (a torch.Generator) makes the
+    draws reproducible, and the draws happen on its device: a CPU generator with a model on a GPU
+    copies the (B, V) probabilities to the CPU at every token, which for a 49k-token vocabulary
+    costs more than the model's forward pass, so train.py gives the sampler a generator on the
+    GPU there (and a CPU one, the default, everywhere else).
     """
     device = next(model.parameters()).device
     rows = [p for p in prompts for _ in range(group_size)]  # each prompt repeated N times
@@ -93,7 +96,8 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
     attn = mask
     for _ in range(max_new_tokens):
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # log pi_tau, (B, V)
-        y = torch.multinomial(logprobs.exp().cpu(), 1, generator=generator).to(device)  # (B, 1)
+        draw_on = generator.device if generator is not None else device
+        y = torch.multinomial(logprobs.exp().to(draw_on), 1, generator=generator).to(device)  # (B, 1)
         y = y.squeeze(-1).masked_fill(done, pad_id)  # finished rows only pad
         alive.append(~done)
         tokens.append(y)

@@ -324,13 +324,16 @@ def train(cfg, run_dir, model, tok, resume=False):
         # ---- rollout: the prompts and the sampler's noise depend on (seed, step) only
         t0 = time.perf_counter()
         prompts, answers = rollout.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)  # draws, minibatch order
+        draw_gen = gen
+        if device.type == "cuda":  # draw on the GPU: a (B, V) copy to the CPU per token is slow
+            draw_gen = torch.Generator(device).manual_seed(cfg.seed * 1_000_003 + step)
         if sampler is not model:
             sampler.load_state_dict(model.state_dict())  # cast to the rollout dtype on copy
         with autocast(device):
             ro = rollout.sample(sampler, prompts, group_size=cfg.group_size, max_new_tokens=limit,
                                 temperature=cfg.temperature, eos_id=tok.eos_token_id,
-                                pad_id=tok.pad_token_id, generator=gen)
+                                pad_id=tok.pad_token_id, generator=draw_gen)
         R, token_rewards, _ = rollout.rewards(task, tok, ro, answers, cfg.group_size)
         m, token_rewards = ro.response_mask, token_rewards.to(device)  # (B, T)
         t1 = time.perf_counter()

@@ -82,6 +82,17 @@ def test_same_generator_seed_gives_the_same_rollout():
     assert torch.equal(a.response, b.response) and torch.equal(a.logp, b.logp)
 
 
+def test_without_a_generator_the_draws_follow_the_global_seed_of_the_model_device():
+    model = tiny_llama()
+
+    def run(seed):
+        torch.manual_seed(seed)  # the global generator of the model's device (the CPU here)
+        return rollout.sample(model, PROMPTS, group_size=3, max_new_tokens=10, temperature=1.0,
+                              eos_id=EOS, pad_id=PAD).response
+    assert torch.equal(run(11), run(11))
+    assert any(not torch.equal(run(11), run(s)) for s in (12, 13, 14))
+
+
 def naive_scores(model, prompt, response, tau):
     """One sequence at a time, no padding: log pi_tau(y_t), sum pi^2 and entropy by definition."""
     ids = torch.tensor([prompt + response])
