@@ -10,6 +10,9 @@ CASES = [
     ("bench_score", ["--batch", "0"], "--batch: must be an integer >= 1"),
     ("bench_score", ["--chunk-sizes", "0,-1"], "--chunk-sizes: must be comma-separated integers >= 0"),
     ("bench_step_cost", ["--group-size", "1"], "--group-size: must be an integer >= 2"),
+    ("bench_decode", ["--batch", "0"], "--batch: must be comma-separated integers >= 1"),
+    ("bench_decode", ["--hidden", "64"], "--hidden: must be a multiple of 18"),
+    ("bench_decode", ["--draws", "gpu"], "--draws: must be device and/or cpu"),
     ("grad_variance", ["--pool", "1"], "--pool: must be an integer >= 2"),
     ("lr_schedule_experiment", ["--steps", "0"], "--steps: must be an integer >= 1"),
     ("lr_schedule_experiment", ["--lr", "-1"], "--lr: must be a number > 0"),
@@ -30,3 +33,14 @@ def test_bad_option_is_one_line_and_exit_2(script, argv, message, capsys):
 def test_good_values_parse():
     import benchmarks.bench_estimators as be
     assert be.parse_args(["--shapes", "8x4:2", "--repeats", "3"]).shapes == [(8, 4, 2)]
+
+
+def test_bench_decode_times_every_batch_size(tmp_path):
+    import json
+    import benchmarks.bench_decode as bd
+    out = tmp_path / "decode.json"
+    rows = bd.main(["--hidden", "18", "--layers", "1", "--prompt", "3", "--batch", "1,3", "--tokens", "2",
+                    "--repeats", "1", "--json", str(out)])
+    assert [(r["batch"], r["draws"]) for r in rows] == [(1, "device"), (3, "device")]  # CPU: one variant
+    assert all(r["ms_per_position"] > 0 for r in rows)
+    assert json.loads(out.read_text())["results"] == rows
