@@ -45,7 +45,7 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=at_least(9), default=576,
                    help="hidden size, a multiple of 18 (SmolLM2-135M: 576; 72 isolates the launch cost)")
     p.add_argument("--layers", type=at_least(1), default=30, help="decoder layers (SmolLM2-135M: 30)")
-    p.add_argument("--prompt", type=at_least(1), default=48, help="prompt tokens per row (the preset's chat prompt: ~45)")
+    p.add_argument("--prompt", type=at_least(1), default=48, help="prompt tokens per row (the preset's chat prompt: 47)")
     p.add_argument("--tokens", type=at_least(1), default=16, help="decode steps per call")
     p.add_argument("--repeats", type=at_least(1), default=3, help="timed calls per setting (median reported)")
     p.add_argument("--draws", default="device", help="comma-separated: device and/or cpu (where the multinomial runs)")
