@@ -229,8 +229,22 @@ def length_kwargs(cfg):
 # =====================================================================================
 
 def pick_device(name):
+    """auto: cuda, then mps, then cpu. A named device must exist on this machine (UsageError)."""
     if name != "auto":
-        return torch.device(name)
+        try:
+            device = torch.device(name)
+        except RuntimeError:
+            raise UsageError(f"--device {name!r}: not a device (auto, cpu, cuda, cuda:1, mps)") from None
+        mps = getattr(torch.backends, "mps", None)
+        problem = {"cpu": None,
+                   "cuda": None if torch.cuda.is_available() else "CUDA is not available on this machine",
+                   "mps": None if mps and mps.is_available() else "MPS is not available on this machine",
+                   }.get(device.type, "only cpu, cuda and mps are supported")
+        if problem is None and device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            problem = f"this machine has {torch.cuda.device_count()} CUDA device(s)"
+        if problem:
+            raise UsageError(f"--device {name}: {problem} (torch {torch.__version__}); try --device auto")
+        return device
     if torch.cuda.is_available():
         return torch.device("cuda")
     if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():

@@ -33,7 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import rollout  # noqa: E402
-from benchmarks.cli import at_least, int_list  # noqa: E402
+from benchmarks.cli import at_least, int_list, device_option  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 
 
@@ -49,7 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--tokens", type=at_least(1), default=16, help="decode steps per call")
     p.add_argument("--repeats", type=at_least(1), default=3, help="timed calls per setting (median reported)")
     p.add_argument("--draws", default="device", help="comma-separated: device and/or cpu (where the multinomial runs)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the model runs")
+    p.add_argument("--device", default="auto", type=device_option, help="where the model runs: auto (cuda if present), cpu or cuda")
     p.add_argument("--json", default="", help="also write the results to this JSON file")
     args = p.parse_args(argv)
     if args.hidden % 18:

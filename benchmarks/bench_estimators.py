@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import otb  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
-from benchmarks.cli import at_least  # noqa: E402
+from benchmarks.cli import at_least, device_option  # noqa: E402
 
 # rows x tokens : group size
 GRID = ["1024x4096:4", "8192x256:4", "4096x1024:8", "2048x512:2"]
@@ -44,7 +44,7 @@ QUICK = ["64x128:4", "512x32:4", "128x64:2"]
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+    p.add_argument("--device", default="auto", type=device_option,
                    help="where to run; auto picks cuda when available, else cpu")
     p.add_argument("--repeats", type=at_least(1), default=5, help="timed calls per measurement (median reported)")
     p.add_argument("--shapes", nargs="+", type=parse_shape, default=None, metavar="ROWSxTOKENS:GROUP",

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
-from benchmarks.cli import at_least, int_list  # noqa: E402
+from benchmarks.cli import at_least, int_list, device_option  # noqa: E402
 
 REAL_SUM_PI_SQUARED = otb.sum_pi_squared
 
@@ -64,7 +64,7 @@ def parse_args(argv=None):
     p.add_argument("--response", type=at_least(1), default=128, help="T, response tokens per row")
     p.add_argument("--chunk-sizes", type=int_list(0), default="0,32", help="rollout.score chunk_size values; 0 = all at once")
     p.add_argument("--repeats", type=at_least(1), default=5, help="timed calls per variant (median reported)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run")
+    p.add_argument("--device", default="auto", type=device_option, help="where to run: auto (cuda if present), cpu or cuda")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cost"), help="results folder")
     p.add_argument("--child", default="", help=argparse.SUPPRESS)  # internal: one memory measurement
     return p.parse_args(argv)

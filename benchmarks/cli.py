@@ -40,3 +40,13 @@ def int_list(low):
         return text
     parse.__name__ = f"list of integers >= {low}"
     return parse
+
+
+def device_option(text):
+    """auto, cpu or cuda; cuda only where torch can see a CUDA device."""
+    import torch
+    if text not in ("auto", "cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"must be auto, cpu or cuda, got {text!r}")
+    if text == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"cuda is not available on this machine (torch {torch.__version__})")
+    return text

@@ -3,6 +3,7 @@ before it runs or writes anything -- so a typo never overwrites the saved result
 import importlib
 
 import pytest
+import torch
 
 CASES = [
     ("bench_estimators", ["--shapes", "3x"], "--shapes: must look like ROWSxTOKENS:GROUP"),
@@ -13,12 +14,19 @@ CASES = [
     ("bench_decode", ["--batch", "0"], "--batch: must be comma-separated integers >= 1"),
     ("bench_decode", ["--hidden", "64"], "--hidden: must be a multiple of 18"),
     ("bench_decode", ["--draws", "gpu"], "--draws: must be device and/or cpu"),
+    ("bench_decode", ["--device", "tpu"], "--device: must be auto, cpu or cuda"),
+    ("bench_score", ["--device", "gpu"], "--device: must be auto, cpu or cuda"),
+    ("bench_estimators", ["--device", "mps"], "--device: must be auto, cpu or cuda"),
     ("grad_variance", ["--pool", "1"], "--pool: must be an integer >= 2"),
     ("lr_schedule_experiment", ["--steps", "0"], "--steps: must be an integer >= 1"),
     ("lr_schedule_experiment", ["--lr", "-1"], "--lr: must be a number > 0"),
     ("sample_efficiency", ["--seeds", "x"], "--seeds: must be comma-separated integers >= 0"),
     ("sample_efficiency", ["--group-sizes", "1,4"], "--group-sizes: must be comma-separated integers >= 2"),
 ]
+
+if not torch.cuda.is_available():  # asking for a GPU that is not there is a bad option too
+    CASES += [(script, ["--device", "cuda"], "--device: cuda is not available on this machine")
+              for script in ("bench_decode", "bench_score", "bench_estimators")]
 
 
 @pytest.mark.parametrize("script, argv, message", CASES)

@@ -124,7 +124,13 @@ BAD = [
     (["--compare", "otb:4,grpo:1"], "--group-size"),
     (["--resume", "/no/such/run"], "--resume"),
     (["--estimator", "otb", "--task", "arithmetic"], "--task"),
+    (["--estimator", "otb", "--device", "tpu"], "--device"),
+    (["--estimator", "otb", "--device", "xla"], "--device"),  # a torch device type we do not support
 ]
+if not torch.cuda.is_available():
+    BAD.append((["--estimator", "otb", "--device", "cuda"], "--device"))
+if not torch.backends.mps.is_available():
+    BAD.append((["--estimator", "otb", "--device", "mps"], "--device"))
 
 
 @pytest.mark.parametrize("argv,flag", BAD, ids=[b[1] + str(i) for i, b in enumerate(BAD)])
