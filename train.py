@@ -187,7 +187,17 @@ def validate(cfg):
               ("--max-new-tokens", cfg.max_new_tokens >= 0, "must be >= 0"),
               ("--chunk-size", cfg.chunk_size >= 0, "must be >= 0"),
               ("--checkpoint-every", cfg.checkpoint_every >= 0, "must be >= 0"),
-              ("--warmup-target", 0 < cfg.warmup_target < 1, "must be in (0, 1)")]
+              ("--warmup-target", 0 < cfg.warmup_target < 1, "must be in (0, 1)"),
+              ("--warmup-max-steps", cfg.warmup_max_steps >= 0, "must be >= 0"),
+              ("--minibatch-size", cfg.minibatch_size >= 0, "must be >= 0"),
+              ("--tiny-layers", cfg.tiny_layers >= 1, "must be >= 1"),
+              ("--tiny-hidden", cfg.tiny_hidden >= 8 and cfg.tiny_hidden % 8 == 0,
+               "must be a multiple of 8 (4 heads of an even size)"),
+              ("--log-every", cfg.log_every >= 1, "must be >= 1"),
+              ("--target-success", 0 < cfg.target_success <= 1, "must be in (0, 1]"),
+              ("--out", not Path(cfg.out).is_file(), "is a file, not a folder"),
+              ("--results-dir", not (cfg.results_dir and Path(cfg.results_dir).is_file()),
+               "is a file, not a folder")]
     for flag, ok, why in checks:
         if not ok:
             raise UsageError(f"{flag} {getattr(cfg, flag[2:].replace('-', '_'))} {why}")

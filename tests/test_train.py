@@ -126,6 +126,12 @@ BAD = [
     (["--estimator", "otb", "--task", "arithmetic"], "--task"),
     (["--estimator", "otb", "--device", "tpu"], "--device"),
     (["--estimator", "otb", "--device", "xla"], "--device"),  # a torch device type we do not support
+    (["--estimator", "otb", "--log-every", "0"], "--log-every"),
+    (["--estimator", "otb", "--tiny-hidden", "12"], "--tiny-hidden"),
+    (["--estimator", "otb", "--tiny-layers", "0"], "--tiny-layers"),
+    (["--estimator", "otb", "--target-success", "1.5"], "--target-success"),
+    (["--estimator", "otb", "--minibatch-size", "-4"], "--minibatch-size"),
+    (["--compare", "otb:2", "--results-dir", __file__], "--results-dir"),
 ]
 if not torch.cuda.is_available():
     BAD.append((["--estimator", "otb", "--device", "cuda"], "--device"))
@@ -141,6 +147,16 @@ def test_bad_arguments_exit_2_with_one_line_and_create_nothing(tmp_path, capsys,
     err = capsys.readouterr().err.strip()
     assert err.startswith("train.py: error:") and flag in err and "\n" not in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_out_that_is_a_file_is_a_usage_error_and_the_file_is_kept(tmp_path, capsys):
+    f = tmp_path / "notes.txt"
+    f.write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        train.main(["--estimator", "otb", "--out", str(f)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("train.py: error: --out") and "\n" not in err
+    assert f.read_text() == "mine" and list(tmp_path.iterdir()) == [f]
 
 
 def test_bad_argument_from_the_command_line_has_no_traceback(tmp_path):
