@@ -152,7 +152,7 @@ def build_parser():
 
 
 def parse_config(argv):
-    preset = argparse.ArgumentParser(add_help=False)
+    preset = Parser(add_help=False)
     preset.add_argument("--preset", default="cpu", choices=list(PRESETS))
     known, _ = preset.parse_known_args(argv)
     parser = build_parser()
@@ -526,6 +526,9 @@ def main(argv=None):
         sys.exit(2)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{command}\nmodel {cfg.model} ({n_params / 1e6:.2f}M parameters) on {device}", flush=True)
+    if cfg.preset == "gpu" and device.type != "cuda":
+        print(f"note: --preset gpu is sized for one CUDA GPU; on {device} a step takes minutes, not "
+              "seconds (try --steps 2 --prompts-per-step 2 to check it runs)", file=sys.stderr, flush=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if cfg.resume:
         return train(cfg, run_dir, model, tok, resume=True)

@@ -127,6 +127,7 @@ BAD = [
     (["--estimator", "otb", "--device", "tpu"], "--device"),
     (["--estimator", "otb", "--device", "xla"], "--device"),  # a torch device type we do not support
     (["--estimator", "otb", "--log-every", "0"], "--log-every"),
+    (["--preset", "gpux"], "--preset"),
     (["--estimator", "otb", "--tiny-hidden", "12"], "--tiny-hidden"),
     (["--estimator", "otb", "--tiny-layers", "0"], "--tiny-layers"),
     (["--estimator", "otb", "--target-success", "1.5"], "--target-success"),
@@ -165,6 +166,15 @@ def test_bad_argument_from_the_command_line_has_no_traceback(tmp_path):
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [p.stderr.strip()] and "Traceback" not in p.stderr
     assert "--group-size" in p.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_preset_sets_defaults_that_explicit_flags_override():
+    gpu = train.parse_config(["--preset", "gpu"])
+    assert (gpu.model, gpu.task, gpu.lr, gpu.prompts_per_step) == ("smollm2", "arithmetic", 1e-5, 32)
+    assert {k: getattr(gpu, k) for k in train.PRESETS["gpu"]} == train.PRESETS["gpu"]
+    mine = train.parse_config(["--steps", "2", "--preset", "gpu", "--lr", "3e-5"])  # any order
+    assert (mine.steps, mine.lr, mine.model) == (2, 3e-5, "smollm2")
+    assert train.parse_config([]) == train.Config()  # cpu: the dataclass defaults
 
 
 def test_help_documents_every_field():
