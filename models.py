@@ -24,6 +24,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -117,8 +118,19 @@ def tiny_model_folder(cfg, task, max_new):
                steps=cfg.warmup_max_steps, target=cfg.warmup_target, max_new=max_new)  # all it depends on
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     folder = Path(cfg.out) / "_cache" / f"tiny-{digest}"
-    if (folder / "warmup.json").exists():
-        return folder
+    if not (folder / "warmup.json").exists():
+        build_tiny_model(cfg, task, max_new, key, folder)
+    history = json.loads((folder / "warmup.json").read_text())["history"]  # [(step, success)]
+    if history and history[-1][1] < cfg.warmup_target:  # cached or fresh: say it every time
+        step, success = history[-1]
+        print(f"warning: the warm-up stopped at step {step} with sampled success {success:.2f}, below "
+              f"--warmup-target {cfg.warmup_target}; with rewards this rare RL gets little signal "
+              f"(raise --warmup-max-steps, or lower --horizon)", file=sys.stderr, flush=True)
+    return folder
+
+
+def build_tiny_model(cfg, task, max_new, key, folder):
+    """Build the tiny model, warm it up, and save it (model, tokenizer, warmup.json) in folder."""
     tok = char_tokenizer()
     model = tiny_model(tok, cfg).eval()  # eval: dropout is 0 anyway; keeps train/score identical
     t0 = time.time()
@@ -132,7 +144,6 @@ def tiny_model_folder(cfg, task, max_new):
         shutil.rmtree(tmp)  # another process won the race; use its folder
     else:
         tmp.rename(folder)
-    return folder
 
 
 # =====================================================================================

@@ -1,4 +1,5 @@
 """train.py: short end-to-end runs, the direction of the update, resume, bad arguments, mismatch."""
+import dataclasses
 import json
 import math
 import subprocess
@@ -272,3 +273,19 @@ def test_warm_up_cache_is_keyed_by_every_setting_it_depends_on(tmp_path):
     short, long_ = models.tiny_model_folder(cfg, task, 10), models.tiny_model_folder(cfg, task, 40)
     assert short != long_ and (short / "warmup.json").exists() and (long_ / "warmup.json").exists()
     assert models.tiny_model_folder(cfg, task, 10) == short  # and the same settings reuse it
+
+
+def test_a_warm_up_that_misses_its_target_says_so_even_from_the_cache(tmp_path, capsys):
+    cfg = train.Config(tiny_hidden=16, tiny_layers=1, horizon=2, warmup_max_steps=50,
+                       warmup_target=0.99, out=str(tmp_path))
+    task = train.make_task(cfg)
+    for _ in range(2):  # built, then loaded from the cache
+        folder = models.tiny_model_folder(cfg, task, 6)
+        step, success = json.loads((folder / "warmup.json").read_text())["history"][-1]
+        assert step == 50 and success < 0.99  # 50 steps cannot reach 99%: the case under test
+        err = capsys.readouterr().err
+        assert f"warm-up stopped at step 50 with sampled success {success:.2f}" in err
+        assert "--warmup-target 0.99" in err
+    no_warm_up = dataclasses.replace(cfg, warmup_max_steps=0)  # no warm-up asked for: nothing to say
+    models.tiny_model_folder(no_warm_up, task, 6)
+    assert "warning" not in capsys.readouterr().err
