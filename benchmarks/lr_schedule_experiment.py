@@ -32,14 +32,15 @@ Definitions fixed before the real run (so they cannot be tuned to its outcome):
 * collapse step: the first step at which the k-step trailing mean of success is below 0.5 x the
   initial (first-k) mean; "length rose before collapse" means surge step < collapse step.
 
-    OMP_NUM_THREADS=1 python benchmarks/lr_schedule_experiment.py   # the real grid: 12 runs, ~14 min on 2 cores
+    OMP_NUM_THREADS=1 python benchmarks/lr_schedule_experiment.py   # the real grid: 24 runs, 10-30 min on 2 cores
     python benchmarks/lr_schedule_experiment.py --aggregate-only    # re-plot finished runs
     python benchmarks/lr_schedule_experiment.py --quick             # smoke run into runs/lr_schedule_quick
 
 Each run is `python train.py --estimator E --lr-schedule S --seed K ...` with OMP_NUM_THREADS=1, its
 output in <out>/<run>.log; the warm-up cache lives in <out>/_cache (one supervised warm-up per seed).
 
-Runs are resumable: a run folder with a DONE marker is not run again.
+Runs are resumable: a run folder with a DONE marker is not run again. That is how seeds 3-5 were
+added after the first results (seeds 0-2), with nothing else changed: only the new runs trained.
 """
 import argparse
 import json
@@ -72,7 +73,7 @@ PANELS = [  # (metric key, y label, log scale, floor: smaller values are drawn a
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--seeds", type=int_list(0), default="0,1,2", help="comma-separated seeds (model init, prompts, sampler)")
+    p.add_argument("--seeds", type=int_list(0), default="0,1,2,3,4,5", help="comma-separated seeds (model init, prompts, sampler)")
     p.add_argument("--steps", type=at_least(1), default=50, help="training steps per run")
     p.add_argument("--horizon", type=at_least(1), default=8, help="max string length of the reversal task")
     p.add_argument("--max-new-tokens", type=at_least(1), default=40,
