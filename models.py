@@ -63,13 +63,13 @@ def tiny_model(tokenizer, cfg):
     torch.manual_seed(cfg.seed)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg.tiny_hidden,
                          intermediate_size=3 * cfg.tiny_hidden, num_hidden_layers=cfg.tiny_layers,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
                          tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     return LlamaForCausalLM(config)
 
 
-def warm_up(model, tok, task, cfg, max_new, batch=64, lr=3e-3, check_every=50, n_eval=200):
+def warm_up(model, tok, task, cfg, max_new, batch=64, lr=3e-3, check_every=10, n_eval=200):
     """Supervised warm-up (teacher forcing on correct responses) until the *sampled* success rate
     reaches ``cfg.warmup_target``. Returns the history of (step, success rate)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -113,7 +113,7 @@ def evaluate(model, tok, task, temperature, max_new, n, seed):
 
 def tiny_model_folder(cfg, task, max_new):
     """Build + warm up the tiny model once per setting; cached as a save_pretrained folder."""
-    key = dict(v=1, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, task=type(task).__name__,
+    key = dict(v=2, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, task=type(task).__name__,
                horizon=task.horizon, seed=cfg.seed, temperature=cfg.temperature,
                steps=cfg.warmup_max_steps, target=cfg.warmup_target, max_new=max_new)  # all it depends on
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]

