@@ -29,7 +29,8 @@ toy); unit u gives K_u i.i.d. gradient samples with mean m_u and unbiased tr Var
     ||E g||^2  ~  ||m||^2 - (1/U^2) sum_u V_u / K_u           (5) unbiased: removes the noise of m
 
 and (1)-(4) are formed from these. ``ref_var`` does the same for a reference that is itself an
-estimate (||r||^2 ~ ||r_hat||^2 - ref_var). Standard errors: delete-one-unit jackknife. Everything
+estimate (||r||^2 ~ ||r_hat||^2 - ref_var; if that is not positive, r is noise and alpha, cosine
+and rmse are returned as nan). Standard errors: delete-one-unit jackknife. Everything
 is computed from the U x U Gram matrix of the unit means and their dot products with r, so
 million-parameter gradients cost U^2 dot products, not U copies.
 """
@@ -57,7 +58,7 @@ def _metrics(gram, dots, V, inv_counts, ref_sq, weights):
     second_moment = variance + mean_sq_unbiased  # E||g||^2
     raw_mse = second_moment - 2 * signal_dot + ref_sq  # E||g - r||^2
     return dict(alpha=signal_dot / ref_sq,  # (1)
-                cosine=signal_dot / math.sqrt(max(mean_sq_unbiased, 1e-300) * ref_sq),  # (2)
+                cosine=signal_dot / math.sqrt(max(mean_sq_unbiased, 1e-300)) / math.sqrt(ref_sq),  # (2)
                 nvar=variance / mean_sq_unbiased,  # (3)
                 rmse=1 - signal_dot ** 2 / (ref_sq * second_moment),  # (4)
                 raw_variance=variance, raw_mse=raw_mse, mean_sq_norm=mean_sq_unbiased)
@@ -78,9 +79,9 @@ def scale_free_metrics(means, variances, counts, ref, ref_var=0.0):
     U = means.shape[0]
     V = torch.as_tensor(variances, dtype=torch.float64).reshape(U)  # V_u
     inv_counts = 1.0 / torch.as_tensor(counts, dtype=torch.float64).reshape(U)  # 1 / K_u
-    ref_sq = (ref @ ref).item() - ref_var  # ||r||^2, debiased
+    ref_sq = (ref @ ref).item() - ref_var  # ||r||^2, debiased; <= 0: r is pure noise
     if ref_sq <= 0:
-        raise ValueError(f"the reference gradient has no measurable norm (||r||^2 - ref_var = {ref_sq:.3g})")
+        ref_sq = float("nan")  # alpha, cosine and rmse are then undefined (nan); nvar is not
     gram, dots = means @ means.T, means @ ref  # (U, U), (U,)
     full = _metrics(gram, dots, V, inv_counts, ref_sq, torch.full((U,), 1.0 / U, dtype=torch.float64))
     out = dict(full)

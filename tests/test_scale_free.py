@@ -68,7 +68,11 @@ def test_gaussian_samples_recover_the_known_law():
 def test_bad_input_names_the_problem():
     with pytest.raises(ValueError, match="K >= 2"):
         scale_free.unit_summary(torch.zeros(1, 3))
-    with pytest.raises(ValueError, match="no measurable norm"):
-        scale_free.metrics_from_samples(torch.ones(4, 2), torch.zeros(2), units=2)
+
+def test_a_reference_lost_in_its_noise_leaves_only_nvar():
+    samples = torch.tensor([[1.0, 0.0], [3.0, 0.0], [2.0, 1.0], [2.0, -1.0]])
+    out = scale_free.metrics_from_samples(samples, [0.1, 0.0], units=2, ref_var=0.5)  # ||r||^2 < ref_var
+    assert math.isnan(out["alpha"]) and math.isnan(out["cosine"]) and math.isnan(out["rmse"])
+    assert out["nvar"] == pytest.approx(scale_free.metrics_from_samples(samples, [1.0, 0.0], units=2)["nvar"])
     with pytest.raises(ValueError, match=r"means must be \(U, D\)"):
         scale_free.scale_free_metrics(torch.zeros(2, 3), [1.0, 1.0], [2, 2], torch.zeros(4))
