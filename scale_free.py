@@ -14,7 +14,8 @@ large separate unbiased pool on a language model):
     rmse    = min_c E||c g - r||^2 / ||r||^2              (4) MSE after the best single rescaling
             = 1 - <E g, r>^2 / (||r||^2 E||g||^2)   with E||g||^2 = tr Var(g) + ||E g||^2
 
-(1) scales with g, (2)-(4) do not: multiplying g by any c > 0 leaves them unchanged. Estimators
+When the estimate of ||E g||^2 is not positive (the signal is lost in the noise of the samples),
+(2) and (3) are returned as nan rather than a meaningless number. (1) scales with g, (2)-(4) do not: multiplying g by any c > 0 leaves them unchanged. Estimators
 that differ only by a constant factor (RLOO is exactly N / (N - 1) times the group mean, sample by
 sample) have equal (2)-(4) although RLOO's raw variance is (N / (N - 1))^2 times larger. For an
 unbiased estimator (E g = r) alpha = cosine = 1 and nvar is the raw variance in units of ||r||^2.
@@ -57,10 +58,11 @@ def _metrics(gram, dots, V, inv_counts, ref_sq, weights):
     mean_sq_unbiased = mean_sq - ((weights ** 2) @ (V * inv_counts)).item()  # eq. (5)
     second_moment = variance + mean_sq_unbiased  # E||g||^2
     raw_mse = second_moment - 2 * signal_dot + ref_sq  # E||g - r||^2
+    signal = mean_sq_unbiased > 0  # else ||E g||^2 is lost in the noise: (2) and (3) are nan
     return dict(alpha=signal_dot / ref_sq,  # (1)
-                cosine=signal_dot / math.sqrt(max(mean_sq_unbiased, 1e-300)) / math.sqrt(ref_sq),  # (2)
-                nvar=variance / mean_sq_unbiased,  # (3)
-                rmse=1 - signal_dot ** 2 / (ref_sq * second_moment),  # (4)
+                cosine=signal_dot / math.sqrt(mean_sq_unbiased * ref_sq) if signal else math.nan,  # (2)
+                nvar=variance / mean_sq_unbiased if signal else math.nan,  # (3)
+                rmse=1 - signal_dot ** 2 / (ref_sq * second_moment) if second_moment > 0 else math.nan,  # (4)
                 raw_variance=variance, raw_mse=raw_mse, mean_sq_norm=mean_sq_unbiased)
 
 

@@ -47,31 +47,16 @@ Oracle baselines (``oracle_baselines``), all fixed numbers per position, hence u
 Plus ``otb_exact_w``: the group OTB of ``otb.py`` at finite N fed the exact ||s_t||^2 instead of
 the proxy (through its ``is_weights`` argument, rho_t^2 = exact / proxy).
 
-The harness (``measure``)
--------------------------
-Groups of N responses are drawn i.i.d. from pi (by index into the enumeration), every estimator
-turns them into advantages A_t, and the batch gradient is g_hat = (1/N) sum_i sum_t A_t^i s_t^i,
-a gather and a contraction on the precomputed scores. Over many independent groups:
-bias^2 = ||mean g_hat - grad J||^2 (minus its Monte Carlo excess Var/G), variance = tr Cov(g_hat),
-MSE = mean ||g_hat - grad J||^2 = bias^2 + variance, each with a standard error. All estimators
-see the same groups (common random numbers), so their differences are measured in pairs.
+Sampling from the toy, the estimators under test and the bias / variance harness live beside
+this file in ``toy_harness.py`` (``python toy_harness.py`` prints the table).
 
 Departures and caveats
-- GRPO divides by the group std: it estimates a rescaled gradient, so most of its "bias" is that
-  scale (and groups with identical rewards give it A = 0); it is in the table because it is in
-  ``otb.ESTIMATORS``, not because MSE against grad J is the right yardstick for it.
 - The variance-optimal per-position baseline is in general *not* OTB's B_t: for the tabular
   policy it is E[G_t w_t] / E[w_t] (this position's energy), while OTB weights by the energy
-  accumulated so far, W_t. The table shows how much that costs.
+  accumulated so far, W_t. ``toy_harness.py`` measures how much that costs.
 """
-import argparse
 import itertools
-import json
-import math
-import sys
-import time
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -82,8 +67,6 @@ EOS = 0  # token 0 ends a response
 REWARDS = ("long_finish", "streak", "length")
 POLICIES = ("tabular", "shared")
 MAX_RESPONSES = 200_000  # enumeration (and per-response scores) must fit in memory and a minute
-ORACLES = ("b_star", "opt_per_position", "otb_population", "otb_exact_w")
-UNBIASED = ("reinforce", "rloo", "otb_loo")  # no baseline or leave-one-out: E g_hat = grad J
 
 
 def _opt(default, help):
@@ -92,7 +75,7 @@ def _opt(default, help):
 
 @dataclass
 class ToyConfig:
-    """The toy bandit; every field is also a command-line option (--min-len for min_len)."""
+    """The toy bandit; every field is also a command-line option of toy_harness.py (--min-len)."""
     K: int = _opt(3, "vocabulary size including EOS (token 0); (K-1)^(L-1) responses have length L")
     T: int = _opt(7, "maximum response length; a response without EOS by then is cut off")
     policy: str = _opt("tabular", "'tabular' (one softmax per position: proxy exact) or "
@@ -182,6 +165,24 @@ class SharedPolicy(nn.Module):
             h = torch.tanh(x[:, t] @ self.w_in.T + h @ self.w_rec.T + self.b_rec)  # (B, H)
             logits.append(h @ self.w_out.T + self.b_out)  # (B, K)
         return torch.stack(logits, dim=1)
+
+
+def check_config(cfg):
+    """Raise ValueError naming the first bad field of a ToyConfig (as its option: --min-len)."""
+    n_responses = sum((cfg.K - 1) ** (L - 1) for L in range(1, cfg.T + 1)) + (cfg.K - 1) ** cfg.T
+    checks = [("--K", cfg.K, cfg.K >= 2, "must be >= 2 (EOS and at least one other token)"),
+              ("--T", cfg.T, cfg.T >= 2, "must be >= 2 (responses of different lengths)"),
+              ("--T", cfg.T, cfg.K < 2 or cfg.T < 2 or n_responses <= MAX_RESPONSES,
+               f"with --K {cfg.K} gives {n_responses} responses, more than {MAX_RESPONSES} to enumerate"),
+              ("--policy", cfg.policy, cfg.policy in POLICIES, f"must be one of {POLICIES}"),
+              ("--reward", cfg.reward, cfg.reward in REWARDS, f"must be one of {REWARDS}"),
+              ("--min-len", cfg.min_len, 1 <= cfg.min_len <= cfg.T, f"must be in 1..T ({cfg.T})"),
+              ("--hidden", cfg.hidden, cfg.hidden >= 2, "must be >= 2"),
+              ("--eos-bias", cfg.eos_bias, abs(cfg.eos_bias) < 1e6, "must be a finite number"),
+              ("--init-scale", cfg.init_scale, 0 <= cfg.init_scale < 1e6, "must be finite and >= 0")]
+    for flag, value, ok, why in checks:
+        if not ok:
+            raise ValueError(f"{flag} {value} {why}")
 
 
 def make_policy(cfg):
@@ -318,92 +319,6 @@ def oracle_baselines(en):
     return {"b_star": b_star.expand(T).clone(), "opt_per_position": b_opt, "otb_population": b_otb}
 
 
-# =====================================================================================
-# Estimators under test: otb.ESTIMATORS plus the oracles, all as rows -> advantages
-# =====================================================================================
-
-def make_estimators(en):
-    """name -> f(rows (B,), group_index (B,)) -> advantages A_t (B, T)."""
-    def project(fn):
-        return lambda rows, gid: fn(**en.batch(rows), group_index=gid)[0]
-
-    def fixed(b):
-        return lambda rows, gid: (en.G[rows] - b[None, :]) * en.mask[rows]
-
-    rho = torch.where(en.mask.bool(), (en.w_exact / en.w_proxy.clamp(min=1e-300)).sqrt(), 1.0)  # (M, T)
-
-    def otb_exact_w(rows, gid):  # otb's w_t * rho_t^2 = exact ||s_t||^2
-        return otb.optimal_token_baseline(**en.batch(rows), group_index=gid, is_weights=rho[rows])[0]
-
-    ests = {name: project(fn) for name, fn in otb.ESTIMATORS.items()}
-    ests.update({name: fixed(b) for name, b in oracle_baselines(en).items()})
-    ests["otb_exact_w"] = otb_exact_w
-    return ests
-
-
-# =====================================================================================
-# The bias / variance harness
-# =====================================================================================
-
-def sample_groups(en, N, groups, generator):
-    """rows (groups * N,) drawn i.i.d. from pi(tau), and their group ids (contiguous)."""
-    rows = torch.multinomial(en.pi, groups * N, replacement=True, generator=generator)
-    return rows, torch.arange(groups).repeat_interleave(N)
-
-
-def batch_gradients(en, A, rows, N, max_entries=1 << 22):
-    """g_hat per group = (1/N) sum_i sum_t A_t^i s_t^i: A (G*N, T) -> (G, P).
-
-    Each group's gradient is a weighted sum of the M*T precomputed score vectors: scatter the
-    advantages into a (groups, M*T) coefficient matrix and multiply by the scores (M*T, P).
-    """
-    M, T, P = en.scores.shape
-    G = len(rows) // N
-    col = (rows[:, None] * T + torch.arange(T)).reshape(G, N * T)  # where A_t^i goes, (G, N*T)
-    val = A.reshape(G, N * T) / N  # (G, N*T)
-    out = []
-    chunk = max(1, max_entries // (M * T))
-    for g0 in range(0, G, chunk):  # a loop over memory chunks only
-        coef = torch.zeros(len(col[g0:g0 + chunk]), M * T, dtype=A.dtype)  # (chunk, M*T)
-        coef.scatter_add_(1, col[g0:g0 + chunk], val[g0:g0 + chunk])
-        out.append(coef @ en.scores.reshape(M * T, P))  # (chunk, P)
-    return torch.cat(out)
-
-
-def gradient_stats(g_hat, grad_J):
-    """bias^2, variance, MSE of g_hat (G, P) against grad_J (P,), with standard errors."""
-    G = g_hat.shape[0]
-    err = g_hat - grad_J  # (G, P)
-    mean_err = err.mean(0)  # (P,)
-    dev = g_hat - g_hat.mean(0)  # (G, P)
-    cov = dev.T @ dev / (G - 1)  # (P, P)
-    variance = torch.trace(cov)  # tr Cov, unbiased
-    bias2 = (mean_err ** 2).sum() - variance / G  # ||E g_hat - grad J||^2, unbiased
-    se_bias2 = (4 * mean_err @ cov @ mean_err / G + 2 * (cov ** 2).sum() / G ** 2).clamp(min=0).sqrt()
-    sq = (err ** 2).sum(-1)  # per-group squared error, (G,)
-    dsq = (dev ** 2).sum(-1)  # per-group squared deviation, (G,)
-    return {"bias2": bias2.item(), "bias2_se": se_bias2.item(),
-            "variance": variance.item(), "variance_se": (dsq.std() / math.sqrt(G)).item(),
-            "mse": sq.mean().item(), "mse_se": (sq.std() / math.sqrt(G)).item()}, sq
-
-
-def measure(en, Ns=(2, 4, 8, 16, 32), groups=10000, seed=0, names=None, keep_errors=False):
-    """The table: one dict per (estimator, N). With keep_errors, also {(name, N): (G,) sq errors}."""
-    ests = make_estimators(en)
-    names = list(ests) if names is None else list(names)
-    gen = torch.Generator().manual_seed(seed)
-    rows_out, errors = [], {}
-    for N in Ns:
-        rows, gid = sample_groups(en, N, groups, gen)  # the same groups for every estimator
-        tokens = en.mask[rows].sum() / groups  # tokens sampled per group
-        for name in names:
-            A = ests[name](rows, gid)  # (G*N, T)
-            stats, sq = gradient_stats(batch_gradients(en, A, rows, N), en.grad_J)
-            rows_out.append({"estimator": name, "N": N, **stats, "tokens": tokens.item()})
-            if keep_errors:
-                errors[(name, N)] = sq
-    return (rows_out, errors) if keep_errors else rows_out
-
 
 # =====================================================================================
 # Exact checks used by the tests, the notebook and the printed summary
@@ -445,119 +360,3 @@ def exact_summary(en):
     }
 
 
-# =====================================================================================
-# Command line: print the table, --json, --plot
-# =====================================================================================
-
-def format_table(rows, grad_sq):
-    """Text table, values in units of ||grad J||^2 (an all-zero gradient estimate scores MSE 1)."""
-    lines = []
-    for N in sorted({r["N"] for r in rows}):
-        block = [r for r in rows if r["N"] == N]
-        lines.append(f"N = {N}   ({block[0]['tokens']:.1f} tokens sampled per group)")
-        lines.append(f"  {'estimator':<18}{'bias^2':>18}{'variance':>18}{'MSE':>18}")
-        for r in block:
-            cells = [f"{r[k] / grad_sq:9.3f} +- {r[k + '_se'] / grad_sq:<5.3f}" for k in ("bias2", "variance", "mse")]
-            lines.append(f"  {r['estimator']:<18}" + "".join(f"{c:>18}" for c in cells))
-    return "\n".join(lines)
-
-
-def plot_mse(rows, path=None, title="", ax=None, unit=1.0):
-    """MSE / unit against N, log-log, one line per estimator (oracles dashed); saved to ``path`` if given."""
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.8)) if ax is None else (ax.figure, ax)
-    markers = itertools.cycle("osD^vP*Xhx")
-    for name in dict.fromkeys(r["estimator"] for r in rows):
-        pts = sorted((r["N"], r["mse"] / unit, r["mse_se"] / unit) for r in rows if r["estimator"] == name)
-        n, mse, se = zip(*pts)
-        ax.errorbar(n, mse, yerr=se, marker=next(markers), ms=5, capsize=2, label=name, mfc="none",
-                    linestyle="--" if name in ORACLES else "-")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("group size N (responses per prompt)")
-    ax.set_ylabel("MSE of batch gradient vs exact grad J" + (" / ||grad J||^2" if unit != 1.0 else ""))
-    ax.set_title(title, fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-    return fig
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Exact bias/variance of policy-gradient baselines on an enumerable toy bandit.")
-    for f in fields(ToyConfig):
-        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default), default=f.default,
-                       help=f.metadata["help"] + f" (default: {f.default})")
-    p.add_argument("--groups", type=int, default=10000, help="independent groups per (estimator, N) (default: 10000)")
-    p.add_argument("--Ns", type=int, nargs="+", default=[2, 4, 8, 16, 32], help="group sizes N (default: 2 4 8 16 32)")
-    p.add_argument("--json", nargs="?", const="benchmarks/results/toy_table.json", default=None,
-                   help="write the table as JSON (default path: benchmarks/results/toy_table.json)")
-    p.add_argument("--plot", nargs="?", const="benchmarks/results/toy_mse_vs_n.png", default=None,
-                   help="save MSE against N, log-log (default path: benchmarks/results/toy_mse_vs_n.png)")
-    args = p.parse_args(argv)
-    cfg = ToyConfig(**{f.name: getattr(args, f.name) for f in fields(ToyConfig)})
-    n_responses = sum((cfg.K - 1) ** (L - 1) for L in range(1, cfg.T + 1)) + (cfg.K - 1) ** cfg.T
-    checks = [("--K", cfg.K, cfg.K >= 2, "must be >= 2 (EOS and at least one other token)"),
-              ("--T", cfg.T, cfg.T >= 2, "must be >= 2 (responses of different lengths)"),
-              ("--T", cfg.T, cfg.K < 2 or cfg.T < 2 or n_responses <= MAX_RESPONSES,
-               f"with --K {cfg.K} gives {n_responses} responses, more than {MAX_RESPONSES} to enumerate"),
-              ("--policy", cfg.policy, cfg.policy in POLICIES, f"must be one of {POLICIES}"),
-              ("--reward", cfg.reward, cfg.reward in REWARDS, f"must be one of {REWARDS}"),
-              ("--min-len", cfg.min_len, 1 <= cfg.min_len <= cfg.T, f"must be in 1..T ({cfg.T})"),
-              ("--hidden", cfg.hidden, cfg.hidden >= 2, "must be >= 2"),
-              ("--init-scale", cfg.init_scale, cfg.init_scale >= 0, "must be >= 0"),
-              ("--groups", args.groups, args.groups >= 2, "must be >= 2 (a variance needs two groups)"),
-              ("--Ns", args.Ns, min(args.Ns) >= 2, "every N must be >= 2 (group baselines need two responses)")]
-    for flag, value, ok, why in checks:
-        if not ok:
-            p.error(f"{flag} {value} {why}")  # one line on stderr, exit status 2
-    return cfg, args
-
-
-def main(argv=None):
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)  # exact sums: the whole toy runs in float64
-    try:
-        return run(argv)
-    finally:
-        torch.set_default_dtype(previous)  # leave the caller's process as it was
-
-
-def run(argv=None):
-    cfg, args = parse_args(argv)
-    command = "python toy_env.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    print("#", command.strip())
-    start = time.time()
-    en = enumerate_toy(cfg)
-    ex = exact_summary(en)
-    grad_sq = ex["grad_J_sq_norm"]
-    print(f"toy: {asdict(cfg)}")
-    print(f"exact: {ex['responses']} responses, {ex['parameters']} parameters, E[L] = {ex['mean_length']:.2f}, "
-          f"J = {ex['J']:.4f}, ||grad J||^2 = {grad_sq:.4g}")
-    print(f"exact: max_t |E||S_<=t||^2 - E[W_t]| = {ex['martingale_max_gap']:.1e}, while max_t E| ||S_<=t||^2 - W_t | = "
-          f"{ex['per_sample_cross_term']:.2g}; corr(proxy, ||s_t||^2) = {ex['proxy_correlation']:.3f}")
-    print("exact one-sample tr Var with a fixed baseline (units of ||grad J||^2; divide by N for a batch):")
-    print("   " + ", ".join(f"{k}: {v / grad_sq:.2f}" for k, v in ex["one_sample_variance"].items()))
-    rows = measure(en, Ns=args.Ns, groups=args.groups, seed=cfg.seed)
-    print(f"Monte Carlo, {args.groups} groups per N, values in units of ||grad J||^2 (+- one standard error):")
-    print(format_table(rows, grad_sq))
-    print(f"done in {time.time() - start:.1f} s")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"command": command.strip(), "config": asdict(cfg),
-                                               "groups": args.groups, "exact": ex, "rows": rows}, indent=1))
-        print("wrote", args.json)
-    if args.plot:
-        import matplotlib
-        matplotlib.use("Agg")  # files only, no window
-        plot_mse(rows, args.plot, unit=grad_sq, title=f"{command.strip()}\n{cfg.policy} policy, K={cfg.K}, T={cfg.T}, "
-                                        f"reward={cfg.reward}, {args.groups} groups per point")
-        print("wrote", args.plot)
-    return rows
-
-
-if __name__ == "__main__":
-    main()

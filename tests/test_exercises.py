@@ -179,14 +179,16 @@ def test_a_crashing_student_function_is_reported_not_raised(capsys):
 @pytest.fixture(scope="module")
 def toy():
     import toy_env
+    import toy_harness
     return toy_env.enumerate_toy(toy_env.ToyConfig())
 
 
 def test_toy_checks_diagnose_sum_instead_of_mean_and_biased_statistics(capsys, toy):
     import toy_env
+    import toy_harness
 
     def summed(en, A, rows, N):
-        return N * toy_env.batch_gradients(en, A, rows, N)
+        return N * toy_harness.batch_gradients(en, A, rows, N)
     ok, out = _verdict(capsys, check.ex4a_batch_gradients, summed, toy)
     assert not ok and "mean" in out
 
@@ -208,13 +210,13 @@ def test_toy_checks_diagnose_sum_instead_of_mean_and_biased_statistics(capsys, t
     assert not ok and "variance / G" in out
 
     def var_over_G(g_hat, grad_J):
-        stats = toy_env.gradient_stats(g_hat, grad_J)[0]
+        stats = toy_harness.gradient_stats(g_hat, grad_J)[0]
         return stats["bias2"], stats["variance"] * (len(g_hat) - 1) / len(g_hat)
     ok, out = _verdict(capsys, check.ex4b_bias_and_variance, var_over_G)
     assert not ok and "G - 1" in out
 
     def unseeded(en, name, N, groups, seed):  # different groups than asked for
-        r = toy_env.measure(en, Ns=(N,), groups=groups, seed=seed + 1, names=[name])[0]
+        r = toy_harness.measure(en, Ns=(N,), groups=groups, seed=seed + 1, names=[name])[0]
         return r["bias2"], r["variance"]
     ok, out = _verdict(capsys, check.ex4c_measure, unseeded, toy, Ns=(2,), groups=500)
     assert not ok and "sample_groups" in out

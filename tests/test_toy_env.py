@@ -15,6 +15,7 @@ import torch
 
 import otb
 import toy_env as te
+import toy_harness as th
 
 Z = 4.0  # Monte Carlo allowance, in standard errors (one-sided p ~ 3e-5 for a true claim)
 
@@ -31,9 +32,9 @@ def shared():
 
 def sample_gradients(en, names, N, groups, seed=0):
     """g_hat (groups, P) for each estimator, all on the same sampled groups."""
-    ests = te.make_estimators(en)
-    rows, gid = te.sample_groups(en, N, groups, torch.Generator().manual_seed(seed))
-    return {n: te.batch_gradients(en, ests[n](rows, gid), rows, N) for n in names}
+    ests = th.make_estimators(en)
+    rows, gid = th.sample_groups(en, N, groups, torch.Generator().manual_seed(seed))
+    return {n: th.batch_gradients(en, ests[n](rows, gid), rows, N) for n in names}
 
 
 # ------------------------------------------------------------------ tier 1: exact maths
@@ -117,13 +118,13 @@ def test_b_star_is_best_scalar(tab):
 
 
 def test_exact_norms_reach_otb_through_is_weights(tab, shared):
-    rows, gid = te.sample_groups(shared, 4, 50, torch.Generator().manual_seed(0))
-    ests = te.make_estimators(shared)
+    rows, gid = th.sample_groups(shared, 4, 50, torch.Generator().manual_seed(0))
+    ests = th.make_estimators(shared)
     # rho^2 * proxy = exact norm, so otb_exact_w is OTB with W_t from the exact ||s_t||^2
     rho2 = shared.w_exact / shared.w_proxy.clamp(min=1e-300)
     assert torch.allclose((shared.w_proxy * rho2 * shared.mask), shared.w_exact, atol=1e-10)
     assert not torch.allclose(ests["otb_exact_w"](rows, gid), ests["otb"](rows, gid))
-    ests_t = te.make_estimators(tab)  # tabular: the proxy is exact, so both coincide
+    ests_t = th.make_estimators(tab)  # tabular: the proxy is exact, so both coincide
     assert torch.allclose(ests_t["otb_exact_w"](rows, gid), ests_t["otb"](rows, gid), atol=1e-12)
 
 
@@ -135,10 +136,10 @@ def test_batch_gradient_matches_autograd_on_surrogate(policy):
     net = te.make_policy(cfg)
     en = te.enumerate_toy(cfg, net)
     N, G = 4, 3
-    rows, gid = te.sample_groups(en, N, G, torch.Generator().manual_seed(1))
-    for name, est in te.make_estimators(en).items():
+    rows, gid = th.sample_groups(en, N, G, torch.Generator().manual_seed(1))
+    for name, est in th.make_estimators(en).items():
         A = est(rows, gid)
-        fast = te.batch_gradients(en, A, rows, N)  # (G, P)
+        fast = th.batch_gradients(en, A, rows, N)  # (G, P)
         for g in range(G):  # naive: d/dtheta (1/N) sum_i sum_t A_t^i log pi(y_t^i)
             r = rows[g * N:(g + 1) * N]
             lp, _ = te.token_log_probs(net, en.tokens[r], en.mask[r])
@@ -166,8 +167,8 @@ def test_unbiased_estimators_are_unbiased(tab):
     P = tab.scores.shape[-1]
     limit = 4.5  # Bonferroni over P = 21 coordinates: a true claim fails with p ~ 1e-4
     for N in (2, 8):
-        g = sample_gradients(tab, list(te.UNBIASED) + ["group_mean"], N, 20000, seed=N)
-        for name in te.UNBIASED:
+        g = sample_gradients(tab, list(th.UNBIASED) + ["group_mean"], N, 20000, seed=N)
+        for name in th.UNBIASED:
             assert max_abs_z(g[name], tab.grad_J) < limit, (name, N, P)
         if N == 2:  # the same test has the power to see a bias of grad J / 2
             assert max_abs_z(g["group_mean"], tab.grad_J) > limit
@@ -208,9 +209,9 @@ def test_no_unbiased_estimator_beats_optimal_per_position(fixture, request):
     # Var(g) may fall below only by sampling error.
     en = request.getfixturevalue(fixture)
     v_opt = te.fixed_baseline_variance(en, te.oracle_baselines(en)["opt_per_position"])
-    names = list(te.UNBIASED) + ["opt_per_position", "group_mean"]
-    for row in te.measure(en, Ns=(2, 8, 32), groups=3000, seed=3, names=names):
-        if row["estimator"] in te.UNBIASED:
+    names = list(th.UNBIASED) + ["opt_per_position", "group_mean"]
+    for row in th.measure(en, Ns=(2, 8, 32), groups=3000, seed=3, names=names):
+        if row["estimator"] in th.UNBIASED:
             assert row["variance"] + Z * row["variance_se"] >= v_opt / row["N"], row
         elif row["estimator"] == "opt_per_position":  # the harness reproduces the exact variance
             assert abs(row["variance"] - v_opt / row["N"]) < Z * row["variance_se"], row
@@ -221,12 +222,14 @@ def test_no_unbiased_estimator_beats_optimal_per_position(fixture, request):
 def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     js, png = tmp_path / "t.json", tmp_path / "p.png"
     before = torch.get_default_dtype()
-    te.main(["--groups", "200", "--Ns", "2", "4", "--json", str(js), "--plot", str(png)])
+    th.main(["--groups", "200", "--Ns", "2", "4", "--json", str(js), "--plot", str(png)])
     assert torch.get_default_dtype() == before  # the float64 toy must not leak into the process
     out = capsys.readouterr().out
-    assert out.startswith("# python toy_env.py") and "opt_per_position" in out
+    assert out.startswith("# python toy_harness.py") and "opt_per_position" in out
     data = json.loads(js.read_text())
-    assert {r["estimator"] for r in data["rows"]} == set(otb.ESTIMATORS) | set(te.ORACLES)
+    assert {r["estimator"] for r in data["rows"]} == set(otb.ESTIMATORS) | set(th.ORACLES) | {"otb_zero_tail"}
+    for r in data["rows"]:  # scale-free numbers with their errors, beside the raw ones
+        assert all(k in r and k + "_se" in r for k in th.SCALE_FREE)
     assert {r["N"] for r in data["rows"]} == {2, 4}
     for r in data["rows"]:
         assert math.isclose(r["mse"], r["bias2"] + r["variance"], rel_tol=1e-9, abs_tol=1e-15)
@@ -240,15 +243,44 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     (["--policy", "cnn"], "--policy cnn must be one of"),
     (["--reward", "dense"], "--reward dense must be one of"),
     (["--min-len", "8"], "--min-len 8 must be in 1..T (7)"),
-    (["--groups", "1"], "--groups 1 must be >= 2"),
+    (["--groups", "1"], "--groups 1 must be >= 50"),
     (["--Ns", "1", "4"], "every N must be >= 2"),
+    (["--eos-bias", "nan"], "--eos-bias nan must be a finite number"),
+    (["--init-scale", "inf"], "--init-scale inf must be finite and >= 0"),
+    (["--plot", "{tmp}/out.xyz"], "the name must end in one of .png"),
+    (["--json", "{tmp}"], "is a folder; give a file name"),
+    (["--json", "{tmp}/afile/x.json"], "afile is a file, not a folder"),
+    (["--json", "{tmp}/t.txt"], "the name must end in one of .json"),
 ])
-def test_cli_rejects_bad_arguments_with_one_line(argv, message, capsys):
+def test_cli_rejects_bad_arguments_with_one_line(argv, message, capsys, tmp_path):
+    (tmp_path / "afile").write_text("keep me")
+    before = sorted(tmp_path.iterdir())
     with pytest.raises(SystemExit) as e:
-        te.main(argv)
+        th.main([a.replace("{tmp}", str(tmp_path)) for a in argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and message in err[-1] and "Traceback" not in "\n".join(err)
+    assert sorted(tmp_path.iterdir()) == before and (tmp_path / "afile").read_text() == "keep me"
+
+
+def test_cli_writes_nothing_unless_a_path_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    th.main(["--groups", "50", "--Ns", "2"])
+    assert list(tmp_path.iterdir()) == []  # no default output file: nothing committed is overwritten
+    with pytest.raises(SystemExit):
+        th.main(["--json"])  # a path is required
 
 
 def test_notebook_runs(run_notebook):
     run_notebook("notebooks/01_toy_bandit.ipynb", timeout=240)
+
+
+def test_rloo_is_group_mean_rescaled_so_only_raw_numbers_differ(tab):
+    # RLOO = N/(N-1) x group mean, sample by sample: raw variance scales by (N/(N-1))^2, while every
+    # scale-free number (cosine, nvar, rescaled MSE) is the same and alpha scales by N/(N-1).
+    for N in (2, 4, 8):
+        g = sample_gradients(tab, ["group_mean", "rloo"], N, 2000, seed=20 + N)
+        gm, lo = th.gradient_stats(g["group_mean"], tab.grad_J)[0], th.gradient_stats(g["rloo"], tab.grad_J)[0]
+        assert lo["variance"] == pytest.approx((N / (N - 1)) ** 2 * gm["variance"], rel=1e-9)
+        assert lo["alpha"] == pytest.approx(N / (N - 1) * gm["alpha"], rel=1e-9)
+        for k in ("cosine", "nvar", "rmse"):
+            assert lo[k] == pytest.approx(gm[k], rel=1e-9), (k, N)

@@ -359,21 +359,23 @@ def _toy_rows_and_advantages(en, N, groups, seed):
     A = 0, and a check on them would accept any function that returns zeros of the right shape.
     """
     import toy_env
+    import toy_harness
     gen = torch.Generator().manual_seed(seed)
-    rows, _ = toy_env.sample_groups(en, N, groups, gen)  # (G*N,)
+    rows, _ = toy_harness.sample_groups(en, N, groups, gen)  # (G*N,)
     A = torch.randn(len(rows), en.mask.shape[1], generator=gen, dtype=en.scores.dtype) * en.mask[rows]  # (G*N, T)
     return rows, A
 
 
 def ex4a_batch_gradients(student_fn, en):
-    """student_fn(en, A, rows, N) -> g_hat (groups, P), compared with toy_env.batch_gradients."""
+    """student_fn(en, A, rows, N) -> g_hat (groups, P), compared with toy_harness.batch_gradients."""
     import toy_env
+    import toy_harness
 
     def body():
         for N, groups in ((4, 50), (1, 7), (3, 20)):
             case = f"{groups} groups of N = {N}"
             rows, A = _toy_rows_and_advantages(en, N, groups, seed=N)
-            want = toy_env.batch_gradients(en, A, rows, N)  # (groups, P), the mean over each group
+            want = toy_harness.batch_gradients(en, A, rows, N)  # (groups, P), the mean over each group
             got = _call(student_fn, case, en, A.clone(), rows.clone(), N)
             if isinstance(got, torch.Tensor) and got.shape == want.shape and N > 1 and \
                     want.abs().max() > 0 and torch.allclose(got, N * want, rtol=1e-9, atol=1e-12):
@@ -382,13 +384,14 @@ def ex4a_batch_gradients(student_fn, en):
             _compare(got, want, case, "g(tau_i) = sum_t A_t^i s_t^i with s_t^i = en.scores[rows] (G*N, T, P); "
                      "then reshape to (groups, N, P) and average over the N responses of each group",
                      atol=1e-10, rtol=1e-8)
-        return "Matches toy_env.batch_gradients."
+        return "Matches toy_harness.batch_gradients."
     return _verdict("Exercise 4a (one gradient estimate per group)", body)
 
 
 def ex4b_bias_and_variance(student_fn):
-    """student_fn(g_hat, grad_J) -> (bias2, variance), compared with toy_env.gradient_stats."""
+    """student_fn(g_hat, grad_J) -> (bias2, variance), compared with toy_harness.gradient_stats."""
     import toy_env
+    import toy_harness
     g = torch.Generator().manual_seed(40)
     grad_J = torch.randn(6, generator=g, dtype=torch.float64)
     g_hat = grad_J + 0.3 + torch.randn(200, 6, generator=g, dtype=torch.float64)  # biased by 0.3 per coordinate
@@ -401,7 +404,7 @@ def ex4b_bias_and_variance(student_fn):
                          f"{got if not isinstance(got, torch.Tensor) else tuple(got.shape)}",
                          "return a pair of numbers: (bias2, variance)")
         bias2, variance = (float(x) for x in got)
-        want = toy_env.gradient_stats(g_hat, grad_J)[0]
+        want = toy_harness.gradient_stats(g_hat, grad_J)[0]
         G = g_hat.shape[0]
         dev_sq = ((g_hat - g_hat.mean(0)) ** 2).sum()
         naive_bias2 = ((g_hat.mean(0) - grad_J) ** 2).sum().item()
@@ -419,18 +422,19 @@ def ex4b_bias_and_variance(student_fn):
         if not math.isclose(bias2, want["bias2"], rel_tol=1e-9):
             raise NotYet(f"your bias2 is {bias2:.6g}, expected {want['bias2']:.6g}",
                          "bias2 = ||mean over groups of g_hat - grad J||^2 - variance / G")
-        return "Matches toy_env.gradient_stats (bias^2 with the Monte Carlo excess removed, unbiased variance)."
+        return "Matches toy_harness.gradient_stats (bias^2 with the Monte Carlo excess removed, unbiased variance)."
     return _verdict("Exercise 4b (bias^2 and variance)", body)
 
 
 def ex4c_measure(student_fn, en, Ns=(2, 4, 8), groups=4000, seed=0):
     """student_fn(en, name, N, groups, seed) -> (bias2, variance) for 'group_mean' and 'rloo'.
 
-    Compared with toy_env.measure on the same groups, then with the exact facts of Exercise 2:
+    Compared with toy_harness.measure on the same groups, then with the exact facts of Exercise 2:
     group mean = (N-1)/N x RLOO, so its variance is ((N-1)/N)^2 x RLOO's and its squared bias is
     ||grad J||^2 / N^2, while RLOO's is 0 (both within 4 standard errors).
     """
     import toy_env
+    import toy_harness
     grad_sq = (en.grad_J ** 2).sum().item()
 
     def body():
@@ -444,12 +448,12 @@ def ex4c_measure(student_fn, en, Ns=(2, 4, 8), groups=4000, seed=0):
                     raise NotYet(f"on the case '{case}' your function returned {out!r:.80}",
                                  "return the pair (bias2, variance) from your bias_and_variance")
                 got[name] = tuple(float(x) for x in out)
-                ref[name] = toy_env.measure(en, Ns=(N,), groups=groups, seed=seed, names=[name])[0]
+                ref[name] = toy_harness.measure(en, Ns=(N,), groups=groups, seed=seed, names=[name])[0]
                 for k, key in enumerate(("bias2", "variance")):
                     if not math.isclose(got[name][k], ref[name][key], rel_tol=1e-6, abs_tol=1e-12):
-                        raise NotYet(f"on the case '{case}' your {key} is {got[name][k]:.6g}, toy_env.measure "
+                        raise NotYet(f"on the case '{case}' your {key} is {got[name][k]:.6g}, toy_harness.measure "
                                      f"gives {ref[name][key]:.6g} on the same groups",
-                                     "sample with toy_env.sample_groups(en, N, groups, "
+                                     "sample with toy_harness.sample_groups(en, N, groups, "
                                      "torch.Generator().manual_seed(seed)), get advantages from "
                                      "otb.ESTIMATORS[name](**en.batch(rows), group_index=gid)[0], then use "
                                      "your batch_gradients and bias_and_variance")
@@ -469,6 +473,6 @@ def ex4c_measure(student_fn, en, Ns=(2, 4, 8), groups=4000, seed=0):
             for name, ex in (("group_mean", exact), ("rloo", 0.0)):
                 b2, var = got[name]
                 print(f"{N:>3} {name:>11} {b2:>10.2e} {ex:>13.2e} {var:>9.4f} {b2 + var:>9.4f}")
-        return ("Your measurements match toy_env.measure, the variance ratio is ((N-1)/N)^2 and the squared "
+        return ("Your measurements match toy_harness.measure, the variance ratio is ((N-1)/N)^2 and the squared "
                 "biases agree with ||grad J||^2 / N^2 (group mean) and 0 (RLOO) within 4 standard errors.")
     return _verdict("Exercise 4c (measure two estimators)", body)

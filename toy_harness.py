@@ -1,0 +1,299 @@
+"""Monte Carlo on the enumerable toy bandit: how good is each baseline, measured scale-free?
+
+``toy_env.py`` builds the toy and every exact quantity (grad J, per-token scores, oracle
+baselines). This file samples from it the way training does and judges each estimator.
+
+The harness (``measure``)
+-------------------------
+Groups of N responses are drawn i.i.d. from pi (by index into the enumeration), every estimator
+turns them into advantages A_t, and the batch gradient
+
+    g_hat = (1/N) sum_i sum_t A_t^i s_t^i                                            (1)
+
+is a gather and a contraction on the precomputed scores. Over many independent groups, against
+the exact grad J (scale_free.py has the definitions):
+
+    alpha  = <E g_hat, grad J> / ||grad J||^2           how much of the gradient survives
+    cosine = <E g_hat, grad J> / (||E g_hat|| ||grad J||)   direction of the mean
+    nvar   = tr Var(g_hat) / ||E g_hat||^2              noise per unit of signal: THE quality number
+    rmse   = min_c E||c g_hat - grad J||^2 / ||grad J||^2   MSE after the best rescaling
+
+and, labelled raw because they reward a shrunk gradient, bias^2, variance and MSE in units of
+||grad J||^2. All estimators see the same groups (common random numbers), so their differences
+are measured in pairs.
+
+Estimators: every entry of ``otb.ESTIMATORS``, OTB with zero tail (``otb_zero_tail``), and the
+oracles of toy_env.py (``ORACLES``: fixed per-position baselines, unbiased, plus ``otb_exact_w``,
+OTB fed the exact ||s_t||^2 instead of the Logit-Gradient Proxy).
+
+Caveat: GRPO divides by the group's std; groups with identical rewards give it A = 0. Its alpha
+measures that rescaling, its nvar and cosine are comparable with the others.
+
+    python toy_harness.py                                   # the default table, ~20 s
+    python toy_harness.py --json t.json --plot nvar.png     # also save them (paths required)
+"""
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, fields
+from functools import partial
+from pathlib import Path
+
+import torch
+
+import otb
+import scale_free
+from toy_env import ToyConfig, check_config, enumerate_toy, exact_summary, oracle_baselines
+
+ORACLES = ("b_star", "opt_per_position", "otb_population", "otb_exact_w")
+UNBIASED = ("reinforce", "rloo", "otb_loo")  # no baseline or leave-one-out: E g_hat = grad J
+SCALE_FREE = ("alpha", "cosine", "nvar", "rmse")
+
+
+# =====================================================================================
+# Estimators under test: otb.ESTIMATORS plus the oracles, all as rows -> advantages
+# =====================================================================================
+
+def make_estimators(en):
+    """name -> f(rows (B,), group_index (B,)) -> advantages A_t (B, T)."""
+    def project(fn):
+        return lambda rows, gid: fn(**en.batch(rows), group_index=gid)[0]
+
+    def fixed(b):
+        return lambda rows, gid: (en.G[rows] - b[None, :]) * en.mask[rows]
+
+    rho = torch.where(en.mask.bool(), (en.w_exact / en.w_proxy.clamp(min=1e-300)).sqrt(), 1.0)  # (M, T)
+
+    def otb_exact_w(rows, gid):  # otb's w_t * rho_t^2 = exact ||s_t||^2
+        return otb.optimal_token_baseline(**en.batch(rows), group_index=gid, is_weights=rho[rows])[0]
+
+    ests = {name: project(fn) for name, fn in otb.ESTIMATORS.items()}
+    ests["otb_zero_tail"] = project(partial(otb.optimal_token_baseline, zero_tail=True))
+    ests.update({name: fixed(b) for name, b in oracle_baselines(en).items()})
+    ests["otb_exact_w"] = otb_exact_w
+    return ests
+
+
+# =====================================================================================
+# The bias / variance harness
+# =====================================================================================
+
+def sample_groups(en, N, groups, generator):
+    """rows (groups * N,) drawn i.i.d. from pi(tau), and their group ids (contiguous)."""
+    rows = torch.multinomial(en.pi, groups * N, replacement=True, generator=generator)
+    return rows, torch.arange(groups).repeat_interleave(N)
+
+
+def batch_gradients(en, A, rows, N, max_entries=1 << 22):
+    """g_hat per group = (1/N) sum_i sum_t A_t^i s_t^i: A (G*N, T) -> (G, P).
+
+    Each group's gradient is a weighted sum of the M*T precomputed score vectors: scatter the
+    advantages into a (groups, M*T) coefficient matrix and multiply by the scores (M*T, P).
+    """
+    M, T, P = en.scores.shape
+    G = len(rows) // N
+    col = (rows[:, None] * T + torch.arange(T)).reshape(G, N * T)  # where A_t^i goes, (G, N*T)
+    val = A.reshape(G, N * T) / N  # (G, N*T)
+    out = []
+    chunk = max(1, max_entries // (M * T))
+    for g0 in range(0, G, chunk):  # a loop over memory chunks only
+        coef = torch.zeros(len(col[g0:g0 + chunk]), M * T, dtype=A.dtype)  # (chunk, M*T)
+        coef.scatter_add_(1, col[g0:g0 + chunk], val[g0:g0 + chunk])
+        out.append(coef @ en.scores.reshape(M * T, P))  # (chunk, P)
+    return torch.cat(out)
+
+
+def gradient_stats(g_hat, grad_J, units=50):
+    """Quality of g_hat (G, P) against the exact grad_J (P,), with standard errors.
+
+    Scale-free (scale_free.py): alpha, cosine, nvar = tr Var / ||E g||^2 and rmse (MSE after the
+    best rescaling, in units of ||grad J||^2), with jackknife errors over ``units`` blocks of
+    groups. Raw (scale-dependent, never a quality by themselves): bias2, variance and MSE.
+    Returns (dict, per-group squared errors (G,)).
+    """
+    G = g_hat.shape[0]
+    err = g_hat - grad_J  # (G, P)
+    mean_err = err.mean(0)  # (P,)
+    dev = g_hat - g_hat.mean(0)  # (G, P)
+    cov = dev.T @ dev / (G - 1)  # (P, P)
+    variance = torch.trace(cov)  # tr Cov, unbiased
+    bias2 = (mean_err ** 2).sum() - variance / G  # ||E g_hat - grad J||^2, unbiased
+    se_bias2 = (4 * mean_err @ cov @ mean_err / G + 2 * (cov ** 2).sum() / G ** 2).clamp(min=0).sqrt()
+    sq = (err ** 2).sum(-1)  # per-group squared error, (G,)
+    dsq = (dev ** 2).sum(-1)  # per-group squared deviation, (G,)
+    quality = scale_free.metrics_from_samples(g_hat, grad_J, units=units)
+    return {**{k: quality[k] for k in SCALE_FREE + tuple(k + "_se" for k in SCALE_FREE)},
+            "bias2": bias2.item(), "bias2_se": se_bias2.item(),
+            "variance": variance.item(), "variance_se": (dsq.std() / math.sqrt(G)).item(),
+            "mse": sq.mean().item(), "mse_se": (sq.std() / math.sqrt(G)).item()}, sq
+
+
+def measure(en, Ns=(2, 4, 8, 16, 32), groups=10000, seed=0, names=None, keep_errors=False):
+    """The table: one dict per (estimator, N). With keep_errors, also {(name, N): (G,) sq errors}."""
+    ests = make_estimators(en)
+    names = list(ests) if names is None else list(names)
+    gen = torch.Generator().manual_seed(seed)
+    rows_out, errors = [], {}
+    for N in Ns:
+        rows, gid = sample_groups(en, N, groups, gen)  # the same groups for every estimator
+        tokens = en.mask[rows].sum() / groups  # tokens sampled per group
+        for name in names:
+            A = ests[name](rows, gid)  # (G*N, T)
+            stats, sq = gradient_stats(batch_gradients(en, A, rows, N), en.grad_J)
+            rows_out.append({"estimator": name, "N": N, **stats, "tokens": tokens.item()})
+            if keep_errors:
+                errors[(name, N)] = sq
+    return (rows_out, errors) if keep_errors else rows_out
+
+
+
+
+
+# =====================================================================================
+# Command line: print the table, --json, --plot
+# =====================================================================================
+
+def format_table(rows, grad_sq):
+    """Text table: scale-free columns first; raw MSE (units of ||grad J||^2) last, labelled raw."""
+    lines = []
+    for N in sorted({r["N"] for r in rows}):
+        block = [r for r in rows if r["N"] == N]
+        lines.append(f"N = {N}   ({block[0]['tokens']:.1f} tokens sampled per group)")
+        lines.append(f"  {'estimator':<17}" + "".join(f"{h:>20}" for h in ("alpha", "cosine", "nvar",
+                                                                           "rescaled MSE", "raw MSE")))
+        for r in block:
+            cells = [f"{r[k]:8.3f} +- {r[k + '_se']:<7.3f}" for k in SCALE_FREE]
+            cells.append(f"{r['mse'] / grad_sq:8.3f} +- {r['mse_se'] / grad_sq:<7.3f}")
+            lines.append((f"  {r['estimator']:<17}" + "".join(f"{c:>20}" for c in cells)).rstrip())
+    return "\n".join(lines)
+
+
+STYLE = {"otb": dict(lw=2.8, marker="o", ms=7, zorder=10, color="tab:red"),
+         "group_mean": dict(lw=6, alpha=0.35, color="tab:green", zorder=1),  # wide: rloo lies on it
+         "otb_zero_tail": dict(ls=(0, (4, 2)), marker="s", color="tab:orange", zorder=9),
+         "otb_exact_w": dict(ls="--", marker="o", ms=4, color="k", zorder=11)}
+
+
+def plot_metric(rows, path=None, title="", ax=None, key="nvar", times_n=True, ylabel=None):
+    """N x ``key`` (default: N x nvar, flat for noise that falls as 1/N) against N, one line per
+    estimator (oracles dashed), OTB drawn thick and on top. Saved to ``path`` if given."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.8)) if ax is None else (ax.figure, ax)
+    markers = itertools.cycle("sD^vP*Xhx")
+    for name in dict.fromkeys(r["estimator"] for r in rows):
+        pts = sorted((r["N"], r[key] * (r["N"] if times_n else 1), r[key + "_se"] * (r["N"] if times_n else 1))
+                     for r in rows if r["estimator"] == name)
+        n, y, se = zip(*pts)
+        style = STYLE.get(name, dict(marker=next(markers), ms=5, ls="--" if name in ORACLES else "-"))
+        ax.errorbar(n, y, yerr=se, capsize=2, label=name, mfc="none", **style)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("group size N (responses per prompt)")
+    ax.set_ylabel(ylabel or ("N x " if times_n else "") + "tr Var(g) / ||E g||^2  (lower is better)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def writable_file(flag, path, suffixes):
+    """An error message if ``path`` cannot be written as a file of one of ``suffixes``, else None."""
+    p = Path(path)
+    if p.is_dir():
+        return f"{flag} {path} is a folder; give a file name"
+    if p.suffix.lower() not in suffixes:
+        return f"{flag} {path}: the name must end in one of {', '.join(suffixes)}"
+    for parent in p.parents:  # the first existing ancestor must be a writable folder
+        if parent.exists():
+            if not parent.is_dir():
+                return f"{flag} {path}: {parent} is a file, not a folder"
+            import os
+            return None if os.access(parent, os.W_OK) else f"{flag} {path}: {parent} is not writable"
+    return None
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Scale-free quality (and raw bias/variance) of policy-gradient "
+                                "baselines on the enumerable toy bandit of toy_env.py.")
+    for f in fields(ToyConfig):
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default), default=f.default,
+                       help=f.metadata["help"] + f" (default: {f.default})")
+    p.add_argument("--groups", type=int, default=10000, help="independent groups per (estimator, N) (default: 10000)")
+    p.add_argument("--Ns", type=int, nargs="+", default=[2, 4, 8, 16, 32], help="group sizes N (default: 2 4 8 16 32)")
+    p.add_argument("--json", default=None, help="also write the table as JSON to this file "
+                   "(benchmarks/results/toy_table.json is the committed one)")
+    p.add_argument("--plot", default=None, help="also save nvar against N (log-log) to this image file "
+                   "(.png, .pdf, .svg, .jpg)")
+    args = p.parse_args(argv)
+    cfg = ToyConfig(**{f.name: getattr(args, f.name) for f in fields(ToyConfig)})
+    try:
+        check_config(cfg)
+    except ValueError as e:
+        p.error(str(e))  # one line on stderr, exit status 2
+    checks = [(args.groups >= 50, f"--groups {args.groups} must be >= 50 (the errors are jackknifed over 50 blocks)"),
+              (min(args.Ns) >= 2, f"--Ns {args.Ns}: every N must be >= 2 (group baselines need two responses)"),
+              (not args.json or not writable_file("--json", args.json, (".json",)),
+               args.json and writable_file("--json", args.json, (".json",))),
+              (not args.plot or not writable_file("--plot", args.plot, PLOT_FORMATS),
+               args.plot and writable_file("--plot", args.plot, PLOT_FORMATS))]
+    for ok, why in checks:
+        if not ok:
+            p.error(why)
+    return cfg, args
+
+
+def main(argv=None):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # exact sums: the whole toy runs in float64
+    try:
+        return run(argv)
+    finally:
+        torch.set_default_dtype(previous)  # leave the caller's process as it was
+
+
+def run(argv=None):
+    cfg, args = parse_args(argv)
+    command = "python toy_harness.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    print("#", command.strip())
+    start = time.time()
+    en = enumerate_toy(cfg)
+    ex = exact_summary(en)
+    grad_sq = ex["grad_J_sq_norm"]
+    print(f"toy: {asdict(cfg)}")
+    print(f"exact: {ex['responses']} responses, {ex['parameters']} parameters, E[L] = {ex['mean_length']:.2f}, "
+          f"J = {ex['J']:.4f}, ||grad J||^2 = {grad_sq:.4g}")
+    print(f"exact: max_t |E||S_<=t||^2 - E[W_t]| = {ex['martingale_max_gap']:.1e}, while max_t E| ||S_<=t||^2 - W_t | = "
+          f"{ex['per_sample_cross_term']:.2g}; corr(proxy, ||s_t||^2) = {ex['proxy_correlation']:.3f}")
+    print("exact one-sample tr Var with a fixed (unbiased) baseline, units of ||grad J||^2 (= nvar; divide by N for a batch):")
+    print("   " + ", ".join(f"{k}: {v / grad_sq:.2f}" for k, v in ex["one_sample_variance"].items()))
+    rows = measure(en, Ns=args.Ns, groups=args.groups, seed=cfg.seed)
+    print(f"Monte Carlo, {args.groups} groups per N (+- one standard error). nvar = tr Var / ||E g||^2 is the "
+          f"quality number (lower is better); raw MSE rewards a shrunk gradient:")
+    print(format_table(rows, grad_sq))
+    print(f"done in {time.time() - start:.1f} s")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"command": command.strip(), "config": asdict(cfg),
+                                               "groups": args.groups, "exact": ex, "rows": rows}, indent=1))
+        print("wrote", args.json)
+    if args.plot:
+        import matplotlib
+        matplotlib.use("Agg")  # files only, no window
+        plot_metric(rows, args.plot, title=f"N x normalised variance (flat = the 1/N law)\n{cfg.policy} policy, "
+                    f"K={cfg.K}, T={cfg.T}, reward={cfg.reward}, {args.groups} groups per point")
+        print("wrote", args.plot)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
