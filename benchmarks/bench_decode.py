@@ -33,7 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import rollout  # noqa: E402
-from benchmarks.cli import at_least, int_list, device_option  # noqa: E402
+from benchmarks.cli import at_least, int_list, device_option, multiple_of, out_json  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 
 
@@ -42,7 +42,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--batch", type=int_list(1), default="1,32",
                    help="B values, rows sampled together (the GPU preset: 128 at N = 4, 512 at N = 16)")
-    p.add_argument("--hidden", type=at_least(9), default=576,
+    p.add_argument("--hidden", type=multiple_of(18, 18), default=576,
                    help="hidden size, a multiple of 18 (SmolLM2-135M: 576; 72 isolates the launch cost)")
     p.add_argument("--layers", type=at_least(1), default=30, help="decoder layers (SmolLM2-135M: 30)")
     p.add_argument("--prompt", type=at_least(1), default=48, help="prompt tokens per row (the preset's chat prompt: 47)")
@@ -50,10 +50,10 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=at_least(1), default=3, help="timed calls per setting (median reported)")
     p.add_argument("--draws", default="device", help="comma-separated: device and/or cpu (where the multinomial runs)")
     p.add_argument("--device", default="auto", type=device_option, help="where the model runs: auto (cuda if present), cpu or cuda")
-    p.add_argument("--json", default="", help="also write the results to this JSON file")
+    p.add_argument("--json", type=out_json, default=None,
+                   help="also write the results to this .json file (default: print only; the saved results "
+                        "are benchmarks/results/cost/decode_cpu_*.json, rewritten only when named here)")
     args = p.parse_args(argv)
-    if args.hidden % 18:
-        p.error(f"argument --hidden: must be a multiple of 18 (9 heads, even head size), got {args.hidden}")
     if not set(args.draws.split(",")) <= {"device", "cpu"}:
         p.error(f"argument --draws: must be device and/or cpu, got {args.draws!r}")
     return args

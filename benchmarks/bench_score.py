@@ -20,7 +20,7 @@ Model: a LlamaConfig with V = 49152, hidden 576 (SmolLM2-135M's width and heads)
 ``--layers`` layers, random weights. Fewer layers than SmolLM2's 30 make the logits a larger
 share of the pass, so the measured overhead is an upper bound for the real model.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_score.py                   # CPU, ~2 min
+    OMP_NUM_THREADS=1 python benchmarks/bench_score.py                   # CPU, ~2 min, writes runs/cost/
     python benchmarks/bench_score.py --batch 32 --response 512 --chunk-sizes 0,64   # on a GPU
 """
 import argparse
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
-from benchmarks.cli import at_least, int_list, device_option  # noqa: E402
+from benchmarks.cli import RUNS, at_least, int_list, device_option, multiple_of, out_folder  # noqa: E402
 
 REAL_SUM_PI_SQUARED = otb.sum_pi_squared
 
@@ -57,7 +57,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--vocab", type=at_least(2), default=49152, help="vocabulary size V")
-    p.add_argument("--hidden", type=int, default=576, help="hidden size, a multiple of the 9 heads (SmolLM2-135M: 576)")
+    p.add_argument("--hidden", type=multiple_of(18, 18), default=576,
+                   help="hidden size, a multiple of 18: 9 heads of even size (SmolLM2-135M: 576)")
     p.add_argument("--layers", type=at_least(1), default=2, help="decoder layers (SmolLM2-135M: 30)")
     p.add_argument("--batch", type=at_least(1), default=8, help="B, responses scored in one pass")
     p.add_argument("--prompt", type=at_least(1), default=32, help="prompt tokens per row")
@@ -65,7 +66,9 @@ def parse_args(argv=None):
     p.add_argument("--chunk-sizes", type=int_list(0), default="0,32", help="rollout.score chunk_size values; 0 = all at once")
     p.add_argument("--repeats", type=at_least(1), default=5, help="timed calls per variant (median reported)")
     p.add_argument("--device", default="auto", type=device_option, help="where to run: auto (cuda if present), cpu or cuda")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cost"), help="results folder")
+    p.add_argument("--out", type=out_folder, default=str(RUNS / "cost"),
+                   help="results folder (bench_score_<device>.md/.json); the saved results are in "
+                        "benchmarks/results/cost, rewritten only when named here")
     p.add_argument("--child", default="", help=argparse.SUPPRESS)  # internal: one memory measurement
     return p.parse_args(argv)
 

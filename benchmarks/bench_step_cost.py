@@ -20,7 +20,7 @@ Models: ``tiny`` (the warmed-up tiny model train.py caches, vocabulary 49, the C
 and ``v49k`` (random Llama, V = 49152, hidden 576, 2 layers, SmolLM2's width and vocabulary; with
 the character tokenizer for the rewards, so rewards are 0; the step's cost does not depend on them).
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_step_cost.py              # both models, ~3 min
+    OMP_NUM_THREADS=1 python benchmarks/bench_step_cost.py              # both models, ~3 min, writes runs/cost/
 """
 import argparse
 import copy
@@ -40,7 +40,7 @@ import train  # noqa: E402
 from benchmarks.bench_score import REAL_SUM_PI_SQUARED, stub_sum_pi_squared  # noqa: E402
 from benchmarks.grad_variance import find_cached_tiny, load_model  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
-from benchmarks.cli import at_least  # noqa: E402
+from benchmarks.cli import RUNS, at_least, choice_list, out_folder  # noqa: E402
 
 VARIANTS = {"group_mean": ("group_mean", False), "otb": ("otb", True), "group_mean+spp": ("group_mean", True)}
 
@@ -48,19 +48,22 @@ VARIANTS = {"group_mean": ("group_mean", False), "otb": ("otb", True), "group_me
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--models", default="tiny,v49k", help="which models to time (tiny, v49k)")
+    p.add_argument("--models", type=choice_list(["tiny", "v49k"]), default="tiny,v49k",
+                   help="comma-separated models to time: tiny, v49k")
     p.add_argument("--steps", type=at_least(1), default=6, help="timed steps per variant (median reported)")
     p.add_argument("--prompts-per-step", type=at_least(0), default=0, help="0: 16 (tiny), 8 (v49k)")
     p.add_argument("--group-size", type=at_least(2), default=4, help="N")
     p.add_argument("--max-new-tokens", type=at_least(0), default=0, help="0: 18 (tiny, reversal), 32 (v49k)")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cost"), help="results folder")
+    p.add_argument("--out", type=out_folder, default=str(RUNS / "cost"),
+                   help="results folder (bench_step_cost.md/.json); the saved results are in "
+                        "benchmarks/results/cost, rewritten only when named here")
     return p.parse_args(argv)
 
 
-def build(name):
+def build(name, tiny_dir=None):
     tok = None
     if name == "tiny":
-        model, tok = load_model(find_cached_tiny())
+        model, tok = load_model(tiny_dir or find_cached_tiny())
         return model, tok, 16, 18
     from transformers import LlamaConfig, LlamaForCausalLM
     from models import char_tokenizer
@@ -92,8 +95,8 @@ def step(model, opt, tok, cfg, task, estimator, spp_on, s, limit):
     return int(m.sum())
 
 
-def time_model(name, args):
-    model, tok, prompts, limit = build(name)
+def time_model(name, args, tiny_dir=None):
+    model, tok, prompts, limit = build(name, tiny_dir)
     prompts = args.prompts_per_step or prompts
     limit = args.max_new_tokens or limit
     cfg = train.parse_config(["--prompts-per-step", str(prompts), "--group-size", str(args.group_size)])
@@ -128,9 +131,11 @@ def time_model(name, args):
 
 def main(argv=None):
     args = parse_args(argv)
+    models = args.models.split(",")
+    tiny_dir = find_cached_tiny() if "tiny" in models else None  # a missing cache stops us before any timing
     info = machine()
     print(info)
-    rows = [time_model(name, args) for name in args.models.split(",")]
+    rows = [time_model(name, args, tiny_dir) for name in models]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/bench_step_cost.py " + " ".join(argv if argv is not None else sys.argv[1:])

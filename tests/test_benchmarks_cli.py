@@ -1,6 +1,7 @@
 """Every benchmark script rejects a bad option value with one argparse line (exit status 2)
 before it runs or writes anything -- so a typo never overwrites the saved results."""
 import importlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,10 @@ CASES = [
     ("bench_step_cost", ["--group-size", "1"], "--group-size: must be an integer >= 2"),
     ("bench_decode", ["--batch", "0"], "--batch: must be comma-separated integers >= 1"),
     ("bench_decode", ["--hidden", "64"], "--hidden: must be a multiple of 18"),
+    ("bench_decode", ["--json", "out.txt"], "--json: must be a path ending in .json"),
+    ("bench_score", ["--hidden", "100"], "--hidden: must be a multiple of 18"),
+    ("bench_step_cost", ["--models", "bogus"], "--models: must be comma-separated names from tiny, v49k"),
+    ("bench_step_cost", ["--models", "tiny,"], "--models: must be comma-separated names from tiny, v49k"),
     ("bench_decode", ["--draws", "gpu"], "--draws: must be device and/or cpu"),
     ("bench_decode", ["--device", "tpu"], "--device: must be auto, cpu or cuda"),
     ("bench_score", ["--device", "gpu"], "--device: must be auto, cpu or cuda"),
@@ -52,3 +57,82 @@ def test_bench_decode_times_every_batch_size(tmp_path):
     assert [(r["batch"], r["draws"]) for r in rows] == [(1, "device"), (3, "device")]  # CPU: one variant
     assert all(r["ms_per_position"] > 0 for r in rows)
     assert json.loads(out.read_text())["results"] == rows
+
+
+# ---- output paths: committed results are written only when named, and a bad path stops main()
+# before any model is built (so each of these takes milliseconds, and nothing is written)
+
+@pytest.mark.parametrize("script, option", [("bench_score", "--out"), ("bench_step_cost", "--out")])
+def test_default_output_is_under_runs_not_the_committed_results(script, option):
+    from benchmarks.cli import RUNS
+    module = importlib.import_module(f"benchmarks.{script}")
+    out = Path(getattr(module.parse_args([]), option.lstrip("-")))
+    assert out.is_relative_to(RUNS) and "results" not in out.parts, out
+    assert module.parse_args([option, "benchmarks/results/cost"]).out == "benchmarks/results/cost"  # when named
+
+
+def test_bench_decode_writes_nothing_by_default():
+    import benchmarks.bench_decode as bd
+    assert bd.parse_args([]).json is None
+
+
+def bad_paths(tmp_path):
+    """(path text, expected message) pairs, built inside tmp_path."""
+    a_file = tmp_path / "results.md"
+    a_file.write_text("committed results\n")
+    return a_file, [(str(a_file), "is a file, not a folder"),
+                    (str(a_file / "sub"), "is a file, so"),
+                    (str(tmp_path / "x" / "y"), None)]  # a folder that does not exist yet: accepted
+
+
+@pytest.mark.parametrize("script", ["bench_score", "bench_step_cost"])
+def test_bad_out_folder_stops_main_before_any_work(script, tmp_path, capsys, monkeypatch):
+    module = importlib.import_module(f"benchmarks.{script}")
+    monkeypatch.setattr(module, "machine", lambda: pytest.fail("main() went past the option checks"))
+    a_file, cases = bad_paths(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    for text, message in cases:
+        if message is None:
+            assert module.parse_args(["--out", text]).out == text
+            continue
+        with pytest.raises(SystemExit) as e:
+            module.main(["--out", text])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and "--out" in err[-1] and message in err[-1], err
+    assert sorted(tmp_path.rglob("*")) == before and a_file.read_text() == "committed results\n"
+
+
+def test_bench_step_cost_bogus_model_stops_main_before_any_work(capsys, monkeypatch):
+    import benchmarks.bench_step_cost as bs
+    monkeypatch.setattr(bs, "machine", lambda: pytest.fail("main() went past the option checks"))
+    monkeypatch.setattr(bs, "time_model", lambda *a: pytest.fail("main() timed a model"))
+    with pytest.raises(SystemExit) as e:
+        bs.main(["--models", "bogus", "--steps", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1].endswith("got 'bogus'"), err
+
+
+def test_bench_score_bad_hidden_is_one_line_from_main(capsys, monkeypatch):
+    import benchmarks.bench_score as bsc
+    monkeypatch.setattr(bsc, "build", lambda *a: pytest.fail("main() built a model"))
+    with pytest.raises(SystemExit) as e:
+        bsc.main(["--hidden", "100"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and "argument --hidden: must be a multiple of 18" in err[-1], err
+    assert sum("error" in line for line in err) == 1 and not any("Traceback" in line for line in err), err
+
+
+def test_bench_decode_json_path_checked_before_any_work(tmp_path, capsys, monkeypatch):
+    import benchmarks.bench_decode as bd
+    monkeypatch.setattr(bd, "smollm2_shaped", lambda *a: pytest.fail("main() built a model"))
+    a_file, _ = bad_paths(tmp_path)
+    for text, message in [(str(tmp_path), "must be a path ending in .json"),
+                          (str(tmp_path / "d.json"), None),
+                          (str(a_file / "x.json"), "is a file, so")]:
+        if message is None:
+            (tmp_path / "d.json").mkdir()
+            message = "is a folder, not a file"
+        with pytest.raises(SystemExit) as e:
+            bd.main(["--json", text])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and "--json" in err[-1] and message in err[-1], (text, err)
