@@ -210,16 +210,20 @@ def curve(h):
     return xs, ys
 
 
-def plot(runs, lrs, path):
-    import matplotlib
-    matplotlib.use("Agg")
+def curves_of(runs, lrs):
+    """{"est:n": {seed: (tokens, trailing-window success)}} for the figure (stored in results.json)."""
+    return {f"{est}:{n}": {str(s): curve(history(runs, est, n, s, lrs[(est, n)])) for s in SEEDS}
+            for est, n in CONFIGS}
+
+
+def plot(curves, lrs, path=None):
+    """Success against tokens, mean of the seeds ± 1 s.e.; ``curves`` from curves_of. Returns the figure."""
     import matplotlib.pyplot as plt
     import numpy as np
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     grid = np.linspace(WINDOW, BUDGET, 60)
     for est, n in CONFIGS:
-        curves = [curve(history(runs, est, n, s, lrs[(est, n)])) for s in SEEDS]
-        ys = np.array([np.interp(grid, x, y) for x, y in curves])  # (seeds, grid)
+        ys = np.array([np.interp(grid, x, y) for x, y in curves[f"{est}:{n}"].values()])  # (seeds, grid)
         mu, se = ys.mean(0), ys.std(0, ddof=1) / np.sqrt(len(ys))
         style = dict(lw=2.6, zorder=5) if est == "otb" else dict(lw=1.4, ls="--" if n == 16 else "-")
         ax.plot(grid, mu, label=f"{est} N={n} (lr {lrs[(est, n)]:g})", **style)
@@ -229,8 +233,9 @@ def plot(runs, lrs, path):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
 
 
 def fmt(x, spec=".3f"):
@@ -304,12 +309,16 @@ def main(argv=None):
     per_run, configs, paired = analyse(runs, lrs)
     seconds = time.time() - t0
     text = report(out, lrs, pilot, configs, paired, seconds)
+    curves = curves_of(runs, lrs)
     (out / "results.json").write_text(json.dumps(dict(
         protocol="docs/equal_tokens_protocol.md", budget=BUDGET, seeds=SEEDS, pilot_seed=PILOT_SEED,
         lr_grid=LR_GRID, chosen_lr={f"{e}:{n}": lr for (e, n), lr in lrs.items()}, pilot=pilot,
         per_run={f"{e}:{n}": {str(s): v for s, v in d.items()} for (e, n), d in per_run.items()},
-        configs=configs, paired=paired, verdicts=verdicts(paired), seconds=seconds), indent=1))
-    plot(runs, lrs, out / "success_vs_tokens.png")
+        configs=configs, paired=paired, verdicts=verdicts(paired), seconds=seconds, curves=curves), indent=1))
+    import matplotlib
+    matplotlib.use("Agg")  # files only
+    import matplotlib.pyplot as plt
+    plt.close(plot(curves, lrs, out / "success_vs_tokens.png"))
     print(text)
     print(f"wrote {out}/summary.md, results.json, success_vs_tokens.png")
 

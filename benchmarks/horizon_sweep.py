@@ -188,9 +188,8 @@ def table_md(rows, summary):
     return "\n".join(lines)
 
 
-def plot(summary, path):
-    import matplotlib
-    matplotlib.use("Agg")
+def plot(summary, path=None):
+    """Gain over group_mean against n, one panel per N; ``summary`` from gains(). Returns the figure."""
     import matplotlib.pyplot as plt
     Ns = sorted({s["N"] for s in summary})
     fig, axes = plt.subplots(1, len(Ns), figsize=(5.2 * len(Ns), 4.2), squeeze=False)
@@ -212,8 +211,9 @@ def plot(summary, path):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
 
 
 def main(argv=None):
@@ -240,7 +240,10 @@ def main(argv=None):
             f"{len(args.seeds)} seeds x {args.prompts} prompts x {args.pool} responses per checkpoint; "
             f"{seconds:.0f} s\n\n" + table_md(rows, summary) + "\n")
     (out / "table.md").write_text(text)
-    plot(summary, out / "gain_vs_horizon.png")
+    import matplotlib
+    matplotlib.use("Agg")  # files only
+    import matplotlib.pyplot as plt
+    plt.close(plot(summary, out / "gain_vs_horizon.png"))
     print(text)
     print(f"wrote {out}/results.json, table.md, gain_vs_horizon.png")
     return rows, summary
