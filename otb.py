@@ -59,7 +59,6 @@ Bad input (wrong shapes, a mask other than 0/1, NaN or inf at a valid position, 
 0, sum pi^2 outside [0, 1], a negative eps, a string as group_index) raises a ValueError naming
 the argument; padded positions may hold anything. Plain (nested) lists are accepted wherever a
 tensor is. The forward-only variance diagnostics built on (7) live in ``diagnostics.py``.
-
 """
 import math
 import numbers
@@ -103,7 +102,7 @@ def sum_pi_squared(logits, chunk_size=None):
         raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
     z = _as_tensor("logits", logits)
     if z.dim() == 0 or z.shape[-1] == 0:
-        raise ValueError(f"logits must have a non-empty last (vocabulary) dimension, got shape {tuple(z.shape)}")
+        raise ValueError(f"logits must have a non-empty last (vocabulary) dimension, got {tuple(z.shape)}")
     dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
     V = z.shape[-1]
     rows = z.reshape(-1, V)  # one logit vector per row, (N, V)
@@ -112,9 +111,8 @@ def sum_pi_squared(logits, chunk_size=None):
     chunks = rows.split(max(chunk_size, 1))  # a loop over memory chunks only
     spp = torch.cat([_sum_pi_squared_dense(chunk.to(dtype)) for chunk in chunks])  # (N,)
     if not torch.isfinite(spp).all():  # checked after the maths: one reduction over (N,)
-        where = tuple(torch.unravel_index(torch.isfinite(spp).logical_not().nonzero()[0, 0], z.shape[:-1]))
-        raise ValueError(f"logits must be finite (NaN, +inf or only -inf found in the vector at index "
-                         f"{tuple(int(i) for i in where)})")
+        index = tuple((~torch.isfinite(spp)).reshape(z.shape[:-1]).nonzero()[0].tolist())
+        raise ValueError(f"logits must be finite (NaN, +inf or only -inf in the vector at index {index})")
     return spp.reshape(z.shape[:-1])
 
 
@@ -325,7 +323,8 @@ def _checked(token_rewards, response_mask, group_index, eps=0.0, **per_token):
     mask = x["response_mask"]
     valid = mask.bool()
     if not torch.equal(mask, valid.to(mask.dtype)):  # a 0/1 mask equals its own bool
-        raise ValueError(f"response_mask must contain only 0 and 1, found {mask[mask != valid.to(mask.dtype)][0].item()}")
+        bad = mask[mask != valid.to(mask.dtype)][0].item()
+        raise ValueError(f"response_mask must contain only 0 and 1, found {bad}")
     for name, (lowest, highest, rule) in LIMITS.items():
         v = x.get(name)
         if v is None:

@@ -122,7 +122,8 @@ def naive_mean_gradient_sq_norm(response, response_mask, group_index, adv, logp,
     S = sum_k c_k: ||c - S pi||^2 = sum_k c_k^2 - 2 S sum_rows A pi(y) + S^2 sum_k pi_k^2, with
     sum pi^2 taken from the first row that reaches the context.
     """
-    A, pi_y, spp = (torch.as_tensor(x).double().tolist() for x in (adv, torch.as_tensor(logp).double().exp(), sum_pi_sq))
+    pi = torch.as_tensor(logp).double().exp()
+    A, pi_y, spp = (torch.as_tensor(x).double().tolist() for x in (adv, pi, sum_pi_sq))
     rows, lengths = torch.as_tensor(response).tolist(), torch.as_tensor(response_mask).sum(-1).long().tolist()
     group_index = group_index.tolist() if isinstance(group_index, torch.Tensor) else list(group_index)
     nodes = {}  # (group, prefix) -> [{token: c_k}, S, sum A pi(y), sum pi^2]

@@ -72,7 +72,8 @@ def test_mean_gradient_sq_norm_matches_naive_definition(seed):
     assert got == pytest.approx(expected, rel=1e-10, abs=1e-12)
     # the same with an integer tensor as group ids
     codes = torch.tensor([int(g[1:]) for g in gidx])
-    assert diagnostics.mean_gradient_sq_norm(response, mask, codes, adv, lp, spp) == pytest.approx(expected, rel=1e-10, abs=1e-12)
+    got = diagnostics.mean_gradient_sq_norm(response, mask, codes, adv, lp, spp)
+    assert got == pytest.approx(expected, rel=1e-10, abs=1e-12)
 
 
 def test_shared_contexts_change_the_value():
