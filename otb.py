@@ -55,108 +55,16 @@ Departures and choices (all matching the widely used verl implementation unless 
 - sum pi^2 is computed in float32 even for bf16 logits (float64 stays float64): in bf16 the
   difference in (7) can go negative.
 
-Diagnostics. With the proxy, ||g(tau)||^2 ~ sum_t w_t A_t^2 (cross terms vanish in
-expectation), which is W(tau) A^2 when A is constant over the response. Its batch mean is the
-"total power"; subtracting the squared norm of the batch-mean gradient (in the same proxy
-units, ``mean_gradient_sq_norm``) and dividing by N - 1 gives "pure noise", an estimate of the
-variance of the batch-mean gradient.
+Bad input (wrong shapes, a mask other than 0/1, NaN or inf at a valid position, log-probs above
+0, sum pi^2 outside [0, 1], a negative eps, a string as group_index) raises a ValueError naming
+the argument; padded positions may hold anything. Plain (nested) lists are accepted wherever a
+tensor is. The forward-only variance diagnostics built on (7) live in ``diagnostics.py``.
 """
+import math
+import numbers
 from functools import partial
 
 import torch
-
-# =====================================================================================
-# Input checks: every public function fails early, naming the argument and the problem.
-# =====================================================================================
-
-LOG_PROB_TOLERANCE = 1e-4  # log-probs a hair above 0 are float rounding, not a bug
-
-
-def _as_2d(name, x):
-    x = torch.as_tensor(x)
-    if x.dim() != 2:
-        raise ValueError(f"{name} must be 2-D (batch, length), got shape {tuple(x.shape)}")
-    return x
-
-
-def _check_inputs(token_rewards, response_mask, group_index, **extra):
-    """Validate the (B, T) inputs; returns (rewards, valid, m, gid, n_groups, extra tensors).
-
-    m is the mask as 0/1 floats in the working dtype (float64 if the rewards are, else float32).
-    The common case (everything fine) costs a few reductions and no (B, T) temporaries; the
-    search for the offending position only runs when a reduction says something is wrong.
-    """
-    token_rewards = _as_2d("token_rewards", token_rewards)
-    response_mask = _as_2d("response_mask", response_mask)
-    shape = tuple(token_rewards.shape)
-    if 0 in shape:
-        raise ValueError(f"empty batch: token_rewards has shape {shape}")
-    tensors = {k: _as_2d(k, v) for k, v in extra.items() if v is not None}
-    for name, x in [("response_mask", response_mask)] + list(tensors.items()):
-        if tuple(x.shape) != shape:
-            raise ValueError(f"{name} has shape {tuple(x.shape)} but token_rewards has shape {shape}")
-    if response_mask.dtype != torch.bool:
-        # All 0/1 exactly when every non-zero entry equals 1 (counts, no float temporaries).
-        if torch.count_nonzero(response_mask) != torch.count_nonzero(response_mask == 1):
-            bad = response_mask[(response_mask != 0) & (response_mask != 1)][0].item()
-            raise ValueError(f"response_mask must contain only 0 and 1, found {bad}")
-    valid = response_mask.bool()  # (B, T)
-    for name, x in [("token_rewards", token_rewards)] + list(tensors.items()):
-        if not torch.isfinite(x.sum()):  # fast path: a finite sum means finite entries
-            nonfinite = ~torch.isfinite(x) & valid
-            if nonfinite.any():
-                i, t = nonfinite.nonzero()[0].tolist()
-                raise ValueError(f"{name} has a non-finite value ({x[i, t].item()}) "
-                                 f"at valid position ({i}, {t})")
-    if "log_probs" in tensors and tensors["log_probs"].max() > LOG_PROB_TOLERANCE:
-        too_big = (tensors["log_probs"] > LOG_PROB_TOLERANCE) & valid
-        if too_big.any():
-            i, t = too_big.nonzero()[0].tolist()
-            raise ValueError(f"log_probs must be <= 0, found {tensors['log_probs'][i, t].item():.6g} "
-                             f"at valid position ({i}, {t})")
-    dtype = torch.float64 if token_rewards.dtype == torch.float64 else torch.float32
-    m = response_mask if response_mask.dtype == dtype else valid.to(dtype)  # m_t, 0/1, (B, T)
-    gid, n_groups = group_ids(group_index, shape[0])
-    return token_rewards, valid, m, gid.to(token_rewards.device), n_groups, {k: tensors.get(k) for k in extra}
-
-
-def _zero_padding(x, valid, m, inplace=False):
-    """x with padded positions set to 0 (in place when ``inplace``, else as a new tensor).
-
-    Padding may hold anything, NaN included; multiplying by m is the fast way but keeps NaN as
-    NaN, so the slower masked fill is used only when x is not finite everywhere.
-    """
-    if torch.isfinite(x.sum()):
-        return x.mul_(m) if inplace else x * m
-    return x.masked_fill_(~valid, 0.0) if inplace else x.masked_fill(~valid, 0.0)
-
-
-def group_ids(group_index, batch):
-    """Map one prompt id per row (any hashables, or an integer tensor) to ids 0..n_groups-1.
-
-    Returns (gid, n_groups) with gid a (B,) long tensor. Groups may be interleaved.
-    """
-    if isinstance(group_index, torch.Tensor):
-        if group_index.dim() != 1 or group_index.is_floating_point():
-            raise ValueError(f"group_index must be a 1-D integer tensor or a sequence of ids, "
-                             f"got a tensor of shape {tuple(group_index.shape)} and dtype {group_index.dtype}")
-        if len(group_index) != batch:
-            raise ValueError(f"group_index has {len(group_index)} entries but the batch has {batch} rows")
-        uniq, gid = torch.unique(group_index, return_inverse=True)
-        return gid.long(), len(uniq)
-    ids = list(group_index)
-    if len(ids) != batch:
-        raise ValueError(f"group_index has {len(ids)} entries but the batch has {batch} rows")
-    first_seen = {}
-    gid = [first_seen.setdefault(g, len(first_seen)) for g in ids]  # id encoding, not the estimator
-    return torch.tensor(gid, dtype=torch.long), len(first_seen)
-
-
-def _group_sum(x, gid, n_groups):
-    """Sum rows of x (B, ...) into their groups: (n_groups, ...). No loop over groups."""
-    out = torch.zeros((n_groups,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    return out.index_add_(0, gid, x)
-
 
 # =====================================================================================
 # The Logit-Gradient Proxy, eq. (7)
@@ -166,11 +74,11 @@ def _sum_pi_squared_dense(z):
     """exp(logsumexp(2z) - 2 logsumexp(z)) over the last dimension, (..., V) -> (...).
 
     Shifting z by its max changes neither logsumexp difference, and then the expression is
-    sum_k e_k^2 / (sum_k e_k)^2 with e_k = exp(z_k - max z) in (0, 1]: both sums lie in
+    sum_k e_k^2 / (sum_k e_k)^2 with e_k = exp(z_k - max z) in [0, 1]: both sums lie in
     [1, V], so nothing overflows, and there is no subtraction of two large logsumexps to lose
-    float32 digits (LM logits often sit around +40). One exp pass, one sum and one dot product.
+    float32 digits (LM logits often sit around +40).
     """
-    e = (z - z.amax(dim=-1, keepdim=True)).exp_()  # e_k = exp(z_k - max z), (..., V)
+    e = (z - z.amax(dim=-1, keepdim=True)).exp()  # e_k = exp(z_k - max z), (..., V)
     return torch.linalg.vecdot(e, e) / e.sum(dim=-1).square()  # sum e^2 / (sum e)^2
 
 
@@ -182,38 +90,61 @@ def sum_pi_squared(logits, chunk_size=None):
 
     Uses exp(logsumexp(2z) - 2 logsumexp(z)), evaluated after shifting z by its max (see
     _sum_pi_squared_dense). float64 input stays float64; every other dtype (bf16, fp16, fp32)
-    is computed and returned in float32. Shape: (..., V) -> (...).
+    is computed and returned in float32. Shape: (..., V) -> (...). A logit of -inf (a token
+    masked out of the vocabulary) is fine; NaN, +inf or a vector of only -inf is an error.
 
     The logit vectors (rows of the (N, V) view) are processed ``chunk_size`` rows at a time, so
     the temporaries are bounded by one chunk instead of the whole (B, T, V) tensor. None means
     all at once on a GPU, and chunks of about CPU_CHUNK_LOGITS logits on a CPU, where small
     temporaries that the allocator reuses are ~3x faster than fresh full-size ones.
-    (Non-contiguous logits are copied once to take the (N, V) view.)
     """
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
-    logits = torch.as_tensor(logits)
-    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    V = logits.shape[-1]
-    rows = logits.reshape(-1, V)  # one logit vector per row, (N, V)
+    z = _as_tensor("logits", logits)
+    if z.dim() == 0 or z.shape[-1] == 0:
+        raise ValueError(f"logits must have a non-empty last (vocabulary) dimension, got {tuple(z.shape)}")
+    dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
+    V = z.shape[-1]
+    rows = z.reshape(-1, V)  # one logit vector per row, (N, V)
     if chunk_size is None:
-        chunk_size = len(rows) if logits.is_cuda else max(1, CPU_CHUNK_LOGITS // max(V, 1))
-    out = torch.empty(len(rows), dtype=dtype, device=logits.device)  # (N,)
-    for start in range(0, len(rows), chunk_size):  # a loop over memory chunks only
-        out[start:start + chunk_size] = _sum_pi_squared_dense(rows[start:start + chunk_size].to(dtype))
-    return out.reshape(logits.shape[:-1])
+        chunk_size = len(rows) if z.is_cuda else CPU_CHUNK_LOGITS // V
+    chunks = rows.split(max(chunk_size, 1))  # a loop over memory chunks only
+    spp = torch.cat([_sum_pi_squared_dense(chunk.to(dtype)) for chunk in chunks])  # (N,)
+    if not torch.isfinite(spp).all():  # checked after the maths: one reduction over (N,)
+        index = tuple((~torch.isfinite(spp)).reshape(z.shape[:-1]).nonzero()[0].tolist())
+        raise ValueError(f"logits must be finite (NaN, +inf or only -inf in the vector at index {index})")
+    return spp.reshape(z.shape[:-1])
 
 
 def token_energy(log_probs, sum_pi_sq):
-    """w_t = 1 - 2 pi(y_t) + sum_k pi_k^2, eq. (7), clamped to [0, 2]. Same shape as inputs."""
+    """w_t = 1 - 2 pi(y_t) + sum_k pi_k^2, eq. (7), clamped to [0, 2]. Both inputs the same shape."""
+    log_probs, sum_pi_sq = _as_tensor("log_probs", log_probs), _as_tensor("sum_pi_sq", sum_pi_sq)
+    if log_probs.shape != sum_pi_sq.shape:
+        raise ValueError(f"sum_pi_sq has shape {tuple(sum_pi_sq.shape)} but log_probs has shape "
+                         f"{tuple(log_probs.shape)}")
     dtype = torch.float64 if torch.float64 in (log_probs.dtype, sum_pi_sq.dtype) else torch.float32
-    pi_y = log_probs.to(dtype).exp()  # pi(y_t), a fresh tensor: the in-place ops below are safe
-    return pi_y.mul_(-2.0).add_(sum_pi_sq.to(dtype)).add_(1.0).clamp_(0.0, 2.0)  # w_t
+    pi_y = log_probs.to(dtype).exp()  # pi(y_t)
+    return (1.0 - 2.0 * pi_y + sum_pi_sq.to(dtype)).clamp(0.0, 2.0)  # w_t
 
 
 # =====================================================================================
 # The Optimal Token Baseline, eqs. (1)-(6)
 # =====================================================================================
+
+def _reward_to_go(r, valid, dtype):
+    """G_t = sum_{u>=t} r_u over the valid positions, eq. (1): a reverse cumulative sum, (B, T)."""
+    r = torch.where(valid, r.to(dtype), 0.0)  # r_t, 0 on padding (which may hold NaN)
+    return r.flip(-1).cumsum(-1).flip(-1)  # G_t
+
+
+def _realized_energy(log_probs, sum_pi_sq, is_weights, valid, dtype):
+    """W_t m_t, with W_t = sum_{j<=t} w_j over the valid positions, eq. (3), (B, T)."""
+    w = token_energy(log_probs, sum_pi_sq).to(dtype)  # w_t, eq. (2) through (7)
+    if is_weights is not None:
+        w = w * is_weights.to(dtype) ** 2  # w_t <- rho_t^2 w_t
+    W = torch.where(valid, w, 0.0).cumsum(-1)  # W_t
+    return torch.where(valid, W, 0.0)  # W_t m_t, 0 on padding
+
 
 def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, *,
                            is_weights=None, leave_one_out=False, zero_tail=False, eps=1e-8):
@@ -223,44 +154,31 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     (B, T). group_index: one prompt id per row. Returns (advantages, returns), both (B, T),
     exactly 0 at padded positions.
     """
-    r, valid, m, gid, n_groups, x = _check_inputs(token_rewards, response_mask, group_index,
-                                                  log_probs=log_probs, sum_pi_sq=sum_pi_sq,
-                                                  is_weights=is_weights)
-    dtype = m.dtype  # float64 if the rewards are, else float32
-    r = _zero_padding(r.to(dtype), valid, m)  # r_t, 0 on padding, (B, T)
+    x, valid, gid, n_groups = _checked(token_rewards, response_mask, group_index, eps=eps,
+                                       log_probs=log_probs, sum_pi_sq=sum_pi_sq, is_weights=is_weights)
+    dtype = _working_dtype(x["token_rewards"])
+    G = _reward_to_go(x["token_rewards"], valid, dtype)  # G_t, eq. (1), (B, T)
+    Wm = _realized_energy(x["log_probs"], x["sum_pi_sq"], x["is_weights"], valid, dtype)  # W_t m_t, eq. (3)
 
-    R = r.sum(-1, keepdim=True)  # R(tau) = sum_u r_u, (B, 1)
-    G = r.cumsum(-1).neg_().add_(r).add_(R)  # G_t = R - sum_{u<t} r_u = sum_{u>=t} r_u, eq. (1)
-    w = token_energy(x["log_probs"], x["sum_pi_sq"]).to(dtype)  # w_t, eq. (7), (B, T)
-    if x["is_weights"] is not None:
-        w.mul_(x["is_weights"].to(dtype) ** 2)  # w_t <- rho_t^2 w_t
-    w = _zero_padding(w, valid, m, inplace=True)  # 0 on padding (w is our own tensor)
-    Wm = w.cumsum_(-1).mul_(m)  # W_t = sum_{j<=t} w_j, eq. (3), times m_t, (B, T)
-    # Fresh (B, T) buffers cost more than the arithmetic on a CPU, so the ones no longer needed
-    # are reused: r's memory holds G W m, and after the group sums it holds B_t, then A_t.
-    GWm = torch.mul(G, Wm, out=r)  # G_t W_t m_t, (B, T)
-
-    if leave_one_out:  # sums over the *other* rows j != i of the group, (B, T)
-        # "group total minus own term" cancels badly in float32 when one row's energy dwarfs
-        # the others', so these sums are taken in float64.
-        GWm64, Wm64 = GWm.double(), Wm.double()
-        num = _group_sum(GWm64, gid, n_groups)[gid] - GWm64  # sum_j G W m
-        den = (_group_sum(Wm64, gid, n_groups)[gid] - Wm64).clamp_(min=0.0)  # sum_j W m
+    if leave_one_out:  # eq. (6) over the *other* rows j != i of the group, (B, T)
+        # "group total minus own term" cancels badly in float32 when one row's energy dwarfs the
+        # others', so these sums are taken in float64.
+        GWm, Wm, m = (G * Wm).double(), Wm.double(), valid.double()
+        num = _group_sum(GWm, gid, n_groups)[gid] - GWm  # sum_{j != i} G_t W_t m_t
+        den = (_group_sum(Wm, gid, n_groups)[gid] - Wm).clamp(min=0.0)  # sum_{j != i} W_t m_t
         others = _group_sum(m, gid, n_groups)[gid] - m  # other rows active at t
         B = torch.where(others > 0, num / (den + eps), 0.0).to(dtype)  # B_t without row i
-    else:  # the baseline is the same for every row of a group: compute it once per group
-        num = _group_sum(GWm, gid, n_groups)  # sum_i G W m, (groups, T)
-        den = _group_sum(Wm, gid, n_groups)  # sum_i W m, (groups, T)
-        B_group = num / (den + eps)  # B_t, eq. (6), (groups, T)
-        group_size = torch.bincount(gid, minlength=n_groups)  # rows per group, (groups,)
-        B_group[group_size == 1] = 0.0  # singleton groups: B = 0
+    else:  # the baseline is the same for every row of a group: one per group
+        num = _group_sum(G * Wm, gid, n_groups)  # sum_i G_t W_t m_t, (groups, T)
+        den = _group_sum(Wm, gid, n_groups)  # sum_i W_t m_t, (groups, T)
+        B = num / (den + eps)  # B_t, eq. (6), (groups, T)
+        keep = (torch.bincount(gid, minlength=n_groups) > 1)[:, None]  # singleton groups: B = 0
         if zero_tail:
-            active = _group_sum(m, gid, n_groups)  # rows still active at t, (groups, T)
-            B_group[active <= 1] = 0.0  # only one row left at t: B = 0
-        B = torch.index_select(B_group, 0, gid, out=GWm)  # each row gets its group's B_t, (B, T)
+            keep = keep & (_group_sum(valid.to(dtype), gid, n_groups) > 1)  # one row left at t: B = 0
+        B = torch.where(keep, B, 0.0)[gid]  # each row gets its group's B_t, (B, T)
 
-    advantages = torch.sub(G, B, out=B).mul_(m)  # A_t = G_t - B_t, eq. (5), 0 on padding
-    return advantages, G.mul_(m)
+    A = torch.where(valid, G - B, 0.0)  # A_t = G_t - B_t, eq. (5), 0 on padding
+    return A, torch.where(valid, G, 0.0)
 
 
 # =====================================================================================
@@ -268,10 +186,12 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
 # =====================================================================================
 
 def _sequence_setup(token_rewards, response_mask, group_index):
-    r, valid, m, gid, n_groups, _ = _check_inputs(token_rewards, response_mask, group_index)
-    score = _zero_padding(r.to(m.dtype), valid, m).sum(-1)  # R(tau) = sum of valid rewards, (B,)
-    size = torch.bincount(gid, minlength=n_groups).to(m.dtype)  # rows per group, (G,)
-    return score, m, gid, n_groups, size
+    """R(tau) per row (B,), the mask m (B, T), group ids (B,), their count, and group sizes."""
+    x, valid, gid, n_groups = _checked(token_rewards, response_mask, group_index)
+    dtype = _working_dtype(x["token_rewards"])
+    score = torch.where(valid, x["token_rewards"].to(dtype), 0.0).sum(-1)  # R(tau) = sum of r_t, (B,)
+    size = torch.bincount(gid, minlength=n_groups).to(dtype)  # rows per group, (G,)
+    return score, valid.to(dtype), gid, n_groups, size
 
 
 def _broadcast(adv, score, m):
@@ -314,55 +234,6 @@ def rloo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=No
     return _broadcast(score - loo_mean, score, m)
 
 
-# =====================================================================================
-# Forward-only variance diagnostics
-# =====================================================================================
-
-def gradient_power(advantages, response_mask, log_probs, sum_pi_sq):
-    """P_i = sum_t w_t A_t^2 m_t: the proxy of ||g(tau_i)||^2, (B, T) -> (B,)."""
-    valid = torch.as_tensor(response_mask).bool()
-    w = token_energy(log_probs, sum_pi_sq)  # w_t, (B, T)
-    return torch.where(valid, w * advantages.to(w.dtype) ** 2, 0.0).sum(-1)  # P_i, (B,)
-
-
-def mean_gradient_sq_norm(response, response_mask, group_index, adv, logp, sum_pi_sq):
-    """||(1/B) sum_i g_i||^2 in the units of the Logit-Gradient Proxy; forward-only.
-
-    The proxy treats the logits at each distinct context (prompt, response prefix) as parameters of
-    their own, so g_i = sum_t A_t (e_{y_t} - pi_t) placed at its contexts, and responses that share
-    a prefix add into the same block. For one context, with c_k = sum of A over the rows that
-    sampled token k there and S = sum_k c_k:  ||c - S pi||^2 = sum_k c_k^2 - 2 S sum_rows A pi(y)
-    + S^2 sum_k pi_k^2. With a single row this is w_t A_t^2, the term of gradient_power.
-    A diagnostic, not an estimator: it walks the tokens in Python (fine for a logged metric).
-    Inputs (B, T); group_index: one integer prompt id per row. Returns a float.
-    """
-    # Python floats once, not a .item() per token: (B, T) nested lists
-    A, pi_y, spp = (x.double().cpu().tolist() for x in (adv, logp.double().exp(), sum_pi_sq))
-    rows, lengths = response.cpu().tolist(), response_mask.sum(-1).long().tolist()
-    nodes = {}  # context -> [ {token: c_k}, S, sum A pi(y), sum pi^2 ]
-    for i, (row, n) in enumerate(zip(rows, lengths)):
-        for t in range(n):
-            node = nodes.setdefault((int(group_index[i]), tuple(row[:t])), [{}, 0.0, 0.0, spp[i][t]])
-            a = A[i][t]
-            node[0][row[t]] = node[0].get(row[t], 0.0) + a
-            node[1] += a
-            node[2] += a * pi_y[i][t]
-    total = sum(sum(c * c for c in cs.values()) - 2 * S * a_pi + S * S * p2 for cs, S, a_pi, p2 in nodes.values())
-    return total / len(rows) ** 2
-
-
-def noise_diagnostics(power, mean_grad_sq_norm):
-    """total_power = mean_i P_i; pure_noise = (total_power - ||mean g||^2) / (N - 1).
-
-    E[total_power] = ||E g||^2 + tr Var(g) and E||mean g||^2 = ||E g||^2 + tr Var(g) / N,
-    so pure_noise estimates tr Var(g) / N, the noise left in the batch-mean gradient.
-    """
-    n = power.numel()
-    total_power = power.mean().item()
-    pure_noise = (total_power - float(mean_grad_sq_norm)) / (n - 1) if n > 1 else float("nan")
-    return {"total_power": total_power, "pure_noise": pure_noise}
-
-
 # One string picks the estimator in a training loop; all take the same keyword arguments.
 ESTIMATORS = {
     "reinforce": reinforce,
@@ -372,3 +243,98 @@ ESTIMATORS = {
     "otb": optimal_token_baseline,
     "otb_loo": partial(optimal_token_baseline, leave_one_out=True),
 }
+
+
+# =====================================================================================
+# Plumbing: group ids, group sums and the input checks
+# =====================================================================================
+
+def group_ids(group_index, batch):
+    """Map one prompt id per row (any hashables, or an integer tensor) to ids 0..n_groups-1.
+
+    Returns (gid, n_groups) with gid a (B,) long tensor. Groups may be interleaved.
+    """
+    if isinstance(group_index, (str, bytes)):  # a string is one id, not one id per character
+        raise ValueError(f"group_index must hold one prompt id per row, got the string {group_index!r}")
+    if isinstance(group_index, torch.Tensor):
+        if group_index.dim() != 1 or group_index.is_floating_point():
+            raise ValueError(f"group_index must be a 1-D integer tensor or a sequence of ids, "
+                             f"got a tensor of shape {tuple(group_index.shape)} and dtype {group_index.dtype}")
+        if len(group_index) != batch:
+            raise ValueError(f"group_index has {len(group_index)} entries but the batch has {batch} rows")
+        uniq, gid = torch.unique(group_index, return_inverse=True)
+        return gid.long(), len(uniq)
+    try:
+        ids = list(group_index)
+        first_seen = {}
+        gid = [first_seen.setdefault(g, len(first_seen)) for g in ids]  # id encoding, not the estimator
+    except TypeError as e:
+        raise ValueError(f"group_index must be a sequence of hashable prompt ids, one per row ({e})") from None
+    if len(ids) != batch:
+        raise ValueError(f"group_index has {len(ids)} entries but the batch has {batch} rows")
+    return torch.tensor(gid, dtype=torch.long), len(first_seen)
+
+
+def _group_sum(x, gid, n_groups):
+    """Sum the rows of x (B, ...) into their groups: (n_groups, ...). No loop over groups."""
+    return torch.zeros((n_groups, *x.shape[1:]), dtype=x.dtype, device=x.device).index_add_(0, gid, x)
+
+
+def _working_dtype(x):
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _as_tensor(name, x):
+    try:
+        return torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{name} must be a tensor or a (nested) list of numbers ({e})") from None
+
+
+ROUNDING = 1e-4  # log-probs a hair above 0, or sum pi^2 a hair above 1, are float rounding
+LIMITS = {  # name: (lowest, highest, rule) allowed at valid positions; every value must be finite
+    "token_rewards": (-math.inf, math.inf, "finite"),
+    "log_probs": (-math.inf, ROUNDING, "finite and <= 0"),
+    "sum_pi_sq": (-ROUNDING, 1 + ROUNDING, "finite and in [0, 1]"),
+    "is_weights": (-math.inf, math.inf, "finite"),
+}
+
+
+def _checked(token_rewards, response_mask, group_index, eps=0.0, **per_token):
+    """The (B, T) inputs as tensors, checked: returns (x, valid, gid, n_groups).
+
+    x maps each argument's name to its tensor (None stays None); valid is the mask as bool.
+    Each problem raises a ValueError naming the argument. On valid input this costs one min/max
+    reduction per tensor and one over the mask; the offending position is searched for only when
+    a reduction says something is wrong (padding may hold anything, NaN included).
+    """
+    if not (isinstance(eps, numbers.Real) and 0.0 <= eps < math.inf):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    x = {"token_rewards": token_rewards, "response_mask": response_mask, **per_token}
+    x = {name: None if v is None else _as_tensor(name, v) for name, v in x.items()}
+    shape = x["token_rewards"].shape
+    for name, v in x.items():
+        if v is not None and v.dim() != 2:
+            raise ValueError(f"{name} must be 2-D (batch, length), got shape {tuple(v.shape)}")
+        if v is not None and v.shape != shape:
+            raise ValueError(f"{name} has shape {tuple(v.shape)} but token_rewards has shape {tuple(shape)}")
+    if 0 in shape:
+        raise ValueError(f"empty batch: token_rewards has shape {tuple(shape)}")
+    mask = x["response_mask"]
+    valid = mask.bool()
+    if not torch.equal(mask, valid.to(mask.dtype)):  # a 0/1 mask equals its own bool
+        bad = mask[mask != valid.to(mask.dtype)][0].item()
+        raise ValueError(f"response_mask must contain only 0 and 1, found {bad}")
+    for name, (lowest, highest, rule) in LIMITS.items():
+        v = x.get(name)
+        if v is None:
+            continue
+        lo, hi = (float(b) for b in torch.aminmax(v.float() if v.dtype == torch.bool else v))
+        if lowest <= lo and hi <= highest and math.isfinite(lo) and math.isfinite(hi):
+            continue  # the common case: everything in range, padding included
+        bad = valid & ~(torch.isfinite(v) & (v >= lowest) & (v <= highest))
+        if bad.any():
+            i, t = bad.nonzero()[0].tolist()
+            raise ValueError(f"{name} must be {rule}, found {v[i, t].item():.6g} at valid position ({i}, {t})")
+    gid, n_groups = group_ids(group_index, shape[0])
+    return x, valid, gid.to(mask.device), n_groups

@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+import diagnostics
 import models
 import otb
 import rollout
@@ -387,13 +388,13 @@ def train(cfg, run_dir, model, tok, resume=False):
         n_tok = m.sum()
         tokens += int(n_tok.item())
         delta = (old_logp - ro.logp) * m  # log pi_train - log pi_rollout, (B, T)
-        power = otb.gradient_power(adv, m, old_logp, sum_pi_sq)  # P_i, (B,)
-        mean_g_sq = otb.mean_gradient_sq_norm(ro.response, m, ro.group_index, adv, old_logp, sum_pi_sq)
+        power = diagnostics.gradient_power(adv, m, old_logp, sum_pi_sq)  # P_i, (B,)
+        mean_g_sq = diagnostics.mean_gradient_sq_norm(ro.response, m, ro.group_index, adv, old_logp, sum_pi_sq)
         row = dict(step=step + 1, reward=R.mean().item(), success=(R >= 1).float().mean().item(),
                    response_len=m.sum(-1).mean().item(), finished=ro.finished.float().mean().item(),
                    tokens=tokens, loss=loss, grad_norm=norms[0], lr=lr, clip_frac=clip_frac,
                    adv_mean=masked_mean(adv, m), adv_std=math.sqrt(max(masked_mean(adv ** 2, m) - masked_mean(adv, m) ** 2, 0.0)),
-                   entropy=masked_mean(entropy, m), **otb.noise_diagnostics(power, mean_g_sq),
+                   entropy=masked_mean(entropy, m), **diagnostics.noise_diagnostics(power, mean_g_sq),
                    mismatch_mean_abs=masked_mean(delta.abs(), m), mismatch_max_abs=delta.abs().max().item(),
                    mismatch_k3=masked_mean(torch.expm1(delta) - delta, m),  # KL(rollout || train)
                    t_rollout=t1 - t0, t_score=t2 - t1, t_update=t3 - t2)

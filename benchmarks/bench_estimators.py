@@ -26,7 +26,6 @@ import argparse
 import statistics
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -35,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import otb  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 from benchmarks.cli import at_least, device_option  # noqa: E402
+from tests.naive import loop_reference  # noqa: E402  (the per-group loop, checked by the tests)
 
 # rows x tokens : group size
 GRID = ["1024x4096:4", "8192x256:4", "4096x1024:8", "2048x512:2"]
@@ -68,7 +68,7 @@ def parse_shape(text):
 
 
 # =====================================================================================
-# Inputs and the two references
+# Inputs and the floor (the per-group loop is tests/naive.py's loop_reference)
 # =====================================================================================
 
 def make_inputs(rows, tokens, group_size, device, seed=0):
@@ -87,29 +87,6 @@ def make_inputs(rows, tokens, group_size, device, seed=0):
     inputs = dict(token_rewards=rewards, response_mask=mask, group_index=group_index,
                   log_probs=pi_y.log(), sum_pi_sq=sum_pi_sq)
     return {k: v.to(device) for k, v in inputs.items()}
-
-
-def loop_reference(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, eps=1e-8):
-    """OTB with a Python loop over groups: the shape of the widely used implementation.
-
-    Same maths as otb.optimal_token_baseline with its defaults (no importance weights, no zero
-    tail, own row included, singleton groups get B = 0). Returns (advantages, returns), (B, T).
-    """
-    m = response_mask.to(token_rewards.dtype)  # (B, T)
-    G = torch.flip(torch.cumsum(torch.flip(token_rewards * m, [-1]), -1), [-1]) * m  # G_t
-    w = (1 - 2 * log_probs.exp() + sum_pi_sq).clamp(0, 2)  # w_t
-    W = torch.cumsum(w * m, -1) * m  # W_t
-    rows_of = defaultdict(list)  # prompt id -> its rows
-    for row, uid in enumerate(group_index.tolist()):
-        rows_of[uid].append(row)
-    B = torch.zeros_like(G)  # B_t
-    for rows in rows_of.values():
-        if len(rows) == 1:
-            continue  # singleton: B = 0
-        idx = torch.tensor(rows, device=G.device)
-        Gg, Wg = G[idx], W[idx]  # (n, T)
-        B[idx] = ((Gg * Wg).sum(0) / (Wg.sum(0) + eps)).expand_as(Gg)
-    return (G - B) * m, G
 
 
 def floor_pass(x):

@@ -25,10 +25,11 @@ Setup (common random numbers: every estimator sees the same responses)
   one backward pass of the surrogate over the group's rows. tests/test_grad_variance.py checks
   both paths against a naive per-row loop.
 - Proxies, per group, with the very functions train.py logs: total_power = mean_i sum_t w_t A_t^2
-  (``otb.gradient_power``) and pure_noise = (total_power - ||mean g||^2_proxy) / (N - 1)
-  (``otb.noise_diagnostics`` with ``otb.mean_gradient_sq_norm``). pure_noise targets the same
-  quantity as (2) (the noise left in the group-mean gradient), but in logit units, so only ratios
-  between estimators are comparable; the table divides every column by group_mean at the same N.
+  (``diagnostics.gradient_power``) and pure_noise = (total_power - ||mean g||^2_proxy) / (N - 1)
+  (``diagnostics.noise_diagnostics`` with ``diagnostics.mean_gradient_sq_norm``). pure_noise
+  targets the same quantity as (2) (the noise left in the group-mean gradient), but in logit
+  units, so only ratios between estimators are comparable; the table divides every column by
+  group_mean at the same N.
 - Proxy against the true norm, per response: W(tau) = sum_t w_t against ||S(tau)||^2 (exact);
   Pearson and Spearman correlations and a log-log scatter plot.
 
@@ -51,6 +52,7 @@ from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import diagnostics  # noqa: E402
 import otb  # noqa: E402
 import rollout  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
@@ -218,8 +220,8 @@ def measure(model, tok, args, progress=True):
                     adv, _ = otb.ESTIMATORS[e](token_rewards=r, response_mask=m, group_index=gid,
                                                log_probs=logp, sum_pi_sq=spp)  # A_t, (M, T)
                     G = group_gradients(model, sub, groups, adv, args.temperature, S=S)  # (K, D)
-                    power = otb.gradient_power(adv, m, logp, spp)  # P_i, (M,)
-                    diag = [otb.noise_diagnostics(power[g], otb.mean_gradient_sq_norm(
+                    power = diagnostics.gradient_power(adv, m, logp, spp)  # P_i, (M,)
+                    diag = [diagnostics.noise_diagnostics(power[g], diagnostics.mean_gradient_sq_norm(
                         sub.response[g], m[g], gid[g], adv[g], logp[g], spp[g])) for g in groups]
                     cells[(e, n)]["true"].append(trace_variance(G))
                     cells[(e, n)]["power"].append(sum(d["total_power"] for d in diag) / len(diag))

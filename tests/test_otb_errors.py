@@ -215,3 +215,124 @@ def test_sequence_estimators_accept_nan_rewards_at_masked_positions(name):
     x[2, 1:] = math.nan
     adv, ret = call_seq(name, token_rewards=x)
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
+
+
+# ------------------------------------------------------------------------------ nonsense values (issue 16)
+
+
+@pytest.mark.parametrize("bad", [5.0, 1.01, -0.5, -1e-3], ids=["5", "1.01", "-0.5", "-1e-3"])
+def test_sum_pi_sq_outside_0_1(bad):
+    spp = good()["sum_pi_sq"].clone()
+    spp[3, 2] = bad
+    with raises("sum_pi_sq", r"\[0, 1\]"):
+        call_otb(sum_pi_sq=spp)
+
+
+def test_sum_pi_sq_a_rounding_error_outside_0_1_is_accepted():
+    spp = good()["sum_pi_sq"].clone()
+    spp[0, :2] = 1 + 1e-6  # a float32 softmax of a certain token
+    spp[1, :2] = -1e-7
+    adv, _ = call_otb(sum_pi_sq=spp)
+    assert torch.isfinite(adv).all()
+
+
+def test_sum_pi_sq_out_of_range_on_padding_is_accepted():
+    spp = good()["sum_pi_sq"].clone()
+    spp[2, 1:] = 5.0  # row 2 is valid only at position 0
+    adv, _ = call_otb(sum_pi_sq=spp)
+    assert torch.equal(adv, call_otb()[0])
+
+
+@pytest.mark.parametrize("eps", [-1.0, -1e-12, math.nan, math.inf, "1e-8", None])
+def test_eps_negative_or_not_finite(eps):
+    with raises("eps", r">= ?0|finite|number"):
+        call_otb(eps=eps)
+
+
+@pytest.mark.parametrize("ids", ["abcd", b"abcd"], ids=["str", "bytes"])
+def test_group_index_string_is_rejected(ids):
+    # "abcd" has 4 characters for 4 rows: it must not become four one-row groups
+    with raises("group_index", r"string|one prompt id per row"):
+        call_otb(group_index=ids)
+
+
+@pytest.mark.parametrize("name", SEQUENCE_ESTIMATORS)
+def test_sequence_estimator_group_index_string(name):
+    with raises("group_index", r"string|one prompt id per row"):
+        call_seq(name, group_index="abcd")
+
+
+@pytest.mark.parametrize("ids", [5, [[0], [1], [0], [1]]], ids=["int", "unhashable ids"])
+def test_group_index_not_a_sequence_of_ids(ids):
+    with raises("group_index", r"sequence|hashable"):
+        call_otb(group_index=ids)
+
+
+def test_lists_are_accepted_where_tensors_are():
+    kw = {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in good().items()}
+    adv, ret = otb.optimal_token_baseline(**kw)
+    adv_t, ret_t = call_otb()
+    torch.testing.assert_close(adv, adv_t)
+    torch.testing.assert_close(ret, ret_t)
+    for name in SEQUENCE_ESTIMATORS:
+        torch.testing.assert_close(getattr(otb, name)(kw["token_rewards"], kw["response_mask"], kw["group_index"])[0],
+                                   call_seq(name)[0])
+
+
+def test_ragged_list_names_the_argument():
+    with raises("log_probs", r"tensor|list"):
+        call_otb(log_probs=[[-1.0, -2.0], [-1.0]])
+
+
+# sum_pi_squared
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf], ids=["nan", "+inf"])
+def test_sum_pi_squared_non_finite_logits(bad):
+    z = torch.randn(2, 3, 5)
+    z[1, 2, 4] = bad
+    with raises("logits", r"finite") as info:
+        otb.sum_pi_squared(z)
+    assert "(1, 2)" in str(info.value)  # the index of the offending logit vector
+
+
+def test_sum_pi_squared_row_of_only_minus_inf():
+    z = torch.randn(3, 4)
+    z[1] = -math.inf
+    with raises("logits", r"finite|-inf"):
+        otb.sum_pi_squared(z)
+
+
+def test_sum_pi_squared_minus_inf_masked_tokens_are_fine():
+    # -inf marks a token removed from the vocabulary: pi_k = 0 there, the rest renormalised
+    z = torch.randn(4, 6, dtype=torch.float64)
+    masked = z.clone()
+    masked[:, :2] = -math.inf
+    expected = torch.softmax(z[:, 2:], -1).pow(2).sum(-1)
+    torch.testing.assert_close(otb.sum_pi_squared(masked), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("logits", [torch.tensor(1.0), torch.zeros(3, 0)], ids=["0-d", "V=0"])
+def test_sum_pi_squared_without_a_vocabulary(logits):
+    with raises("logits", r"vocabulary|last"):
+        otb.sum_pi_squared(logits)
+
+
+def test_sum_pi_squared_accepts_lists():
+    z = [[0.0, 1.0, 2.0], [3.0, 3.0, 3.0]]
+    torch.testing.assert_close(otb.sum_pi_squared(z), torch.softmax(torch.tensor(z), -1).pow(2).sum(-1))
+
+
+# token_energy
+
+
+@pytest.mark.parametrize("spp_shape", [(4, 1), (1, 5), (5,), (4, 5, 1)])
+def test_token_energy_does_not_broadcast(spp_shape):
+    with raises("sum_pi_sq", SHAPE):
+        otb.token_energy(-torch.rand(4, 5), torch.full(spp_shape, 0.5))
+
+
+def test_token_energy_accepts_lists():
+    lp, spp = [[-0.1, -2.0], [-0.7, -5.0]], [[0.9, 0.3], [0.5, 0.2]]
+    w = otb.token_energy(lp, spp)
+    torch.testing.assert_close(w, (1 - 2 * torch.tensor(lp).exp() + torch.tensor(spp)).clamp(0, 2))

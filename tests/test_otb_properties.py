@@ -8,7 +8,7 @@ zeros on padding, and the numerics of the logit-gradient proxy
     w_t = ||d log softmax(z)_y / dz||^2 = 1 - 2 pi_y + sum_k pi_k^2    (checked with autograd)
 
 including why sum_k pi_k^2 must be computed in float32 when the logits are bf16.
-The naive loops and the random batch generator come from ``test_otb.py``.
+The naive loops and the random batch generator come from ``tests/naive.py``.
 """
 import math
 
@@ -19,7 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import otb
-from test_otb import SETTINGS, _close, _otb, batch_args, make_batch, naive_otb
+from naive import make_batch, naive_otb
+from test_otb import SETTINGS, _close, _otb, batch_args
 
 # =====================================================================================
 # Properties of the OTB baseline

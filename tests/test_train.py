@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import diagnostics
 import models
 import otb
 import rollout
@@ -257,12 +258,12 @@ def test_mean_gradient_norm_equals_explicit_logit_space_vectors():
             key = (tuple(prompt), tuple(prefix))
             vectors[key] = vectors.get(key, 0) + adv[i, t].double() * (e - pi)
     expected = sum((v ** 2).sum() for v in vectors.values()).item() / len(m) ** 2
-    got = otb.mean_gradient_sq_norm(ro.response, m, ro.group_index, adv, logp, spp)
+    got = diagnostics.mean_gradient_sq_norm(ro.response, m, ro.group_index, adv, logp, spp)
     assert got == pytest.approx(expected, rel=1e-4)
     # and with no shared context, it is the mean per-response power divided by B
-    power = otb.gradient_power(adv, m, logp, spp)
+    power = diagnostics.gradient_power(adv, m, logp, spp)
     distinct = torch.arange(len(m))
-    assert otb.mean_gradient_sq_norm(ro.response, m, distinct, adv, logp, spp) == pytest.approx(
+    assert diagnostics.mean_gradient_sq_norm(ro.response, m, distinct, adv, logp, spp) == pytest.approx(
         power.sum().item() / len(m) ** 2, rel=1e-4)
 
 
