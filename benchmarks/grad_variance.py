@@ -24,6 +24,13 @@ Setup (common random numbers: every estimator sees the same responses)
   per response, stored for the prompt's M responses. OTB's advantage changes with t, so (1) is
   one backward pass of the surrogate over the group's rows. tests/test_grad_variance.py checks
   both paths against a naive per-row loop.
+- Quality, scale-free (scale_free.py): a baseline that shrinks or rescales g must not look better
+  for it, so the headline is the normalised variance nvar = tr Var(g) / ||E g||^2 (noise per unit
+  of signal; prompts are the units: E g and tr Var are averaged over prompts, errors by jackknife
+  over prompts), and alpha and the cosine against a reference gradient r: an unbiased estimate
+  from a separate pool of ``--ref-pool`` responses per prompt (RLOO inside 4 disjoint sub-pools,
+  whose spread also gives the variance of r, removed from ||r||^2). "gain" = nvar(group_mean) /
+  nvar(estimator) at the same N. The raw tr Var (2) is kept, labelled raw: it rewards shrinkage.
 - Proxies, per group, with the very functions train.py logs: total_power = mean_i sum_t w_t A_t^2
   (``diagnostics.gradient_power``) and pure_noise = (total_power - ||mean g||^2_proxy) / (N - 1)
   (``diagnostics.noise_diagnostics`` with ``diagnostics.mean_gradient_sq_norm``). pure_noise
@@ -36,10 +43,11 @@ Setup (common random numbers: every estimator sees the same responses)
 Departures: (1) normalises by N per group (the estimator's natural scale); train.py's loss is a
 token mean over the batch, which rescales every estimator alike and does not change ratios.
 
-    OMP_NUM_THREADS=1 python benchmarks/grad_variance.py                 # ~3 min of CPU (7 min wall on a busy 2-core box)
+    OMP_NUM_THREADS=1 python benchmarks/grad_variance.py --out benchmarks/results/grad_variance   # a few minutes
     python benchmarks/grad_variance.py --prompts 8 --pool 16 --group-sizes 2,4   # a smoke run
 """
 import argparse
+from functools import partial
 import json
 import math
 import sys
@@ -54,8 +62,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import diagnostics  # noqa: E402
 import otb  # noqa: E402
+import scale_free  # noqa: E402
 import rollout  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
+
+
+# Every estimator of otb.ESTIMATORS, plus OTB with zero tail (verl's handle_zero_tail=True)
+ESTIMATORS = {**otb.ESTIMATORS, "otb_zero_tail": partial(otb.optimal_token_baseline, zero_tail=True)}
 
 
 @dataclass
@@ -65,13 +78,16 @@ class Args:
     prompts: int = field(default=24, metadata={"help": "P, prompts in the pool"})
     pool: int = field(default=32, metadata={"help": "M, responses sampled once per prompt"})
     group_sizes: str = field(default="2,4,8,16", metadata={"help": "N values, each must divide M"})
-    estimators: str = field(default=",".join(otb.ESTIMATORS), metadata={"help": "estimators to measure"})
+    estimators: str = field(default=",".join(ESTIMATORS), metadata={"help": "estimators to measure"})
+    ref_pool: int = field(default=32, metadata={"help": "responses per prompt of the separate reference pool "
+                                                "(RLOO in 4 sub-pools: the reference gradient of alpha/cosine)"})
     partitions: int = field(default=1, metadata={"help": "random splits of each pool into groups"})
     horizon: int = field(default=8, metadata={"help": "reversal task: max string length"})
     temperature: float = field(default=1.0, metadata={"help": "sampling and scoring temperature"})
     seed: int = field(default=1234, metadata={"help": "seed of the prompts, the sampler and the splits"})
-    out: str = field(default=str(ROOT / "benchmarks" / "results" / "grad_variance"),
-                     metadata={"help": "folder for table.md, results.json and proxy_vs_true.png"})
+    out: str = field(default=str(ROOT / "runs" / "grad_variance"),
+                     metadata={"help": "folder for table.md, results.json and proxy_vs_true.png "
+                               "(benchmarks/results/grad_variance updates the committed results)"})
 
 
 def parse_args(argv=None):
@@ -179,6 +195,26 @@ def pearson(x, y):
     return (x @ y / (x.norm() * y.norm())).item()
 
 
+def reference_gradient(model, ro, token_rewards, rows, temperature, parts=4):
+    """An unbiased estimate of one prompt's policy gradient from a separate pool, and its variance.
+
+    The prompt's responses ``rows`` are split into ``parts`` disjoint sub-pools; RLOO inside each
+    gives ``parts`` i.i.d. unbiased estimates. Returns (their mean (D,), the variance of that mean).
+    """
+    sub = subset(ro, rows)
+    r, m = token_rewards[rows, :sub.response.shape[1]], sub.response_mask  # (M, T)
+    M = len(rows)
+    part = torch.arange(parts).repeat_interleave(M // parts)  # sub-pool of each row, (M,)
+    adv, _ = otb.rloo(r, m, part)  # A_i, (M, T)
+    est = []
+    for k in range(parts):
+        idx = (part == k).nonzero()[:, 0]
+        piece = subset(sub, idx)
+        est.append(weighted_score_gradient(model, piece, adv[idx, :piece.response.shape[1]] * parts / M, temperature))
+    est = torch.stack(est).double()  # (parts, D)
+    return est.mean(0), ((est - est.mean(0)) ** 2).sum().item() / (parts - 1) / parts
+
+
 # =====================================================================================
 # The measurement
 # =====================================================================================
@@ -192,15 +228,22 @@ def measure(model, tok, args, progress=True):
                         temperature=args.temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                         generator=gen)
     R, token_rewards, _ = rollout.rewards(task, tok, ro, answers, args.pool)
+    ref_ro = rollout.sample(model, prompts, group_size=args.ref_pool, max_new_tokens=2 * args.horizon + 2,
+                            temperature=args.temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                            generator=torch.Generator().manual_seed(args.seed + 7919))  # independent of the pool
+    _, ref_rewards, _ = rollout.rewards(task, tok, ref_ro, answers, args.ref_pool)
+    refs = []
     Ns = [int(n) for n in args.group_sizes.split(",")]
     ests = args.estimators.split(",")
     if not all(args.pool % n == 0 and args.pool // n >= 2 for n in Ns):
         raise SystemExit(f"every N in --group-sizes must divide --pool {args.pool} at least twice (K >= 2 groups)")
-    cells = {(e, n): dict(true=[], power=[], noise=[]) for e in ests for n in Ns}
+    cells = {(e, n): dict(true=[], power=[], noise=[], units=[]) for e in ests for n in Ns}
     scatter = dict(W=[], S_sq=[], R=[])
     split_gen = torch.Generator().manual_seed(args.seed + 1)
     for p in tqdm(range(args.prompts), desc="prompts", disable=not progress):
         rows = torch.arange(p * args.pool, (p + 1) * args.pool)
+        refs.append(reference_gradient(model, ref_ro, ref_rewards, torch.arange(p * args.ref_pool, (p + 1) * args.ref_pool),
+                                       args.temperature))
         sub = subset(ro, rows)  # this prompt's M responses
         m, r = sub.response_mask, token_rewards[rows, :sub.response.shape[1]]  # (M, T)
         with torch.no_grad():
@@ -217,16 +260,19 @@ def measure(model, tok, args, progress=True):
                 gid = torch.empty(args.pool, dtype=torch.long)
                 gid[groups.reshape(-1)] = torch.arange(len(groups)).repeat_interleave(n)
                 for e in ests:
-                    adv, _ = otb.ESTIMATORS[e](token_rewards=r, response_mask=m, group_index=gid,
-                                               log_probs=logp, sum_pi_sq=spp)  # A_t, (M, T)
+                    adv, _ = ESTIMATORS[e](token_rewards=r, response_mask=m, group_index=gid,
+                                           log_probs=logp, sum_pi_sq=spp)  # A_t, (M, T)
                     G = group_gradients(model, sub, groups, adv, args.temperature, S=S)  # (K, D)
                     power = diagnostics.gradient_power(adv, m, logp, spp)  # P_i, (M,)
                     diag = [diagnostics.noise_diagnostics(power[g], diagnostics.mean_gradient_sq_norm(
                         sub.response[g], m[g], gid[g], adv[g], logp[g], spp[g])) for g in groups]
                     cells[(e, n)]["true"].append(trace_variance(G))
+                    cells[(e, n)]["units"].append(scale_free.unit_summary(G))  # (m_u, V_u, K_u)
                     cells[(e, n)]["power"].append(sum(d["total_power"] for d in diag) / len(diag))
                     cells[(e, n)]["noise"].append(sum(d["pure_noise"] for d in diag) / len(diag))
-    return cells, scatter, R
+    ref = torch.stack([g for g, _ in refs]).mean(0)  # reference gradient r: mean over prompts, (D,)
+    ref_var = sum(v for _, v in refs) / len(refs) ** 2
+    return cells, scatter, R, (ref, ref_var)
 
 
 def mean_se(xs):
@@ -236,14 +282,21 @@ def mean_se(xs):
     return mu, math.sqrt(var / k)
 
 
-def summarize(cells, scatter):
+def summarize(cells, scatter, reference):
+    """Per (estimator, N): scale-free quality (nvar, alpha, cosine; prompts are the jackknife units),
+    the raw true variance and the proxies; each also relative to group_mean at the same N."""
+    ref_grad, ref_var = reference
     rows = []
     for (e, n), c in cells.items():
         true, se = mean_se(c["true"])
-        rows.append(dict(estimator=e, N=n, true_var=true, true_var_se=se,
+        units = c["units"]
+        quality = scale_free.scale_free_metrics(torch.stack([u[0] for u in units]), [u[1] for u in units],
+                                                [u[2] for u in units], ref_grad, ref_var)
+        rows.append(dict(estimator=e, N=n, **quality, true_var=true, true_var_se=se,
                          total_power=mean_se(c["power"])[0], pure_noise=mean_se(c["noise"])[0]))
     for r in rows:  # relative to group_mean at the same N
         ref = next((q for q in rows if q["estimator"] == "group_mean" and q["N"] == r["N"]), None)
+        r["gain"] = ref["nvar"] / r["nvar"] if ref else float("nan")  # nvar(group_mean) / nvar: > 1 is better
         for k in ("true_var", "total_power", "pure_noise"):
             r[k + "_rel"] = r[k] / ref[k] if ref and ref[k] else float("nan")
         r["pure_noise_over_true"] = r["pure_noise"] / r["true_var"] if r["true_var"] else float("nan")
@@ -257,12 +310,12 @@ def summarize(cells, scatter):
 
 
 def table_md(rows):
-    cols = ["estimator", "N", "true tr Var (± s.e.)", "true / group_mean", "total_power", "pure_noise",
-            "pure_noise / group_mean", "pure_noise / true"]
+    cols = ["estimator", "N", "nvar = tr Var / ||E g||^2 (± s.e.)", "gain over group_mean (nvar ratio)",
+            "alpha", "cosine", "raw tr Var / group_mean's", "raw pure_noise / group_mean's", "pure_noise / raw tr Var"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in sorted(rows, key=lambda r: (r["N"], r["estimator"])):
-        lines.append(f"| {r['estimator']} | {r['N']} | {r['true_var']:.4g} ± {r['true_var_se']:.2g} | "
-                     f"{r['true_var_rel']:.3f} | {r['total_power']:.4g} | {r['pure_noise']:.4g} | "
+        lines.append(f"| {r['estimator']} | {r['N']} | {r['nvar']:.3g} ± {r['nvar_se']:.2g} | {r['gain']:.2f} | "
+                     f"{r['alpha']:.2f} ± {r['alpha_se']:.2f} | {r['cosine']:.3f} | {r['true_var_rel']:.3f} | "
                      f"{r['pure_noise_rel']:.3f} | {r['pure_noise_over_true']:.3g} |")
     return "\n".join(lines)
 
@@ -296,8 +349,8 @@ def main(argv=None):
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model {model_dir} ({n_params / 1e6:.2f}M parameters); {info}", flush=True)
     t0 = time.time()
-    cells, scatter, R = measure(model, tok, args)
-    rows, corr, across = summarize(cells, scatter)
+    cells, scatter, R, reference = measure(model, tok, args)
+    rows, corr, across = summarize(cells, scatter, reference)
     seconds = time.time() - t0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -129,8 +129,18 @@ def test_measure_end_to_end(tiny, tmp_path, monkeypatch):
     model.save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
     rows, corr, _ = gv.main(["--model-dir", str(tmp_path / "model"), "--prompts", "2", "--pool", "8",
-                             "--group-sizes", "2,4", "--horizon", "3", "--out", str(tmp_path / "out")])
-    assert len(rows) == 2 * len(otb.ESTIMATORS)
+                             "--ref-pool", "8", "--group-sizes", "2,4", "--horizon", "3", "--out", str(tmp_path / "out")])
+    assert len(rows) == 2 * len(gv.ESTIMATORS) and "otb_zero_tail" in gv.ESTIMATORS
+    by = {(r["estimator"], r["N"]): r for r in rows}
+    for n in (2, 4):  # rloo is group_mean x N/(N-1) on the same groups: equal scale-free numbers
+        gm, lo = by[("group_mean", n)], by[("rloo", n)]
+        c2 = (n / (n - 1)) ** 2
+        assert lo["raw_variance"] == pytest.approx(c2 * gm["raw_variance"], rel=1e-6)
+        assert lo["mean_sq_norm"] == pytest.approx(c2 * gm["mean_sq_norm"], rel=1e-6)  # ||E g||^2, debiased
+        if gm["mean_sq_norm"] > 0:  # so their ratio, nvar, is equal (nan for both when the signal is lost)
+            assert lo["nvar"] == pytest.approx(gm["nvar"], rel=1e-6)
+        if not math.isnan(gm["alpha"]):  # nan when the tiny reference pool is lost in its own noise
+            assert lo["alpha"] == pytest.approx(n / (n - 1) * gm["alpha"], rel=1e-6)
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert saved["proxy_correlation"]["responses"] == 16
     assert (tmp_path / "out" / "proxy_vs_true.png").stat().st_size > 0
