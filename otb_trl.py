@@ -208,16 +208,17 @@ def tiny_setup(cache="runs"):
     return model, tok, task, cfg
 
 
-def grpo_config(out, cfg, steps, prompts_per_step, **overrides):
+def grpo_config(out, cfg, steps, prompts_per_step, max_new_tokens=18, **overrides):
     """GRPOConfig matching train.py's defaults: one update per batch, AdamW at a constant LR,
-    clipping at 1.0, no KL term, fp32 on the CPU, nothing written but the output folder."""
-    return GRPOConfig(output_dir=str(out), use_cpu=True, bf16=False, fp16=False, report_to="none",
-                      save_strategy="no", logging_steps=1, disable_tqdm=True, seed=cfg.seed,
-                      max_steps=steps, per_device_train_batch_size=prompts_per_step * cfg.group_size,
-                      num_generations=cfg.group_size, max_completion_length=18, temperature=cfg.temperature,
-                      learning_rate=cfg.lr, lr_scheduler_type="constant", weight_decay=cfg.weight_decay,
-                      max_grad_norm=cfg.max_grad_norm, beta=0.0, epsilon=cfg.clip_eps, loss_type="dapo",
-                      shuffle_dataset=False, **overrides)
+    clipping at 1.0, no KL term, fp32 on the CPU, nothing written but the output folder.
+    max_new_tokens: 18 is train.py's limit for the reversal task (2 * horizon + 2)."""
+    settings = dict(output_dir=str(out), use_cpu=True, bf16=False, fp16=False, report_to="none",
+                    save_strategy="no", logging_steps=1, disable_tqdm=True, seed=cfg.seed, max_steps=steps,
+                    per_device_train_batch_size=prompts_per_step * cfg.group_size, num_generations=cfg.group_size,
+                    max_completion_length=max_new_tokens, temperature=cfg.temperature, learning_rate=cfg.lr,
+                    lr_scheduler_type="constant", weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
+                    beta=0.0, epsilon=cfg.clip_eps, loss_type="dapo", shuffle_dataset=False)
+    return GRPOConfig(**{**settings, **overrides})
 
 
 def main(argv=None):
