@@ -241,6 +241,8 @@ def main(argv=None):
     trainer = OTBGRPOTrainer(model, reward_funcs=reverse_reward(task, tok.eos_token_id),
                              args=grpo_config(args.out, cfg, args.steps, args.prompts_per_step),
                              train_dataset=data, processing_class=tok, estimator=args.estimator)
+    from transformers import PrinterCallback
+    trainer.remove_callback(PrinterCallback)  # TRL's raw log dicts; one line per step below instead
     trainer.train()
     for row in trainer.state.log_history:
         if "reward" in row:

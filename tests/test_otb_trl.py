@@ -50,6 +50,15 @@ def test_without_trl_the_import_error_says_what_to_install():
         "ImportError: otb_trl needs TRL: pip install -r requirements-trl.txt"
 
 
+def test_without_trl_the_benchmark_says_what_to_install(tmp_path):
+    code = ("import sys; sys.modules['trl'] = None; from benchmarks import bench_vs_trl; "
+            f"bench_vs_trl.main(['--out', {str(tmp_path / 'out')!r}])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].endswith("error: otb_trl needs TRL: pip install -r requirements-trl.txt")
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
 # ----------------------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="module")
