@@ -107,42 +107,60 @@ def make_trainer(setup, cls, name, steps=1, config=None, **kw):
 
 # ----------------------------------------------------------------------------- behaviour
 
+# The three ways the advantages get computed (otb_trl.py's docstring): in the loss's own forward
+# pass (one micro-batch per generation batch, the default); from TRL's scoring pass (num_iterations
+# > 1: PPO-style reuse of the batch); from one extra pass (the batch split over 2 micro-batches).
+WAYS = {"loss pass": {}, "TRL's scoring pass": dict(num_iterations=2),
+        "extra pass": dict(gradient_accumulation_steps=2, per_device_train_batch_size=PROMPTS * N // 2)}
+NO_GRAD_PASSES = {"loss pass": 0, "TRL's scoring pass": 2, "extra pass": 3}  # in 3 optimizer steps
+
+
 @needs_trl
-def test_otb_steps_move_the_parameters_with_otb_advantages(setup):
+@pytest.mark.parametrize("way", list(WAYS))
+def test_otb_steps_move_the_parameters_with_otb_advantages(setup, way):
     import otb_trl
     _, tok, task, cfg, data, _ = setup
-    seen = []
+    answer_of = {row["prompt"]: row["answer"] for row in data}
+    seen, no_grad_passes = [], []
 
     class Spy(otb_trl.OTBGRPOTrainer):
-        def _compute_loss(self, model, inputs):
-            with torch.no_grad():  # the same quantities, computed independently of TRL's fused head
-                logp, spp, _ = rollout.score(model, inputs["prompt_ids"], inputs["prompt_mask"],
-                                             inputs["completion_ids"], inputs["completion_mask"].float(),
+        def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+            no_grad_passes.extend([1] if not torch.is_grad_enabled() else [])
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+
+        def _generate_and_score_completions(self, inputs):
+            batch = super()._generate_and_score_completions(inputs)  # before any update on it
+            ids, mask = batch["completion_ids"], batch["completion_mask"].float()  # (B, T)
+            with torch.no_grad():  # log pi and sum pi^2 from rollout.score, independent of TRL's fused head
+                logp, spp, _ = rollout.score(self.model, batch["prompt_ids"], batch["prompt_mask"], ids, mask,
                                              cfg.temperature)
+            prompts = [tok.decode(r[m.bool()]) for r, m in zip(batch["prompt_ids"], batch["prompt_mask"])]
+            R = rescore(task, tok, ids, mask, [answer_of[p] for p in prompts])  # (B,)
+            _, group = torch.unique(batch["prompt_ids"], dim=0, return_inverse=True)  # one id per prompt
+            token_rewards = torch.zeros_like(mask)
+            token_rewards[torch.arange(len(R)), mask.sum(-1).long() - 1] = R  # R at the last token
+            batch["expected"], _ = otb.optimal_token_baseline(token_rewards, mask, group, logp, spp)  # (B, T)
+            return batch  # TRL shuffles and splits "expected" with the rest of the batch
+
+        def _compute_loss(self, model, inputs):
             loss = super()._compute_loss(model, inputs)
-            seen.append(dict(inputs, logp=logp, spp=spp))
+            seen.append(inputs)
             return loss
 
-    trainer = make_trainer(setup, Spy, "otb", steps=3, estimator="otb")
+    trainer = make_trainer(setup, Spy, "otb-" + way.replace(" ", "-"), steps=3, estimator="otb",
+                           config=WAYS[way])
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
-    assert len(seen) == 3
+    assert len(seen) == 3 * trainer.args.gradient_accumulation_steps
+    assert len(no_grad_passes) == NO_GRAD_PASSES[way]  # forward passes besides the loss's own
     moved = sum((p.detach() - b).abs().sum().item() for p, b in zip(trainer.model.parameters(), before))
     assert moved > 0
-    answer_of = {row["prompt"]: row["answer"] for row in data}
     varies_along_a_row = False
     for batch in seen:
-        ids, mask = batch["completion_ids"], batch["completion_mask"].float()  # (B, T)
-        prompts = [tok.decode(r[m.bool()]) for r, m in zip(batch["prompt_ids"], batch["prompt_mask"])]
-        R = rescore(task, tok, ids, mask, [answer_of[p] for p in prompts])  # (B,)
-        _, group = torch.unique(batch["prompt_ids"], dim=0, return_inverse=True)  # one id per prompt
-        token_rewards = torch.zeros_like(mask)
-        token_rewards[torch.arange(len(R)), mask.sum(-1).long() - 1] = R  # R at the last token
-        expected, _ = otb.optimal_token_baseline(token_rewards, mask, group, batch["logp"], batch["spp"])
-        A = batch["advantages"]
+        A, mask = batch["advantages"], batch["completion_mask"].bool()
         assert A.shape == mask.shape  # token-level, (B, T)
-        torch.testing.assert_close(A, expected, rtol=1e-4, atol=1e-5)
-        spread = torch.where(mask.bool(), A, -1e9).amax(-1) - torch.where(mask.bool(), A, 1e9).amin(-1)
+        torch.testing.assert_close(A, batch["expected"], rtol=1e-4, atol=1e-5)
+        spread = torch.where(mask, A, -1e9).amax(-1) - torch.where(mask, A, 1e9).amin(-1)
         varies_along_a_row |= bool((spread > 1e-4).any())
     assert varies_along_a_row  # per-token baselines: a group baseline is constant along a row
 
