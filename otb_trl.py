@@ -71,6 +71,7 @@ import torch
 import otb
 
 try:
+    from accelerate.utils import is_peft_model
     from trl import GRPOConfig, GRPOTrainer
     from trl.trainer.utils import add_fused_lm_head
 except ImportError:  # one line, no traceback through TRL's internals
@@ -96,7 +97,7 @@ class OTBGRPOTrainer(GRPOTrainer):
                              f"of the rewards), got {self.multi_objective_aggregation!r}")
         # (1) TRL patched the policy's forward with a fused LM head returning log pi and entropy;
         # patch it once more asking also for log sum_k pi_k^2, from the same tiles of logits.
-        policy = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        policy = self.model.get_base_model() if is_peft_model(self.model) else self.model  # as TRL does
         add_fused_lm_head(policy, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32,
                           outputs=("log_probs", "entropy", "log_sum_sq_probs"))
 
