@@ -1,6 +1,6 @@
 """The project's training step beside TRL's GRPOTrainer: same model, prompts and configuration.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_vs_trl.py                 # 100 steps each, ~2-3 min
+    OMP_NUM_THREADS=1 python benchmarks/bench_vs_trl.py                 # 100 steps each, ~3-4 min
     python benchmarks/bench_vs_trl.py --steps 20 --no-memory            # a quick look
     python benchmarks/bench_vs_trl.py --out benchmarks/results/trl      # the saved results
 
