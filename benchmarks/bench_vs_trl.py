@@ -155,7 +155,7 @@ def project_gradient(model, tok, task, cfg, batch):
                          response=batch["completion_ids"], response_mask=m,
                          group_index=torch.arange(B) // cfg.group_size, logp=torch.zeros_like(m),
                          finished=(batch["completion_ids"] == tok.eos_token_id).any(-1))
-    answers = [a for a in batch["answers"][::cfg.group_size]]
+    answers = batch["answers"][::cfg.group_size]  # one per prompt
     _, token_rewards, _ = rollout.rewards(task, tok, ro, answers, cfg.group_size)  # the project's rewards
     with torch.no_grad():
         old_logp, spp, _ = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response, m, cfg.temperature)
