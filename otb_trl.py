@@ -75,6 +75,9 @@ try:
     from trl import GRPOConfig, GRPOTrainer
     from trl.trainer.utils import add_fused_lm_head
 except ImportError:  # one line, no traceback through TRL's internals
+    if __name__ == "__main__":
+        print("otb_trl.py: error: needs TRL: pip install -r requirements-trl.txt", file=sys.stderr)
+        sys.exit(2)
     raise ImportError("otb_trl needs TRL: pip install -r requirements-trl.txt") from None
 
 
