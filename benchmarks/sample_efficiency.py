@@ -34,7 +34,7 @@ below the reference's; no verdict when the reference never reaches the target. T
 the verdict are always printed, whatever it says.
 
     python benchmarks/sample_efficiency.py --quick     # a smoke run (~10 s of CPU, horizon 2)
-    python benchmarks/sample_efficiency.py             # the committed results (~30-45 min on 2 cores)
+    python benchmarks/sample_efficiency.py --out benchmarks/results/sample_efficiency   # the committed results (~30-45 min on 2 cores)
 
 The defaults are those of the committed results and were chosen from a timing pilot (seed 99, 12
 steps of otb N=4 and grpo N=32, horizon 12) before any reported run, to fit ~35 minutes of two busy
@@ -101,7 +101,8 @@ def build_parser():
       "mean paired final success")
     a("--train-args", default="--prompts-per-step 8 --lr 5e-4", help="extra train.py arguments for every run, e.g. '--lr 3e-4'")
     a("--runs", default="runs/sample_efficiency", help="train.py --out: the run folders and the warm-up cache")
-    a("--out", default="benchmarks/results/sample_efficiency", help="folder for summary.json/.md and the plot")
+    a("--out", default="runs/sample_efficiency", help="folder for summary.json/.md and the plot "
+      "(benchmarks/results/sample_efficiency updates the committed results)")
     a("--fixture", default="", help="also copy summary.json to this path (the tests' small fixture)")
     a("--jobs", type=at_least(1), default=2, help="train.py processes at once (each OMP_NUM_THREADS=1); "
       "1 = in this process through train.main")
