@@ -103,7 +103,7 @@ def build_parser():
     a("--runs", default="runs/sample_efficiency", help="train.py --out: the run folders and the warm-up cache")
     a("--out", default="runs/sample_efficiency", help="folder for summary.json/.md and the plot "
       "(benchmarks/results/sample_efficiency updates the committed results)")
-    a("--fixture", default="", help="also copy summary.json to this path (the tests' small fixture)")
+    a("--fixture", default="", help="also copy summary.json to this path")
     a("--jobs", type=at_least(1), default=2, help="train.py processes at once (each OMP_NUM_THREADS=1); "
       "1 = in this process through train.main")
     a("--quick", action="store_true", help="tiny smoke run: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))

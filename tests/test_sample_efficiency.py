@@ -1,5 +1,5 @@
 """benchmarks/sample_efficiency.py: the aggregation on hand-made metric lists whose answers are known,
-a tiny end-to-end run through train.main, and notebook 02 executed on the small saved fixture."""
+and a tiny end-to-end run through train.main."""
 import json
 import random
 import statistics
@@ -13,7 +13,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import sample_efficiency as se  # noqa: E402
 
-FIXTURE = ROOT / "tests/data/sample_efficiency_small.json"
 
 
 def history(success, tokens_per_step=10, grad=None):
@@ -167,15 +166,3 @@ def test_tiny_end_to_end_run_through_train_main(tmp_path):
         metrics = [json.loads(l) for l in (tmp_path / f"runs/h3-k3/otb-n2-s{seed}/metrics.jsonl").read_text().splitlines()]
         assert [r["tokens"] for r in otb_run["history"]] == [m["tokens"] for m in metrics]
     assert saved["command"].startswith("python benchmarks/sample_efficiency.py --seeds 0,1")
-
-
-def test_notebook_runs_on_the_small_fixture(run_notebook, monkeypatch):
-    assert FIXTURE.exists(), "make it with the command stored in the fixture (see its 'command')"
-    fixture = json.loads(FIXTURE.read_text())
-    assert "--quick" in fixture["command"]
-    monkeypatch.setenv("OTB_RESULTS", str(FIXTURE))
-    nb = run_notebook("notebooks/02_training_comparison.ipynb", timeout=120)
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-    assert "sample_efficiency_small.json" in text  # it read the fixture, not the real results
-    for v in fixture["verdicts"]:
-        assert v["text"] in text  # the verdict is printed as computed

@@ -270,9 +270,6 @@ def test_cli_writes_nothing_unless_a_path_is_named(tmp_path, monkeypatch, capsys
         th.main(["--json"])  # a path is required
 
 
-def test_notebook_runs(run_notebook):
-    run_notebook("notebooks/01_toy_bandit.ipynb", timeout=240)
-
 
 def test_rloo_is_group_mean_rescaled_so_only_raw_numbers_differ(tab):
     # RLOO = N/(N-1) x group mean, sample by sample: raw variance scales by (N/(N-1))^2, while every

@@ -1,0 +1,38 @@
+"""Notebook tier: the tutorial notebooks run top to bottom and their stored outputs are current.
+
+They are committed with outputs (a reader on the web sees numbers and figures); a fresh run must
+print the same text (wall-clock times masked) and draw the same number of figures, else the
+notebook is stale: re-run `python notebooks/execute.py`.
+"""
+import sys
+
+import nbformat
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "notebooks"))
+import execute  # noqa: E402  (notebooks/execute.py)
+
+
+@pytest.mark.parametrize("path", execute.TUTORIALS)
+def test_tutorial_is_stored_with_current_outputs(path):
+    stored = nbformat.read(str(ROOT / path), as_version=4)
+    assert all(c.get("outputs") for c in stored.cells if c.cell_type == "code"), \
+        f"{path} is stored without outputs: run python notebooks/execute.py"
+    fresh = execute.execute(path)
+    assert execute.stale_cells(stored, fresh) == [], f"{path} is stale: run python notebooks/execute.py"
+
+
+def test_the_staleness_check_sees_a_changed_number_but_not_a_time():
+    cell = nbformat.v4.new_code_cell("print(1)")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="nvar 12.5, done in 3.2 s\n")]
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    other = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(1)")])
+    other.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="nvar 12.5, done in 4.9 s\n")]
+    assert execute.stale_cells(nb, other) == []  # only the time changed
+    other.cells[0].outputs[0]["text"] = "nvar 12.6, done in 4.9 s\n"
+    assert execute.stale_cells(nb, other) == ["code cell 0: text differs"]
+    other.cells[0].outputs.append(nbformat.v4.new_output("display_data", data={"image/png": "AAAA"}))
+    other.cells[0].outputs[0]["text"] = "nvar 12.5, done in 1 s\n"
+    assert execute.stale_cells(nb, other) == ["code cell 0: 0 figure(s) stored, 1 fresh"]
