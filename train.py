@@ -69,7 +69,7 @@ LOG_COLUMNS = """columns of the log line, [estimator N=group size] step k, then:
   success  fraction of the step's responses with reward 1    len     mean response length (tokens)
   tokens   response tokens sampled so far                    gnorm   gradient norm before clipping
   adv      mean ± std of the advantages A_t over valid tokens
-  H        mean entropy per token (nats)                     power   total_power, forward-only proxy of mean ||g||^2
+  H        mean entropy per token (nats)                     power   total_power, proxy of mean ||g||^2
   mism     mean |log pi_train - log pi_rollout| per token    lr      learning rate of the step
   s        seconds spent in rollout / score / update (metrics.jsonl has every metric of every step)"""
 
@@ -144,8 +144,9 @@ class Config:
                               "(compare-timestamp)")
     checkpoint_minutes: float = arg(2.0, "save a checkpoint when this many minutes have passed since the "
                                     "last one (0: after every step); always at the end and on Ctrl-C")
-    resume: Optional[str] = arg(None, "run or comparison folder to continue from its checkpoints; only "
-                                f"{', '.join('--' + k.replace('_', '-') for k in ('steps', 'log_every', 'checkpoint_minutes', 'device'))} may be given with it (a larger --steps extends a single run)")
+    resume: Optional[str] = arg(None, "run or comparison folder to continue from its checkpoints; only --steps, "
+                                "--log-every, --checkpoint-minutes and --device may be given with it (a larger "
+                                "--steps extends a finished single run)")
     log_every: int = arg(10, "print one metrics line every k steps (the bar updates every step)")
     results_dir: Optional[str] = arg(None, "comparison only: also copy compare.png and summary.md/json here")
     target_success: float = arg(0.35, "comparison table: report the tokens sampled until the 10-step "
@@ -258,8 +259,8 @@ def check(cfg):
     blame = "--group-size" if cfg.estimator else "--compare"
     for est, n in runs_of(cfg):
         if n < 1 or (n == 1 and est in GROUP_BASELINES):
-            raise UsageError(f"{blame}: {est} with group size {n}: " + (
-                "must be >= 1" if n < 1 else "a group baseline needs >= 2 responses per prompt (or use reinforce)"))
+            raise UsageError(f"{blame}: {est} with group size {n}: " + ("must be >= 1" if n < 1 else
+                             "a group baseline needs >= 2 responses per prompt (or use reinforce)"))
         if cfg.minibatch_size and (cfg.prompts_per_step * n) % cfg.minibatch_size:
             raise UsageError(f"--minibatch-size {cfg.minibatch_size} does not divide the batch "
                              f"(prompts_per_step * group_size = {cfg.prompts_per_step * n})")
@@ -282,7 +283,8 @@ def check(cfg):
     for name in ("out", "results_dir"):
         check_folder(name, getattr(cfg, name))
     if cfg.name and (Path(cfg.out) / cfg.name).exists():
-        raise UsageError(f"--name: {Path(cfg.out) / cfg.name} already exists; choose another name or --resume it")
+        raise UsageError(f"--name: {Path(cfg.out) / cfg.name} already exists; choose another name or "
+                         "--resume it")
 
 
 def check_folder(name, path):
@@ -357,7 +359,7 @@ def load(cfg, device):
 
 def make_estimator(name, zero_tail):
     """otb.ESTIMATORS[name]; --zero-tail reaches the plain OTB estimator only."""
-    return partial(otb.ESTIMATORS[name], zero_tail=True) if name == "otb" and zero_tail else otb.ESTIMATORS[name]
+    return partial(otb.ESTIMATORS["otb"], zero_tail=True) if name == "otb" and zero_tail else otb.ESTIMATORS[name]
 
 
 # =====================================================================================
@@ -418,33 +420,31 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
     finishes the current step, saves a checkpoint and raises Stopped. keep_optimizer=False leaves
     the optimizer state out of the final checkpoint (a finished configuration of a comparison).
     """
-    device = next(model.parameters()).device
-    task, estimator, limit = make_task(cfg), make_estimator(cfg.estimator, cfg.zero_tail), response_limit(cfg, make_task(cfg))
+    device, task = next(model.parameters()).device, make_task(cfg)
+    estimator = make_estimator(cfg.estimator, cfg.zero_tail)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sampler = model if cfg.rollout_dtype == "float32" else copy.deepcopy(model).to(DTYPES[cfg.rollout_dtype])
     start, tokens, lengths, history = load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])
     write_metrics(run_dir, history)  # a resumed run drops the lines logged after its checkpoint
     tqdm.write(LOG_COLUMNS)
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps,
-               desc=f"{cfg.estimator} N={cfg.group_size}", dynamic_ncols=True)
+               desc=f"{cfg.estimator} N={cfg.group_size}")
     saved_at = time.monotonic()
     with StopOnCtrlC() as stop:
         for step in bar:
             lr = cfg.lr * lr_schedule.lr_factor(cfg.lr_schedule, lengths, cfg.steps, **schedule_kwargs(cfg))
             for group in opt.param_groups:
-                group["lr"] = lr  # depends on the mean lengths of the earlier steps only
+                group["lr"] = lr  # a function of the earlier steps' mean lengths only
             # ---- rollout: the prompts and the sampler's noise depend on (seed, step) only
             t0 = time.perf_counter()
             prompts, answers = rollout.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
-            gen = torch.Generator().manual_seed(rollout.step_seed(cfg.seed, step))  # minibatch order
-            draw_gen = gen if device.type != "cuda" else torch.Generator(device).manual_seed(
-                rollout.step_seed(cfg.seed, step))  # draw on the GPU: a (B, V) copy per token is slow
+            gen, draw_gen = generators(rollout.step_seed(cfg.seed, step), device)
             if sampler is not model:
                 sampler.load_state_dict(model.state_dict())  # cast to the rollout dtype on copy
             with autocast(device):
-                ro = rollout.sample(sampler, prompts, group_size=cfg.group_size, max_new_tokens=limit,
-                                    temperature=cfg.temperature, eos_id=tok.eos_token_id,
-                                    pad_id=tok.pad_token_id, generator=draw_gen)
+                ro = rollout.sample(sampler, prompts, group_size=cfg.group_size,
+                                    max_new_tokens=response_limit(cfg, task), temperature=cfg.temperature,
+                                    eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=draw_gen)
             R, token_rewards, _ = rollout.rewards(task, tok, ro, answers, cfg.group_size)
             m, token_rewards = ro.response_mask, token_rewards.to(device)  # (B, T)
             t1 = time.perf_counter()
@@ -459,31 +459,32 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
                                log_probs=old_logp, sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
             t2 = time.perf_counter()
             # ---- update
-            norms, clip_frac, loss = update(model, opt, cfg, ro, old_logp, adv, gen, logp if one_pass else None)
+            norms, clip_frac, loss = update(model, opt, cfg, ro, old_logp, adv, gen,
+                                            logp=logp if one_pass else None)
             t3 = time.perf_counter()
-            # ---- log: one JSON line per step; a readable line every log_every steps
+            # ---- log: one JSON line per step, a readable line every log_every steps; checkpoint
             lengths.append(m.sum(-1).mean().item())  # L_i, mean response length (the length rule)
             tokens += int(m.sum().item())
-            row = step_metrics(step, ro, R, adv, old_logp, sum_pi_sq, entropy, tokens, loss, norms, lr,
-                               clip_frac, (t1 - t0, t2 - t1, t3 - t2))
-            history.append(row)
-            with (run_dir / "metrics.jsonl").open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            bar.set_postfix(success=f"{row['success']:.2f}", len=f"{row['response_len']:.1f}",
-                            gnorm=f"{row['grad_norm']:.2f}")
-            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-                tqdm.write(log_line(cfg, row))
+            history.append(step_metrics(step, ro, R, adv, old_logp, sum_pi_sq, entropy, tokens, loss, norms,
+                                        lr, clip_frac, (t1 - t0, t2 - t1, t3 - t2)))
+            log(run_dir, cfg, bar, history[-1])
             last = step + 1 == cfg.steps
             if last or stop.requested or time.monotonic() - saved_at >= 60 * cfg.checkpoint_minutes:
                 save_checkpoint(run_dir, model, opt if keep_optimizer or not last else None,
                                 step + 1, tokens, lengths)
                 saved_at = time.monotonic()
             if stop.requested and not last:
-                bar.close()
                 raise Stopped(f"stopped after step {step + 1} of {cfg.steps}")
     bar.close()
     (run_dir / "DONE").write_text(json.dumps(summarize(cfg, history)) + "\n")
     return history
+
+
+def generators(seed, device):
+    """(CPU generator for the minibatch order, generator for the sampler's draws), both from seed.
+    On a GPU the draws happen there: a (B, V) copy to the CPU per token would be slow."""
+    gen = torch.Generator().manual_seed(seed)
+    return gen, (gen if device.type != "cuda" else torch.Generator(device).manual_seed(seed))
 
 
 def step_metrics(step, ro, R, adv, old_logp, sum_pi_sq, entropy, tokens, loss, norms, lr, clip_frac, seconds):
@@ -501,6 +502,15 @@ def step_metrics(step, ro, R, adv, old_logp, sum_pi_sq, entropy, tokens, loss, n
                 mismatch_mean_abs=masked_mean(delta.abs(), m), mismatch_max_abs=delta.abs().max().item(),
                 mismatch_k3=masked_mean(torch.expm1(delta) - delta, m),  # KL(rollout || train)
                 **dict(zip(TIME_KEYS, seconds)))
+
+
+def log(run_dir, cfg, bar, row):
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    bar.set_postfix(success=f"{row['success']:.2f}", len=f"{row['response_len']:.1f}",
+                    gnorm=f"{row['grad_norm']:.2f}")
+    if row["step"] % cfg.log_every == 0 or row["step"] == cfg.steps:
+        tqdm.write(log_line(cfg, row))
 
 
 def log_line(cfg, r):

@@ -509,3 +509,19 @@ def test_the_log_header_is_printed_once_per_run(out, capsys):
     run(out, "header", "--estimator", "otb", "--steps", "2", "--log-every", "1")
     text = capsys.readouterr()
     assert (text.out + text.err).count("columns of the log line") == 1
+
+
+def test_compare_plot_shows_success_per_step_and_a_zero_gradient_norm(tmp_path, monkeypatch):
+    import matplotlib.figure
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
+    rows = lambda n, tokens_per_step, norm: [dict(step=i, tokens=tokens_per_step * i, success=0.2, grad_norm=norm(i),
+                                                 total_power=0.1, t_rollout=0, t_score=0, t_update=0)
+                                            for i in range(1, n + 1)]
+    cfg = train.Config()
+    histories = {"otb-n4": (train.replace(cfg, estimator="otb", group_size=4), rows(20, 100, lambda i: 0.0 if i == 5 else 0.5)),
+                 "group_mean-n16": (train.replace(cfg, estimator="group_mean", group_size=16), rows(20, 400, lambda i: 0.5))}
+    train.write_summary(tmp_path, cfg, histories)
+    tokens_ax, step_ax, norm_ax = figures[0].axes
+    assert step_ax.get_xlabel() == "step" and step_ax.get_xlim()[1] <= 21  # both curves span this panel
+    assert norm_ax.get_yscale() == "symlog" and norm_ax.get_ylim()[0] <= 0.0  # the zero is on the axis
