@@ -531,7 +531,8 @@ class StopOnCtrlC:
 
     def __enter__(self):
         self.requested, self.previous = False, None
-        if threading.current_thread() is threading.main_thread():
+        if (threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+                and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):  # e.g. nohup: keep ignoring
             self.previous = signal.signal(signal.SIGINT, self.handle)
         return self
 
@@ -582,7 +583,12 @@ def resume_config(cfg, argv):
     if given - set(RESUMABLE):
         raise UsageError(f"{flag(sorted(given - set(RESUMABLE))[0])} cannot be changed when resuming (the "
                          f"settings are in {folder / 'config.json'}); only {', '.join(map(flag, RESUMABLE))} can")
-    stored = Config(**json.loads((folder / "config.json").read_text())["config"])
+    stored = json.loads((folder / "config.json").read_text())["config"]
+    unknown = sorted(set(stored) - {f.name for f in fields(Config)})
+    if unknown:
+        raise UsageError(f"--resume: {folder} was written by another version of train.py (settings "
+                         f"{', '.join(unknown)} are unknown here); start a new run")
+    stored = Config(**stored)
     new = replace(stored, resume=cfg.resume, **{k: getattr(cfg, k) for k in given})
     check(replace(new, name=None))
     kind = "run" if stored.estimator else "comparison"

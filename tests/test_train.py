@@ -440,7 +440,7 @@ def test_an_interrupted_comparison_resumes_keeping_finished_configurations(out, 
     assert (cut / "summary.md").exists() and (cut / "compare.png").exists()
 
 
-@pytest.mark.parametrize("case", ["no-checkpoint", "finished", "changed-option", "extend-comparison"])
+@pytest.mark.parametrize("case", ["no-checkpoint", "finished", "changed-option", "extend-comparison", "old-version"])
 def test_resume_errors_name_what_is_missing(out, tmp_path, capsys, monkeypatch, case):
     d = tmp_path / "run"
     if case == "no-checkpoint":  # a run stopped hard before its first checkpoint
@@ -456,9 +456,13 @@ def test_resume_errors_name_what_is_missing(out, tmp_path, capsys, monkeypatch, 
     elif case == "changed-option":
         run(tmp_path, "run", "--estimator", "otb", "--steps", "2")
         argv, expected = ["--resume", str(d), "--lr", "1e-3"], "--lr cannot be changed when resuming"
-    else:
+    elif case == "extend-comparison":
         train.main(TINY + ["--out", str(tmp_path), "--name", "run", "--compare", "otb:2", "--steps", "2"])
         argv, expected = ["--resume", str(d), "--steps", "4"], "--steps: a comparison cannot change"
+    else:  # a folder from before --checkpoint-every became --checkpoint-minutes
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(dict(command="", config=dict(estimator="otb", checkpoint_every=20))))
+        argv, expected = ["--resume", str(d)], "another version of train.py (settings checkpoint_every are unknown"
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "_cache" not in p.parts)
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
