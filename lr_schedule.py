@@ -1,4 +1,4 @@
-"""Length-triggered learning-rate schedule: decay the step size when responses start to grow.
+"""Learning-rate schedules as plain functions: the length-triggered rule and two fixed clocks.
 
 Why
 ---
@@ -11,13 +11,12 @@ training of a language model:
 * the mean response length rises, and it rises *before* training collapses.
 
 Shrinking the update size suppresses the mismatch, and response length is cheap to watch, so the
-schedule below uses a length surge as an early warning and decays the learning rate from then on,
-instead of decaying on a fixed clock (cosine) or not at all (constant).
+length rule below uses a length surge as an early warning and decays the learning rate from then
+on, instead of decaying on a fixed clock (cosine) or not at all (constant).
 
 The rule
 --------
-Training steps are numbered i = 1, 2, 3, ... in the order ``observe`` is called, and L_i is the mean
-response length of step i.
+Training steps are numbered i = 1, 2, 3, ..., and L_i is the mean response length of step i.
 
     L0  = (1 / W) * sum_{i=1..W} L_i                    baseline, W = warmup_window
     s   = min { i > W : L_i > r * L0 }                  surge step, r = surge_ratio (never reset)
@@ -37,49 +36,53 @@ The rate never goes below f * eta_0.
 
 Which step's learning rate does L_i change?
 -------------------------------------------
-One training step is ``observe(L_i)`` -> ``optimizer.step()`` -> ``scheduler.step()``. The optimizer
-step of step i has already used its rate, so eta_i (computed in ``scheduler.step()`` right after
-step i) is the rate of step i + 1. The rate applied on step n therefore depends only on L_1..L_{n-1};
-the first rate that can react to the surge at step s is the one of step s + 1. In PyTorch terms,
-``scheduler.last_epoch == i`` after the i-th ``scheduler.step()``, and ``get_last_lr()`` returns
-eta_i for each parameter group (each group scaled from its own initial rate eta_0).
+eta_i is computed after step i, from L_1..L_i, so it is the rate of step i + 1: the rate of step n
+depends only on L_1..L_{n-1}, and the first rate that can react to a surge at step s is the one of
+step s + 1. That is the whole interface: ``lr_factor(name, lengths, total_steps)`` takes the mean
+lengths of the steps done so far and returns eta / eta_0 for the next step; train.py multiplies
+its base rate by it and writes the result into the optimizer's param groups. The only state is the
+list of observed lengths, which train.py saves in its checkpoints, so a resumed run gets exactly
+the rates of an uninterrupted one.
 
 Departures and readings (not confirmed from the paper)
 ------------------------------------------------------
 W = 50, r = 3.0, d = 0.5, c = 1.8 and f = 0.1 are *one published reading* of the rule, not numbers
 checked against the paper itself, so every one is an argument. Also our own choices: the surge is
 declared once and never re-armed; the first decay at the surge step (above); steps numbered from 1;
-the rate is a closed form of eta_0 (it overwrites, rather than composes with, other schedulers).
-
-``make_scheduler`` builds this schedule or the two fixed-clock baselines it is compared against
-("constant" and "cosine"), so that ``train.py`` changes one flag between them.
+the rate is a closed form of eta_0 (it overwrites, rather than composes with, other schedules).
 """
-from __future__ import annotations
-
 import math
-import numbers
 
-import torch
-from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+SCHEDULES = ("constant", "cosine", "length")
+DEFAULTS = dict(warmup_window=50, surge_ratio=3.0, decay_factor=0.5, decay_period_factor=1.8, floor=0.1)
 
 # Slack added to (i - s) / P before the floor, so a whole number of periods computed as 4.999...9 counts as 5.
 _ROUND_OFF = 1e-9
 
 
-def _check_args(warmup_window, surge_ratio, decay_factor, decay_period_factor, floor):
+def check_args(warmup_window=50, surge_ratio=3.0, decay_factor=0.5, decay_period_factor=1.8, floor=0.1):
     """Raise ValueError naming the first bad hyper-parameter and its value."""
     checks = [
         ("warmup_window", warmup_window,
-         isinstance(warmup_window, numbers.Integral) and not isinstance(warmup_window, bool) and warmup_window >= 1,
+         isinstance(warmup_window, int) and not isinstance(warmup_window, bool) and warmup_window >= 1,
          "an integer >= 1"),
-        ("surge_ratio", surge_ratio, surge_ratio > 0, "> 0"),
+        ("surge_ratio", surge_ratio, surge_ratio > 0 and math.isfinite(surge_ratio), "finite and > 0"),
         ("decay_factor", decay_factor, 0 < decay_factor <= 1, "in (0, 1]"),
-        ("decay_period_factor", decay_period_factor, decay_period_factor > 0, "> 0"),
+        ("decay_period_factor", decay_period_factor, 0 < decay_period_factor < math.inf, "finite and > 0"),
         ("floor", floor, 0 <= floor <= 1, "in [0, 1]"),
     ]
     for name, value, ok, want in checks:
         if not ok:
             raise ValueError(f"{name}={value!r} is invalid: must be {want}")
+
+
+def surge_step(lengths, warmup_window=50, surge_ratio=3.0):
+    """s: the first step i > W with L_i > r * L0 (1-based), or None. lengths = [L_1, L_2, ...]."""
+    if len(lengths) <= warmup_window:
+        return None
+    L0 = math.fsum(lengths[:warmup_window]) / warmup_window  # baseline length
+    return next((i for i in range(warmup_window + 1, len(lengths) + 1)
+                 if lengths[i - 1] > surge_ratio * L0), None)
 
 
 def num_decays(step, surge_step, decay_period_factor):
@@ -90,136 +93,46 @@ def num_decays(step, surge_step, decay_period_factor):
     return 1 + math.floor((step - surge_step) / period + _ROUND_OFF)
 
 
-def length_lr_factor(step, surge_step, decay_factor, decay_period_factor, floor):
-    """eta_i / eta_0 = max(d ** k_i, f): the closed form the scheduler applies."""
-    k = num_decays(step, surge_step, decay_period_factor)  # k_i
-    return max(decay_factor ** k, floor)
-
-
-class LengthTriggeredLR(LRScheduler):
-    """Decay the learning rate by ``decay_factor`` every ``decay_period_factor * s`` steps after a
-    length surge at step s, never below ``floor * initial_lr`` (see the module docstring).
-
-    Per training step: ``observe(mean_length)`` -> ``optimizer.step()`` -> ``scheduler.step()``.
-    ``surge_step`` is None until a surge is declared, then the 1-based step number s.
-    ``baseline_length`` is None until the warm-up window is complete, then L0.
-    """
-
-    def __init__(self, optimizer, warmup_window=50, surge_ratio=3.0, decay_factor=0.5,
-                 decay_period_factor=1.8, floor=0.1, last_epoch=-1):
-        _check_args(warmup_window, surge_ratio, decay_factor, decay_period_factor, floor)
-        if last_epoch != -1:
-            raise ValueError(f"last_epoch={last_epoch!r} is invalid: the length statistics cannot be "
-                             "rebuilt from a step count; resume with load_state_dict() instead")
-        self.warmup_window = warmup_window        # W: steps whose mean length sets the baseline
-        self.surge_ratio = float(surge_ratio)     # r: surge when L_i > r * L0
-        self.decay_factor = float(decay_factor)   # d: multiplier per decay
-        self.decay_period_factor = float(decay_period_factor)  # c: period P = c * s
-        self.floor = float(floor)                 # f: the rate never goes below f * eta_0
-        # Everything below is plain Python data, so state_dict() carries it and torch.load(weights_only=True) reads it.
-        self.warmup_lengths: list[float] = []     # L_1..L_W
-        self.baseline_length: float | None = None  # L0
-        self.surge_step: int | None = None        # s
-        self.num_observed = 0                     # i of the last observed step
-        self.last_length: float | None = None     # L_i of the last observed step
-        self._pending_length: float | None = None  # observed but not yet consumed by step()
-        self._ready = False                       # False only during LRScheduler.__init__'s initial step
-        super().__init__(optimizer, last_epoch)
-        self._ready = True
-
-    def observe(self, mean_length: float) -> None:
-        """Record L_i, the mean response length of the current step (once per step, before step())."""
-        if self._pending_length is not None:
-            raise RuntimeError("observe() called twice without step(); call it once per training step")
-        mean_length = float(mean_length)
-        if not math.isfinite(mean_length) or mean_length < 0:
-            raise ValueError(f"mean_length={mean_length!r} is invalid: must be finite and >= 0")
-        self._pending_length = mean_length
-
-    def step(self) -> None:
-        """Consume the observed L_i, update L0 / s, then set eta_i (the rate of the next step)."""
-        if not self._ready:  # the base class's initial step: eta_0, nothing observed yet
-            super().step()
-            return
-        if self._pending_length is None:
-            raise RuntimeError("step() called without observe(mean_length) for this training step")
-        length, self._pending_length = self._pending_length, None
-        self.num_observed += 1
-        i = self.num_observed                     # 1-based step number
-        self.last_length = length                 # L_i
-        if i <= self.warmup_window:
-            self.warmup_lengths.append(length)
-            if i == self.warmup_window:
-                self.baseline_length = math.fsum(self.warmup_lengths) / self.warmup_window  # L0
-        elif self.surge_step is None and length > self.surge_ratio * self.baseline_length:
-            self.surge_step = i                   # s
-        super().step()                            # last_epoch becomes i, then get_lr() gives eta_i
-        assert self.last_epoch == i, (self.last_epoch, i)
-
-    def get_lr(self) -> list[float]:
-        """eta_i for every parameter group (called by the base class inside step())."""
-        factor = length_lr_factor(self.last_epoch, self.surge_step, self.decay_factor,
-                                  self.decay_period_factor, self.floor)  # eta_i / eta_0
-        return [base_lr * factor for base_lr in self.base_lrs]
-
-    @property
-    def num_decays(self) -> int:
-        """k_i after the last step() (for logging)."""
-        return num_decays(self.last_epoch, self.surge_step, self.decay_period_factor)
-
-
-# ---------------------------------------------------------------------------------------------
-# The fixed-clock baselines and the one-flag factory used by train.py
-# ---------------------------------------------------------------------------------------------
-SCHEDULES = ("constant", "cosine", "length")
-
-
 def cosine_factor(step, total_steps, floor=0.1):
     """eta_t / eta_0 = f + (1 - f) * (1 + cos(pi * min(t, T) / T)) / 2: 1 at t = 0, f from t = T on."""
     t = min(step, total_steps)
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * t / total_steps))
 
 
-def make_scheduler(name, optimizer, total_steps, **length_kwargs) -> LRScheduler:
-    """Build the schedule called ``name``.
+def lr_factor(name, lengths, total_steps, **kwargs):
+    """eta / eta_0 for the next training step, after the steps whose mean lengths are ``lengths``.
 
-    * "constant": the rate never changes (LambdaLR with factor 1).
-    * "cosine": cosine decay from eta_0 down to ``floor * eta_0`` (floor from ``length_kwargs``,
-      0.1 by default, the same floor the length schedule stops at) over ``total_steps`` scheduler
-      steps, then flat; the rate of training step n (1-based) is eta_0 * cosine_factor(n - 1).
-    * "length": ``LengthTriggeredLR(optimizer, **length_kwargs)``; the caller must ``observe()``.
-
-    ``length_kwargs`` are the LengthTriggeredLR hyper-parameters; they are validated for every name
-    (so a typo fails loudly), and ignored by "constant". Unknown names raise ValueError.
+    i = len(lengths) steps are done. "constant": 1. "cosine": cosine_factor(i, total_steps, floor),
+    from 1 down to ``floor`` at step total_steps + 1, then flat. "length": max(d ** k_i, f) with the
+    surge step s found in ``lengths`` (the module docstring). ``kwargs`` are the length-rule
+    hyper-parameters (DEFAULTS); unknown names raise TypeError, bad values ValueError.
     """
     if name not in SCHEDULES:
         raise ValueError(f"name={name!r} is not a known schedule; choose one of {SCHEDULES}")
-    allowed = ("warmup_window", "surge_ratio", "decay_factor", "decay_period_factor", "floor")
-    unknown = sorted(set(length_kwargs) - set(allowed))
+    unknown = sorted(set(kwargs) - set(DEFAULTS))
     if unknown:
-        raise TypeError(f"unknown length-schedule argument(s) {unknown}; allowed: {allowed}")
-    if name == "length":
-        return LengthTriggeredLR(optimizer, **length_kwargs)
-    defaults = dict(warmup_window=50, surge_ratio=3.0, decay_factor=0.5, decay_period_factor=1.8, floor=0.1)
-    merged = {**defaults, **length_kwargs}
-    _check_args(**merged)
-    if name == "constant":
-        return LambdaLR(optimizer, lambda step: 1.0)
+        raise TypeError(f"unknown schedule argument(s) {unknown}; allowed: {tuple(DEFAULTS)}")
+    p = {**DEFAULTS, **kwargs}
+    check_args(**p)
     if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
         raise ValueError(f"total_steps={total_steps!r} is invalid: must be an integer >= 1")
-    floor = merged["floor"]
-    return LambdaLR(optimizer, lambda step: cosine_factor(step, total_steps, floor))
+    bad = next((L for L in lengths if not (math.isfinite(L) and L >= 0)), None)
+    if bad is not None:
+        raise ValueError(f"lengths: {bad!r} is invalid: every mean length must be finite and >= 0")
+    i = len(lengths)
+    if name == "constant":
+        return 1.0
+    if name == "cosine":
+        return cosine_factor(i, total_steps, p["floor"])
+    s = surge_step(lengths, p["warmup_window"], p["surge_ratio"])
+    return max(p["decay_factor"] ** num_decays(i, s, p["decay_period_factor"]), p["floor"])
 
 
 if __name__ == "__main__":  # a 400-step demo: flat lengths, then a surge at step 80 (P = 144)
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    sched = LengthTriggeredLR(opt)
-    previous = sched.get_last_lr()[0]
+    lengths, previous = [], 1.0
     for i in range(1, 401):
-        sched.observe(100.0 if i < 80 else 400.0)  # L_i
-        opt.step()
-        sched.step()
-        lr = sched.get_last_lr()[0]  # eta_i, the rate of step i + 1
-        if lr != previous:
-            print(f"after step {i:3d}: surge_step={sched.surge_step} k={sched.num_decays} lr={lr:.4f}")
-        previous = lr
+        lengths.append(100.0 if i < 80 else 400.0)  # L_i
+        factor = lr_factor("length", lengths, 400)  # eta_i / eta_0, the rate of step i + 1
+        if factor != previous:
+            print(f"after step {i:3d}: surge_step={surge_step(lengths)} lr factor={factor:.4f}")
+        previous = factor

@@ -57,25 +57,29 @@ def char_tokenizer():
                                    eos_token="<eos>", unk_token="<unk>")
 
 
-def tiny_model(tokenizer, cfg):
-    """A small Llama from a config: hidden 128, 4 layers ~ 0.8M parameters, tied embeddings."""
+def tiny_model(tokenizer, hidden=128, layers=4, seed=0):
+    """A small Llama from a config: hidden 128, 4 layers ~ 0.8M parameters, tied embeddings.
+    4 attention heads, so ``hidden`` must be a multiple of 8 (an even head size for RoPE)."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(cfg.seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg.tiny_hidden,
-                         intermediate_size=3 * cfg.tiny_hidden, num_hidden_layers=cfg.tiny_layers,
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden,
+                         intermediate_size=3 * hidden, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
                          tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     return LlamaForCausalLM(config)
 
 
-def warm_up(model, tok, task, cfg, max_new, batch=64, lr=3e-3, check_every=10, n_eval=200):
-    """Supervised warm-up (teacher forcing on correct responses) until the *sampled* success rate
-    reaches ``cfg.warmup_target``. Returns the history of (step, success rate)."""
+def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, batch=64, lr=3e-3,
+            check_every=10, n_eval=200):
+    """Supervised warm-up (teacher forcing on correct responses) for at most ``max_steps`` steps,
+    until the *sampled* success rate reaches ``target``. Returns the history of (step, success rate)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    rng = random.Random(-1 - cfg.seed)  # a prompt stream disjoint from the RL one
+    rng = random.Random(-1 - seed)  # a prompt stream disjoint from the RL one
     history = []
-    bar = tqdm(range(1, cfg.warmup_max_steps + 1), desc="warm-up (supervised)", leave=False)
+    # No ETA: the warm-up usually stops long before max_steps; at the stop the bar's total becomes the step.
+    bar = tqdm(range(1, max_steps + 1), desc=f"warm-up to success {target} (at most {max_steps} steps)",
+               bar_format="{desc}: step {n_fmt} [{elapsed}{postfix}]", dynamic_ncols=True)
     for step in bar:
         rows, labels = [], []
         for q, a in task.sample(rng, batch):
@@ -92,11 +96,12 @@ def warm_up(model, tok, task, cfg, max_new, batch=64, lr=3e-3, check_every=10, n
         loss.backward()
         opt.step()
         if step % check_every == 0:
-            success = evaluate(model, tok, task, cfg.temperature, max_new, n_eval, seed=step)
+            success = evaluate(model, tok, task, temperature, max_new, n_eval, seed=step)
             history.append((step, success))
             bar.set_postfix(loss=f"{loss.item():.3f}", success=f"{success:.2f}")
-            if success >= cfg.warmup_target:
+            if success >= target:
                 break
+    bar.close()
     return history
 
 
@@ -111,30 +116,33 @@ def evaluate(model, tok, task, temperature, max_new, n, seed):
     return R.mean().item()
 
 
-def tiny_model_folder(cfg, task, max_new):
-    """Build + warm up the tiny model once per setting; cached as a save_pretrained folder."""
-    key = dict(v=2, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, task=type(task).__name__,
-               horizon=task.horizon, seed=cfg.seed, temperature=cfg.temperature,
-               steps=cfg.warmup_max_steps, target=cfg.warmup_target, max_new=max_new)  # all it depends on
+def tiny_model_folder(cache_dir, task, *, max_new, hidden=128, layers=4, seed=0, temperature=1.0,
+                      warmup_max_steps=1500, warmup_target=0.15):
+    """Build + warm up the tiny model once per setting; cached as a save_pretrained folder
+    ``cache_dir/tiny-<hash of the settings>``. Returns the folder."""
+    key = dict(v=2, hidden=hidden, layers=layers, task=type(task).__name__,
+               horizon=task.horizon, seed=seed, temperature=temperature,
+               steps=warmup_max_steps, target=warmup_target, max_new=max_new)  # all it depends on
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-    folder = Path(cfg.out) / "_cache" / f"tiny-{digest}"
+    folder = Path(cache_dir) / f"tiny-{digest}"
     if not (folder / "warmup.json").exists():
-        build_tiny_model(cfg, task, max_new, key, folder)
+        build_tiny_model(task, key, folder)
     history = json.loads((folder / "warmup.json").read_text())["history"]  # [(step, success)]
-    if history and history[-1][1] < cfg.warmup_target:  # cached or fresh: say it every time
+    if history and history[-1][1] < warmup_target:  # cached or fresh: say it every time
         step, success = history[-1]
         print(f"warning: the warm-up stopped at step {step} with sampled success {success:.2f}, below "
-              f"--warmup-target {cfg.warmup_target}; with rewards this rare RL gets little signal "
+              f"--warmup-target {warmup_target}; with rewards this rare RL gets little signal "
               f"(raise --warmup-max-steps, or lower --horizon)", file=sys.stderr, flush=True)
     return folder
 
 
-def build_tiny_model(cfg, task, max_new, key, folder):
+def build_tiny_model(task, key, folder):
     """Build the tiny model, warm it up, and save it (model, tokenizer, warmup.json) in folder."""
     tok = char_tokenizer()
-    model = tiny_model(tok, cfg).eval()  # eval: dropout is 0 anyway; keeps train/score identical
+    model = tiny_model(tok, key["hidden"], key["layers"], key["seed"]).eval()  # eval: keeps train/score identical
     t0 = time.time()
-    history = warm_up(model, tok, task, cfg, max_new) if cfg.warmup_max_steps else []
+    history = warm_up(model, tok, task, temperature=key["temperature"], max_new=key["max_new"],
+                      max_steps=key["steps"], target=key["target"], seed=key["seed"]) if key["steps"] else []
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
@@ -160,26 +168,54 @@ def smollm2_source():
     return list(spec.submodule_search_locations)[0], SMOLLM2_GGUF
 
 
-def load_model(cfg, task, device, max_new):
-    """Model and tokenizer, always through from_pretrained. Returns (model, tokenizer, source)."""
+def load_model(name, task, device, *, max_new, cache_dir, tiny=None):
+    """Model and tokenizer, always through from_pretrained. Returns (model, tokenizer, source).
+
+    name: "tiny", "smollm2", a local folder or a Hugging Face hub id. cache_dir holds the tiny
+    model's warm-up cache; tiny: keyword arguments of ``tiny_model_folder`` (hidden, layers, seed,
+    temperature, warmup_max_steps, warmup_target).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # our own bars are enough
-    if cfg.model == "tiny":
-        source = dict(path=str(tiny_model_folder(cfg, task, max_new)))
-    elif cfg.model == "smollm2":
+    if name == "tiny":
+        source = dict(path=str(tiny_model_folder(cache_dir, task, max_new=max_new, **(tiny or {}))))
+    elif name == "smollm2":
         folder, gguf = smollm2_source()
         source = dict(path=folder, gguf_file=gguf)
     else:
-        source = dict(path=cfg.model)
+        source = dict(path=name)
+        if not Path(name).expanduser().is_dir():
+            check_hub_id(name)
     kw = {"gguf_file": source["gguf_file"]} if "gguf_file" in source else {}
     try:
         tok = AutoTokenizer.from_pretrained(source["path"], **kw)
         model = AutoModelForCausalLM.from_pretrained(source["path"], dtype=torch.float32, **kw)
     except (OSError, ValueError) as e:
-        raise ModelError(f"--model: cannot load {cfg.model!r}: {str(e).splitlines()[0]}") from None
+        raise ModelError(f"--model: cannot load {name!r}: {str(e).splitlines()[0]}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     if isinstance(task, rollout.ArithmeticTask) and not tok.chat_template:
-        raise ModelError(f"--task arithmetic needs a tokenizer with a chat template; {cfg.model} has none")
+        raise ModelError(f"--task arithmetic needs a tokenizer with a chat template; {name} has none")
     return model.to(device).eval(), tok, source
+
+
+def check_hub_id(name):
+    """A hub id is used from the local cache if it is there; otherwise one quick request (no
+    retries) checks that the Hub is reachable and has it, before from_pretrained downloads it.
+    Raises ModelError with one line instead of a minute of HTTP retries."""
+    import huggingface_hub
+    from huggingface_hub import try_to_load_from_cache
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return  # cached: from_pretrained finds it without the network
+    how = ("pass a local folder (saved with save_pretrained, or fetched on a connected machine with "
+           f"`hf download {name} --local-dir DIR`)")
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        raise ModelError(f"--model: {name!r} is not a local folder and not in the Hugging Face cache, and "
+                         f"HF_HUB_OFFLINE is set; {how}")
+    try:
+        huggingface_hub.HfApi().model_info(name, timeout=10)
+    except Exception as e:  # no network, unknown id, gated repo...: one line, the first of its message
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelError(f"--model: cannot reach {name!r} on the Hugging Face Hub ({why}); {how}, "
+                         "or set HF_HUB_OFFLINE=1 to use only the local cache") from None

@@ -271,12 +271,19 @@ class ArithmeticTask:
 TASKS = {"reverse": ReverseTask, "periodic": PeriodicTask, "arithmetic": ArithmeticTask}
 
 
+def step_seed(seed, step):
+    """The seed of training step ``step`` of a run with ``seed``: the prompts (``prompt_batch``) and
+    the sampler's generator (train.py) come from it, so every configuration of a comparison sees
+    the same prompts and the same random draws at the same step."""
+    return seed * 1_000_003 + step
+
+
 def prompt_batch(task, tokenizer, seed, step, n_prompts):
     """The prompts of one training step: a function of (seed, step) only, never of the model.
 
     Returns (list of token-id lists, list of answers).
     """
-    rng = random.Random(seed * 1_000_003 + step)
+    rng = random.Random(step_seed(seed, step))
     pairs = task.sample(rng, n_prompts)
     ids = [tokenizer(task.prompt_text(tokenizer, q), add_special_tokens=False)["input_ids"]
            for q, _ in pairs]

@@ -79,7 +79,7 @@ def step(model, opt, tok, cfg, task, estimator, spp_on, s, limit):
     """One train.py step (rollout, score, advantages, update), without the logging."""
     otb.sum_pi_squared = REAL_SUM_PI_SQUARED if spp_on else stub_sum_pi_squared
     prompts, answers = rollout.prompt_batch(task, tok, cfg.seed, s, cfg.prompts_per_step)
-    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + s)
+    gen = torch.Generator().manual_seed(rollout.step_seed(cfg.seed, s))
     ro = rollout.sample(model, prompts, group_size=cfg.group_size, max_new_tokens=limit,
                         temperature=cfg.temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                         generator=gen)

@@ -138,7 +138,7 @@ def train_command(args, schedule, estimator, seed):
            "--lr-surge-ratio", str(args.lr_surge_ratio), "--lr-decay-factor", str(args.lr_decay_factor),
            "--lr-decay-period-factor", str(args.lr_decay_period_factor), "--lr-floor", str(args.lr_floor),
            "--out", args.out, "--name", run_name(f"{schedule}/{estimator}", seed),
-           "--checkpoint-every", "0", "--log-every", "10"]
+           "--log-every", "10"]
     return cmd + shlex.split(args.train_args)
 
 

@@ -1,6 +1,6 @@
 """Tests for benchmarks/lr_schedule_experiment.py: its aggregation and plot on synthetic metrics.
 
-The surge step is checked against lr_schedule.LengthTriggeredLR itself (the schedule that train.py
+The surge step is checked against lr_schedule.lr_factor itself (the schedule that train.py
 runs), collapse and the seed bands against naive recomputations, and the whole aggregate path
 (run folders -> plot + summary) on fake run folders, with no training.
 """
@@ -12,9 +12,8 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import pytest
-import torch
 
-from lr_schedule import make_scheduler
+from lr_schedule import lr_factor
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("lr_schedule_experiment",
@@ -25,15 +24,7 @@ _spec.loader.exec_module(exp)
 
 def schedule_lrs(lengths, lr0=1e-3, **kw):
     """The rates train.py would log (the rate each step uses) for these mean lengths."""
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr0)
-    sched = make_scheduler("length", opt, len(lengths), **kw)
-    used = []
-    for L in lengths:
-        used.append(opt.param_groups[0]["lr"])
-        sched.observe(L)
-        opt.step()
-        sched.step()
-    return used
+    return [lr0 * lr_factor("length", lengths[:i], len(lengths), **kw) for i in range(len(lengths))]
 
 
 def fake_history(n, rng, surge_at=None, collapse_at=None, lr0=1e-3):

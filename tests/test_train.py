@@ -1,5 +1,5 @@
-"""train.py: short end-to-end runs, the direction of the update, resume, bad arguments, mismatch."""
-import dataclasses
+"""train.py: short end-to-end runs, the direction of the update, one forward pass per step, pinned first
+steps, Ctrl-C and resume, bad arguments, mismatch, the comparison."""
 import json
 import math
 import subprocess
@@ -69,7 +69,7 @@ def test_warm_up_gives_signal_and_runs_have_nonzero_gradients(out):
 def test_update_raises_log_prob_of_the_rewarded_token():
     """One-token task: only token a is rewarded. One update must raise log pi(a) for every estimator."""
     tok = models.char_tokenizer()
-    cfg = train.Config(tiny_hidden=32, tiny_layers=1)
+    cfg = train.Config()
     a, b, c, eos = (tok.convert_tokens_to_ids(x) for x in ("a", "b", "c", "<eos>"))
     prompt = torch.tensor([[tok.bos_token_id]] * 4)  # (4, 1): one group of N = 4
     response = torch.tensor([[a], [b], [c], [a]])  # (4, 1)
@@ -78,7 +78,7 @@ def test_update_raises_log_prob_of_the_rewarded_token():
                          None, torch.ones(4, dtype=torch.bool))
     rewards = (response == a).float()  # R at the (only) token
     for name in sorted(otb.ESTIMATORS):
-        model = models.tiny_model(tok, cfg).eval()
+        model = models.tiny_model(tok, hidden=32, layers=1).eval()
         logp, spp, _ = rollout.score(model, prompt, ro.prompt_mask, response, m, 1.0)
         adv, _ = otb.ESTIMATORS[name](token_rewards=rewards, response_mask=m, group_index=ro.group_index,
                                       log_probs=logp.detach(), sum_pi_sq=spp)
@@ -99,21 +99,6 @@ def test_same_seed_gives_the_same_metrics_twice(out):
     assert without_times(metrics(out / "twice-1")) == without_times(metrics(out / "twice-2"))
 
 
-def test_resume_equals_uninterrupted_run(out):
-    common = ["--estimator", "otb", "--steps", "6", "--checkpoint-every", "2",
-              "--lr-schedule", "length", "--lr-warmup-window", "2", "--lr-surge-ratio", "0.5",
-              "--lr-decay-period-factor", "0.5"]  # the LR decays within 6 steps: its state matters
-    run(out, "full", *common)
-    run(out, "cut", *common, "--stop-after", "3")  # interrupted after step 3, last checkpoint at 2
-    cut = out / "cut"
-    assert not (cut / "DONE").exists() and len(metrics(cut)) == 3
-    train.main(["--resume", str(cut)])
-    full = without_times(metrics(out / "full"))
-    assert len({r["lr"] for r in full}) > 1, "the schedule must change the LR in this test"
-    assert without_times(metrics(cut)) == full
-    assert (cut / "DONE").exists()
-
-
 # ----------------------------------------------------------------------------- bad arguments
 
 BAD = [
@@ -121,11 +106,26 @@ BAD = [
     (["--estimator", "nope"], "--estimator"),
     (["--estimator", "otb", "--model", "./no/such/folder"], "--model"),
     (["--estimator", "otb", "--minibatch-size", "5"], "--minibatch-size"),
+    (["--estimator", "otb", "--minibatch-size", "0"], "--minibatch-size"),
     (["--estimator", "otb", "--lr", "-0.1"], "--lr"),
+    (["--estimator", "otb", "--lr", "inf"], "--lr"),
+    (["--estimator", "otb", "--lr", "nan"], "--lr"),
+    (["--estimator", "otb", "--temperature", "-inf"], "--temperature"),
+    (["--estimator", "otb", "--steps", "two"], "--steps"),
     (["--estimator", "otb", "--lr-schedule", "length", "--lr-floor", "2"], "--lr-floor"),
-    (["--compare", "otb:4,grpo:1"], "--group-size"),
+    (["--estimator", "otb", "--lr-surge-ratio", "0"], "--lr-surge-ratio"),
+    (["--compare", "otb:4,grpo:1"], "--compare"),
+    (["--compare", "otb:0"], "--compare"),
+    (["--compare", "otb:four"], "--compare"),
+    (["--estimator", "otb", "--compare", "otb:8"], "--compare"),
+    (["--estimator", "otb_loo", "--zero-tail"], "--zero-tail"),
+    (["--compare", "group_mean:4,otb_loo:4", "--zero-tail"], "--zero-tail"),
+    (["--estimator", "otb", "--stop-after", "3"], "--stop-after"),  # a test hook no more
+    (["--estimator", "otb", "--horizon", "0"], "--horizon"),
+    (["--estimator", "otb", "--task", "periodic", "--horizon", "600"], "--horizon"),
     (["--resume", "/no/such/run"], "--resume"),
     (["--estimator", "otb", "--task", "arithmetic"], "--task"),
+    (["--estimator", "otb", "--task", "auto"], "--task"),
     (["--estimator", "otb", "--device", "tpu"], "--device"),
     (["--estimator", "otb", "--device", "xla"], "--device"),  # a torch device type we do not support
     (["--estimator", "otb", "--log-every", "0"], "--log-every"),
@@ -133,8 +133,12 @@ BAD = [
     (["--estimator", "otb", "--tiny-hidden", "12"], "--tiny-hidden"),
     (["--estimator", "otb", "--tiny-layers", "0"], "--tiny-layers"),
     (["--estimator", "otb", "--target-success", "1.5"], "--target-success"),
+    (["--estimator", "otb", "--warmup-target", "nan"], "--warmup-target"),
+    (["--estimator", "otb", "--checkpoint-minutes", "-1"], "--checkpoint-minutes"),
     (["--estimator", "otb", "--minibatch-size", "-4"], "--minibatch-size"),
     (["--compare", "otb:2", "--results-dir", __file__], "--results-dir"),
+    (["--estimator", "otb", "--out", "/dev/null"], "--out"),
+    (["--estimator", "otb", "--out", __file__ + "/runs"], "--out"),
 ]
 if not torch.cuda.is_available():
     BAD.append((["--estimator", "otb", "--device", "cuda"], "--device"))
@@ -145,7 +149,7 @@ if not torch.backends.mps.is_available():
 @pytest.mark.parametrize("argv,flag", BAD, ids=[b[1] + str(i) for i, b in enumerate(BAD)])
 def test_bad_arguments_exit_2_with_one_line_and_create_nothing(tmp_path, capsys, argv, flag):
     with pytest.raises(SystemExit) as e:
-        train.main(argv + ["--out", str(tmp_path / "runs")])
+        train.main(argv + ([] if "--out" in argv else ["--out", str(tmp_path / "runs")]))
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("train.py: error:") and flag in err and "\n" not in err
@@ -172,6 +176,7 @@ def test_bad_argument_from_the_command_line_has_no_traceback(tmp_path):
 
 def test_preset_sets_defaults_that_explicit_flags_override():
     gpu = train.parse_config(["--preset", "gpu"])
+    assert "GB of memory" in train.make_parser().format_help()  # the preset states its needs
     assert (gpu.model, gpu.task, gpu.lr, gpu.prompts_per_step) == ("smollm2", "arithmetic", 1e-5, 32)
     assert {k: getattr(gpu, k) for k in train.PRESETS["gpu"]} == train.PRESETS["gpu"]
     mine = train.parse_config(["--steps", "2", "--preset", "gpu", "--lr", "3e-5"])  # any order
@@ -179,11 +184,14 @@ def test_preset_sets_defaults_that_explicit_flags_override():
     assert train.parse_config([]) == train.Config()  # cpu: the dataclass defaults
 
 
-def test_help_documents_every_field():
-    text = " ".join(train.build_parser().format_help().split())
+def test_help_documents_every_field_and_the_log_line():
+    text = " ".join(train.make_parser().format_help().split())
     for f in train.fields(train.Config):
         assert "--" + f.name.replace("_", "-") in text
-        assert f.metadata["help"].split()[0] in text
+        assert " ".join(f.metadata["help"].split()[:3]) in text
+    for column in ("success", "len", "tokens", "gnorm", "adv", "H", "power", "mism", "lr", "s"):
+        assert f" {column} " in train.LOG_COLUMNS  # every field of log_line is explained
+    assert "--stop-after" not in text
 
 
 def test_smollm2_missing_package_says_what_to_install(monkeypatch, capsys, tmp_path):
@@ -237,7 +245,7 @@ def test_compare_writes_plot_and_tables(out, tmp_path):
 def test_mean_gradient_norm_equals_explicit_logit_space_vectors():
     """||mean_i g_i||^2 of the proxy: compare with explicit (context -> A (e_y - pi)) vectors."""
     tok = models.char_tokenizer()
-    model = models.tiny_model(tok, train.Config(tiny_hidden=32, tiny_layers=1))
+    model = models.tiny_model(tok, hidden=32, layers=1)
     prompts = [[1, 5, 6], [1, 7]]
     ro = rollout.sample(model, prompts, group_size=4, max_new_tokens=3, temperature=1.0, eos_id=2,
                         pad_id=0, generator=torch.Generator().manual_seed(0))
@@ -269,24 +277,256 @@ def test_mean_gradient_norm_equals_explicit_logit_space_vectors():
 
 def test_warm_up_cache_is_keyed_by_every_setting_it_depends_on(tmp_path):
     """The warm-up evaluates with max_new_tokens, so two limits must not share one cached model."""
-    cfg = train.Config(tiny_hidden=16, tiny_layers=1, warmup_max_steps=0, out=str(tmp_path))
-    task = train.make_task(cfg)
-    short, long_ = models.tiny_model_folder(cfg, task, 10), models.tiny_model_folder(cfg, task, 40)
+    kw = dict(hidden=16, layers=1, warmup_max_steps=0)
+    task = rollout.ReverseTask()
+    short, long_ = (models.tiny_model_folder(tmp_path, task, max_new=n, **kw) for n in (10, 40))
     assert short != long_ and (short / "warmup.json").exists() and (long_ / "warmup.json").exists()
-    assert models.tiny_model_folder(cfg, task, 10) == short  # and the same settings reuse it
+    assert models.tiny_model_folder(tmp_path, task, max_new=10, **kw) == short  # the same settings reuse it
 
 
 def test_a_warm_up_that_misses_its_target_says_so_even_from_the_cache(tmp_path, capsys):
-    cfg = train.Config(tiny_hidden=16, tiny_layers=1, horizon=2, warmup_max_steps=50,
-                       warmup_target=0.99, out=str(tmp_path))
-    task = train.make_task(cfg)
+    kw = dict(hidden=16, layers=1, warmup_max_steps=50, warmup_target=0.99)
+    task = rollout.ReverseTask(horizon=2)
     for _ in range(2):  # built, then loaded from the cache
-        folder = models.tiny_model_folder(cfg, task, 6)
+        folder = models.tiny_model_folder(tmp_path, task, max_new=6, **kw)
         step, success = json.loads((folder / "warmup.json").read_text())["history"][-1]
         assert step == 50 and success < 0.99  # 50 steps cannot reach 99%: the case under test
         err = capsys.readouterr().err
         assert f"warm-up stopped at step 50 with sampled success {success:.2f}" in err
         assert "--warmup-target 0.99" in err
-    no_warm_up = dataclasses.replace(cfg, warmup_max_steps=0)  # no warm-up asked for: nothing to say
-    models.tiny_model_folder(no_warm_up, task, 6)
+    models.tiny_model_folder(tmp_path, task, max_new=6, **{**kw, "warmup_max_steps": 0})  # none asked: no warning
     assert "warning" not in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- one forward pass per step
+
+def test_one_forward_pass_gives_the_metrics_and_weights_of_two(out, monkeypatch):
+    """With one update per batch the scoring pass's graph is the update's forward pass. Forcing the
+    old two-pass path (a no-grad scoring pass, then the update's own forward) changes nothing."""
+    calls = []
+    real_score = rollout.score
+    monkeypatch.setattr(rollout, "score", lambda *a, **k: calls.append(torch.is_grad_enabled()) or real_score(*a, **k))
+    run(out, "one-pass", "--estimator", "otb", "--steps", "3")
+    assert calls == [True] * 3  # one forward per step, with its graph
+    calls.clear()
+    monkeypatch.setattr(train, "one_update_per_batch", lambda cfg, batch: False)
+    run(out, "two-pass", "--estimator", "otb", "--steps", "3")
+    assert calls == [False, True] * 3  # scoring pass without a graph, then the update's forward
+    one, two = without_times(metrics(out / "one-pass")), without_times(metrics(out / "two-pass"))
+    for a, b in zip(one, two, strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), k
+    w1, w2 = (torch.load(out / d / "checkpoint.pt", weights_only=True)["model"] for d in ("one-pass", "two-pass"))
+    assert all(torch.allclose(w1[k], w2[k], rtol=1e-6, atol=1e-8) for k in w1)
+    assert any(r["grad_norm"] > 0 for r in one)  # the weights did move
+
+
+def test_ppo_epochs_and_minibatches_still_score_separately(out):
+    run(out, "ppo", "--estimator", "rloo", "--steps", "2", "--ppo-epochs", "2", "--minibatch-size", "8")
+    rows = metrics(out / "ppo")
+    assert len(rows) == 2 and all(math.isfinite(r["loss"]) and 0 <= r["clip_frac"] <= 1 for r in rows)
+
+
+# ----------------------------------------------------------------------------- pinned first steps
+
+# The first steps of the default pipeline (tiny model settings as in TINY, everything else the
+# defaults), produced by the code before the one-pass update and the train.py rewrite with
+#   python train.py --tiny-hidden 32 --tiny-layers 1 --horizon 2 --warmup-max-steps 60 \
+#       --prompts-per-step 4 --group-size 4 --estimator otb --steps 3
+# (torch 2.13.0 CPU). A change that moves them must update the numbers and the docs.
+PINNED = [
+    dict(success=0.1875, response_len=2.6875, tokens=43, loss=-0.09063831716775894, grad_norm=0.2703399658203125,
+         adv_std=0.33680269352166875, entropy=1.7141127586364746, total_power=0.08977168798446655),
+    dict(success=0.375, response_len=2.6875, tokens=86, loss=-0.09349816292524338, grad_norm=0.4751300811767578,
+         adv_std=0.35175431820252784, entropy=2.1892759799957275, total_power=0.13715708255767822),
+    dict(success=0.1875, response_len=2.875, tokens=132, loss=-0.07136500626802444, grad_norm=0.285121351480484,
+         adv_std=0.3204618655492097, entropy=1.9842575788497925, total_power=0.0898127406835556),
+]
+
+
+def test_first_steps_of_the_default_pipeline_are_pinned(out):
+    run(out, "pinned", "--estimator", "otb", "--steps", "3")
+    rows = metrics(out / "pinned")
+    for row, pinned in zip(rows, PINNED, strict=True):
+        for k, v in pinned.items():
+            assert row[k] == pytest.approx(v, rel=1e-4, abs=1e-6), (row["step"], k)
+
+
+# ----------------------------------------------------------------------------- Ctrl-C and resume
+
+RESUME = ["--estimator", "otb", "--steps", "6", "--lr-schedule", "length", "--lr-warmup-window", "2",
+          "--lr-surge-ratio", "0.5", "--lr-decay-period-factor", "0.5"]  # the LR decays within 6 steps
+
+
+def interrupt_at(monkeypatch, step, hard=False):
+    """Simulate Ctrl-C late in training step `step` (1-based; counted over the whole process): a SIGINT
+    (the loop finishes the step, saves and stops) or, hard=True, a KeyboardInterrupt raised there
+    (a second Ctrl-C: the step is lost, the last checkpoint is kept)."""
+    import signal
+    seen = []
+    real = train.step_metrics
+
+    def step_metrics(*a, **k):
+        seen.append(1)
+        if len(seen) == step:
+            if hard:
+                raise KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)
+        return real(*a, **k)
+    monkeypatch.setattr(train, "step_metrics", step_metrics)
+
+
+def test_ctrl_c_saves_a_checkpoint_says_how_to_resume_and_resume_is_exact(out, monkeypatch, capsys):
+    run(out, "full", *RESUME)
+    full = without_times(metrics(out / "full"))
+    assert len({r["lr"] for r in full}) > 1, "the schedule must change the LR in this test"
+    interrupt_at(monkeypatch, 3)
+    with pytest.raises(SystemExit) as e:
+        run(out, "cut", *RESUME, "--checkpoint-minutes", "60")
+    monkeypatch.undo()
+    cut = out / "cut"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 130 and "Traceback" not in "\n".join(err)
+    assert err[-1] == f"train.py: stopped after step 3 of 6; checkpoint saved; resume with: python train.py --resume {cut}"
+    assert not (cut / "DONE").exists() and len(metrics(cut)) == 3
+    assert torch.load(cut / "checkpoint.pt", weights_only=True)["step"] == 3
+    train.main(["--resume", str(cut)])
+    assert without_times(metrics(cut)) == full and (cut / "DONE").exists()
+
+
+def test_a_hard_stop_keeps_the_last_checkpoint_and_resume_drops_later_metrics(out, monkeypatch, capsys):
+    real_save = train.save_checkpoint
+    monkeypatch.setattr(train, "save_checkpoint",  # as if the clock allowed one checkpoint, after step 2
+                        lambda run_dir, model, opt, step, *a: step == 2 and real_save(run_dir, model, opt, step, *a))
+    interrupt_at(monkeypatch, 4, hard=True)
+    with pytest.raises(SystemExit) as e:
+        run(out, "hard", *RESUME, "--checkpoint-minutes", "0")
+    monkeypatch.undo()
+    assert e.value.code == 130 and "resume with: python train.py --resume" in capsys.readouterr().err
+    hard = out / "hard"
+    assert len(metrics(hard)) == 3 and torch.load(hard / "checkpoint.pt", weights_only=True)["step"] == 2
+    train.main(["--resume", str(hard)])
+    full = out / "full-2"
+    run(out, "full-2", *RESUME)
+    assert without_times(metrics(hard)) == without_times(metrics(full))
+
+
+def test_a_finished_run_is_extended_by_a_larger_steps(out):
+    run(out, "short", "--estimator", "rloo", "--steps", "2")
+    run(out, "long", "--estimator", "rloo", "--steps", "4")
+    train.main(["--resume", str(out / "short"), "--steps", "4"])
+    assert without_times(metrics(out / "short")) == without_times(metrics(out / "long"))
+    stored = json.loads((out / "short" / "config.json").read_text())
+    assert stored["config"]["steps"] == 4 and "resumed" in stored["command"]
+
+
+def test_an_interrupted_comparison_resumes_keeping_finished_configurations(out, monkeypatch, capsys):
+    args = ["--compare", "otb:2,group_mean:4", "--steps", "3", "--checkpoint-minutes", "60"]
+    train.main(TINY + ["--out", str(out), "--name", "cmp-full", *args])
+    interrupt_at(monkeypatch, 5)  # step 2 of the second configuration
+    with pytest.raises(SystemExit):
+        train.main(TINY + ["--out", str(out), "--name", "cmp-cut", *args])
+    monkeypatch.undo()
+    cut = out / "cmp-cut"
+    assert capsys.readouterr().err.strip().endswith(f"resume with: python train.py --resume {cut}")
+    assert (cut / "otb-n2" / "DONE").exists() and not (cut / "group_mean-n4" / "DONE").exists()
+    done_before = (cut / "otb-n2" / "metrics.jsonl").stat().st_mtime_ns
+    train.main(["--resume", str(cut)])
+    assert (cut / "otb-n2" / "metrics.jsonl").stat().st_mtime_ns == done_before  # kept, not rerun
+    for sub in ("otb-n2", "group_mean-n4"):
+        assert without_times(metrics(cut / sub)) == without_times(metrics(out / "cmp-full" / sub))
+        # a finished configuration of a comparison keeps its weights, not the optimizer state
+        assert torch.load(cut / sub / "checkpoint.pt", weights_only=True)["optimizer"] is None
+    assert (cut / "summary.md").exists() and (cut / "compare.png").exists()
+
+
+@pytest.mark.parametrize("case", ["no-checkpoint", "finished", "changed-option", "extend-comparison", "old-version"])
+def test_resume_errors_name_what_is_missing(out, tmp_path, capsys, monkeypatch, case):
+    d = tmp_path / "run"
+    if case == "no-checkpoint":  # a run stopped hard before its first checkpoint
+        interrupt_at(monkeypatch, 2, hard=True)
+        with pytest.raises(SystemExit):
+            run(tmp_path, "run", "--estimator", "otb", "--steps", "3", "--checkpoint-minutes", "60")
+        monkeypatch.undo()
+        assert (d / "config.json").exists() and not (d / "checkpoint.pt").exists()
+        argv, expected = ["--resume", str(d)], "has no checkpoint.pt"
+    elif case == "finished":
+        run(tmp_path, "run", "--estimator", "otb", "--steps", "2")
+        argv, expected = ["--resume", str(d)], "give --steps larger than 2"
+    elif case == "changed-option":
+        run(tmp_path, "run", "--estimator", "otb", "--steps", "2")
+        argv, expected = ["--resume", str(d), "--lr", "1e-3"], "--lr cannot be changed when resuming"
+    elif case == "extend-comparison":
+        train.main(TINY + ["--out", str(tmp_path), "--name", "run", "--compare", "otb:2", "--steps", "2"])
+        argv, expected = ["--resume", str(d), "--steps", "4"], "--steps: a comparison cannot change"
+    else:  # a folder from before --checkpoint-every became --checkpoint-minutes
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(dict(command="", config=dict(estimator="otb", checkpoint_every=20))))
+        argv, expected = ["--resume", str(d)], "another version of train.py (settings checkpoint_every are unknown"
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "_cache" not in p.parts)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and expected in err and "\n" not in err, err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "_cache" not in p.parts) == before
+
+
+# ----------------------------------------------------------------------------- options
+
+def test_zero_tail_reaches_the_otb_estimator_only(out, monkeypatch):
+    seen = {}
+    def spy(name, real):
+        def estimator(*a, **k):
+            seen[name] = k.get("zero_tail")
+            return real(*a, **k)
+        return estimator
+    for name in ("otb", "group_mean"):
+        monkeypatch.setitem(otb.ESTIMATORS, name, spy(name, otb.ESTIMATORS[name]))
+    train.main(TINY + ["--out", str(out), "--name", "zt", "--compare", "otb:2,group_mean:2", "--zero-tail",
+                       "--steps", "1"])
+    assert seen == {"otb": True, "group_mean": None}
+    assert train.Config().zero_tail is False  # the one place the default lives
+    assert train.parse_config(["--estimator", "otb"]).zero_tail == train.Config().zero_tail
+
+
+def test_periodic_task_trains(out):
+    run(out, "periodic", "--estimator", "otb", "--steps", "2", "--task", "periodic", "--horizon", "6",
+        "--warmup-max-steps", "0")
+    rows = metrics(out / "periodic")
+    stored = json.loads((out / "periodic" / "config.json").read_text())["config"]
+    assert len(rows) == 2 and stored["task"] == "periodic" and stored["horizon"] == 6
+    assert all(r["response_len"] <= 6 + 4 for r in rows)  # the task's own limit: horizon + 4
+
+
+def test_an_unreachable_hub_id_fails_fast_with_one_line(tmp_path, capsys, monkeypatch):
+    import huggingface_hub
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no network needed
+    with pytest.raises(SystemExit) as e:
+        train.main(["--estimator", "otb", "--model", "someone/no-such-model", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("train.py: error: --model") and "\n" not in err
+    assert "HF_HUB_OFFLINE" in err and "local folder" in err and not (tmp_path / "r").exists()
+
+
+def test_the_log_header_is_printed_once_per_run(out, capsys):
+    run(out, "header", "--estimator", "otb", "--steps", "2", "--log-every", "1")
+    text = capsys.readouterr()
+    assert (text.out + text.err).count("columns of the log line") == 1
+
+
+def test_compare_plot_shows_success_per_step_and_a_zero_gradient_norm(tmp_path, monkeypatch):
+    import matplotlib.figure
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
+    rows = lambda n, tokens_per_step, norm: [dict(step=i, tokens=tokens_per_step * i, success=0.2, grad_norm=norm(i),
+                                                 total_power=0.1, t_rollout=0, t_score=0, t_update=0)
+                                            for i in range(1, n + 1)]
+    cfg = train.Config()
+    histories = {"otb-n4": (train.replace(cfg, estimator="otb", group_size=4), rows(20, 100, lambda i: 0.0 if i == 5 else 0.5)),
+                 "group_mean-n16": (train.replace(cfg, estimator="group_mean", group_size=16), rows(20, 400, lambda i: 0.5))}
+    train.write_summary(tmp_path, cfg, histories)
+    tokens_ax, step_ax, norm_ax = figures[0].axes
+    assert step_ax.get_xlabel() == "step" and step_ax.get_xlim()[1] <= 21  # both curves span this panel
+    assert norm_ax.get_yscale() == "symlog" and norm_ax.get_ylim()[0] <= 0.0  # the zero is on the axis
