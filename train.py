@@ -72,7 +72,7 @@ LOG_COLUMNS = """columns of the log line, [estimator N=group size] step k, then:
   adv      mean ± std of the advantages A_t over valid tokens
   H        mean entropy per token (nats)                     power   total_power, proxy of mean ||g||^2
   mism     mean |log pi_train - log pi_rollout| per token    lr      learning rate of the step
-  s        seconds spent in rollout / score / update (metrics.jsonl has every metric of every step)"""
+  s        seconds spent in rollout / score / update / logging diagnostics (metrics.jsonl: every metric)"""
 
 
 # =====================================================================================
@@ -367,7 +367,7 @@ def make_estimator(name, zero_tail):
 # The training loop
 # =====================================================================================
 
-TIME_KEYS = ("t_rollout", "t_score", "t_update")  # wall-clock metrics: never identical twice
+TIME_KEYS = ("t_rollout", "t_score", "t_update", "t_log")  # wall-clock metrics: never identical twice
 
 
 def masked_mean(x, m):
@@ -466,9 +466,11 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
             # ---- log: one JSON line per step, a readable line every log_every steps; checkpoint
             lengths.append(m.sum(-1).mean().item())  # L_i, mean response length (the length rule)
             tokens += int(m.sum().item())
-            history.append(step_metrics(step, ro, R, adv, old_logp, sum_pi_sq, entropy, tokens, loss, norms,
-                                        lr, clip_frac, (t1 - t0, t2 - t1, t3 - t2)))
-            log(run_dir, cfg, bar, history[-1])
+            row = step_metrics(step, ro, R, adv, old_logp, sum_pi_sq, entropy, tokens, loss, norms,
+                               lr, clip_frac, (t1 - t0, t2 - t1, t3 - t2))
+            row["t_log"] = time.perf_counter() - t3  # the diagnostics above (they must stay cheap)
+            history.append(row)
+            log(run_dir, cfg, bar, row)
             last = step + 1 == cfg.steps
             if last or stop.requested or time.monotonic() - saved_at >= 60 * cfg.checkpoint_minutes:
                 save_checkpoint(run_dir, model, opt if keep_optimizer or not last else None,
@@ -519,7 +521,7 @@ def log_line(cfg, r):
             f"| len {r['response_len']:5.1f} | tokens {r['tokens']:7d} | gnorm {r['grad_norm']:6.3f} "
             f"| adv {r['adv_mean']:+.3f}±{r['adv_std']:.3f} | H {r['entropy']:.3f} "
             f"| power {r['total_power']:.3g} | mism {r['mismatch_mean_abs']:.1e} | lr {r['lr']:.1e} "
-            f"| s {r['t_rollout']:.2f}/{r['t_score']:.2f}/{r['t_update']:.2f}")
+            f"| s {r['t_rollout']:.2f}/{r['t_score']:.2f}/{r['t_update']:.2f}/{r['t_log']:.2f}")
 
 
 # =====================================================================================

@@ -50,7 +50,7 @@ def command(est, n, seed, lr, runs):
             "--estimator", est, "--group-size", str(n), "--prompts-per-step", str(PROMPTS_PER_STEP),
             "--steps", str(STEPS[n]), "--lr", f"{lr:g}", "--seed", str(seed),
             "--warmup-target", str(WARMUP_TARGET), "--out", str(runs), "--name", run_name(est, n, seed, lr),
-            "--log-every", "1000", "--checkpoint-every", "0"]
+            "--log-every", "1000"]
 
 
 def history(runs, est, n, seed, lr):

@@ -38,7 +38,6 @@ from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import models  # noqa: E402
 import otb  # noqa: E402
 import rollout  # noqa: E402
 import scale_free  # noqa: E402
@@ -94,12 +93,11 @@ def parse_args(argv=None):
 
 def checkpoint(n, seed, args):
     """The warmed-up tiny model for (n, seed), through train.py's cached warm-up."""
-    cfg = train.Config(task="periodic", horizon=n, seed=seed, warmup_target=args.warmup_target,
-                       out=args.cache)
-    task = train.make_task(cfg)
+    cfg = train.parse_config(["--task", "periodic", "--horizon", str(n), "--seed", str(seed),
+                              "--warmup-target", str(args.warmup_target), "--out", args.cache])
     torch.manual_seed(seed)
-    model, tok, source = models.load_model(cfg, task, torch.device("cpu"), train.max_new_tokens(cfg, task))
-    return model, tok, task, cfg, source
+    model, tok, source = train.load(cfg, torch.device("cpu"))
+    return model, tok, train.make_task(cfg), cfg, source
 
 
 def group_ids_for(groups, M):
@@ -110,7 +108,7 @@ def group_ids_for(groups, M):
 
 def measure_checkpoint(model, tok, task, cfg, args, seed):
     """Per estimator and N: per-prompt (mean gradient, tr Var, K); the reference gradient."""
-    limit = train.max_new_tokens(cfg, task)
+    limit = train.response_limit(cfg, task)
     prompts, answers = rollout.prompt_batch(task, tok, 10_000 + seed, 0, args.prompts)  # unseen by RL
     draw = lambda s, m: rollout.sample(model, prompts, group_size=m, max_new_tokens=limit,  # noqa: E731
                                        temperature=cfg.temperature, eos_id=tok.eos_token_id,
@@ -166,12 +164,14 @@ def gains(rows):
     for r in rows:
         ref = next(q for q in rows if q["estimator"] == "group_mean" and q["N"] == r["N"]
                    and q["n"] == r["n"] and q["seed"] == r["seed"])
-        out.setdefault((r["estimator"], r["N"], r["n"]), []).append(ref["nvar"] / r["nvar"])
+        gain = ref["nvar"] / r["nvar"] if r["nvar"] > 0 else math.nan  # nan: not measurable (no signal)
+        out.setdefault((r["estimator"], r["N"], r["n"]), []).append(gain)
     summary = []
-    for (e, N, n), xs in sorted(out.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
+    for (e, N, n), all_xs in sorted(out.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
+        xs = [x for x in all_xs if not math.isnan(x)] or [math.nan]
         mu = sum(xs) / len(xs)
         se = math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) if len(xs) > 1 else float("nan")
-        summary.append(dict(estimator=e, N=N, n=n, gain=mu, gain_se=se, per_seed=xs))
+        summary.append(dict(estimator=e, N=N, n=n, gain=mu, gain_se=se, per_seed=all_xs))
     return summary
 
 

@@ -50,7 +50,7 @@ def test_three_steps_for_every_estimator(out, estimator):
     assert [r["step"] for r in rows] == [1, 2, 3]
     expected = {"reward", "success", "response_len", "tokens", "grad_norm", "adv_mean", "adv_std",
                 "entropy", "total_power", "pure_noise", "lr", "mismatch_mean_abs", "mismatch_max_abs",
-                "mismatch_k3", "t_rollout", "t_score", "t_update"}
+                "mismatch_k3", "t_rollout", "t_score", "t_update", "t_log"}
     assert expected <= set(rows[0])
     assert all(math.isfinite(r[k]) for r in rows for k in expected)
     assert rows[-1]["tokens"] == pytest.approx(sum(r["response_len"] for r in rows) * 16)  # 4 x N=4
@@ -521,7 +521,7 @@ def test_compare_plot_shows_success_per_step_and_a_zero_gradient_norm(tmp_path, 
     figures = []
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
     rows = lambda n, tokens_per_step, norm: [dict(step=i, tokens=tokens_per_step * i, success=0.2, grad_norm=norm(i),
-                                                 total_power=0.1, t_rollout=0, t_score=0, t_update=0)
+                                                 total_power=0.1, t_rollout=0, t_score=0, t_update=0, t_log=0)
                                             for i in range(1, n + 1)]
     cfg = train.Config()
     histories = {"otb-n4": (train.replace(cfg, estimator="otb", group_size=4), rows(20, 100, lambda i: 0.0 if i == 5 else 0.5)),
