@@ -414,6 +414,54 @@ def update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
     return norms, sum(clipped) / len(clipped), sum(losses) / len(losses)
 
 
+@dataclass
+class Step:
+    """What one training step produced (all (B, T) tensors right-padded, on the model's device)."""
+    ro: rollout.Rollout  # the sampled batch
+    R: torch.Tensor  # outcome reward per response, (B,)
+    adv: torch.Tensor  # A_t
+    old_logp: torch.Tensor  # log pi_old(y_t) of the training forward pass
+    sum_pi_sq: torch.Tensor  # sum_k pi_k^2
+    entropy: torch.Tensor  # per-token entropy
+    norms: list  # gradient norm (before clipping) of each optimizer step
+    clip_frac: float  # fraction of tokens whose PPO ratio was clipped
+    loss: float
+    seconds: tuple  # (rollout, score + estimate, update) wall-clock seconds
+
+
+def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
+    """One step: rollout -> score -> estimate -> update. Everything but ``estimator`` is identical
+    for every configuration; the prompts and the sampler's noise depend on (seed, step) only."""
+    device = next(model.parameters()).device
+    # ---- rollout
+    t0 = time.perf_counter()
+    prompts, answers = rollout.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
+    gen, draw_gen = generators(rollout.step_seed(cfg.seed, step), device)
+    if sampler is not model:
+        sampler.load_state_dict(model.state_dict())  # cast to the rollout dtype on copy
+    with autocast(device):
+        ro = rollout.sample(sampler, prompts, group_size=cfg.group_size,
+                            max_new_tokens=response_limit(cfg, task), temperature=cfg.temperature,
+                            eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=draw_gen)
+    R, token_rewards, _ = rollout.rewards(task, tok, ro, answers, cfg.group_size)
+    m, token_rewards = ro.response_mask, token_rewards.to(device)  # (B, T)
+    t1 = time.perf_counter()
+    # ---- score: the training forward pass, with its graph when the update can reuse it
+    one_pass = one_update_per_batch(cfg, len(m))
+    with (nullcontext() if one_pass else torch.no_grad()), autocast(device):
+        logp, sum_pi_sq, entropy = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response,
+                                                 m, cfg.temperature, cfg.chunk_size)
+    old_logp = logp.detach()  # log pi_old(y_t), (B, T)
+    # ---- estimate: the one line that differs between configurations
+    adv, _ = estimator(token_rewards=token_rewards, response_mask=m, group_index=ro.group_index,
+                       log_probs=old_logp, sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
+    t2 = time.perf_counter()
+    # ---- update
+    norms, clip_frac, loss = update(model, opt, cfg, ro, old_logp, adv, gen, logp=logp if one_pass else None)
+    t3 = time.perf_counter()
+    return Step(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss, (t1 - t0, t2 - t1, t3 - t2))
+
+
 def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
     """Run one configuration in run_dir (metrics.jsonl, checkpoint.pt, DONE). Returns the metrics.
 
@@ -421,7 +469,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
     finishes the current step, saves a checkpoint and raises Stopped. keep_optimizer=False leaves
     the optimizer state out of the final checkpoint (a finished configuration of a comparison).
     """
-    device, task = next(model.parameters()).device, make_task(cfg)
+    task = make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sampler = model if cfg.rollout_dtype == "float32" else copy.deepcopy(model).to(DTYPES[cfg.rollout_dtype])
@@ -436,39 +484,14 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
             lr = cfg.lr * lr_schedule.lr_factor(cfg.lr_schedule, lengths, cfg.steps, **schedule_kwargs(cfg))
             for group in opt.param_groups:
                 group["lr"] = lr  # a function of the earlier steps' mean lengths only
-            # ---- rollout: the prompts and the sampler's noise depend on (seed, step) only
-            t0 = time.perf_counter()
-            prompts, answers = rollout.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
-            gen, draw_gen = generators(rollout.step_seed(cfg.seed, step), device)
-            if sampler is not model:
-                sampler.load_state_dict(model.state_dict())  # cast to the rollout dtype on copy
-            with autocast(device):
-                ro = rollout.sample(sampler, prompts, group_size=cfg.group_size,
-                                    max_new_tokens=response_limit(cfg, task), temperature=cfg.temperature,
-                                    eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=draw_gen)
-            R, token_rewards, _ = rollout.rewards(task, tok, ro, answers, cfg.group_size)
-            m, token_rewards = ro.response_mask, token_rewards.to(device)  # (B, T)
-            t1 = time.perf_counter()
-            # ---- score: the training forward pass, with its graph when the update can reuse it
-            one_pass = one_update_per_batch(cfg, len(m))
-            with (nullcontext() if one_pass else torch.no_grad()), autocast(device):
-                logp, sum_pi_sq, entropy = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response,
-                                                         m, cfg.temperature, cfg.chunk_size)
-            old_logp = logp.detach()  # log pi_old(y_t), (B, T)
-            # ---- estimate: the one line that differs between configurations
-            adv, _ = estimator(token_rewards=token_rewards, response_mask=m, group_index=ro.group_index,
-                               log_probs=old_logp, sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
-            t2 = time.perf_counter()
-            # ---- update
-            norms, clip_frac, loss = update(model, opt, cfg, ro, old_logp, adv, gen,
-                                            logp=logp if one_pass else None)
-            t3 = time.perf_counter()
+            s = train_step(cfg, model, sampler, opt, task, tok, estimator, step)  # rollout -> update
             # ---- log: one JSON line per step, a readable line every log_every steps; checkpoint
+            t_log = time.perf_counter()
+            m = s.ro.response_mask
             lengths.append(m.sum(-1).mean().item())  # L_i, mean response length (the length rule)
             tokens += int(m.sum().item())
-            row = step_metrics(step, ro, R, adv, old_logp, sum_pi_sq, entropy, tokens, loss, norms,
-                               lr, clip_frac, (t1 - t0, t2 - t1, t3 - t2))
-            row["t_log"] = time.perf_counter() - t3  # the diagnostics above (they must stay cheap)
+            row = step_metrics(step, s, tokens, lr)
+            row["t_log"] = time.perf_counter() - t_log  # the diagnostics above (they must stay cheap)
             history.append(row)
             log(run_dir, cfg, bar, row)
             last = step + 1 == cfg.steps
@@ -490,8 +513,10 @@ def generators(seed, device):
     return gen, (gen if device.type != "cuda" else torch.Generator(device).manual_seed(seed))
 
 
-def step_metrics(step, ro, R, adv, old_logp, sum_pi_sq, entropy, tokens, loss, norms, lr, clip_frac, seconds):
-    """The metrics.jsonl row of one step."""
+def step_metrics(step, s, tokens, lr):
+    """The metrics.jsonl row of one step (``s`` from train_step)."""
+    ro, R, adv, old_logp, sum_pi_sq, entropy = s.ro, s.R, s.adv, s.old_logp, s.sum_pi_sq, s.entropy
+    loss, norms, clip_frac, seconds = s.loss, s.norms, s.clip_frac, s.seconds
     m = ro.response_mask
     delta = (old_logp - ro.logp) * m  # log pi_train - log pi_rollout, (B, T)
     power = diagnostics.gradient_power(adv, m, old_logp, sum_pi_sq)  # P_i, (B,)

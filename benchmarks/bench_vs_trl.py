@@ -95,14 +95,11 @@ def parse_args(argv=None):
 
 def setup(args):
     """(model folder, tokenizer, task, cfg): train.py's tiny model and configuration."""
-    import models
     cfg = train.parse_config(["--estimator", args.estimator, "--seed", str(args.seed), "--prompts-per-step",
                               str(args.prompts_per_step), "--group-size", str(args.group_size),
                               "--max-new-tokens", str(args.max_new_tokens), "--out", str(ROOT / "runs")])
-    task = train.make_task(cfg)
-    folder = models.tiny_model_folder(cfg, task, args.max_new_tokens)
-    _, tok, _ = models.load_model(cfg, task, torch.device("cpu"), args.max_new_tokens)
-    return folder, tok, task, cfg
+    _, tok, source = train.load(cfg, torch.device("cpu"))  # builds and caches the warm-up if needed
+    return source["path"], tok, train.make_task(cfg), cfg
 
 
 def fresh_model(folder):
@@ -121,30 +118,16 @@ def prompt_rows(tok, task, cfg, steps):
 
 
 # =====================================================================================
-# The project's side: one train.py step. The only coupling to train.py's loop; when
-# train.py's step changes (e.g. one forward pass per step, issue 15), adapt this function.
+# The project's side: one train.py step, through train.train_step itself
 # =====================================================================================
 
 def project_step(model, opt, tok, task, cfg, step):
-    """One step as train.train runs it (rollout, score, advantages, update), minus its logging.
-    Returns the phase times (s) and the success rate."""
-    t0 = time.perf_counter()
-    prompts, answers = rollout.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
-    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-    ro = rollout.sample(model, prompts, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-                        temperature=cfg.temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                        generator=gen)
-    t1 = time.perf_counter()
-    R, token_rewards, _ = rollout.rewards(task, tok, ro, answers, cfg.group_size)
-    with torch.no_grad():
-        old_logp, sum_pi_sq, _ = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response,
-                                               ro.response_mask, cfg.temperature, cfg.chunk_size or None)
-    adv, _ = otb.ESTIMATORS[cfg.estimator](token_rewards=token_rewards, response_mask=ro.response_mask,
-                                           group_index=ro.group_index, log_probs=old_logp, sum_pi_sq=sum_pi_sq)
-    t2 = time.perf_counter()
-    train.update(model, opt, cfg, ro, old_logp, adv, gen)
-    t3 = time.perf_counter()
-    return dict(rollout=t1 - t0, score=t2 - t1, update=t3 - t2, step=t3 - t0, success=(R >= 1).float().mean().item())
+    """One step exactly as train.train runs it (train.train_step: rollout, score, advantages,
+    update), without its logging. Returns the phase times (s) and the success rate."""
+    s = train.train_step(cfg, model, model, opt, task, tok, train.make_estimator(cfg.estimator, cfg.zero_tail), step)
+    rollout_s, score_s, update_s = s.seconds
+    return dict(rollout=rollout_s, score=score_s, update=update_s, step=sum(s.seconds),
+                success=(s.R >= 1).float().mean().item())
 
 
 def project_gradient(model, tok, task, cfg, batch):
