@@ -60,7 +60,7 @@ What differs from TRL's own advantages, and from train.py
 
 Why trl 1.16: it is the release whose fused LM head exposes ``log_sum_sq_probs`` and whose loss
 takes (B, T) advantages; the overridden methods are private, so requirements-trl.txt pins
-``trl>=1.16,<1.17`` and tests/test_otb_trl.py checks the result against otb.py on every run.
+``trl>=1.16,<1.17`` and tests/test_e2e_trl.py checks the result against otb.py on every run.
 """
 import argparse
 import sys

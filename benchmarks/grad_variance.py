@@ -22,7 +22,7 @@ Setup (common random numbers: every estimator sees the same responses)
 - Exact gradients: for estimators whose advantage is one number per response (reinforce,
   group_mean, grpo, rloo), (1) is sum_i (A_i / N) S_i with S_i = grad log pi(tau_i), one backward
   per response, stored for the prompt's M responses. OTB's advantage changes with t, so (1) is
-  one backward pass of the surrogate over the group's rows. tests/test_grad_variance.py checks
+  one backward pass of the surrogate over the group's rows. tests/test_naive_grad_variance.py checks
   both paths against a naive per-row loop.
 - Quality, scale-free (scale_free.py): a baseline that shrinks or rescales g must not look better
   for it, so the headline is the normalised variance nvar = tr Var(g) / ||E g||^2 (noise per unit

@@ -1,5 +1,15 @@
 """Shared test plumbing: the repository root on sys.path and a notebook runner.
 
+The tests come in tiers, named by their file prefix:
+
+- ``test_exact_*``: the maths against exact answers (closed forms, enumeration of the toy bandit,
+  autograd, the verl reference vectors in data/, hand-computed cases);
+- ``test_naive_*``: vectorised code against the plainest loops, which live in ``naive.py`` (the
+  only test module benchmarks may import);
+- ``test_inputs_*``: bad input gives one clear error naming it, and nothing is written;
+- ``test_e2e_*``: short end-to-end runs of the scripts (train.py, TRL, the experiments);
+- ``test_notebooks_*``: the tutorials (stored with current outputs) and the exercises.
+
 The modules are plain top-level files (not a package), so the tests import them
 by putting the repository root first on ``sys.path``.
 """

@@ -30,7 +30,7 @@ HAS_TRL = importlib.util.find_spec("trl") is not None
 IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false")
 needs_trl = pytest.mark.skipif(not HAS_TRL and not IN_CI,
                                reason="trl is not installed: pip install -r requirements-trl.txt")
-# A 1-layer, hidden-32 model with a 60-step warm-up on strings of length 1-2 (as in test_train.py):
+# A 1-layer, hidden-32 model with a 60-step warm-up on strings of length 1-2 (as in test_e2e_train.py):
 # responses end at different lengths, so padding and per-position baselines are exercised.
 TINY = ["--tiny-hidden", "32", "--tiny-layers", "1", "--horizon", "2", "--warmup-max-steps", "60",
         "--warmup-target", "0.1", "--group-size", "4"]

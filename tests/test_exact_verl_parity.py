@@ -126,7 +126,7 @@ def test_sum_pi_squared_float32_logits(case_name):
     assert spi.dtype == torch.float32
     exact = torch.softmax(logits.double(), -1).pow(2).sum(-1)
     err = (spi.double() - exact).abs().max().item()
-    assert err <= 2e-6, f"{case_name}: float32 sum_pi_squared off by {err:.2e}"  # see test_otb.py shift test
+    assert err <= 2e-6, f"{case_name}: float32 sum_pi_squared off by {err:.2e}"  # see test_naive_otb.py shift test
     assert (spi.double() - _t(case["sum_pi_squared"])).abs().max().item() <= 1e-5
 
 

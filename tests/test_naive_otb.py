@@ -6,7 +6,7 @@ on random batches drawn by hypothesis (varied lengths, interleaved groups of siz
 rewards at several positions, importance weights, zero tail, leave-one-out).
 
 The properties (closed forms, invariances, sum pi^2 precision, the autograd check of the proxy)
-are in ``test_otb_properties.py``, which reuses the hypothesis settings and helpers defined here.
+are in ``test_exact_otb_properties.py``, which reuses the hypothesis settings and helpers defined here.
 """
 import math
 

@@ -3,7 +3,7 @@
 gradient_power against its formula; mean_gradient_sq_norm and context_ids against the naive
 definition (``tests/naive.py``: a dict keyed by (group, whole prefix)) on random batches with
 interleaved groups, shared prefixes of random depth and padding that holds garbage;
-noise_diagnostics against numbers worked out by hand. (``tests/test_train.py`` also checks
+noise_diagnostics against numbers worked out by hand. (``tests/test_e2e_train.py`` also checks
 mean_gradient_sq_norm against explicit per-context logit-gradient vectors of a real model.)
 """
 import numpy as np
