@@ -42,7 +42,8 @@ import otb  # noqa: E402
 import rollout  # noqa: E402
 import scale_free  # noqa: E402
 import train  # noqa: E402
-from benchmarks.grad_variance import group_gradients, per_response_scores, subset, weighted_score_gradient  # noqa: E402
+from benchmarks.grad_variance import (group_gradients, per_response_scores, reference_gradient,  # noqa: E402
+                                      subset)
 from benchmarks.machine import machine  # noqa: E402
 
 ESTIMATORS = {
@@ -120,17 +121,11 @@ def measure_checkpoint(model, tok, task, cfg, args, seed):
     refs, ref_vars, lengths = [], [], []
     split = torch.Generator().manual_seed(seed + 1)
     for p in tqdm(range(args.prompts), desc=f"n={task.horizon} seed={seed}", leave=False):
-        # reference: RLOO inside 4 disjoint sub-pools, 4 i.i.d. unbiased estimates of this prompt's gradient
-        rows = torch.arange(p * args.ref_pool, (p + 1) * args.ref_pool)
-        sub = subset(ref_pool, rows)
-        r, m = ref_rewards[rows, :sub.response.shape[1]], sub.response_mask
-        gid = torch.arange(4).repeat_interleave(args.ref_pool // 4)
-        adv, _ = otb.rloo(r, m, gid)  # A_i, (M_ref, T)
-        est = torch.stack([weighted_score_gradient(model, subset(sub, (gid == k).nonzero()[:, 0]),
-                                                   adv[gid == k][:, :int(m[gid == k].sum(-1).max())] * 4 / args.ref_pool,
-                                                   cfg.temperature) for k in range(4)]).double()  # (4, D)
-        refs.append(est.mean(0))
-        ref_vars.append(((est - est.mean(0)) ** 2).sum().item() / 3 / 4)  # Var of the mean of 4
+        # reference: RLOO inside 4 disjoint sub-pools of a separate pool (unbiased), and its variance
+        ref_p, var_p = reference_gradient(model, ref_pool, ref_rewards,
+                                          torch.arange(p * args.ref_pool, (p + 1) * args.ref_pool), cfg.temperature)
+        refs.append(ref_p)
+        ref_vars.append(var_p)
         # the pool: every estimator on the same groups
         rows = torch.arange(p * args.pool, (p + 1) * args.pool)
         sub = subset(pool, rows)
