@@ -201,6 +201,7 @@ def plot(summary, path=None):
         ax.set(xscale="log", yscale="log", xlabel="answer length n (periodic copy)",
                ylabel="nvar(group_mean) / nvar(estimator)", title=f"N = {N}: gain over the group mean "
                "(> 1 is better)")
+        ax.xaxis.set_minor_locator(plt.NullLocator())  # only the measured n are labelled
         ax.set_xticks(sorted({s["n"] for s in summary}))
         ax.set_xticklabels([str(x) for x in sorted({s["n"] for s in summary})])
         ax.grid(True, which="both", alpha=0.3)
