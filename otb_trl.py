@@ -192,24 +192,23 @@ def reverse_dataset(task, tok, n, seed):
     return Dataset.from_list([{"prompt": task.prompt_text(tok, q), "answer": a} for q, a in pairs])
 
 
-def reverse_reward(task, eos_id):
-    """A TRL reward function for the reversal task: 1 for the exact reversed string ending in EOS."""
+def task_reward(task, eos_id):
+    """A TRL reward function for one of rollout.TASKS: the task's own 0/1 reward of the text, with
+    "finished" meaning the completion ended in EOS."""
     def reward(completions, answer, completion_ids, **_):
         return [task.reward(text, a, len(ids) > 0 and ids[-1] == eos_id)
                 for text, a, ids in zip(completions, answer, completion_ids)]
-    reward.__name__ = "reverse"
+    reward.__name__ = type(task).__name__
     return reward
 
 
 def tiny_setup(cache="runs"):
     """The tiny model (warmed up and cached under <cache>/_cache by models.py, as train.py does),
     its tokenizer, the task and train.py's default configuration."""
-    import models
     import train
     cfg = train.parse_config(["--out", cache])
-    task = train.make_task(cfg)
-    model, tok, _ = models.load_model(cfg, task, torch.device("cpu"), train.max_new_tokens(cfg, task))
-    return model, tok, task, cfg
+    model, tok, _ = train.load(cfg, torch.device("cpu"))
+    return model, tok, train.make_task(cfg), cfg
 
 
 def grpo_config(out, cfg, steps, prompts_per_step, max_new_tokens=18, **overrides):
@@ -242,7 +241,7 @@ def main(argv=None):
     print("python otb_trl.py " + " ".join(sys.argv[1:] if argv is None else argv), flush=True)
     model, tok, task, cfg = tiny_setup()
     data = reverse_dataset(task, tok, args.steps * args.prompts_per_step, cfg.seed)
-    trainer = OTBGRPOTrainer(model, reward_funcs=reverse_reward(task, tok.eos_token_id),
+    trainer = OTBGRPOTrainer(model, reward_funcs=task_reward(task, tok.eos_token_id),
                              args=grpo_config(args.out, cfg, args.steps, args.prompts_per_step),
                              train_dataset=data, processing_class=tok, estimator=args.estimator)
     from transformers import PrinterCallback

@@ -70,7 +70,11 @@ def parse_args(argv=None):
                    help="the project's estimator; TRL gets the matching scale_rewards")
     p.add_argument("--prompts-per-step", type=at_least(1), default=16, help="prompts per step")
     p.add_argument("--group-size", type=at_least(2), default=4, help="N, responses per prompt")
-    p.add_argument("--max-new-tokens", type=at_least(1), default=18, help="response length limit")
+    p.add_argument("--task", default="reverse", choices=["reverse", "periodic"],
+                   help="train.py's task: reverse (the default run) or periodic (the long-horizon one)")
+    p.add_argument("--horizon", type=at_least(1), default=None, help="the task's length knob (default: the task's)")
+    p.add_argument("--max-new-tokens", type=at_least(1), default=None,
+                   help="response length limit (default: the task's, 18 for reverse)")
     p.add_argument("--seed", type=int, default=0, help="prompt stream and sampler seed (the tiny model's too)")
     p.add_argument("--memory-steps", type=at_least(2), default=4,
                    help="steps of each memory probe (the first sets the baseline)")
@@ -93,11 +97,18 @@ def parse_args(argv=None):
 # Shared setup: the tiny model, the configuration, the prompts of each step
 # =====================================================================================
 
+def task_args(args):
+    """The train.py options for --horizon and --max-new-tokens, when given."""
+    return ([] if args.horizon is None else ["--horizon", str(args.horizon)]) + \
+        ([] if args.max_new_tokens is None else ["--max-new-tokens", str(args.max_new_tokens)])
+
+
 def setup(args):
     """(model folder, tokenizer, task, cfg): train.py's tiny model and configuration."""
     cfg = train.parse_config(["--estimator", args.estimator, "--seed", str(args.seed), "--prompts-per-step",
-                              str(args.prompts_per_step), "--group-size", str(args.group_size),
-                              "--max-new-tokens", str(args.max_new_tokens), "--out", str(ROOT / "runs")])
+                              str(args.prompts_per_step), "--group-size", str(args.group_size), "--task", args.task,
+                              *task_args(args), "--out", str(ROOT / "runs")])
+    cfg.max_new_tokens = train.response_limit(cfg, train.make_task(cfg))  # explicit for TRL's config
     _, tok, source = train.load(cfg, torch.device("cpu"))  # builds and caches the warm-up if needed
     return source["path"], tok, train.make_task(cfg), cfg
 
@@ -186,7 +197,7 @@ def trl_trainer(folder, tok, task, cfg, data, out, steps, callbacks=(), **overri
     from transformers import PrinterCallback
     args = otb_trl.grpo_config(out, cfg, steps, cfg.prompts_per_step, cfg.max_new_tokens,
                                scale_rewards=TRL_SCALE[cfg.estimator], **overrides)
-    trainer = TimedGRPOTrainer(fresh_model(folder), reward_funcs=otb_trl.reverse_reward(task, tok.eos_token_id),
+    trainer = TimedGRPOTrainer(fresh_model(folder), reward_funcs=otb_trl.task_reward(task, tok.eos_token_id),
                                args=args, train_dataset=data, processing_class=tok, callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)  # TRL's per-step log dicts; the report has the numbers
     return trainer
@@ -311,7 +322,7 @@ def memory(args):
         cmd = [sys.executable, __file__, "--memory-probe", side, "--memory-steps", str(args.memory_steps),
                "--out", args.out, "--estimator", args.estimator, "--seed", str(args.seed),
                "--prompts-per-step", str(args.prompts_per_step), "--group-size", str(args.group_size),
-               "--max-new-tokens", str(args.max_new_tokens)]
+               "--task", args.task, *task_args(args)]
         r = subprocess.run(cmd, capture_output=True, text=True, check=True)
         result[side] = json.loads(r.stdout.strip().splitlines()[-1])
         result[side]["step_growth_mib"] = result[side]["peak_rss_mib"] - result[side]["after_first_step_rss_mib"]
@@ -329,13 +340,13 @@ def summarize(rows, skip):
                 learning=learn)
 
 
-def report(args, command, info, summary, grad, mem):
+def report(args, cfg, command, info, summary, grad, mem):
     med, r = summary["median_s"], summary["ratio_project_over_trl"]
     trl_name = f'TRL GRPOTrainer (scale_rewards="{TRL_SCALE[args.estimator]}", loss_type="dapo")'
     lines = [f"# train.py's step vs {trl_name}\n", f"`{command}`  ",
              f"{info['cpu']}, {info['torch_threads']} torch thread(s), torch {info['torch']}, "
              f"trl {info['trl']}, transformers {info['transformers']}; OMP_WAIT_POLICY={info['omp_wait_policy']}; "
-             f"{args.prompts_per_step} prompts x N={args.group_size}, {args.max_new_tokens} new tokens; "
+             f"task {args.task}, {args.prompts_per_step} prompts x N={args.group_size}, {cfg.max_new_tokens} new tokens; "
              f"median of steps {args.skip + 1}-{args.steps}, the two sides interleaved\n",
              "| side | rollout (s) | score (s) | update (s) | step (s) |", "|---|---|---|---|---|"]
     for side, name in (("project", f"project ({args.estimator})"), ("trl", "TRL")):
@@ -374,7 +385,7 @@ def main(argv=None):
     rows = interleaved(folder, tok, task, cfg, args, out)
     mem = None if args.no_memory else memory(args)
     summary = summarize(rows, args.skip)
-    text = report(args, command, info, summary, grad, mem)
+    text = report(args, cfg, command, info, summary, grad, mem)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_vs_trl.json").write_text(json.dumps(dict(
         command=command, machine=info, args={k: v for k, v in vars(args).items() if k != "memory_probe"},

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import models
 import otb
 import rollout
 import train
@@ -65,10 +64,10 @@ def test_without_trl_the_benchmark_says_what_to_install(tmp_path):
 def setup(tmp_path_factory):
     """(model folder, tokenizer, task, cfg, dataset): the warmed-up tiny model, saved once."""
     out = tmp_path_factory.mktemp("runs")
-    cfg = train.parse_config(TINY + ["--out", str(out)])
+    cfg = train.parse_config(TINY + ["--max-new-tokens", str(MAX_NEW), "--out", str(out)])
     task = train.make_task(cfg)
-    folder = models.tiny_model_folder(cfg, task, MAX_NEW)
-    _, tok, _ = models.load_model(cfg, task, torch.device("cpu"), MAX_NEW)
+    _, tok, source = train.load(cfg, torch.device("cpu"))
+    folder = source["path"]
     # distinct prompts, so a group is exactly "the rows with this prompt"
     rng = random.Random(0)
     strings = rng.sample(["".join(p) for p in (*task.alphabet, *(a + b for a in task.alphabet
@@ -101,7 +100,7 @@ def make_trainer(setup, cls, name, steps=1, config=None, **kw):
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     args = otb_trl.grpo_config(out / name, cfg, steps, PROMPTS, MAX_NEW, max_grad_norm=1e9,  # never clipped
                                **(config or {}))
-    return cls(model, reward_funcs=[otb_trl.reverse_reward(task, tok.eos_token_id), letters], args=args,
+    return cls(model, reward_funcs=[otb_trl.task_reward(task, tok.eos_token_id), letters], args=args,
                train_dataset=data, processing_class=tok, **kw)
 
 
