@@ -669,8 +669,8 @@ def write_summary(out, cfg, histories):
         ax1.plot([r["tokens"] for r in h], smooth, label=name)
         ax2.plot([r["step"] for r in h], smooth, label=name)
         ax3.plot([r["step"] for r in h], [r["grad_norm"] for r in h], label=name, lw=1)
-    ax1.set(xlabel="response tokens sampled", ylabel="success rate (10-step moving average)",
-            title="success against sampling cost")
+    ax1.set(xlabel="response tokens sampled (log scale)", ylabel="success rate (10-step moving average)",
+            title="success against sampling cost", xscale="log")  # log: N = 4 and N = 16 both get room
     ax2.set(xlabel="step", ylabel="success rate (10-step moving average)", title="success against step")
     ax3.set(xlabel="step", ylabel="gradient norm (before clipping)", title="gradient norm (0 is shown)")
     ax3.set_yscale("symlog", linthresh=1e-3)  # log-like above 1e-3, linear through 0

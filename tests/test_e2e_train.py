@@ -530,3 +530,14 @@ def test_compare_plot_shows_success_per_step_and_a_zero_gradient_norm(tmp_path, 
     tokens_ax, step_ax, norm_ax = figures[0].axes
     assert step_ax.get_xlabel() == "step" and step_ax.get_xlim()[1] <= 21  # both curves span this panel
     assert norm_ax.get_yscale() == "symlog" and norm_ax.get_ylim()[0] <= 0.0  # the zero is on the axis
+
+
+def test_the_docs_show_the_saved_default_run():
+    """docs/training.md's table is benchmarks/results/default_run/summary.md without its timing
+    column, so the docs change with the results (which `python train.py --results-dir ...` makes)."""
+    root = Path(train.__file__).resolve().parent
+    saved = [line for line in (root / "benchmarks/results/default_run/summary.md").read_text().splitlines()
+             if line.startswith("|")]
+    assert saved[0].rstrip("|").split("|")[-1].strip() == "seconds"
+    expected = "\n".join("|" + "|".join(line.strip("|").split("|")[:-1]) + "|" for line in saved)
+    assert expected in (root / "docs/training.md").read_text()
