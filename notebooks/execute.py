@@ -5,8 +5,8 @@ numbers and figures without running anything.
     python notebooks/execute.py --check    # exit 1 if a stored output differs from a fresh run
 
 The stored outputs are compared as text (printed numbers, tables); figures are compared by count
-only (their bytes depend on the matplotlib build), and anything that looks like a wall-clock time
-is masked. The test suite runs the check, so a change to a module that moves a number in a
+only (their bytes depend on the matplotlib build), anything that looks like a wall-clock time is
+masked, and stderr (warnings) is neither stored nor compared. The test suite runs the check, so a change to a module that moves a number in a
 notebook fails until the notebook is re-run with this command. The exercise notebooks are not
 touched: they stay blank (see exercises/build.py).
 """
@@ -24,10 +24,17 @@ TIME = re.compile(r"\b\d+(\.\d+)?\s?(s|ms|sec|seconds|min)\b")  # wall-clock tim
 
 
 def execute(path, timeout=600):
-    """The notebook at ``path`` (relative to the repo root), executed top to bottom from the root."""
+    """The notebook at ``path`` (relative to the repo root), executed top to bottom from the root.
+
+    What depends on the machine rather than the code is left out: stderr (warnings that name the
+    virtual environment's path) and the execution timestamps in each cell's metadata."""
     nb = nbformat.read(str(ROOT / path), as_version=4)
     NotebookClient(nb, timeout=timeout, kernel_name="python3",
                    resources={"metadata": {"path": str(ROOT)}}).execute()
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+        if cell.cell_type == "code":
+            cell.outputs = [o for o in cell.outputs if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
     return nb
 
 
@@ -39,7 +46,7 @@ def fingerprint(nb):
             continue
         texts, images = [], 0
         for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream":
+            if out.get("output_type") == "stream" and out.get("name") != "stderr":
                 texts.append(out.get("text", ""))
             data = out.get("data", {})
             images += sum(1 for k in data if k.startswith("image/"))
