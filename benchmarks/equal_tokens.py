@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -83,7 +84,7 @@ def run_all(jobs, runs, workers, log):
             ready[seed].wait()
         folder = Path(runs) / run_name(*job)
         if folder.exists():  # an interrupted earlier attempt: start it again from scratch
-            subprocess.run(["rm", "-rf", str(folder)], check=True)
+            shutil.rmtree(folder)
         t0 = time.time()
         with open(log, "a") as f:
             rc = subprocess.run(command(*job, runs), stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
@@ -175,7 +176,7 @@ def analyse(runs, lrs):
         for k in ("primary", "auc"):
             d = [otb4[s][k] - per_run[(est, n)][s][k] for s in SEEDS]
             mu, se = mean_se(d)
-            lo, hi = mu - T_975_DF5 * se * 1.0, mu + T_975_DF5 * se
+            lo, hi = mu - T_975_DF5 * se, mu + T_975_DF5 * se
             paired.append(dict(comparator=f"{est}:{n}", endpoint=k, mean_diff=mu, ci_low=lo, ci_high=hi,
                                per_seed=d, otb_better_seeds=sum(x > 0 for x in d)))
     return per_run, configs, paired
