@@ -366,6 +366,9 @@ def interrupt_at(monkeypatch, step, hard=False):
     import signal
     seen = []
     real = train.step_metrics
+    # A shell can start the tests with SIGINT ignored (nohup, some CI runners), and train.py then
+    # rightly keeps ignoring it: give this process Python's default Ctrl-C, as a terminal has.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def step_metrics(*a, **k):
         seen.append(1)
