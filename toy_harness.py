@@ -36,6 +36,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, fields
@@ -217,7 +218,6 @@ def writable_file(flag, path, suffixes):
         if parent.exists():
             if not parent.is_dir():
                 return f"{flag} {path}: {parent} is a file, not a folder"
-            import os
             return None if os.access(parent, os.W_OK) else f"{flag} {path}: {parent} is not writable"
     return None
 

@@ -179,6 +179,13 @@ def group_gradients(model, ro, groups, adv, temperature, S=None):
     return torch.stack(out)  # (K, D)
 
 
+def group_ids_of(groups, M):
+    """(K, N) disjoint row indices of M rows -> the group id of each row, (M,)."""
+    gid = torch.empty(M, dtype=torch.long)
+    gid[groups.reshape(-1)] = torch.arange(len(groups)).repeat_interleave(groups.shape[1])
+    return gid
+
+
 def trace_variance(G):
     """Unbiased tr Var of i.i.d. vectors, eq. (2): sum_k ||g_k - mean||^2 / (K - 1). G: (K, D)."""
     G = G.double()
@@ -257,8 +264,7 @@ def measure(model, tok, args, progress=True):
             perm = torch.randperm(args.pool, generator=split_gen)
             for n in Ns:
                 groups = perm.view(-1, n)  # (K, N) disjoint groups
-                gid = torch.empty(args.pool, dtype=torch.long)
-                gid[groups.reshape(-1)] = torch.arange(len(groups)).repeat_interleave(n)
+                gid = group_ids_of(groups, args.pool)
                 for e in ests:
                     adv, _ = ESTIMATORS[e](token_rewards=r, response_mask=m, group_index=gid,
                                            log_probs=logp, sum_pi_sq=spp)  # A_t, (M, T)

@@ -30,7 +30,6 @@ import json
 import math
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -38,23 +37,13 @@ from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import otb  # noqa: E402
 import rollout  # noqa: E402
 import scale_free  # noqa: E402
 import train  # noqa: E402
-from benchmarks.grad_variance import (group_gradients, per_response_scores, reference_gradient,  # noqa: E402
-                                      subset)
+from benchmarks.grad_variance import (ESTIMATORS, group_gradients, group_ids_of,  # noqa: E402
+                                      per_response_scores, reference_gradient, subset)
 from benchmarks.machine import machine  # noqa: E402
 
-ESTIMATORS = {
-    "reinforce": otb.reinforce,
-    "group_mean": otb.group_mean,
-    "rloo": otb.rloo,
-    "grpo": otb.grpo,
-    "otb": otb.optimal_token_baseline,  # zero tail off (verl's default)
-    "otb_zero_tail": partial(otb.optimal_token_baseline, zero_tail=True),
-    "otb_loo": partial(otb.optimal_token_baseline, leave_one_out=True),
-}
 
 
 def parse_args(argv=None):
@@ -101,12 +90,6 @@ def checkpoint(n, seed, args):
     return model, tok, train.make_task(cfg), cfg, source
 
 
-def group_ids_for(groups, M):
-    gid = torch.empty(M, dtype=torch.long)
-    gid[groups.reshape(-1)] = torch.arange(len(groups)).repeat_interleave(groups.shape[1])
-    return gid
-
-
 def measure_checkpoint(model, tok, task, cfg, args, seed):
     """Per estimator and N: per-prompt (mean gradient, tr Var, K); the reference gradient."""
     limit = train.response_limit(cfg, task)
@@ -137,7 +120,7 @@ def measure_checkpoint(model, tok, task, cfg, args, seed):
         perm = torch.randperm(args.pool, generator=split)
         for N in args.group_sizes:
             groups = perm.view(-1, N)  # (K, N) disjoint groups
-            gid = group_ids_for(groups, args.pool)
+            gid = group_ids_of(groups, args.pool)
             for name, fn in ESTIMATORS.items():
                 adv, _ = fn(token_rewards=r, response_mask=m, group_index=gid, log_probs=logp, sum_pi_sq=spp)
                 G = group_gradients(model, sub, groups, adv, cfg.temperature, S=S).double()  # (K, D)
