@@ -131,19 +131,17 @@ def token_energy(log_probs, sum_pi_sq):
 # The Optimal Token Baseline, eqs. (1)-(6)
 # =====================================================================================
 
-def _reward_to_go(r, valid, dtype):
-    """G_t = sum_{u>=t} r_u over the valid positions, eq. (1): a reverse cumulative sum, (B, T)."""
-    r = torch.where(valid, r.to(dtype), 0.0)  # r_t, 0 on padding (which may hold NaN)
-    return r.flip(-1).cumsum(-1).flip(-1)  # G_t
+def _reward_to_go(r, m):
+    """G_t m_t, with G_t = sum_{u>=t} r_u m_u, eq. (1): a reverse cumulative sum, (B, T)."""
+    return (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, 0 on padding
 
 
-def _realized_energy(log_probs, sum_pi_sq, is_weights, valid, dtype):
-    """W_t m_t, with W_t = sum_{j<=t} w_j over the valid positions, eq. (3), (B, T)."""
-    w = token_energy(log_probs, sum_pi_sq).to(dtype)  # w_t, eq. (2) through (7)
+def _realized_energy(log_probs, sum_pi_sq, is_weights, m):
+    """W_t m_t, with W_t = sum_{j<=t} w_j m_j, eq. (3): a cumulative sum, (B, T)."""
+    w = token_energy(log_probs, sum_pi_sq).to(m.dtype)  # w_t, eq. (2) through (7)
     if is_weights is not None:
-        w = w * is_weights.to(dtype) ** 2  # w_t <- rho_t^2 w_t
-    W = torch.where(valid, w, 0.0).cumsum(-1)  # W_t
-    return torch.where(valid, W, 0.0)  # W_t m_t, 0 on padding
+        w = w * is_weights.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
+    return (w * m).cumsum(-1) * m  # W_t m_t, 0 on padding
 
 
 def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, *,
@@ -154,31 +152,30 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     (B, T). group_index: one prompt id per row. Returns (advantages, returns), both (B, T),
     exactly 0 at padded positions.
     """
-    x, valid, gid, n_groups = _checked(token_rewards, response_mask, group_index, eps=eps,
-                                       log_probs=log_probs, sum_pi_sq=sum_pi_sq, is_weights=is_weights)
-    dtype = _working_dtype(x["token_rewards"])
-    G = _reward_to_go(x["token_rewards"], valid, dtype)  # G_t, eq. (1), (B, T)
-    Wm = _realized_energy(x["log_probs"], x["sum_pi_sq"], x["is_weights"], valid, dtype)  # W_t m_t, eq. (3)
+    x, m, gid, n_groups = _checked(token_rewards, response_mask, group_index, eps=eps,
+                                   log_probs=log_probs, sum_pi_sq=sum_pi_sq, is_weights=is_weights)
+    G = _reward_to_go(x["token_rewards"], m)  # G_t m_t, eq. (1), (B, T)
+    W = _realized_energy(x["log_probs"], x["sum_pi_sq"], x["is_weights"], m)  # W_t m_t, eq. (3), (B, T)
 
     if leave_one_out:  # eq. (6) over the *other* rows j != i of the group, (B, T)
         # "group total minus own term" cancels badly in float32 when one row's energy dwarfs the
         # others', so these sums are taken in float64.
-        GWm, Wm, m = (G * Wm).double(), Wm.double(), valid.double()
-        num = _group_sum(GWm, gid, n_groups)[gid] - GWm  # sum_{j != i} G_t W_t m_t
-        den = (_group_sum(Wm, gid, n_groups)[gid] - Wm).clamp(min=0.0)  # sum_{j != i} W_t m_t
-        others = _group_sum(m, gid, n_groups)[gid] - m  # other rows active at t
-        B = torch.where(others > 0, num / (den + eps), 0.0).to(dtype)  # B_t without row i
+        GW, W64, m64 = (G * W).double(), W.double(), m.double()
+        num = _group_sum(GW, gid, n_groups)[gid] - GW  # sum_{j != i} G_t W_t m_t
+        den = (_group_sum(W64, gid, n_groups)[gid] - W64).clamp(min=0.0)  # sum_{j != i} W_t m_t
+        others = _group_sum(m64, gid, n_groups)[gid] - m64  # other rows active at t
+        B = torch.where(others > 0, num / (den + eps), 0.0).to(m.dtype)  # B_t without row i
     else:  # the baseline is the same for every row of a group: one per group
-        num = _group_sum(G * Wm, gid, n_groups)  # sum_i G_t W_t m_t, (groups, T)
-        den = _group_sum(Wm, gid, n_groups)  # sum_i W_t m_t, (groups, T)
+        num = _group_sum(G * W, gid, n_groups)  # sum_i G_t W_t m_t, (groups, T)
+        den = _group_sum(W, gid, n_groups)  # sum_i W_t m_t, (groups, T)
         B = num / (den + eps)  # B_t, eq. (6), (groups, T)
         keep = (torch.bincount(gid, minlength=n_groups) > 1)[:, None]  # singleton groups: B = 0
         if zero_tail:
-            keep = keep & (_group_sum(valid.to(dtype), gid, n_groups) > 1)  # one row left at t: B = 0
-        B = torch.where(keep, B, 0.0)[gid]  # each row gets its group's B_t, (B, T)
+            keep = keep & (_group_sum(m, gid, n_groups) > 1)  # one row left at t: B = 0
+        B = torch.where(keep, B, 0.0).index_select(0, gid)  # each row gets its group's B_t, (B, T)
 
-    A = torch.where(valid, G - B, 0.0)  # A_t = G_t - B_t, eq. (5), 0 on padding
-    return A, torch.where(valid, G, 0.0)
+    A = (G - B) * m  # A_t = G_t - B_t, eq. (5), 0 on padding
+    return A, G
 
 
 # =====================================================================================
@@ -187,11 +184,10 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
 
 def _sequence_setup(token_rewards, response_mask, group_index):
     """R(tau) per row (B,), the mask m (B, T), group ids (B,), their count, and group sizes."""
-    x, valid, gid, n_groups = _checked(token_rewards, response_mask, group_index)
-    dtype = _working_dtype(x["token_rewards"])
-    score = torch.where(valid, x["token_rewards"].to(dtype), 0.0).sum(-1)  # R(tau) = sum of r_t, (B,)
-    size = torch.bincount(gid, minlength=n_groups).to(dtype)  # rows per group, (G,)
-    return score, valid.to(dtype), gid, n_groups, size
+    x, m, gid, n_groups = _checked(token_rewards, response_mask, group_index)
+    score = (x["token_rewards"] * m).sum(-1)  # R(tau) = sum of r_t m_t, (B,)
+    size = torch.bincount(gid, minlength=n_groups).to(m.dtype)  # rows per group, (G,)
+    return score, m, gid, n_groups, size
 
 
 def _broadcast(adv, score, m):
@@ -296,17 +292,19 @@ LIMITS = {  # name: (lowest, highest, rule) allowed at valid positions; every va
     "token_rewards": (-math.inf, math.inf, "finite"),
     "log_probs": (-math.inf, ROUNDING, "finite and <= 0"),
     "sum_pi_sq": (-ROUNDING, 1 + ROUNDING, "finite and in [0, 1]"),
-    "is_weights": (-math.inf, math.inf, "finite"),
+    "is_weights": (-1e18, 1e18, "finite and at most 1e18 in size (rho^2 must not overflow)"),
 }
 
 
 def _checked(token_rewards, response_mask, group_index, eps=0.0, **per_token):
-    """The (B, T) inputs as tensors, checked: returns (x, valid, gid, n_groups).
+    """The (B, T) inputs as tensors, checked: returns (x, m, gid, n_groups).
 
-    x maps each argument's name to its tensor (None stays None); valid is the mask as bool.
-    Each problem raises a ValueError naming the argument. On valid input this costs one min/max
-    reduction per tensor and one over the mask; the offending position is searched for only when
-    a reduction says something is wrong (padding may hold anything, NaN included).
+    x maps each argument's name to its tensor (None stays None); m is the mask as 0/1 numbers in
+    the working dtype (float64 if token_rewards is float64, else float32). Each problem raises a
+    ValueError naming the argument. Padding may hold anything: where it holds a value out of range
+    (NaN included), x gets a copy with 0 there, so the maths can mask by multiplying with m.
+    On valid input this costs one min/max reduction per tensor and two over the mask; positions
+    are searched only when a reduction says something is wrong.
     """
     if not (isinstance(eps, numbers.Real) and 0.0 <= eps < math.inf):
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
@@ -320,21 +318,29 @@ def _checked(token_rewards, response_mask, group_index, eps=0.0, **per_token):
             raise ValueError(f"{name} has shape {tuple(v.shape)} but token_rewards has shape {tuple(shape)}")
     if 0 in shape:
         raise ValueError(f"empty batch: token_rewards has shape {tuple(shape)}")
-    mask = x["response_mask"]
-    valid = mask.bool()
-    if not torch.equal(mask, valid.to(mask.dtype)):  # a 0/1 mask equals its own bool
-        bad = mask[mask != valid.to(mask.dtype)][0].item()
+    m = x.pop("response_mask").to(_working_dtype(x["token_rewards"]))  # m_t, (B, T)
+    (lo, hi), (frac_lo, frac_hi) = _min_max(m), _min_max(m.frac())
+    if not (0 <= lo and hi <= 1 and frac_lo == frac_hi == 0):  # in [0, 1], no fraction: 0 or 1
+        bad = m[(m != 0) & (m != 1)][0].item()
         raise ValueError(f"response_mask must contain only 0 and 1, found {bad}")
     for name, (lowest, highest, rule) in LIMITS.items():
         v = x.get(name)
         if v is None:
             continue
-        lo, hi = (float(b) for b in torch.aminmax(v.float() if v.dtype == torch.bool else v))
+        lo, hi = _min_max(v)
         if lowest <= lo and hi <= highest and math.isfinite(lo) and math.isfinite(hi):
             continue  # the common case: everything in range, padding included
-        bad = valid & ~(torch.isfinite(v) & (v >= lowest) & (v <= highest))
+        ok = torch.isfinite(v) & (v >= lowest) & (v <= highest)
+        bad = (m > 0) & ~ok
         if bad.any():
             i, t = bad.nonzero()[0].tolist()
             raise ValueError(f"{name} must be {rule}, found {v[i, t].item():.6g} at valid position ({i}, {t})")
+        x[name] = torch.where(ok, v, 0)  # padding out of range -> 0
     gid, n_groups = group_ids(group_index, shape[0])
-    return x, valid, gid.to(mask.device), n_groups
+    return x, m, gid.to(m.device), n_groups
+
+
+def _min_max(v):
+    """(min, max) of a tensor as two Python floats: one reduction."""
+    lo, hi = torch.aminmax(v.float() if v.dtype == torch.bool else v)
+    return float(lo), float(hi)
