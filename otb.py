@@ -55,10 +55,16 @@ Departures and choices (all matching the widely used verl implementation unless 
 - sum pi^2 is computed in float32 even for bf16 logits (float64 stays float64): in bf16 the
   difference in (7) can go negative.
 
+How the code computes (6): the mask m multiplies, as in the formula (padding that holds NaN or
+another value out of range is set to 0 first, so that 0 * NaN never happens). The sums over a
+group need every row of it, so OTB takes two passes: G_t, W_t and the group sums, then each row's
+B_t and A_t. On a CPU each pass works through the rows in blocks of about 2^20 tokens, which
+keeps large batches from paying a page fault per fresh temporary (``_row_blocks``).
+
 Bad input (wrong shapes, a mask other than 0/1, NaN or inf at a valid position, log-probs above
-0, sum pi^2 outside [0, 1], a negative eps, a string as group_index) raises a ValueError naming
-the argument; padded positions may hold anything. Plain (nested) lists are accepted wherever a
-tensor is. The forward-only variance diagnostics built on (7) live in ``diagnostics.py``.
+0, sum pi^2 outside [0, 1], importance weights above 1e18, a negative eps, a string as
+group_index) raises a ValueError naming the argument; padded positions may hold anything. Plain
+(nested) lists are accepted wherever a tensor is. The forward-only variance diagnostics built on (7) live in ``diagnostics.py``.
 """
 import math
 import numbers
@@ -132,12 +138,12 @@ def token_energy(log_probs, sum_pi_sq):
 # =====================================================================================
 
 def _reward_to_go(r, m):
-    """G_t m_t, with G_t = sum_{u>=t} r_u m_u, eq. (1): a reverse cumulative sum, (B, T)."""
+    """G_t m_t, with G_t = sum_{u>=t} r_u m_u, eq. (1): a reverse cumulative sum, (rows, T)."""
     return (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, 0 on padding
 
 
 def _realized_energy(log_probs, sum_pi_sq, is_weights, m):
-    """W_t m_t, with W_t = sum_{j<=t} w_j m_j, eq. (3): a cumulative sum, (B, T)."""
+    """W_t m_t, with W_t = sum_{j<=t} w_j m_j, eq. (3): a cumulative sum, (rows, T)."""
     w = token_energy(log_probs, sum_pi_sq).to(m.dtype)  # w_t, eq. (2) through (7)
     if is_weights is not None:
         w = w * is_weights.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
@@ -151,30 +157,47 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     token_rewards, response_mask, log_probs (of the sampled tokens), sum_pi_sq, is_weights:
     (B, T). group_index: one prompt id per row. Returns (advantages, returns), both (B, T),
     exactly 0 at padded positions.
+
+    Two passes: (1)-(3) are row by row, but (6) needs sums over whole groups before any row's
+    baseline is known. Each pass takes all rows at once on a GPU and blocks of rows on a CPU
+    (_row_blocks says why); a row's numbers do not depend on the blocks.
     """
     x, m, gid, n_groups = _checked(token_rewards, response_mask, group_index, eps=eps,
                                    log_probs=log_probs, sum_pi_sq=sum_pi_sq, is_weights=is_weights)
-    G = _reward_to_go(x["token_rewards"], m)  # G_t m_t, eq. (1), (B, T)
-    W = _realized_energy(x["log_probs"], x["sum_pi_sq"], x["is_weights"], m)  # W_t m_t, eq. (3), (B, T)
+    blocks = _row_blocks(m)  # slices of rows
+    # "Group total minus own term" (leave-one-out) cancels badly in float32 when one row's energy
+    # dwarfs the others', so its group sums are taken in float64.
+    acc = torch.float64 if leave_one_out else m.dtype
+    num, den, active = (torch.zeros(n_groups, m.shape[1], dtype=acc, device=m.device) for _ in range(3))
 
-    if leave_one_out:  # eq. (6) over the *other* rows j != i of the group, (B, T)
-        # "group total minus own term" cancels badly in float32 when one row's energy dwarfs the
-        # others', so these sums are taken in float64.
-        GW, W64, m64 = (G * W).double(), W.double(), m.double()
-        num = _group_sum(GW, gid, n_groups)[gid] - GW  # sum_{j != i} G_t W_t m_t
-        den = (_group_sum(W64, gid, n_groups)[gid] - W64).clamp(min=0.0)  # sum_{j != i} W_t m_t
-        others = _group_sum(m64, gid, n_groups)[gid] - m64  # other rows active at t
-        B = torch.where(others > 0, num / (den + eps), 0.0).to(m.dtype)  # B_t without row i
-    else:  # the baseline is the same for every row of a group: one per group
-        num = _group_sum(G * W, gid, n_groups)  # sum_i G_t W_t m_t, (groups, T)
-        den = _group_sum(W, gid, n_groups)  # sum_i W_t m_t, (groups, T)
-        B = num / (den + eps)  # B_t, eq. (6), (groups, T)
-        keep = (torch.bincount(gid, minlength=n_groups) > 1)[:, None]  # singleton groups: B = 0
-        if zero_tail:
-            keep = keep & (_group_sum(m, gid, n_groups) > 1)  # one row left at t: B = 0
-        B = torch.where(keep, B, 0.0).index_select(0, gid)  # each row gets its group's B_t, (B, T)
+    # Pass 1: each row's G_t and W_t, eqs. (1)-(3), added into its group's sums.
+    G = torch.empty_like(m)  # G_t m_t, (B, T), filled block by block
+    for b in blocks:
+        G[b] = _reward_to_go(x["token_rewards"][b], m[b])
+        W = _realized_energy(x["log_probs"][b], x["sum_pi_sq"][b], _rows(x["is_weights"], b), m[b])  # W_t m_t
+        num.index_add_(0, gid[b], (G[b] * W).to(acc))  # sum_i G_t W_t m_t, (groups, T)
+        den.index_add_(0, gid[b], W.to(acc))  # sum_i W_t m_t
+        active.index_add_(0, gid[b], m[b].to(acc))  # sum_i m_t: rows of the group active at t
 
-    A = (G - B) * m  # A_t = G_t - B_t, eq. (5), 0 on padding
+    # The baseline of eq. (6) over all rows of a group is one per group: B_t, (groups, T).
+    B = num / (den + eps)
+    keep = (torch.bincount(gid, minlength=n_groups) > 1)[:, None]  # singleton groups: B = 0
+    if zero_tail:
+        keep = keep & (active > 1)  # only one row left at t: B = 0
+    B = torch.where(keep, B, 0.0)
+
+    # Pass 2: each row's baseline and its advantage A_t = G_t - B_t, eq. (5).
+    A = torch.empty_like(m)  # (B, T)
+    for b in blocks:
+        i = gid[b]  # the group of each row, (rows,)
+        if leave_one_out:  # eq. (6) over the *other* rows j != i of the group
+            W = _realized_energy(x["log_probs"][b], x["sum_pi_sq"][b], _rows(x["is_weights"], b), m[b])  # again
+            num_i = num[i] - (G[b] * W).to(acc)  # sum_{j != i} G_t W_t m_t
+            den_i = (den[i] - W.to(acc)).clamp(min=0.0)  # sum_{j != i} W_t m_t
+            B_i = torch.where(active[i] - m[b] > 0, num_i / (den_i + eps), 0.0)  # no other row: B = 0
+        else:
+            B_i = B.index_select(0, i)  # each row gets its group's B_t, (rows, T)
+        A[b] = (G[b] - B_i.to(m.dtype)) * m[b]  # A_t, 0 on padding
     return A, G
 
 
@@ -269,6 +292,29 @@ def group_ids(group_index, batch):
     if len(ids) != batch:
         raise ValueError(f"group_index has {len(ids)} entries but the batch has {batch} rows")
     return torch.tensor(gid, dtype=torch.long), len(first_seen)
+
+
+ROW_BLOCK_TOKENS = 2 ** 20  # on a CPU, optimal_token_baseline takes rows in blocks of about this many tokens
+
+
+def _row_blocks(m):
+    """Slices that split the rows of m (B, T) into blocks: one block on a GPU, blocks of about
+    ROW_BLOCK_TOKENS tokens (4 MB per float32 tensor) on a CPU.
+
+    Why blocks on a CPU: each tensor operation allocates its result, and glibc gives a freed block
+    of tens of MB back to the system, so each fresh (B, T) temporary of a large batch costs a page
+    fault per 4 KB. A block's temporaries are small and their memory is reused; docs/cost.md has
+    the measurement.
+    """
+    if m.device.type != "cpu":  # GPU allocators cache freed memory: no faults to avoid
+        return [slice(None)]
+    rows = max(ROW_BLOCK_TOKENS // m.shape[1], 1)
+    return [slice(start, start + rows) for start in range(0, len(m), rows)]
+
+
+def _rows(v, rows):
+    """v[rows], with None staying None (an optional input)."""
+    return None if v is None else v[rows]
 
 
 def _group_sum(x, gid, n_groups):
