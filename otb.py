@@ -64,7 +64,8 @@ keeps large batches from paying a page fault per fresh temporary (``_row_blocks`
 Bad input (wrong shapes, a mask other than 0/1, NaN or inf at a valid position, log-probs above
 0, sum pi^2 outside [0, 1], importance weights above 1e18, a negative eps, a string as
 group_index) raises a ValueError naming the argument; padded positions may hold anything. Plain
-(nested) lists are accepted wherever a tensor is. The forward-only variance diagnostics built on (7) live in ``diagnostics.py``.
+(nested) lists are accepted wherever a tensor is. The forward-only variance diagnostics built on
+(7) live in ``diagnostics.py``.
 """
 import math
 import numbers
@@ -164,6 +165,7 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     """
     x, m, gid, n_groups = _checked(token_rewards, response_mask, group_index, eps=eps,
                                    log_probs=log_probs, sum_pi_sq=sum_pi_sq, is_weights=is_weights)
+    r, lp, spp, isw = x["token_rewards"], x["log_probs"], x["sum_pi_sq"], x["is_weights"]  # (B, T) each
     blocks = _row_blocks(m)  # slices of rows
     # "Group total minus own term" (leave-one-out) cancels badly in float32 when one row's energy
     # dwarfs the others', so its group sums are taken in float64.
@@ -173,8 +175,8 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     # Pass 1: each row's G_t and W_t, eqs. (1)-(3), added into its group's sums.
     G = torch.empty_like(m)  # G_t m_t, (B, T), filled block by block
     for b in blocks:
-        G[b] = _reward_to_go(x["token_rewards"][b], m[b])
-        W = _realized_energy(x["log_probs"][b], x["sum_pi_sq"][b], _rows(x["is_weights"], b), m[b])  # W_t m_t
+        G[b] = _reward_to_go(r[b], m[b])
+        W = _realized_energy(lp[b], spp[b], _rows(isw, b), m[b])  # W_t m_t of these rows
         num.index_add_(0, gid[b], (G[b] * W).to(acc))  # sum_i G_t W_t m_t, (groups, T)
         den.index_add_(0, gid[b], W.to(acc))  # sum_i W_t m_t
         active.index_add_(0, gid[b], m[b].to(acc))  # sum_i m_t: rows of the group active at t
@@ -191,7 +193,7 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     for b in blocks:
         i = gid[b]  # the group of each row, (rows,)
         if leave_one_out:  # eq. (6) over the *other* rows j != i of the group
-            W = _realized_energy(x["log_probs"][b], x["sum_pi_sq"][b], _rows(x["is_weights"], b), m[b])  # again
+            W = _realized_energy(lp[b], spp[b], _rows(isw, b), m[b])  # recomputed: cheaper than kept
             num_i = num[i] - (G[b] * W).to(acc)  # sum_{j != i} G_t W_t m_t
             den_i = (den[i] - W.to(acc)).clamp(min=0.0)  # sum_{j != i} W_t m_t
             B_i = torch.where(active[i] - m[b] > 0, num_i / (den_i + eps), 0.0)  # no other row: B = 0
