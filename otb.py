@@ -170,7 +170,7 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     # "Group total minus own term" (leave-one-out) cancels badly in float32 when one row's energy
     # dwarfs the others', so its group sums are taken in float64.
     acc = torch.float64 if leave_one_out else m.dtype
-    num, den, active = (torch.zeros(n_groups, m.shape[1], dtype=acc, device=m.device) for _ in range(3))
+    num, den = (torch.zeros(n_groups, m.shape[1], dtype=acc, device=m.device) for _ in range(2))
 
     # Pass 1: each row's G_t and W_t, eqs. (1)-(3), added into its group's sums.
     G = torch.empty_like(m)  # G_t m_t, (B, T), filled block by block
@@ -179,7 +179,10 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
         W = _realized_energy(lp[b], spp[b], _rows(isw, b), m[b])  # W_t m_t of these rows
         num.index_add_(0, gid[b], (G[b] * W).to(acc))  # sum_i G_t W_t m_t, (groups, T)
         den.index_add_(0, gid[b], W.to(acc))  # sum_i W_t m_t
-        active.index_add_(0, gid[b], m[b].to(acc))  # sum_i m_t: rows of the group active at t
+
+    # sum_i m_t, the rows of each group still active at t (groups, T): the zero tail and
+    # leave-one-out need it.
+    active = _group_sum(m.to(acc), gid, n_groups) if zero_tail or leave_one_out else None
 
     # The baseline of eq. (6) over all rows of a group is one per group: B_t, (groups, T).
     B = num / (den + eps)
