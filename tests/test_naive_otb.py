@@ -37,8 +37,8 @@ batch_args = st.fixed_dictionaries(dict(
 ))
 
 
-def _otb(b, **kw):
-    t = lambda x: None if x is None else torch.tensor(x, dtype=torch.float64)  # noqa: E731
+def _otb(b, dtype=torch.float64, **kw):
+    t = lambda x: None if x is None else torch.tensor(x, dtype=dtype)  # noqa: E731
     return otb.optimal_token_baseline(t(b["r"]), t(b["m"]), b["gid"], t(b["lp"]), t(b["spi"]),
                                       is_weights=t(b["isw"]), **kw)
 
@@ -72,16 +72,15 @@ def test_otb_on_a_cpu_gives_the_same_numbers_in_row_blocks(args, leave_one_out, 
     """On a CPU otb.py takes rows in blocks (otb._row_blocks); a row's numbers must not depend
     on them. Group sums add rows in the same order either way, so even float32 agrees exactly."""
     b = make_batch(**args)
-    t = lambda x: None if x is None else torch.tensor(x, dtype=dtype)  # noqa: E731
-    inputs = (t(b["r"]), t(b["m"]), b["gid"], t(b["lp"]), t(b["spi"]))
-    kw = dict(is_weights=t(b["isw"]), leave_one_out=leave_one_out, zero_tail=zero_tail)
-    whole = otb.optimal_token_baseline(*inputs, **kw)
-    assert len(otb._row_blocks(inputs[1])) == 1  # these batches are far below ROW_BLOCK_TOKENS
+    kw = dict(dtype=dtype, leave_one_out=leave_one_out, zero_tail=zero_tail)
+    mask = torch.tensor(b["m"])
+    whole = _otb(b, **kw)
+    assert len(otb._row_blocks(mask)) == 1  # these batches are far below ROW_BLOCK_TOKENS
     saved = otb.ROW_BLOCK_TOKENS
     otb.ROW_BLOCK_TOKENS = rows_per_block * len(b["m"][0])  # blocks of rows_per_block rows
     try:
-        assert len(otb._row_blocks(inputs[1])) == -(-len(b["m"]) // rows_per_block)
-        blocked = otb.optimal_token_baseline(*inputs, **kw)
+        assert len(otb._row_blocks(mask)) == -(-len(b["m"]) // rows_per_block)
+        blocked = _otb(b, **kw)
     finally:
         otb.ROW_BLOCK_TOKENS = saved
     assert torch.equal(blocked[0], whole[0]) and torch.equal(blocked[1], whole[1])
