@@ -5,39 +5,59 @@ biased ones, its expected value. OTB includes the row's own return in its baseli
 by the group's standard deviation, Dr.GRPO's group mean includes the row itself: each shrinks or
 rescales E g. A raw variance or a raw mean squared error then counts a *smaller* gradient as a
 *better* one, although Adam (or a learning rate tuned per method) undoes any constant rescaling.
-What matters is noise per unit of signal. With r the true gradient (exact on the toy bandit, a
-large separate unbiased pool on a language model):
+What matters is noise per unit of signal. With r the true gradient grad J (exact on the toy
+bandit, an unbiased estimate from a separate pool of responses on a language model):
 
     alpha   = <E g, r> / ||r||^2                          (1) how much of r survives, on average
-    cosine  = <E g, r> / (||E g|| ||r||)                  (2) direction of the mean (bias, not scale)
+    cosine  = <E g, r> / (||E g|| ||r||)                  (2) direction of the mean, in [-1, 1]
     nvar    = tr Var(g) / ||E g||^2                       (3) normalised variance: noise per signal
-    rmse    = min_c E||c g - r||^2 / ||r||^2              (4) MSE after the best single rescaling
+    rmse    = min_c E||c g - r||^2 / ||r||^2              (4) MSE after the best rescaling, in [0, 1]
             = 1 - <E g, r>^2 / (||r||^2 E||g||^2)   with E||g||^2 = tr Var(g) + ||E g||^2
 
-When the estimate of ||E g||^2 is not positive (the signal is lost in the noise of the samples),
-(2) and (3) are returned as nan rather than a meaningless number. (1) scales with g, (2)-(4) do not: multiplying g by any c > 0 leaves them unchanged. Estimators
-that differ only by a constant factor (RLOO is exactly N / (N - 1) times the group mean, sample by
-sample) have equal (2)-(4) although RLOO's raw variance is (N / (N - 1))^2 times larger. For an
-unbiased estimator (E g = r) alpha = cosine = 1 and nvar is the raw variance in units of ||r||^2.
-The raw variance and raw MSE are still returned, labelled ``raw_``: never read them as quality.
+(1) scales with g, (2)-(4) do not. For an unbiased estimator alpha = cosine = 1.
 
-Estimating them from samples
-----------------------------
-Samples come in *units* u = 1..U (a prompt of a language model, or a block of groups on the
-toy); unit u gives K_u i.i.d. gradient samples with mean m_u and unbiased tr Var V_u. Then
+Known expectations
+------------------
+For some estimators E g is known exactly, as a multiple of r = grad J (``FACTORS``):
+reinforce, rloo and otb_loo (no baseline, or one built from the *other* responses) have
+E g = grad J; the group mean includes the row's own reward with weight 1/N, whose score has mean
+0 against everything but itself, so E g = (1 - 1/N) grad J. For those alpha = c and cosine = 1
+exactly, and two of them compare without any estimated signal:
 
-    E g  ~  m = (1/U) sum_u m_u                     tr Var(g)  ~  V = (1/U) sum_u V_u
-    ||E g||^2  ~  ||m||^2 - (1/U^2) sum_u V_u / K_u           (5) unbiased: removes the noise of m
+    nvar(a) / nvar(b) = (tr Var(g_a) / c_a^2) / (tr Var(g_b) / c_b^2)                     (5)
 
-and (1)-(4) are formed from these. ``ref_var`` does the same for a reference that is itself an
-estimate (||r||^2 ~ ||r_hat||^2 - ref_var; if that is not positive, r is noise and alpha, cosine
-and rmse are returned as nan). Standard errors: delete-one-unit jackknife. Everything
-is computed from the U x U Gram matrix of the unit means and their dot products with r, so
-million-parameter gradients cost U^2 dot products, not U copies.
+Estimating from samples
+-----------------------
+Samples come in *units* u = 1..U: a prompt of a language model, or a block of groups on the toy.
+Unit u gives K_u i.i.d. gradient samples with mean m_u and unbiased within-unit tr Var V_u, and a
+reference r_u (an estimate for that prompt, or the exact r for every unit). With unit weights
+w_u (1/U; a bootstrap draw in ``stats.py`` reweights them):
+
+    tr Var(g)  ~  V = sum_u w_u V_u                                                      (6)
+    ||E g||^2 ~ P(m, m),   <E g, r> ~ P(m, r),   ||r||^2 ~ P(r, r)                        (7)
+    P(a, b) = sum_{u != v} w_u w_v <a_u, b_v> / sum_{u != v} w_u w_v      (pairs of *different* units)
+
+Different units are independent, so each product in (7) is unbiased for the population
+quantity: ||E g||^2 over the distribution of prompts, not only over the sampled ones (keeping
+u = v would add each unit's own noise and the spread of the prompts' own gradients). The
+estimate of ||E g||^2 can still come out <= 0 when the signal is lost in the noise: then (2), (3)
+are nan, and ``stats.py`` prints "unresolved". V (6) is the noise *within* a prompt, the part a
+baseline acts on; nvar leaves out the spread between prompts' mean gradients, which a training
+batch of several prompts also carries. Everything is computed from U x U Gram matrices of the
+unit means and references (``gram_stats``), so million-parameter gradients cost U^2 dot products,
+and the Gram matrices are what a results file saves for anyone to re-bootstrap.
 """
 import math
 
 import torch
+
+import stats
+
+# E g = c(N) grad J exactly (see "Known expectations"); absent: E g is unknown and estimated.
+FACTORS = {"reinforce": lambda N: 1.0, "rloo": lambda N: 1.0, "otb_loo": lambda N: 1.0,
+           "group_mean": lambda N: 1.0 - 1.0 / N}
+METRICS = ("alpha", "cosine", "nvar", "rmse", "raw_variance", "signal")
+RANGE = {"cosine": (-1.0, 1.0), "rmse": (0.0, 1.0), "nvar": (0.0, math.inf), "raw_variance": (0.0, math.inf)}
 
 
 def unit_summary(samples):
@@ -50,61 +70,93 @@ def unit_summary(samples):
     return mean, var, samples.shape[0]
 
 
-def _metrics(gram, dots, V, inv_counts, ref_sq, weights):
-    """(1)-(4) for unit weights ``weights`` (U,): m = sum_u weights_u m_u."""
-    signal_dot = (weights @ dots).item()  # <m, r>
-    mean_sq = (weights @ gram @ weights).item()  # ||m||^2
-    variance = (weights @ V).item() / weights.sum().item()  # V = mean_u V_u
-    mean_sq_unbiased = mean_sq - ((weights ** 2) @ (V * inv_counts)).item()  # eq. (5)
-    second_moment = variance + mean_sq_unbiased  # E||g||^2
-    raw_mse = second_moment - 2 * signal_dot + ref_sq  # E||g - r||^2
-    signal = mean_sq_unbiased > 0  # else ||E g||^2 is lost in the noise: (2) and (3) are nan
-    return dict(alpha=signal_dot / ref_sq,  # (1)
-                cosine=signal_dot / math.sqrt(mean_sq_unbiased * ref_sq) if signal else math.nan,  # (2)
-                nvar=variance / mean_sq_unbiased if signal else math.nan,  # (3)
-                rmse=1 - signal_dot ** 2 / (ref_sq * second_moment) if second_moment > 0 else math.nan,  # (4)
-                raw_variance=variance, raw_mse=raw_mse, mean_sq_norm=mean_sq_unbiased)
-
-
-def scale_free_metrics(means, variances, counts, ref, ref_var=0.0):
-    """Eqs. (1)-(5) with delete-one-unit jackknife standard errors.
-
-    means (U, D): per-unit mean gradients m_u; variances (U,): V_u; counts (U,): K_u; ref (D,): r;
-    ref_var: variance of r if r is itself an estimate (0 for an exact gradient).
-    Returns {name: value, name + "_se": jackknife s.e.} for alpha, cosine, nvar, rmse and the raw
-    variance / raw MSE (both in the units of ||g||^2, not divided by anything).
-    """
+def gram_stats(means, variances, refs):
+    """The sufficient statistics of one estimator: means (U, D), variances (U,), refs (U, D) or an
+    exact (D,) -> dict(gram (U, U) <m_u, m_v>, cross (U, U) <m_u, r_v>, ref_gram (U, U), V (U,))."""
     means = torch.as_tensor(means, dtype=torch.float64)  # (U, D)
-    ref = torch.as_tensor(ref, dtype=torch.float64)  # (D,)
-    if means.dim() != 2 or ref.shape != means.shape[1:]:
-        raise ValueError(f"means must be (U, D) and ref (D,), got {tuple(means.shape)} and {tuple(ref.shape)}")
+    refs = torch.as_tensor(refs, dtype=torch.float64)
+    if means.dim() != 2 or means.shape[0] < 2:
+        raise ValueError(f"means must be (U, D) with U >= 2 units, got shape {tuple(means.shape)}")
     U = means.shape[0]
+    if refs.dim() == 1:
+        refs = refs.expand(U, -1)  # the exact r, the same for every unit
+    if refs.shape != means.shape:
+        raise ValueError(f"refs must be (D,) or (U, D) like means {tuple(means.shape)}, got {tuple(refs.shape)}")
     V = torch.as_tensor(variances, dtype=torch.float64).reshape(U)  # V_u
-    inv_counts = 1.0 / torch.as_tensor(counts, dtype=torch.float64).reshape(U)  # 1 / K_u
-    ref_sq = (ref @ ref).item() - ref_var  # ||r||^2, debiased; <= 0: r is pure noise
-    if ref_sq <= 0:
-        ref_sq = float("nan")  # alpha, cosine and rmse are then undefined (nan); nvar is not
-    gram, dots = means @ means.T, means @ ref  # (U, U), (U,)
-    full = _metrics(gram, dots, V, inv_counts, ref_sq, torch.full((U,), 1.0 / U, dtype=torch.float64))
-    out = dict(full)
-    if U >= 2:  # jackknife: drop one unit at a time
-        drops = [_metrics(gram, dots, V, inv_counts, ref_sq,
-                          torch.where(torch.arange(U) == u, 0.0, 1.0 / (U - 1)).double()) for u in range(U)]
-        for k in full:
-            vals = torch.tensor([d[k] for d in drops], dtype=torch.float64)
-            out[k + "_se"] = math.sqrt((U - 1) / U * ((vals - vals.mean()) ** 2).sum().item())
+    return dict(gram=means @ means.T, cross=means @ refs.T, ref_gram=refs @ refs.T, V=V)
+
+
+def pairs(M, w):
+    """Eq. (7): P = sum_{u != v} w_u w_v M_uv / sum_{u != v} w_u w_v for weights w (R, U) -> (R,)."""
+    full = torch.einsum("ru,uv,rv->r", w, M, w)
+    diag = (w ** 2) @ torch.diagonal(M)
+    return (full - diag) / (1 - (w ** 2).sum(-1))  # rows of w sum to 1
+
+
+def evaluate(s, w, factor=None):
+    """Eqs. (1)-(7) for unit weights w (R, U), from gram_stats ``s``. factor: the known c of E g = c r,
+    or None (estimated). Returns {metric: (R,) tensor}; nan where the signal is not positive."""
+    variance = w @ s["V"]  # (6), (R,)
+    ref_sq = pairs(s["ref_gram"], w)  # ||r||^2
+    if factor is None:
+        signal, dot = pairs(s["gram"], w), pairs(s["cross"], w)  # ||E g||^2, <E g, r>
     else:
-        out.update({k + "_se": float("nan") for k in full})
+        signal, dot = factor ** 2 * ref_sq, factor * ref_sq
+    nan = torch.full_like(variance, math.nan)
+    ok, ref_ok = signal > 0, ref_sq > 0
+    second = variance + signal  # E||g||^2
+    return dict(alpha=torch.where(ref_ok, dot / ref_sq, nan),  # (1)
+                cosine=torch.where(ok & ref_ok, dot / (signal * ref_sq).clamp_min(1e-300).sqrt(), nan),  # (2)
+                nvar=torch.where(ok, variance / signal, math.inf),  # (3); no signal: unbounded
+                rmse=torch.where(ref_ok & (second > 0), 1 - dot ** 2 / (ref_sq * second), nan),  # (4)
+                raw_variance=variance, signal=signal, ref_sq=ref_sq)
+
+
+def bootstrap(units, factors=None, baseline=None, replicates=2000, seed=0, level=0.95):
+    """Every metric of every estimator with a paired bootstrap interval over units (stats.py).
+
+    units: {name: gram_stats(...)}, all over the same units (the same prompts). factors: {name: c}
+    for the estimators whose E g = c r is known. baseline: a name; adds ``gain`` = nvar(baseline) /
+    nvar(e) = snr(e) / snr(baseline) with snr = 1 / nvar (exact ratio of variances by (5) when both
+    factors are known; "unresolved" (nan) when the baseline's signal is not resolved).
+    Returns {name: {metric: (value, lo, hi)}}; a metric whose signal is not resolved is nan.
+    """
+    factors = factors or {}
+    U = next(iter(units.values()))["V"].shape[0]
+    w_point = torch.full((1, U), 1.0 / U, dtype=torch.float64)
+    w_boot = stats.bootstrap_weights(U, replicates, seed)  # (R, U): the same draws for every estimator
+    point = {e: evaluate(s, w_point, factors.get(e)) for e, s in units.items()}
+    boot = {e: evaluate(s, w_boot, factors.get(e)) for e, s in units.items()}
+    out = {}
+    for e in units:
+        sig_lo, sig_hi = stats.interval(boot[e]["signal"], level)
+        ref_lo, ref_hi = stats.interval(boot[e]["ref_sq"], level)
+        row = {}
+        for k in METRICS:
+            p = point[e][k].item()
+            needs = dict(alpha=[(ref_lo, ref_hi)], cosine=[(ref_lo, ref_hi), (sig_lo, sig_hi)],
+                         nvar=[(sig_lo, sig_hi)], rmse=[(ref_lo, ref_hi)]).get(k, [])
+            if any(stats.covers_zero(lo, hi) for lo, hi in needs) or not math.isfinite(p):
+                row[k] = (math.nan, math.nan, math.nan)  # unresolved
+            else:  # a resolved quantity is undefined in few replicates (< 2.5%): left out
+                reps = boot[e][k]
+                row[k] = (p, *stats.interval(reps[~reps.isnan()], level))
+        out[e] = row
+    if baseline is not None:
+        for e in units:
+            out[e]["gain"] = gain(point, boot, e, baseline, factors, level)
     return out
 
 
-def metrics_from_samples(samples, ref, units=20, ref_var=0.0):
-    """i.i.d. samples (K, D) of one estimator -> scale_free_metrics, with ``units`` blocks of samples."""
-    samples = torch.as_tensor(samples, dtype=torch.float64)
-    K = samples.shape[0]
-    units = min(units, K // 2)
-    if units < 1:
-        raise ValueError(f"need at least 2 samples, got {K}")
-    blocks = [unit_summary(b) for b in samples[: K - K % units].chunk(units)]  # equal blocks
-    return scale_free_metrics(torch.stack([b[0] for b in blocks]), [b[1] for b in blocks],
-                              [b[2] for b in blocks], ref, ref_var)
+def gain(point, boot, e, b, factors, level=0.95):
+    """snr(e) / snr(b) = nvar(b) / nvar(e), with snr = signal / tr Var: (value, lo, hi) or nan."""
+    def snr_ratio(ev):
+        num = ev[e]["signal"] / ev[e]["raw_variance"]
+        if e in factors and b in factors:  # eq. (5): no estimated signal at all
+            return (factors[e] / factors[b]) ** 2 * ev[b]["raw_variance"] / ev[e]["raw_variance"]
+        return num * ev[b]["raw_variance"] / ev[b]["signal"]
+    if e in factors and b in factors:
+        den_lo = den_hi = 1.0  # known: always resolved
+    else:
+        den_lo, den_hi = stats.interval(boot[b]["signal"], level)
+    return stats.ratio(snr_ratio(point).item(), snr_ratio(boot), den_lo, den_hi, level)

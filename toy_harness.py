@@ -20,7 +20,10 @@ the exact grad J (scale_free.py has the definitions):
 
 and, labelled raw because they reward a shrunk gradient, bias^2, variance and MSE in units of
 ||grad J||^2. All estimators see the same groups (common random numbers), so their differences
-are measured in pairs.
+are measured in pairs: the groups are cut into 50 blocks, the toy's sampled unit, and every
+scale-free number carries a paired bootstrap interval over blocks (stats.py), the gain over the
+group mean included. Where E g_hat is known exactly (scale_free.FACTORS, and the oracles' fixed
+baselines: unbiased) alpha and the cosine are exact and the gain is a ratio of raw variances.
 
 Estimators: every entry of ``otb.ESTIMATORS``, OTB with zero tail (``otb_zero_tail``), and the
 oracles of toy_env.py (``ORACLES``: fixed per-position baselines, unbiased, plus ``otb_exact_w``,
@@ -47,10 +50,12 @@ import torch
 
 import otb
 import scale_free
+import stats
 from toy_env import ToyConfig, check_config, enumerate_toy, exact_summary, oracle_baselines
 
 ORACLES = ("b_star", "opt_per_position", "otb_population", "otb_exact_w")
 UNBIASED = ("reinforce", "rloo", "otb_loo")  # no baseline or leave-one-out: E g_hat = grad J
+FIXED = ("b_star", "opt_per_position", "otb_population")  # oracle numbers per position: unbiased
 SCALE_FREE = ("alpha", "cosine", "nvar", "rmse")
 
 
@@ -107,14 +112,29 @@ def batch_gradients(en, A, rows, N, max_entries=1 << 22):
     return torch.cat(out)
 
 
-def gradient_stats(g_hat, grad_J, units=50):
-    """Quality of g_hat (G, P) against the exact grad_J (P,), with standard errors.
+def factor_of(name, N):
+    """c in E g_hat = c grad J where it is known exactly, else None (estimated)."""
+    if name in scale_free.FACTORS:
+        return scale_free.FACTORS[name](N)
+    return 1.0 if name in FIXED else None
 
-    Scale-free (scale_free.py): alpha, cosine, nvar = tr Var / ||E g||^2 and rmse (MSE after the
-    best rescaling, in units of ||grad J||^2), with jackknife errors over ``units`` blocks of
-    groups. Raw (scale-dependent, never a quality by themselves): bias2, variance and MSE.
-    Returns (dict, per-group squared errors (G,)).
-    """
+
+def block_stats(g_hat, grad_J, units=50):
+    """g_hat (G, P) cut into ``units`` equal blocks of groups -> scale_free.gram_stats against grad_J."""
+    G = g_hat.shape[0]
+    units = min(units, G // 2)
+    blocks = [scale_free.unit_summary(b) for b in g_hat[: G - G % units].chunk(units)]  # (m_u, V_u, K_u)
+    return scale_free.gram_stats(torch.stack([b[0] for b in blocks]), [b[1] for b in blocks], grad_J)
+
+
+def quality_columns(metrics):
+    """{metric: (value, lo, hi)} -> flat columns metric, metric_lo, metric_hi (nan: unresolved)."""
+    return {k + sfx: v[i] for k, v in metrics.items() for i, sfx in enumerate(("", "_lo", "_hi"))}
+
+
+def raw_stats(g_hat, grad_J):
+    """Raw (scale-dependent, never a quality by themselves) bias2, variance and MSE of g_hat (G, P)
+    against grad_J (P,), with standard errors. Returns (dict, per-group squared errors (G,))."""
     G = g_hat.shape[0]
     err = g_hat - grad_J  # (G, P)
     mean_err = err.mean(0)  # (P,)
@@ -125,15 +145,28 @@ def gradient_stats(g_hat, grad_J, units=50):
     se_bias2 = (4 * mean_err @ cov @ mean_err / G + 2 * (cov ** 2).sum() / G ** 2).clamp(min=0).sqrt()
     sq = (err ** 2).sum(-1)  # per-group squared error, (G,)
     dsq = (dev ** 2).sum(-1)  # per-group squared deviation, (G,)
-    quality = scale_free.metrics_from_samples(g_hat, grad_J, units=units)
-    return {**{k: quality[k] for k in SCALE_FREE + tuple(k + "_se" for k in SCALE_FREE)},
-            "bias2": bias2.item(), "bias2_se": se_bias2.item(),
+    return {"bias2": bias2.item(), "bias2_se": se_bias2.item(),
             "variance": variance.item(), "variance_se": (dsq.std() / math.sqrt(G)).item(),
             "mse": sq.mean().item(), "mse_se": (sq.std() / math.sqrt(G)).item()}, sq
 
 
-def measure(en, Ns=(2, 4, 8, 16, 32), groups=10000, seed=0, names=None, keep_errors=False):
-    """The table: one dict per (estimator, N). With keep_errors, also {(name, N): (G,) sq errors}."""
+def gradient_stats(g_hat, grad_J, units=50, factor=None, replicates=1000):
+    """Quality of g_hat (G, P) against the exact grad_J (P,), with 95% intervals, and raw_stats.
+
+    Scale-free (scale_free.py): alpha, cosine, nvar = tr Var / ||E g||^2 and rmse (MSE after the
+    best rescaling, in units of ||grad J||^2), each with a bootstrap interval over ``units`` blocks
+    of groups (factor: the known c of E g = c grad J, which makes alpha and cosine exact).
+    Returns (dict, per-group squared errors (G,)).
+    """
+    raw, sq = raw_stats(g_hat, grad_J)
+    quality = scale_free.bootstrap({"e": block_stats(g_hat, grad_J, units)},
+                                   {} if factor is None else {"e": factor}, replicates=replicates)["e"]
+    return {**quality_columns({k: quality[k] for k in SCALE_FREE}), **raw}, sq
+
+
+def measure(en, Ns=(2, 4, 8, 16, 32), groups=10000, seed=0, names=None, keep_errors=False, replicates=1000):
+    """The table: one dict per (estimator, N), with the gain over group_mean (nvar ratio, paired
+    bootstrap over blocks) when group_mean is measured. With keep_errors, also {(name, N): (G,) sq errors}."""
     ests = make_estimators(en)
     names = list(ests) if names is None else list(names)
     gen = torch.Generator().manual_seed(seed)
@@ -141,12 +174,21 @@ def measure(en, Ns=(2, 4, 8, 16, 32), groups=10000, seed=0, names=None, keep_err
     for N in Ns:
         rows, gid = sample_groups(en, N, groups, gen)  # the same groups for every estimator
         tokens = en.mask[rows].sum() / groups  # tokens sampled per group
+        units, block = {}, []
         for name in names:
             A = ests[name](rows, gid)  # (G*N, T)
-            stats, sq = gradient_stats(batch_gradients(en, A, rows, N), en.grad_J)
-            rows_out.append({"estimator": name, "N": N, **stats, "tokens": tokens.item()})
+            g_hat = batch_gradients(en, A, rows, N)  # (G, P)
+            raw, sq = raw_stats(g_hat, en.grad_J)
+            units[name] = block_stats(g_hat, en.grad_J)  # the same blocks of groups for every estimator
+            block.append({"estimator": name, "N": N, "factor": factor_of(name, N), **raw, "tokens": tokens.item()})
             if keep_errors:
                 errors[(name, N)] = sq
+        factors = {e: factor_of(e, N) for e in names if factor_of(e, N) is not None}
+        paired = scale_free.bootstrap(units, factors, baseline="group_mean" if "group_mean" in units else None,
+                                      replicates=replicates, seed=seed + N)
+        for r in block:  # the scale-free columns from the paired bootstrap
+            r.update(quality_columns({k: v for k, v in paired[r["estimator"]].items() if k in SCALE_FREE + ("gain",)}))
+        rows_out += block
     return (rows_out, errors) if keep_errors else rows_out
 
 
@@ -157,18 +199,30 @@ def measure(en, Ns=(2, 4, 8, 16, 32), groups=10000, seed=0, names=None, keep_err
 # Command line: print the table, --json, --plot
 # =====================================================================================
 
+RANGES = {"cosine": (-1.0, 1.0), "rmse": (0.0, 1.0), "nvar": (0.0, math.inf), "gain": (0.0, math.inf)}
+
+
+def cell(r, k, digits=3):
+    """One metric as 'value [lo, hi]' inside its range; 'x (exact)' where E g is known."""
+    if k in ("alpha", "cosine") and r.get("factor") is not None:
+        return f"{r['factor'] if k == 'alpha' else 1.0:.{digits}f} (exact)"
+    low, high = RANGES.get(k, (-math.inf, math.inf))
+    return stats.fmt(r[k], r[k + "_lo"], r[k + "_hi"], digits=digits, low=low, high=high)
+
+
 def format_table(rows, grad_sq):
-    """Text table: scale-free columns first; raw MSE (units of ||grad J||^2) last, labelled raw."""
+    """Text table: scale-free columns with 95% intervals first; raw MSE (units of ||grad J||^2) last."""
     lines = []
+    gain = "gain" in rows[0]
+    heads = ("alpha", "cosine", "nvar", "rescaled MSE") + (("gain vs group_mean",) if gain else ()) + ("raw MSE",)
     for N in sorted({r["N"] for r in rows}):
         block = [r for r in rows if r["N"] == N]
         lines.append(f"N = {N}   ({block[0]['tokens']:.1f} tokens sampled per group)")
-        lines.append(f"  {'estimator':<17}" + "".join(f"{h:>20}" for h in ("alpha", "cosine", "nvar",
-                                                                           "rescaled MSE", "raw MSE")))
+        lines.append(f"  {'estimator':<17}" + "".join(f"{h:>26}" for h in heads))
         for r in block:
-            cells = [f"{r[k]:8.3f} +- {r[k + '_se']:<7.3f}" for k in SCALE_FREE]
-            cells.append(f"{r['mse'] / grad_sq:8.3f} +- {r['mse_se'] / grad_sq:<7.3f}")
-            lines.append((f"  {r['estimator']:<17}" + "".join(f"{c:>20}" for c in cells)).rstrip())
+            cells = [cell(r, k) for k in SCALE_FREE + (("gain",) if gain else ())]
+            cells.append(f"{r['mse'] / grad_sq:.3f} +- {r['mse_se'] / grad_sq:.3f}")
+            lines.append((f"  {r['estimator']:<17}" + "".join(f"{c:>26}" for c in cells)).rstrip())
     return "\n".join(lines)
 
 
@@ -185,11 +239,15 @@ def plot_metric(rows, path=None, title="", ax=None, key="nvar", times_n=True, yl
     fig, ax = plt.subplots(figsize=(7, 4.8)) if ax is None else (ax.figure, ax)
     markers = itertools.cycle("sD^vP*Xhx")
     for name in dict.fromkeys(r["estimator"] for r in rows):
-        pts = sorted((r["N"], r[key] * (r["N"] if times_n else 1), r[key + "_se"] * (r["N"] if times_n else 1))
-                     for r in rows if r["estimator"] == name)
-        n, y, se = zip(*pts)
+        pts = sorted((r["N"], *(r[key + sfx] * (r["N"] if times_n else 1) for sfx in ("", "_lo", "_hi")))
+                     for r in rows if r["estimator"] == name and math.isfinite(r[key]))
+        if not pts:
+            continue  # unresolved at every N
+        n, y, lo, hi = zip(*pts)
+        err = [[max(a - b, 0) if math.isfinite(b) else 0 for a, b in zip(y, lo)],
+               [max(b - a, 0) if math.isfinite(b) else 0 for a, b in zip(y, hi)]]  # 95% bootstrap interval
         style = STYLE.get(name, dict(marker=next(markers), ms=5, ls="--" if name in ORACLES else "-"))
-        ax.errorbar(n, y, yerr=se, capsize=2, label=name, mfc="none", **style)
+        ax.errorbar(n, y, yerr=err, capsize=2, label=name, mfc="none", **style)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("group size N (responses per prompt)")
@@ -240,7 +298,8 @@ def parse_args(argv=None):
         check_config(cfg)
     except ValueError as e:
         p.error(str(e))  # one line on stderr, exit status 2
-    checks = [(args.groups >= 50, f"--groups {args.groups} must be >= 50 (the errors are jackknifed over 50 blocks)"),
+    checks = [(args.groups >= 50, f"--groups {args.groups} must be >= 50 (the intervals bootstrap blocks of "
+               "at least 2 groups)"),
               (min(args.Ns) >= 2, f"--Ns {args.Ns}: every N must be >= 2 (group baselines need two responses)"),
               (not args.json or not writable_file("--json", args.json, (".json",)),
                args.json and writable_file("--json", args.json, (".json",))),
@@ -277,8 +336,9 @@ def run(argv=None):
     print("exact one-sample tr Var with a fixed (unbiased) baseline, units of ||grad J||^2 (= nvar; divide by N for a batch):")
     print("   " + ", ".join(f"{k}: {v / grad_sq:.2f}" for k, v in ex["one_sample_variance"].items()))
     rows = measure(en, Ns=args.Ns, groups=args.groups, seed=cfg.seed)
-    print(f"Monte Carlo, {args.groups} groups per N (+- one standard error). nvar = tr Var / ||E g||^2 is the "
-          f"quality number (lower is better); raw MSE rewards a shrunk gradient:")
+    print(f"Monte Carlo, {args.groups} groups per N in 50 blocks; [95% bootstrap interval over blocks]. "
+          f"nvar = tr Var / ||E g||^2 is the quality number (lower is better); gain = nvar(group_mean) / nvar; "
+          f"raw MSE (+- s.e.) rewards a shrunk gradient:")
     print(format_table(rows, grad_sq))
     print(f"done in {time.time() - start:.1f} s")
     if args.json:

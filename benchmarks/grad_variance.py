@@ -25,12 +25,13 @@ Setup (common random numbers: every estimator sees the same responses)
   one backward pass of the surrogate over the group's rows. tests/test_naive_grad_variance.py checks
   both paths against a naive per-row loop.
 - Quality, scale-free (scale_free.py): a baseline that shrinks or rescales g must not look better
-  for it, so the headline is the normalised variance nvar = tr Var(g) / ||E g||^2 (noise per unit
-  of signal; prompts are the units: E g and tr Var are averaged over prompts, errors by jackknife
-  over prompts), and alpha and the cosine against a reference gradient r: an unbiased estimate
-  from a separate pool of ``--ref-pool`` responses per prompt (RLOO inside 4 disjoint sub-pools,
-  whose spread also gives the variance of r, removed from ||r||^2). "gain" = nvar(group_mean) /
-  nvar(estimator) at the same N. The raw tr Var (2) is kept, labelled raw: it rewards shrinkage.
+  for it, so the headline is the normalised variance nvar = tr Var(g) / ||E g||^2 (noise within a
+  prompt per unit of signal), and alpha and the cosine against a reference gradient r_p per
+  prompt: an unbiased estimate from a separate pool of ``--ref-pool`` responses (RLOO inside 4
+  disjoint sub-pools). "gain" = nvar(group_mean) / nvar(estimator) at the same N. Prompts are the
+  sampled unit: every number carries a paired bootstrap interval over prompts (stats.py); where
+  E g is known (scale_free.FACTORS) alpha and cosine are exact and the gain is a ratio of raw
+  variances. The raw tr Var (2) is kept, labelled raw: it rewards shrinkage.
 - Proxies, per group, with the very functions train.py logs: total_power = mean_i sum_t w_t A_t^2
   (``diagnostics.gradient_power``) and pure_noise = (total_power - ||mean g||^2_proxy) / (N - 1)
   (``diagnostics.noise_diagnostics`` with ``diagnostics.mean_gradient_sq_norm``). pure_noise
@@ -63,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 import diagnostics  # noqa: E402
 import otb  # noqa: E402
 import scale_free  # noqa: E402
+import stats  # noqa: E402
 import rollout  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 
@@ -192,16 +194,6 @@ def trace_variance(G):
     return ((G - G.mean(0)) ** 2).sum().item() / (G.shape[0] - 1)
 
 
-def spearman(x, y):
-    rank = lambda v: torch.argsort(torch.argsort(v)).double()
-    return pearson(rank(x), rank(y))
-
-
-def pearson(x, y):
-    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()
-    return (x @ y / (x.norm() * y.norm())).item()
-
-
 def reference_gradient(model, ro, token_rewards, rows, temperature, parts=4):
     """An unbiased estimate of one prompt's policy gradient from a separate pool, and its variance.
 
@@ -227,7 +219,8 @@ def reference_gradient(model, ro, token_rewards, rows, temperature, parts=4):
 # =====================================================================================
 
 def measure(model, tok, args, progress=True):
-    """Returns (cells, scatter): cells[(estimator, N)] -> lists of per-prompt values."""
+    """Returns (cells, scatter, R, refs): cells[(estimator, N)] -> lists of per-prompt values,
+    refs (P, D) the reference gradient of each prompt."""
     task = rollout.ReverseTask(horizon=args.horizon)
     prompts, answers = rollout.prompt_batch(task, tok, args.seed, 0, args.prompts)
     gen = torch.Generator().manual_seed(args.seed)
@@ -250,7 +243,7 @@ def measure(model, tok, args, progress=True):
     for p in tqdm(range(args.prompts), desc="prompts", disable=not progress):
         rows = torch.arange(p * args.pool, (p + 1) * args.pool)
         refs.append(reference_gradient(model, ref_ro, ref_rewards, torch.arange(p * args.ref_pool, (p + 1) * args.ref_pool),
-                                       args.temperature))
+                                       args.temperature)[0])  # r_p, (D,)
         sub = subset(ro, rows)  # this prompt's M responses
         m, r = sub.response_mask, token_rewards[rows, :sub.response.shape[1]]  # (M, T)
         with torch.no_grad():
@@ -260,6 +253,7 @@ def measure(model, tok, args, progress=True):
         scatter["W"] += (otb.token_energy(logp, spp) * m).sum(-1).tolist()  # W(tau)
         scatter["S_sq"] += (S.double() ** 2).sum(-1).tolist()  # ||S(tau)||^2
         scatter["R"] += R[rows].tolist()
+        split_units = {key: [] for key in cells}
         for _ in range(args.partitions):
             perm = torch.randperm(args.pool, generator=split_gen)
             for n in Ns:
@@ -273,55 +267,61 @@ def measure(model, tok, args, progress=True):
                     diag = [diagnostics.noise_diagnostics(power[g], diagnostics.mean_gradient_sq_norm(
                         sub.response[g], m[g], gid[g], adv[g], logp[g], spp[g])) for g in groups]
                     cells[(e, n)]["true"].append(trace_variance(G))
-                    cells[(e, n)]["units"].append(scale_free.unit_summary(G))  # (m_u, V_u, K_u)
+                    split_units[(e, n)].append(scale_free.unit_summary(G))  # (m, V, K) of this split
                     cells[(e, n)]["power"].append(sum(d["total_power"] for d in diag) / len(diag))
                     cells[(e, n)]["noise"].append(sum(d["pure_noise"] for d in diag) / len(diag))
-    ref = torch.stack([g for g, _ in refs]).mean(0)  # reference gradient r: mean over prompts, (D,)
-    ref_var = sum(v for _, v in refs) / len(refs) ** 2
-    return cells, scatter, R, (ref, ref_var)
+        for key, us in split_units.items():  # one unit per prompt: the mean over its splits
+            cells[key]["units"].append((torch.stack([u[0] for u in us]).mean(0), sum(u[1] for u in us) / len(us)))
+    return cells, scatter, R, torch.stack(refs)
 
 
-def mean_se(xs):
-    k = len(xs)
-    mu = sum(xs) / k
-    var = sum((x - mu) ** 2 for x in xs) / (k - 1) if k > 1 else float("nan")
-    return mu, math.sqrt(var / k)
-
-
-def summarize(cells, scatter, reference):
-    """Per (estimator, N): scale-free quality (nvar, alpha, cosine; prompts are the jackknife units),
-    the raw true variance and the proxies; each also relative to group_mean at the same N."""
-    ref_grad, ref_var = reference
+def summarize(cells, scatter, refs, replicates=2000):
+    """Per (estimator, N): scale-free quality (nvar, alpha, cosine, gain over group_mean; paired
+    bootstrap intervals over prompts), the raw true variance and the proxies; each also relative to
+    group_mean at the same N."""
     rows = []
-    for (e, n), c in cells.items():
-        true, se = mean_se(c["true"])
-        units = c["units"]
-        quality = scale_free.scale_free_metrics(torch.stack([u[0] for u in units]), [u[1] for u in units],
-                                                [u[2] for u in units], ref_grad, ref_var)
-        rows.append(dict(estimator=e, N=n, **quality, true_var=true, true_var_se=se,
-                         total_power=mean_se(c["power"])[0], pure_noise=mean_se(c["noise"])[0]))
+    for n in sorted({n for _, n in cells}):
+        units = {e: scale_free.gram_stats(torch.stack([u[0] for u in c["units"]]), [u[1] for u in c["units"]], refs)
+                 for (e, nn), c in cells.items() if nn == n}
+        factors = {e: scale_free.FACTORS[e](n) for e in units if e in scale_free.FACTORS}
+        quality = scale_free.bootstrap(units, factors, baseline="group_mean" if "group_mean" in units else None,
+                                       replicates=replicates, seed=n)
+        for e in units:
+            c = cells[(e, n)]
+            true, se = stats.mean_se(c["true"])
+            rows.append(dict(estimator=e, N=n, factor=factors.get(e), **{k: list(v) for k, v in quality[e].items()},
+                             true_var=true, true_var_se=se, total_power=stats.mean_se(c["power"])[0],
+                             pure_noise=stats.mean_se(c["noise"])[0]))
     for r in rows:  # relative to group_mean at the same N
         ref = next((q for q in rows if q["estimator"] == "group_mean" and q["N"] == r["N"]), None)
-        r["gain"] = ref["nvar"] / r["nvar"] if ref else float("nan")  # nvar(group_mean) / nvar: > 1 is better
+        r.setdefault("gain", [math.nan] * 3)
         for k in ("true_var", "total_power", "pure_noise"):
             r[k + "_rel"] = r[k] / ref[k] if ref and ref[k] else float("nan")
         r["pure_noise_over_true"] = r["pure_noise"] / r["true_var"] if r["true_var"] else float("nan")
     W, S2 = torch.tensor(scatter["W"]), torch.tensor(scatter["S_sq"])
-    corr = dict(pearson=pearson(W, S2), spearman=spearman(W, S2),
-                pearson_log=pearson(W.clamp_min(1e-12).log(), S2.clamp_min(1e-12).log()), responses=len(W))
+    corr = dict(pearson=stats.pearson(W, S2), spearman=stats.spearman(W, S2),
+                pearson_log=stats.pearson(W.clamp_min(1e-12).log(), S2.clamp_min(1e-12).log()), responses=len(W))
     tv = torch.tensor([r["true_var"] for r in rows])
-    across = dict(spearman_true_vs_pure_noise=spearman(tv, torch.tensor([r["pure_noise"] for r in rows])),
-                  spearman_true_vs_total_power=spearman(tv, torch.tensor([r["total_power"] for r in rows])))
+    across = dict(spearman_true_vs_pure_noise=stats.spearman(tv, torch.tensor([r["pure_noise"] for r in rows])),
+                  spearman_true_vs_total_power=stats.spearman(tv, torch.tensor([r["total_power"] for r in rows])))
     return rows, corr, across
 
 
+def exact_or_interval(r, key):
+    """alpha / cosine: exact where E g = c grad J is known (scale_free.FACTORS), else the interval."""
+    if r["factor"] is not None:
+        return f"{r['factor'] if key == 'alpha' else 1.0:.3g} (exact)"
+    return stats.fmt(*r[key], low=-1.0 if key == "cosine" else -math.inf, high=1.0 if key == "cosine" else math.inf)
+
+
 def table_md(rows):
-    cols = ["estimator", "N", "nvar = tr Var / ||E g||^2 (± s.e.)", "gain over group_mean (nvar ratio)",
+    cols = ["estimator", "N", "nvar = tr Var / ||E g||^2 [95%]", "gain over group_mean (nvar ratio) [95%]",
             "alpha", "cosine", "raw tr Var / group_mean's", "raw pure_noise / group_mean's", "pure_noise / raw tr Var"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in sorted(rows, key=lambda r: (r["N"], r["estimator"])):
-        lines.append(f"| {r['estimator']} | {r['N']} | {r['nvar']:.3g} ± {r['nvar_se']:.2g} | {r['gain']:.2f} | "
-                     f"{r['alpha']:.2f} ± {r['alpha_se']:.2f} | {r['cosine']:.3f} | {r['true_var_rel']:.3f} | "
+        lines.append(f"| {r['estimator']} | {r['N']} | {stats.fmt(*r['nvar'], low=0.0, digits=3)} | "
+                     f"{stats.fmt(*r['gain'], low=0.0)} | {exact_or_interval(r, 'alpha')} | "
+                     f"{exact_or_interval(r, 'cosine')} | {r['true_var_rel']:.3f} | "
                      f"{r['pure_noise_rel']:.3f} | {r['pure_noise_over_true']:.3g} |")
     return "\n".join(lines)
 
@@ -355,8 +355,8 @@ def main(argv=None):
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model {model_dir} ({n_params / 1e6:.2f}M parameters); {info}", flush=True)
     t0 = time.time()
-    cells, scatter, R, reference = measure(model, tok, args)
-    rows, corr, across = summarize(cells, scatter, reference)
+    cells, scatter, R, refs = measure(model, tok, args)
+    rows, corr, across = summarize(cells, scatter, refs)
     seconds = time.time() - t0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -13,25 +13,35 @@ estimator is scale-free (scale_free.py): the normalised variance
 
     nvar = tr Var(g) / ||E g||^2                                                      (2)
 
-(noise per unit of signal; a baseline that shrinks g does not look better for it), plus alpha and
-the cosine against a reference gradient r estimated from a separate pool of responses with an
-unbiased estimator (RLOO within sub-pools), and the raw variance, labelled raw. Prompts are the
-units of the jackknife standard errors. The headline is the gain over the group mean at the same
-N and n, nvar(group_mean) / nvar(estimator), with its spread over seeds.
+(noise within a prompt per unit of signal; a baseline that shrinks g does not look better for
+it), plus alpha and the cosine against a reference gradient r_p per prompt from a separate pool
+of responses (RLOO within 4 sub-pools: unbiased). The headline is the gain over the group mean
+at the same N and n, nvar(group_mean) / nvar(estimator).
+
+Statistics (stats.py). Prompts are the sampled unit: per checkpoint, every number gets a paired
+bootstrap interval over prompts. Where E g is known (reinforce, rloo, otb_loo: grad J; group_mean:
+(1 - 1/N) grad J) the gain is a ratio of raw variances times the known factor, with no estimated
+signal in it; otherwise it needs the estimated ||E g||^2 and is "unresolved" when the group
+mean's signal is not resolved. Seeds are combined on the log scale (geometric mean, t interval).
+The per-prompt sufficient statistics (Gram matrices of the per-prompt mean gradients and
+references, within-prompt variances) are saved in stats.npz, so that anyone can re-bootstrap:
 
     python benchmarks/horizon_sweep.py                               # n = 16, 64, 128; 3 seeds
     python benchmarks/horizon_sweep.py --horizons 16 --seeds 0 --prompts 4 --pool 16   # smoke run
+    python benchmarks/horizon_sweep.py --from-saved benchmarks/results/horizon_sweep --out /tmp/re
 
 Writes runs/horizon_sweep/ by default; ``--out benchmarks/results/horizon_sweep`` updates the
-committed results (results.json, table.md, gain_vs_horizon.png).
+committed results (results.json, stats.npz, table.md, gain_vs_horizon.png).
 """
 import argparse
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -39,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import rollout  # noqa: E402
 import scale_free  # noqa: E402
+import stats  # noqa: E402
 import train  # noqa: E402
 from benchmarks.grad_variance import (ESTIMATORS, group_gradients, group_ids_of,  # noqa: E402
                                       per_response_scores, reference_gradient, subset)
@@ -52,12 +63,15 @@ def parse_args(argv=None):
     p.add_argument("--horizons", default="16,64,128", help="answer lengths n of the periodic task")
     p.add_argument("--seeds", default="0,1,2", help="one warm-up checkpoint per (seed, n)")
     p.add_argument("--group-sizes", default="4,16", help="N values; each must divide --pool at least twice")
-    p.add_argument("--prompts", type=int, default=12, help="prompts per checkpoint (the jackknife units)")
+    p.add_argument("--prompts", type=int, default=48, help="prompts per checkpoint (the bootstrap's units)")
     p.add_argument("--pool", type=int, default=32, help="M, responses per prompt split into groups")
     p.add_argument("--ref-pool", type=int, default=32, help="responses per prompt of the separate "
                    "reference pool (RLOO in 4 sub-pools)")
     p.add_argument("--warmup-target", type=float, default=0.25, help="warm-up stops at this sampled success")
     p.add_argument("--cache", default=str(ROOT / "runs"), help="folder of train.py's warm-up cache")
+    p.add_argument("--replicates", type=int, default=2000, help="bootstrap draws of prompts per checkpoint")
+    p.add_argument("--from-saved", default="", help="a folder with a saved sweep (results.json, stats.npz): "
+                   "re-analyse it into --out without measuring anything")
     p.add_argument("--out", default=str(ROOT / "runs" / "horizon_sweep"), help="output folder")
     args = p.parse_args(argv)
     try:
@@ -73,7 +87,11 @@ def parse_args(argv=None):
     if args.ref_pool < 8 or args.ref_pool % 4:
         p.error(f"--ref-pool {args.ref_pool} must be a multiple of 4, at least 8")
     if args.prompts < 2:
-        p.error(f"--prompts {args.prompts} must be >= 2 (the jackknife needs two units)")
+        p.error(f"--prompts {args.prompts} must be >= 2 (the bootstrap needs two units)")
+    if args.replicates < 100:
+        p.error(f"--replicates {args.replicates} must be >= 100")
+    if args.from_saved and not (Path(args.from_saved) / "stats.npz").is_file():
+        p.error(f"--from-saved {args.from_saved}: no stats.npz there (a sweep saved by this script)")
     if not 0 < args.warmup_target < 1:
         p.error(f"--warmup-target {args.warmup_target} must be in (0, 1)")
     if Path(args.out).is_file():
@@ -91,7 +109,7 @@ def checkpoint(n, seed, args):
 
 
 def measure_checkpoint(model, tok, task, cfg, args, seed):
-    """Per estimator and N: per-prompt (mean gradient, tr Var, K); the reference gradient."""
+    """Per estimator and N, the sufficient statistics over prompts (scale_free.gram_stats); info."""
     limit = train.response_limit(cfg, task)
     prompts, answers = rollout.prompt_batch(task, tok, 10_000 + seed, 0, args.prompts)  # unseen by RL
     draw = lambda s, m: rollout.sample(model, prompts, group_size=m, max_new_tokens=limit,  # noqa: E731
@@ -100,15 +118,13 @@ def measure_checkpoint(model, tok, task, cfg, args, seed):
     pool, ref_pool = draw(seed, args.pool), draw(seed + 7919, args.ref_pool)
     R, token_rewards, _ = rollout.rewards(task, tok, pool, answers, args.pool)
     R_ref, ref_rewards, _ = rollout.rewards(task, tok, ref_pool, answers, args.ref_pool)
-    units = {(e, N): [] for e in ESTIMATORS for N in args.group_sizes}
-    refs, ref_vars, lengths = [], [], []
+    units = {(e, N): [] for e in ESTIMATORS for N in args.group_sizes}  # per prompt: (m_p, V_p, K)
+    refs, lengths = [], []
     split = torch.Generator().manual_seed(seed + 1)
     for p in tqdm(range(args.prompts), desc=f"n={task.horizon} seed={seed}", leave=False):
-        # reference: RLOO inside 4 disjoint sub-pools of a separate pool (unbiased), and its variance
-        ref_p, var_p = reference_gradient(model, ref_pool, ref_rewards,
-                                          torch.arange(p * args.ref_pool, (p + 1) * args.ref_pool), cfg.temperature)
-        refs.append(ref_p)
-        ref_vars.append(var_p)
+        # reference r_p: RLOO inside 4 disjoint sub-pools of a separate pool (unbiased for this prompt)
+        refs.append(reference_gradient(model, ref_pool, ref_rewards,
+                                       torch.arange(p * args.ref_pool, (p + 1) * args.ref_pool), cfg.temperature)[0])
         # the pool: every estimator on the same groups
         rows = torch.arange(p * args.pool, (p + 1) * args.pool)
         sub = subset(pool, rows)
@@ -124,69 +140,141 @@ def measure_checkpoint(model, tok, task, cfg, args, seed):
             for name, fn in ESTIMATORS.items():
                 adv, _ = fn(token_rewards=r, response_mask=m, group_index=gid, log_probs=logp, sum_pi_sq=spp)
                 G = group_gradients(model, sub, groups, adv, cfg.temperature, S=S).double()  # (K, D)
-                units[(name, N)].append(scale_free.unit_summary(G))
-    ref = torch.stack(refs).mean(0)  # r = mean over prompts, (D,)
-    ref_var = sum(ref_vars) / len(ref_vars) ** 2
+                mean, var, K = scale_free.unit_summary(G)
+                units[(name, N)].append((mean.float(), var, K))  # float32 keeps 15 x P x D in memory
+    refs = torch.stack(refs).float()  # r_p, (P, D)
+    grams = {key: scale_free.gram_stats(torch.stack([u[0] for u in us]), [u[1] for u in us], refs)
+             for key, us in units.items()}
+    return grams, dict(success=R.mean().item(), ref_success=R_ref.mean().item(),
+                       mean_length=sum(lengths) / len(lengths))
+
+
+# =====================================================================================
+# Saved sufficient statistics: anyone can re-bootstrap from stats.npz
+# =====================================================================================
+
+def save_grams(path, grams_by_cell):
+    """{(n, seed): {(estimator, N): gram_stats}} -> one .npz, keys 'n64_seed0/otb/N4/gram'."""
+    arrays = {f"n{n}_seed{seed}/{e}/N{N}/{k}": v.numpy() for (n, seed), grams in grams_by_cell.items()
+              for (e, N), s in grams.items() for k, v in s.items()}
+    np.savez_compressed(path, **arrays)
+
+
+def load_grams(path):
+    """The inverse of save_grams."""
+    out = {}
+    with np.load(path) as data:
+        for key in data.files:
+            cell, e, N, k = key.split("/")
+            n, seed = (int(x) for x in cell[1:].split("_seed"))
+            out.setdefault((n, seed), {}).setdefault((e, int(N[1:])), {})[k] = torch.from_numpy(data[key])
+    return out
+
+
+# =====================================================================================
+# Analysis: bootstrap over prompts per seed, seeds combined on the log scale (stats.py)
+# =====================================================================================
+
+def analyse(grams_by_cell, replicates=2000):
+    """Per (n, seed, estimator, N): every metric and the gain over group_mean with a paired bootstrap
+    interval over prompts. Returns (rows, gains, pooled)."""
     rows = []
-    for (name, N), us in units.items():
-        stats = scale_free.scale_free_metrics(torch.stack([u[0] for u in us]), [u[1] for u in us],
-                                              [u[2] for u in us], ref, ref_var)
-        rows.append(dict(estimator=name, N=N, **stats))
-    return rows, dict(success=R.mean().item(), ref_success=R_ref.mean().item(),
-                      mean_length=sum(lengths) / len(lengths))
+    for (n, seed), grams in sorted(grams_by_cell.items()):
+        for N in sorted({N for _, N in grams}):
+            units = {e: s for (e, NN), s in grams.items() if NN == N}
+            factors = {e: scale_free.FACTORS[e](N) for e in units if e in scale_free.FACTORS}
+            out = scale_free.bootstrap(units, factors, baseline="group_mean", replicates=replicates,
+                                       seed=1000 * n + seed)
+            raw_gm = units["group_mean"]["V"].mean().item()
+            for e, metrics in out.items():
+                rows.append(dict(n=n, seed=seed, estimator=e, N=N, factor=factors.get(e),
+                                 raw_var_ratio=units[e]["V"].mean().item() / raw_gm,
+                                 **{k: list(v) for k, v in metrics.items()}))
+    return rows, gains(rows), pooled(rows)
 
 
 def gains(rows):
-    """nvar(group_mean) / nvar(e) at the same (n, N), per seed; mean and s.e. over seeds."""
-    out = {}
+    """Per (estimator, N, n): the gain's geometric mean over seeds with a t interval (eq. (4) of stats.py),
+    alpha and cosine as means over seeds with t intervals; nan (unresolved) if any seed is."""
+    cells = {}
     for r in rows:
-        ref = next(q for q in rows if q["estimator"] == "group_mean" and q["N"] == r["N"]
-                   and q["n"] == r["n"] and q["seed"] == r["seed"])
-        gain = ref["nvar"] / r["nvar"] if r["nvar"] > 0 else math.nan  # nan: not measurable (no signal)
-        out.setdefault((r["estimator"], r["N"], r["n"]), []).append(gain)
+        cells.setdefault((r["estimator"], r["N"], r["n"]), []).append(r)
     summary = []
-    for (e, N, n), all_xs in sorted(out.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
-        xs = [x for x in all_xs if not math.isnan(x)] or [math.nan]
-        mu = sum(xs) / len(xs)
-        se = math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) if len(xs) > 1 else float("nan")
-        summary.append(dict(estimator=e, N=N, n=n, gain=mu, gain_se=se, per_seed=all_xs))
+    for (e, N, n), rs in sorted(cells.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
+        g = stats.geometric_mean([r["gain"][0] for r in rs])
+        summary.append(dict(estimator=e, N=N, n=n, gain=list(g), seeds=len(rs), factor=rs[0]["factor"],
+                            per_seed=[r["gain"] for r in rs],
+                            alpha=list(stats.mean_interval([r["alpha"][0] for r in rs])),
+                            cosine=list(stats.mean_interval([r["cosine"][0] for r in rs])),
+                            raw_var_ratio=stats.geometric_mean([r["raw_var_ratio"] for r in rs])[0]))
     return summary
 
 
+def pooled(rows):
+    """Per (estimator, N): the gain's geometric mean over every (n, seed) cell, t interval."""
+    cells = {}
+    for r in rows:
+        cells.setdefault((r["estimator"], r["N"]), []).append(r["gain"][0])
+    return [dict(estimator=e, N=N, cells=len(xs), gain=list(stats.geometric_mean(xs)))
+            for (e, N), xs in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
+
+
+def _exact_or(summary_row, key):
+    """alpha and cosine: exact for an estimator whose E g is known, else the measured interval."""
+    c = summary_row["factor"]
+    if c is not None:
+        return f"{c if key == 'alpha' else 1.0:.3g} (exact)"
+    return stats.fmt(*summary_row[key], low=-1.0 if key == "cosine" else -math.inf, high=1.0 if key == "cosine" else math.inf)
+
+
 def table_md(rows, summary):
-    lines = ["| n | N | estimator | nvar (mean over seeds) | gain over group_mean (± s.e. over seeds) | "
-             "alpha | cosine | raw tr Var / group_mean's |", "|---|---|---|---|---|---|---|---|"]
+    """The table: gains with seed intervals, per-seed bootstrap intervals, alpha, cosine, raw variance."""
+    lines = ["| n | N | estimator | gain over group_mean: geometric mean over seeds [95% t] | per seed [95% bootstrap "
+             "over prompts] | alpha | cosine | raw tr Var / group_mean's |", "|---|---|---|---|---|---|---|---|"]
     for s in summary:
-        cell = [r for r in rows if (r["estimator"], r["N"], r["n"]) == (s["estimator"], s["N"], s["n"])]
-        gm = [r for r in rows if (r["estimator"], r["N"], r["n"]) == ("group_mean", s["N"], s["n"])]
-        mean = lambda k, rs: sum(r[k] for r in rs) / len(rs)  # noqa: E731
-        lines.append(f"| {s['n']} | {s['N']} | {s['estimator']} | {mean('nvar', cell):.3g} | "
-                     f"{s['gain']:.2f} ± {s['gain_se']:.2f} | {mean('alpha', cell):.2f} | "
-                     f"{mean('cosine', cell):.2f} | {mean('raw_variance', cell) / mean('raw_variance', gm):.2f} |")
+        if s["estimator"] == "group_mean":
+            continue
+        per_seed = "; ".join(stats.fmt(*g, low=0.0) for g in s["per_seed"])
+        lines.append(f"| {s['n']} | {s['N']} | {s['estimator']} | {stats.fmt(*s['gain'], low=0.0, suffix='x')} | "
+                     f"{per_seed} | {_exact_or(s, 'alpha')} | {_exact_or(s, 'cosine')} | {s['raw_var_ratio']:.2f} |")
+    return "\n".join(lines)
+
+
+def pooled_md(pool):
+    lines = ["| N | estimator | gain over group_mean pooled over n and seeds [95% t] | cells |", "|---|---|---|---|"]
+    lines += [f"| {p['N']} | {p['estimator']} | {stats.fmt(*p['gain'], low=0.0, suffix='x')} | {p['cells']} |"
+              for p in pool if p["estimator"] != "group_mean"]
     return "\n".join(lines)
 
 
 def plot(summary, path=None):
-    """Gain over group_mean against n, one panel per N; ``summary`` from gains(). Returns the figure."""
+    """Gain over group_mean against n (geometric mean over seeds, 95% t interval), one panel per N;
+    unresolved cells are left out. Returns the figure."""
     import matplotlib.pyplot as plt
     Ns = sorted({s["N"] for s in summary})
     fig, axes = plt.subplots(1, len(Ns), figsize=(5.2 * len(Ns), 4.2), squeeze=False)
     style = {"otb": dict(lw=2.6, marker="o", zorder=5), "otb_zero_tail": dict(ls="--", marker="s"),
              "otb_loo": dict(ls=":", marker="D"), "reinforce": dict(marker="^"), "rloo": dict(marker="v"),
              "grpo": dict(marker="x")}
+    ns = sorted({s["n"] for s in summary})
     for ax, N in zip(axes[0], Ns):
-        for e, st in style.items():
-            pts = sorted((s["n"], s["gain"], s["gain_se"]) for s in summary if s["estimator"] == e and s["N"] == N)
+        for i, (e, st) in enumerate(style.items()):
+            pts = sorted((s["n"], *s["gain"]) for s in summary if s["estimator"] == e and s["N"] == N
+                         and not math.isnan(s["gain"][0]))
             if pts:
-                n, g, se = zip(*pts)
-                ax.errorbar(n, g, yerr=[0 if math.isnan(x) else x for x in se], capsize=3, label=e, **st)
+                n, g, lo, hi = zip(*pts)
+                shift = [x * 1.03 ** (i - 2.5) for x in n]  # side by side, not on top of each other
+                err = [[max(a - b, 0) if not math.isnan(b) else 0 for a, b in zip(g, lo)],
+                       [max(b - a, 0) if not math.isnan(b) else 0 for a, b in zip(g, hi)]]
+                ax.errorbar(shift, g, yerr=err, capsize=3, label=e, **st)
         ax.axhline(1.0, color="k", lw=0.8, label="group_mean")
         ax.set(xscale="log", yscale="log", xlabel="answer length n (periodic copy)",
-               ylabel="nvar(group_mean) / nvar(estimator)", title=f"N = {N}: gain over the group mean "
-               "(> 1 is better)")
+               ylabel="nvar(group_mean) / nvar(estimator)", title=f"N = {N}: gain over the group mean\n"
+               "(> 1 is better; geometric mean over seeds, 95% t interval)")
+        ax.title.set_fontsize(9)
         ax.xaxis.set_minor_locator(plt.NullLocator())  # only the measured n are labelled
-        ax.set_xticks(sorted({s["n"] for s in summary}))
-        ax.set_xticklabels([str(x) for x in sorted({s["n"] for s in summary})])
+        ax.set_xticks(ns)
+        ax.set_xticklabels([str(x) for x in ns])
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -195,29 +283,20 @@ def plot(summary, path=None):
     return fig
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    command = "python benchmarks/horizon_sweep.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows, checkpoints, t0 = [], [], time.time()
-    for n in args.horizons:
-        for seed in args.seeds:
-            model, tok, task, cfg, source = checkpoint(n, seed, args)
-            cell, info = measure_checkpoint(model, tok, task, cfg, args, seed)
-            rows += [dict(r, n=n, seed=seed) for r in cell]
-            checkpoints.append(dict(n=n, seed=seed, model=source["path"], **info))
-            print(f"n={n} seed={seed}: pool success {info['success']:.2f}, mean length "
-                  f"{info['mean_length']:.1f}; " + ", ".join(
-                      f"{r['estimator']}@{r['N']} nvar {r['nvar']:.3g}" for r in cell), flush=True)
-    summary = gains(rows)
-    seconds = time.time() - t0
-    (out / "results.json").write_text(json.dumps(dict(command=command.strip(), args=vars(args), machine=machine(),
-                                                      seconds=seconds, checkpoints=checkpoints, rows=rows,
-                                                      gains=summary), indent=1))
-    text = (f"# Normalised gradient variance against the horizon\n\n`{command.strip()}`  \n"
-            f"{len(args.seeds)} seeds x {args.prompts} prompts x {args.pool} responses per checkpoint; "
-            f"{seconds:.0f} s\n\n" + table_md(rows, summary) + "\n")
+def write(out, command, args, seconds, checkpoints, grams_by_cell):
+    """Analyse and write results.json, table.md, gain_vs_horizon.png (and stats.npz when measured)."""
+    rows, summary, pool = analyse(grams_by_cell, args.replicates)
+    (out / "results.json").write_text(json.dumps(dict(
+        command=command, args=vars(args), machine=machine(), seconds=seconds, checkpoints=checkpoints,
+        sufficient_statistics="stats.npz", rows=rows, gains=summary, pooled=pool), indent=1))
+    seeds = sorted({s for _, s in grams_by_cell})
+    prompts = next(iter(next(iter(grams_by_cell.values())).values()))["V"].shape[0]
+    text = (f"# Normalised gradient variance against the horizon\n\n`{command}`  \n"
+            f"{len(seeds)} seeds x {prompts} prompts x {args.pool} responses per checkpoint; measured in "
+            f"{seconds:.0f} s; intervals: {args.replicates} bootstrap draws of prompts per seed, seeds "
+            f"combined on the log scale (t with {len(seeds) - 1} degrees of freedom). \"unresolved\": the "
+            f"denominator's interval covers 0. alpha and cosine are exact where E g is known "
+            f"(scale_free.FACTORS).\n\n" + table_md(rows, summary) + "\n\n## Pooled over n\n\n" + pooled_md(pool) + "\n")
     (out / "table.md").write_text(text)
     import matplotlib
     matplotlib.use("Agg")  # files only
@@ -226,6 +305,31 @@ def main(argv=None):
     print(text)
     print(f"wrote {out}/results.json, table.md, gain_vs_horizon.png")
     return rows, summary
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    command = ("python benchmarks/horizon_sweep.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
+    out = Path(args.out)
+    if args.from_saved:  # re-bootstrap a saved sweep: nothing is measured
+        saved = json.loads((Path(args.from_saved) / "results.json").read_text())
+        grams = load_grams(Path(args.from_saved) / "stats.npz")
+        out.mkdir(parents=True, exist_ok=True)
+        if out.resolve() != Path(args.from_saved).resolve():
+            shutil.copy(Path(args.from_saved) / "stats.npz", out / "stats.npz")
+        return write(out, saved["command"], argparse.Namespace(**{**saved["args"], "replicates": args.replicates}),
+                     saved["seconds"], saved["checkpoints"], grams)
+    out.mkdir(parents=True, exist_ok=True)
+    grams_by_cell, checkpoints, t0 = {}, [], time.time()
+    for n in args.horizons:
+        for seed in args.seeds:
+            model, tok, task, cfg, source = checkpoint(n, seed, args)
+            grams_by_cell[(n, seed)], info = measure_checkpoint(model, tok, task, cfg, args, seed)
+            checkpoints.append(dict(n=n, seed=seed, model=source["path"], **info))
+            print(f"n={n} seed={seed}: pool success {info['success']:.2f}, mean length "
+                  f"{info['mean_length']:.1f}", flush=True)
+            save_grams(out / "stats.npz", grams_by_cell)  # after every checkpoint: nothing measured is lost
+    return write(out, command, args, time.time() - t0, checkpoints, grams_by_cell)
 
 
 if __name__ == "__main__":

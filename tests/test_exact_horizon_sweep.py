@@ -1,25 +1,57 @@
-"""The horizon sweep's aggregation (benchmarks/horizon_sweep.py) on hand-made rows."""
+"""The horizon sweep's analysis (benchmarks/horizon_sweep.py): seeds on the log scale, unresolved
+cells, and the saved sufficient statistics re-bootstrapped to the same numbers."""
 import math
 
 import pytest
+import torch
 
+import scale_free
 from benchmarks import horizon_sweep as hs
 
 
-def row(est, nvar, seed, n=64, N=4):
-    return dict(estimator=est, N=N, n=n, seed=seed, nvar=nvar)
+def row(est, gain, seed, n=64, N=4, factor=None):
+    return dict(estimator=est, N=N, n=n, seed=seed, factor=factor, gain=[gain, gain / 2, gain * 2],
+                alpha=[0.5, 0.4, 0.6], cosine=[0.9, 0.8, 1.0], raw_var_ratio=0.5)
 
 
-def test_gain_is_the_nvar_ratio_per_seed_then_averaged():
-    rows = [row("group_mean", 10.0, 0), row("otb", 2.0, 0), row("group_mean", 6.0, 1), row("otb", 3.0, 1)]
-    g = {(s["estimator"], s["N"], s["n"]): s for s in hs.gains(rows)}
-    assert g[("otb", 4, 64)]["per_seed"] == [5.0, 2.0]
-    assert g[("otb", 4, 64)]["gain"] == pytest.approx(3.5)
-    assert g[("otb", 4, 64)]["gain_se"] == pytest.approx(1.5)  # sd 2.121 / sqrt(2)
-    assert g[("group_mean", 4, 64)]["gain"] == 1.0
+def test_gain_over_seeds_is_a_geometric_mean_with_a_t_interval():
+    rows = [row("otb", 2.0, 0), row("otb", 8.0, 1)]
+    g = hs.gains(rows)[0]
+    assert g["gain"][0] == pytest.approx(4.0)  # sqrt(2 * 8)
+    half = math.tan(math.pi * (0.975 - 0.5)) * (math.log(8) - math.log(2)) / math.sqrt(2) / math.sqrt(2)  # t(1 df)
+    assert g["gain"][1:] == pytest.approx([4.0 * math.exp(-half), 4.0 * math.exp(half)])
+    assert g["per_seed"] == [[2.0, 1.0, 4.0], [8.0, 4.0, 16.0]]
 
 
-def test_a_seed_without_measurable_signal_is_left_out_not_divided_by_zero():
-    rows = [row("group_mean", 10.0, 0), row("otb", 0.0, 0), row("group_mean", 6.0, 1), row("otb", 3.0, 1)]
-    g = {(s["estimator"], s["N"], s["n"]): s for s in hs.gains(rows)}
-    assert math.isnan(g[("otb", 4, 64)]["per_seed"][0]) and g[("otb", 4, 64)]["gain"] == 2.0
+def test_one_unresolved_seed_makes_the_cell_unresolved():
+    g = hs.gains([row("otb", math.nan, 0), row("otb", 3.0, 1)])[0]
+    assert math.isnan(g["gain"][0])
+    assert "| unresolved |" in hs.table_md([], [g])
+
+
+def test_pooled_over_n_combines_every_cell():
+    p = hs.pooled([row("otb", 2.0, 0, n=16), row("otb", 2.0, 1, n=64), row("otb", 2.0, 0, n=128)])
+    assert p[0]["cells"] == 3 and p[0]["gain"][0] == pytest.approx(2.0)
+
+
+def test_saved_statistics_round_trip_and_reproduce_the_analysis(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    refs = torch.randn(6, 5, generator=gen, dtype=torch.float64) + 2
+    cell = {(e, 4): scale_free.gram_stats(refs * c + 0.5 * torch.randn(6, 5, generator=gen, dtype=torch.float64),
+                                          torch.rand(6, generator=gen, dtype=torch.float64) + v, refs)
+            for e, c, v in [("group_mean", 0.75, 3.0), ("reinforce", 1.0, 1.0), ("otb", 0.6, 0.5)]}
+    grams = {(64, 0): cell, (64, 1): cell}
+    hs.save_grams(tmp_path / "stats.npz", grams)
+    back = hs.load_grams(tmp_path / "stats.npz")
+    assert set(back) == set(grams)
+    for key in cell:
+        for k in cell[key]:
+            assert torch.equal(back[(64, 0)][key][k], cell[key][k])
+    rows, summary, _ = hs.analyse(back, replicates=200)
+    again, _, _ = hs.analyse(grams, replicates=200)
+    assert rows == again  # the same draws from the same statistics
+    by = {(r["estimator"], r["seed"]): r for r in rows}
+    V = {e: cell[(e, 4)]["V"].mean().item() for e in ("group_mean", "reinforce")}
+    # eq. (5) of scale_free.py: known factors, so the gain is the variance ratio times (1 / 0.75)^2
+    assert by[("reinforce", 0)]["gain"][0] == pytest.approx(V["group_mean"] / V["reinforce"] / 0.75 ** 2)
+    assert by[("reinforce", 0)]["alpha"][0] == pytest.approx(1.0) and by[("reinforce", 0)]["factor"] == 1.0

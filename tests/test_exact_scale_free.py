@@ -1,78 +1,126 @@
-"""Exact tier: the scale-free metrics of scale_free.py against hand-computed cases and known laws."""
+"""Exact tier: the scale-free metrics of scale_free.py against hand-computed cases, known laws and
+exact expectations on the enumerable toy bandit; coverage of their bootstrap intervals."""
 import math
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+import otb
 import scale_free
+from toy_env import ToyConfig, enumerate_toy
+from toy_harness import batch_gradients
 
 
-def test_hand_computed_case():
-    # Three samples (3,1), (1,1), (2,1) of one unit; reference r = (1, 0).
-    # m = (2, 1); V = (1 + 1 + 0) / 2 = 1; ||E g||^2 ~ ||m||^2 - V / K = 5 - 1/3 = 14/3;
-    # E||g||^2 ~ V + 14/3 = 17/3; <m, r> = 2.
-    out = scale_free.metrics_from_samples([[3.0, 1.0], [1.0, 1.0], [2.0, 1.0]], [1.0, 0.0], units=1)
-    assert out["alpha"] == pytest.approx(2.0)
-    assert out["cosine"] == pytest.approx(2 / math.sqrt(14 / 3))
-    assert out["nvar"] == pytest.approx(3 / 14)
-    assert out["rmse"] == pytest.approx(1 - 4 / (17 / 3))  # 5/17
-    assert out["raw_variance"] == pytest.approx(1.0)
-    assert out["raw_mse"] == pytest.approx((5 + 1 + 2) / 3)  # mean ||g_k - r||^2, computed directly
+def _point(s, factor=None):
+    U = s["V"].shape[0]
+    return {k: v.item() for k, v in scale_free.evaluate(s, torch.full((1, U), 1 / U, dtype=torch.float64),
+                                                          factor).items()}
 
 
-def test_units_pool_means_and_variances():
-    # Two units with different means (two prompts): E g = mean of the unit means,
-    # tr Var = mean of the unit variances, ||E g||^2 debiased by sum V_u / (U^2 K_u).
-    a = torch.tensor([[1.0, 0.0], [3.0, 0.0]])  # m = (2, 0), V = 2
-    b = torch.tensor([[0.0, 1.0], [0.0, 3.0]])  # m = (0, 2), V = 2
-    units = [scale_free.unit_summary(x) for x in (a, b)]
-    out = scale_free.scale_free_metrics(torch.stack([u[0] for u in units]), [u[1] for u in units],
-                                        [u[2] for u in units], torch.tensor([1.0, 1.0]))
-    mean_sq = 2.0 - (2 / 2 + 2 / 2) / 4  # ||(1, 1)||^2 - (1/4)(V_a/2 + V_b/2) = 1.5
+def test_hand_computed_case_uses_pairs_of_different_units():
+    # Unit means (1,0), (0,1), (1,1), variances 1, 2, 3, exact r = (1, 0).
+    # Pairs u != v: <m_u, m_v> = 0, 1, 1 -> ||E g||^2 ~ 2/3; <m_u, r> = 1, 0, 1 -> <E g, r> ~ 2/3;
+    # V = 2; ||r||^2 = 1. alpha = 2/3, cosine = (2/3) / sqrt(2/3), nvar = 3, rmse = 1 - (4/9) / (8/3).
+    s = scale_free.gram_stats([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], [1.0, 2.0, 3.0], [1.0, 0.0])
+    out = _point(s)
+    assert out["alpha"] == pytest.approx(2 / 3)
+    assert out["cosine"] == pytest.approx(math.sqrt(2 / 3))
+    assert out["nvar"] == pytest.approx(3.0)
+    assert out["rmse"] == pytest.approx(5 / 6)
     assert out["raw_variance"] == pytest.approx(2.0)
-    assert out["nvar"] == pytest.approx(2.0 / mean_sq)
-    assert out["alpha"] == pytest.approx(1.0)
-    assert out["cosine"] == pytest.approx(2 / math.sqrt(mean_sq * 2))
 
 
-@settings(max_examples=25, deadline=None)
+def test_a_known_factor_fixes_alpha_and_cosine():
+    s = scale_free.gram_stats([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], [1.0, 2.0, 3.0],
+                              [[2.0, 0.0], [2.0, 0.0], [2.0, 0.0]])  # refs: ||r||^2 = 4
+    out = _point(s, factor=0.75)
+    assert out["alpha"] == pytest.approx(0.75) and out["cosine"] == pytest.approx(1.0)
+    assert out["nvar"] == pytest.approx(2.0 / (0.75 ** 2 * 4))
+
+
+def test_gain_between_known_factors_is_the_variance_ratio_exactly():
+    # Two estimators on the same units; factors 1 and 3/4: gain = (V_b / c_b^2) / (V_a / c_a^2).
+    gen = torch.Generator().manual_seed(0)
+    means = torch.randn(6, 4, generator=gen, dtype=torch.float64)
+    refs = torch.randn(6, 4, generator=gen, dtype=torch.float64)
+    Va, Vb = torch.rand(6, generator=gen, dtype=torch.float64) + 1, torch.rand(6, generator=gen, dtype=torch.float64) + 2
+    units = {"a": scale_free.gram_stats(means, Va, refs), "b": scale_free.gram_stats(means * 0.75, Vb, refs)}
+    out = scale_free.bootstrap(units, factors={"a": 1.0, "b": 0.75}, baseline="b", replicates=300)
+    assert out["a"]["gain"][0] == pytest.approx((Vb.mean() / 0.75 ** 2 / Va.mean()).item())
+    assert out["a"]["gain"][1] <= out["a"]["gain"][0] <= out["a"]["gain"][2]
+    assert out["b"]["gain"][:1] == pytest.approx((1.0,))
+
+
+def test_group_mean_expectation_is_exactly_one_minus_one_over_n_of_reinforce():
+    # Enumerate every ordered pair of responses of the toy (N = 2): E g = sum_ij pi_i pi_j g_ij.
+    en = enumerate_toy(ToyConfig(K=3, T=4, min_len=3))
+    M = en.pi.shape[0]
+    rows = torch.stack(torch.meshgrid(torch.arange(M), torch.arange(M), indexing="ij"), -1).reshape(-1)  # (M*M*2,)
+    gid = torch.arange(M * M).repeat_interleave(2)
+    weight = (en.pi[:, None] * en.pi[None, :]).reshape(-1)  # pi_i pi_j, (M*M,)
+    expect = {}
+    for name in ("reinforce", "group_mean", "rloo", "otb_loo", "otb"):
+        A = otb.ESTIMATORS[name](**en.batch(rows), group_index=gid)[0]
+        expect[name] = weight @ batch_gradients(en, A, rows, 2)  # E g, (P,)
+    assert torch.allclose(expect["reinforce"], en.grad_J, atol=1e-12)
+    for name in ("rloo", "otb_loo"):
+        assert torch.allclose(expect[name], en.grad_J, atol=1e-12), name
+    assert torch.allclose(expect["group_mean"], (1 - 1 / 2) * en.grad_J, atol=1e-12)
+    assert scale_free.FACTORS["group_mean"](2) == 0.5
+    assert not torch.allclose(expect["otb"], en.grad_J, atol=1e-6)  # OTB's is unknown: not in FACTORS
+    assert "otb" not in scale_free.FACTORS
+
+
+@settings(max_examples=20, deadline=None)
 @given(scale=st.floats(0.01, 100.0), seed=st.integers(0, 10_000))
 def test_rescaling_changes_alpha_and_raw_numbers_only(scale, seed):
     gen = torch.Generator().manual_seed(seed)
-    samples = torch.randn(40, 5, generator=gen, dtype=torch.float64) + torch.arange(5.0)
+    means = torch.randn(8, 5, generator=gen, dtype=torch.float64) + torch.arange(5.0)
+    V = torch.rand(8, generator=gen, dtype=torch.float64)
     ref = torch.randn(5, generator=gen, dtype=torch.float64) + 3.0
-    base = scale_free.metrics_from_samples(samples, ref, units=8)
-    scaled = scale_free.metrics_from_samples(scale * samples, ref, units=8)
+    base = _point(scale_free.gram_stats(means, V, ref))
+    scaled = _point(scale_free.gram_stats(scale * means, scale ** 2 * V, ref))
     for k in ("cosine", "nvar", "rmse"):
-        assert scaled[k] == pytest.approx(base[k], rel=1e-9), k
-        assert scaled[k + "_se"] == pytest.approx(base[k + "_se"], rel=1e-6, abs=1e-12), k
+        if not math.isnan(base[k]):
+            assert scaled[k] == pytest.approx(base[k], rel=1e-9), k
     assert scaled["alpha"] == pytest.approx(scale * base["alpha"], rel=1e-9)
     assert scaled["raw_variance"] == pytest.approx(scale ** 2 * base["raw_variance"], rel=1e-9)
 
 
-def test_gaussian_samples_recover_the_known_law():
-    # g = mu + sigma * noise in D dimensions: nvar = D sigma^2 / ||mu||^2, alpha = <mu, r>/||r||^2
-    gen = torch.Generator().manual_seed(0)
-    D, sigma = 10, 0.7
-    mu = torch.linspace(0.5, 1.5, D, dtype=torch.float64)
-    r = mu * 2.0
-    samples = mu + sigma * torch.randn(20_000, D, generator=gen, dtype=torch.float64)
-    out = scale_free.metrics_from_samples(samples, r, units=40)
-    truth = D * sigma ** 2 / (mu @ mu).item()
-    assert abs(out["nvar"] - truth) < 4 * out["nvar_se"]
-    assert abs(out["alpha"] - 0.5) < 4 * out["alpha_se"]
-    assert out["cosine"] == pytest.approx(1.0, abs=4 * out["cosine_se"] + 1e-3)
+def _gaussian_units(gen, U, K, mu, sigma):
+    samples = mu + sigma * torch.randn(U, K, mu.shape[0], generator=gen, dtype=torch.float64)
+    summ = [scale_free.unit_summary(x) for x in samples]
+    return torch.stack([m for m, _, _ in summ]), [v for _, v, _ in summ]
+
+
+def test_bootstrap_interval_of_nvar_covers_the_known_law():
+    # g = mu + sigma z in D dimensions: nvar = D sigma^2 / ||mu||^2 (unknown factor: estimated).
+    gen = torch.Generator().manual_seed(2)
+    D, sigma, U, K, sims = 6, 1.0, 30, 4, 120
+    mu = torch.full((D,), 0.5, dtype=torch.float64)
+    truth = D * sigma ** 2 / (mu @ mu).item()  # 4.0
+    hits = 0
+    for i in range(sims):
+        means, V = _gaussian_units(gen, U, K, mu, sigma)
+        out = scale_free.bootstrap({"e": scale_free.gram_stats(means, V, mu)}, replicates=500, seed=i)
+        _, lo, hi = out["e"]["nvar"]
+        hits += lo <= truth <= hi
+    assert 0.85 <= hits / sims <= 1.0  # about 95%; s.e. 0.02 at 120 simulations
+
+
+def test_signal_lost_in_noise_is_unresolved():
+    gen = torch.Generator().manual_seed(3)
+    means, V = _gaussian_units(gen, 8, 2, torch.zeros(50, dtype=torch.float64), 1.0)  # E g = 0
+    out = scale_free.bootstrap({"e": scale_free.gram_stats(means, V, torch.ones(50))}, replicates=300)
+    assert all(math.isnan(x) for x in out["e"]["nvar"]) and all(math.isnan(x) for x in out["e"]["cosine"])
+    assert out["e"]["raw_variance"][0] > 0  # the noise itself is measured
 
 
 def test_bad_input_names_the_problem():
     with pytest.raises(ValueError, match="K >= 2"):
         scale_free.unit_summary(torch.zeros(1, 3))
-
-def test_a_reference_lost_in_its_noise_leaves_only_nvar():
-    samples = torch.tensor([[1.0, 0.0], [3.0, 0.0], [2.0, 1.0], [2.0, -1.0]])
-    out = scale_free.metrics_from_samples(samples, [0.1, 0.0], units=2, ref_var=0.5)  # ||r||^2 < ref_var
-    assert math.isnan(out["alpha"]) and math.isnan(out["cosine"]) and math.isnan(out["rmse"])
-    assert out["nvar"] == pytest.approx(scale_free.metrics_from_samples(samples, [1.0, 0.0], units=2)["nvar"])
-    with pytest.raises(ValueError, match=r"means must be \(U, D\)"):
-        scale_free.scale_free_metrics(torch.zeros(2, 3), [1.0, 1.0], [2, 2], torch.zeros(4))
+    with pytest.raises(ValueError, match="U >= 2"):
+        scale_free.gram_stats(torch.zeros(1, 3), [1.0], torch.zeros(3))
+    with pytest.raises(ValueError, match="refs must be"):
+        scale_free.gram_stats(torch.zeros(2, 3), [1.0, 1.0], torch.zeros(4))

@@ -229,7 +229,7 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     data = json.loads(js.read_text())
     assert {r["estimator"] for r in data["rows"]} == set(otb.ESTIMATORS) | set(th.ORACLES) | {"otb_zero_tail"}
     for r in data["rows"]:  # scale-free numbers with their errors, beside the raw ones
-        assert all(k in r and k + "_se" in r for k in th.SCALE_FREE)
+        assert all(k in r and k + "_lo" in r and k + "_hi" in r for k in th.SCALE_FREE)
     assert {r["N"] for r in data["rows"]} == {2, 4}
     for r in data["rows"]:
         assert math.isclose(r["mse"], r["bias2"] + r["variance"], rel_tol=1e-9, abs_tol=1e-15)

@@ -11,6 +11,7 @@ import torch
 
 import otb
 import rollout
+import stats
 from benchmarks import grad_variance as gv
 
 from models import char_tokenizer
@@ -110,12 +111,12 @@ def test_trace_variance_by_hand():
 
 def test_correlations():
     x = torch.linspace(0.1, 3.0, 50)
-    assert gv.spearman(x, x.exp()) == pytest.approx(1.0)  # monotone: rank correlation 1
-    assert gv.pearson(x, x.exp()) < 0.99  # but not linear
-    assert gv.pearson(x, -2 * x + 1) == pytest.approx(-1.0)
+    assert stats.spearman(x, x.exp()) == pytest.approx(1.0)  # monotone: rank correlation 1
+    assert stats.pearson(x, x.exp()) < 0.99  # but not linear
+    assert stats.pearson(x, -2 * x + 1) == pytest.approx(-1.0)
     y = torch.randn(50, generator=torch.Generator().manual_seed(0))
     import numpy as np
-    assert gv.pearson(x, y) == pytest.approx(float(np.corrcoef(x.numpy(), y.numpy())[0, 1]), abs=1e-9)
+    assert stats.pearson(x, y) == pytest.approx(float(np.corrcoef(x.numpy(), y.numpy())[0, 1]), abs=1e-9)
 
 
 def test_measure_end_to_end(tiny, tmp_path, monkeypatch):
@@ -135,12 +136,11 @@ def test_measure_end_to_end(tiny, tmp_path, monkeypatch):
     for n in (2, 4):  # rloo is group_mean x N/(N-1) on the same groups: equal scale-free numbers
         gm, lo = by[("group_mean", n)], by[("rloo", n)]
         c2 = (n / (n - 1)) ** 2
-        assert lo["raw_variance"] == pytest.approx(c2 * gm["raw_variance"], rel=1e-6)
-        assert lo["mean_sq_norm"] == pytest.approx(c2 * gm["mean_sq_norm"], rel=1e-6)  # ||E g||^2, debiased
-        if gm["mean_sq_norm"] > 0:  # so their ratio, nvar, is equal (nan for both when the signal is lost)
-            assert lo["nvar"] == pytest.approx(gm["nvar"], rel=1e-6)
-        if not math.isnan(gm["alpha"]):  # nan when the tiny reference pool is lost in its own noise
-            assert lo["alpha"] == pytest.approx(n / (n - 1) * gm["alpha"], rel=1e-6)
+        assert lo["raw_variance"][0] == pytest.approx(c2 * gm["raw_variance"][0], rel=1e-6)
+        assert lo["gain"][:1] == pytest.approx([1.0], rel=1e-6)  # eq. (5): exact, whatever the signal
+        assert (gm["factor"], lo["factor"]) == (1 - 1 / n, 1.0)  # E g known: alpha and cosine exact
+        for r in rows:  # nothing outside its range, whatever the noise
+            assert math.isnan(r["cosine"][0]) or -1 <= r["cosine"][0] <= 1 or r["factor"] is None
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert saved["proxy_correlation"]["responses"] == 16
     assert (tmp_path / "out" / "proxy_vs_true.png").stat().st_size > 0
