@@ -218,11 +218,11 @@ def format_table(rows, grad_sq):
     for N in sorted({r["N"] for r in rows}):
         block = [r for r in rows if r["N"] == N]
         lines.append(f"N = {N}   ({block[0]['tokens']:.1f} tokens sampled per group)")
-        lines.append(f"  {'estimator':<17}" + "".join(f"{h:>26}" for h in heads))
+        lines.append(f"  {'estimator':<17}" + "".join(f"{h:>29}" for h in heads))
         for r in block:
             cells = [cell(r, k) for k in SCALE_FREE + (("gain",) if gain else ())]
             cells.append(f"{r['mse'] / grad_sq:.3f} +- {r['mse_se'] / grad_sq:.3f}")
-            lines.append((f"  {r['estimator']:<17}" + "".join(f"{c:>26}" for c in cells)).rstrip())
+            lines.append((f"  {r['estimator']:<17}" + "".join(f"{c:>29}" for c in cells)).rstrip())
     return "\n".join(lines)
 
 

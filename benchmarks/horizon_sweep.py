@@ -29,6 +29,7 @@ references, within-prompt variances) are saved in stats.npz, so that anyone can 
     python benchmarks/horizon_sweep.py                               # n = 16, 64, 128; 3 seeds
     python benchmarks/horizon_sweep.py --horizons 16 --seeds 0 --prompts 4 --pool 16   # smoke run
     python benchmarks/horizon_sweep.py --from-saved benchmarks/results/horizon_sweep --out /tmp/re
+    python benchmarks/horizon_sweep.py --horizons 16,64,128,256 --resume --out DIR   # add n = 256 to DIR
 
 Writes runs/horizon_sweep/ by default; ``--out benchmarks/results/horizon_sweep`` updates the
 committed results (results.json, stats.npz, table.md, gain_vs_horizon.png).
@@ -72,6 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--replicates", type=int, default=2000, help="bootstrap draws of prompts per checkpoint")
     p.add_argument("--from-saved", default="", help="a folder with a saved sweep (results.json, stats.npz): "
                    "re-analyse it into --out without measuring anything")
+    p.add_argument("--resume", action="store_true", help="keep the (n, seed) cells already saved in --out "
+                   "(results.json, stats.npz, same pool settings) and measure only the missing ones")
     p.add_argument("--out", default=str(ROOT / "runs" / "horizon_sweep"), help="output folder")
     args = p.parse_args(argv)
     try:
@@ -90,6 +93,8 @@ def parse_args(argv=None):
         p.error(f"--prompts {args.prompts} must be >= 2 (the bootstrap needs two units)")
     if args.replicates < 100:
         p.error(f"--replicates {args.replicates} must be >= 100")
+    if args.resume and not all((Path(args.out) / f).is_file() for f in ("results.json", "stats.npz")):
+        p.error(f"--resume: {args.out} holds no finished sweep (results.json and stats.npz)")
     if args.from_saved and not (Path(args.from_saved) / "stats.npz").is_file():
         p.error(f"--from-saved {args.from_saved}: no stats.npz there (a sweep saved by this script)")
     if not 0 < args.warmup_target < 1:
@@ -307,6 +312,16 @@ def write(out, command, args, seconds, checkpoints, grams_by_cell):
     return rows, summary
 
 
+def resumed(out, args, t0):
+    """The cells a finished earlier run saved in ``out``, its checkpoints, and t0 moved back by its time."""
+    saved = json.loads((out / "results.json").read_text())
+    same = ("prompts", "pool", "ref_pool", "group_sizes", "warmup_target")
+    if any(saved["args"][k] != getattr(args, k) for k in same):
+        raise SystemExit(f"--resume: {out} was measured with other settings "
+                         f"({ {k: saved['args'][k] for k in same} }); use another --out")
+    return load_grams(out / "stats.npz"), saved["checkpoints"], t0 - saved["seconds"]
+
+
 def main(argv=None):
     args = parse_args(argv)
     command = ("python benchmarks/horizon_sweep.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
@@ -321,8 +336,12 @@ def main(argv=None):
                      saved["seconds"], saved["checkpoints"], grams)
     out.mkdir(parents=True, exist_ok=True)
     grams_by_cell, checkpoints, t0 = {}, [], time.time()
+    if args.resume:
+        grams_by_cell, checkpoints, t0 = resumed(out, args, t0)
     for n in args.horizons:
         for seed in args.seeds:
+            if (n, seed) in grams_by_cell:
+                continue  # measured by the run that is resumed
             model, tok, task, cfg, source = checkpoint(n, seed, args)
             grams_by_cell[(n, seed)], info = measure_checkpoint(model, tok, task, cfg, args, seed)
             checkpoints.append(dict(n=n, seed=seed, model=source["path"], **info))

@@ -55,3 +55,17 @@ def test_saved_statistics_round_trip_and_reproduce_the_analysis(tmp_path):
     # eq. (5) of scale_free.py: known factors, so the gain is the variance ratio times (1 / 0.75)^2
     assert by[("reinforce", 0)]["gain"][0] == pytest.approx(V["group_mean"] / V["reinforce"] / 0.75 ** 2)
     assert by[("reinforce", 0)]["alpha"][0] == pytest.approx(1.0) and by[("reinforce", 0)]["factor"] == 1.0
+
+
+def test_resume_keeps_saved_cells_only_with_the_same_settings(tmp_path):
+    import json
+    cell = {("group_mean", 4): scale_free.gram_stats(torch.eye(3), [1.0, 2.0, 3.0], torch.ones(3))}
+    hs.save_grams(tmp_path / "stats.npz", {(16, 0): cell})
+    args = hs.parse_args(["--out", str(tmp_path), "--prompts", "3", "--pool", "8", "--group-sizes", "2,4"])
+    (tmp_path / "results.json").write_text(json.dumps(dict(args=vars(args), checkpoints=[dict(n=16, seed=0)],
+                                                           seconds=100.0)))
+    grams, checkpoints, t0 = hs.resumed(tmp_path, args, 1000.0)
+    assert set(grams) == {(16, 0)} and checkpoints == [dict(n=16, seed=0)] and t0 == 900.0
+    other = hs.parse_args(["--out", str(tmp_path), "--prompts", "4", "--pool", "8", "--group-sizes", "2,4"])
+    with pytest.raises(SystemExit, match="other settings"):
+        hs.resumed(tmp_path, other, 1000.0)
