@@ -350,7 +350,8 @@ def run(argv=None):
         import matplotlib
         matplotlib.use("Agg")  # files only, no window
         plot_metric(rows, args.plot, title=f"N x normalised variance (flat = the 1/N law)\n{cfg.policy} policy, "
-                    f"K={cfg.K}, T={cfg.T}, reward={cfg.reward}, {args.groups} groups per point")
+                    f"K={cfg.K}, T={cfg.T}, reward={cfg.reward}, {args.groups} groups per point; "
+                    f"bars: 95% bootstrap interval over 50 blocks")
         print("wrote", args.plot)
     return rows
 
