@@ -199,6 +199,16 @@ def measure(en, Ns=(2, 4, 8, 16, 32), groups=10000, seed=0, names=None, keep_err
 # Command line: print the table, --json, --plot
 # =====================================================================================
 
+def markdown_table(rows, key, title, digits=3):
+    """One metric as a markdown table, estimators x N (docs/toy_bandit.md shows these, tested)."""
+    Ns = sorted({r["N"] for r in rows})
+    names = list(dict.fromkeys(r["estimator"] for r in rows))
+    by = {(r["estimator"], r["N"]): r for r in rows}
+    lines = [f"| {title} | " + " | ".join(f"N = {N}" for N in Ns) + " |", "|---" * (len(Ns) + 1) + "|"]
+    lines += [f"| `{e}` | " + " | ".join(cell(by[(e, N)], key, digits) for N in Ns) + " |" for e in names]
+    return "\n".join(lines)
+
+
 RANGES = {"cosine": (-1.0, 1.0), "rmse": (0.0, 1.0), "nvar": (0.0, math.inf), "gain": (0.0, math.inf)}
 
 

@@ -9,6 +9,7 @@ paired with a check that the same test *does* flag an estimator for which the cl
 import itertools
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -281,3 +282,16 @@ def test_rloo_is_group_mean_rescaled_so_only_raw_numbers_differ(tab):
         assert lo["alpha"] == pytest.approx(N / (N - 1) * gm["alpha"], rel=1e-9)
         for k in ("cosine", "nvar", "rmse"):
             assert lo[k] == pytest.approx(gm[k], rel=1e-9), (k, N)
+
+
+def test_docs_tables_are_the_saved_results():
+    # docs/toy_bandit.md shows markdown_table() of the committed JSON, not numbers copied by hand.
+    root = Path(__file__).resolve().parent.parent
+    doc = (root / "docs" / "toy_bandit.md").read_text()
+    for name, policy, tables in [("toy_table.json", "tabular", [("nvar", 1), ("gain", 2), ("alpha", 2), ("cosine", 2)]),
+                                 ("toy_table_shared.json", "shared", [("nvar", 2), ("gain", 2)])]:
+        rows = [r for r in json.loads((root / "benchmarks" / "results" / name).read_text())["rows"]
+                if r["estimator"] != "otb_exact_w"]
+        for key, digits in tables:
+            title = ("gain over group_mean" if key == "gain" else key) + f" ({policy})"
+            assert th.markdown_table(rows, key, title, digits) in doc, (name, key)
