@@ -44,7 +44,7 @@ Setup (common random numbers: every estimator sees the same responses)
 Departures: (1) normalises by N per group (the estimator's natural scale); train.py's loss is a
 token mean over the batch, which rescales every estimator alike and does not change ratios.
 
-    OMP_NUM_THREADS=1 python benchmarks/grad_variance.py --out benchmarks/results/grad_variance   # a few minutes
+    OMP_NUM_THREADS=1 python benchmarks/grad_variance.py --out benchmarks/results/grad_variance   # ~10 minutes, 5 GB
     python benchmarks/grad_variance.py --prompts 8 --pool 16 --group-sizes 2,4   # a smoke run
 """
 import argparse
@@ -77,7 +77,7 @@ ESTIMATORS = {**otb.ESTIMATORS, "otb_zero_tail": partial(otb.optimal_token_basel
 class Args:
     model_dir: str = field(default="", metadata={"help": "save_pretrained folder of the model; empty: the "
                                                  "warmed-up tiny model cached by train.py under runs/_cache"})
-    prompts: int = field(default=24, metadata={"help": "P, prompts in the pool"})
+    prompts: int = field(default=48, metadata={"help": "P, prompts in the pool (the bootstrap's units)"})
     pool: int = field(default=32, metadata={"help": "M, responses sampled once per prompt"})
     group_sizes: str = field(default="2,4,8,16", metadata={"help": "N values, each must divide M"})
     estimators: str = field(default=",".join(ESTIMATORS), metadata={"help": "estimators to measure"})
@@ -243,7 +243,7 @@ def measure(model, tok, args, progress=True):
     for p in tqdm(range(args.prompts), desc="prompts", disable=not progress):
         rows = torch.arange(p * args.pool, (p + 1) * args.pool)
         refs.append(reference_gradient(model, ref_ro, ref_rewards, torch.arange(p * args.ref_pool, (p + 1) * args.ref_pool),
-                                       args.temperature)[0])  # r_p, (D,)
+                                       args.temperature)[0].float())  # r_p, (D,)
         sub = subset(ro, rows)  # this prompt's M responses
         m, r = sub.response_mask, token_rewards[rows, :sub.response.shape[1]]  # (M, T)
         with torch.no_grad():
@@ -271,7 +271,8 @@ def measure(model, tok, args, progress=True):
                     cells[(e, n)]["power"].append(sum(d["total_power"] for d in diag) / len(diag))
                     cells[(e, n)]["noise"].append(sum(d["pure_noise"] for d in diag) / len(diag))
         for key, us in split_units.items():  # one unit per prompt: the mean over its splits
-            cells[key]["units"].append((torch.stack([u[0] for u in us]).mean(0), sum(u[1] for u in us) / len(us)))
+            cells[key]["units"].append((torch.stack([u[0] for u in us]).mean(0).float(),  # float32: P x cells x D in memory
+                                        sum(u[1] for u in us) / len(us)))
     return cells, scatter, R, torch.stack(refs)
 
 

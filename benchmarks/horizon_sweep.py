@@ -245,6 +245,20 @@ def table_md(rows, summary):
     return "\n".join(lines)
 
 
+def compact_md(summary, pool, estimators=("otb", "otb_zero_tail", "otb_loo", "reinforce", "grpo")):
+    """The gains as one N x n table with a pooled row per N (docs/variance.md shows it, tested)."""
+    lines = ["| N | n | " + " | ".join(estimators) + " |", "|---" * (len(estimators) + 2) + "|"]
+    cell = {(s["estimator"], s["N"], s["n"]): s["gain"] for s in summary}
+    pooled_gain = {(p["estimator"], p["N"]): p["gain"] for p in pool}
+    for N in sorted({s["N"] for s in summary}):
+        for n in sorted({s["n"] for s in summary}):
+            lines.append(f"| {N} | {n} | " + " | ".join(stats.fmt(*cell[(e, N, n)], low=0.0, suffix="x")
+                                                    for e in estimators) + " |")
+        lines.append(f"| {N} | pooled | " + " | ".join(stats.fmt(*pooled_gain[(e, N)], low=0.0, suffix="x")
+                                                       for e in estimators) + " |")
+    return "\n".join(lines)
+
+
 def pooled_md(pool):
     lines = ["| N | estimator | gain over group_mean pooled over n and seeds [95% t] | cells |", "|---|---|---|---|"]
     lines += [f"| {p['N']} | {p['estimator']} | {stats.fmt(*p['gain'], low=0.0, suffix='x')} | {p['cells']} |"
