@@ -37,7 +37,13 @@ w_u (1/U; a bootstrap draw in ``stats.py`` reweights them):
     ||E g||^2 ~ P(m, m),   <E g, r> ~ P(m, r),   ||r||^2 ~ P(r, r)                        (7)
     P(a, b) = sum_{u != v} w_u w_v <a_u, b_v> / sum_{u != v} w_u w_v      (pairs of *different* units)
 
-Different units are independent, so each product in (7) is unbiased for the population
+For the estimators whose E g = c grad J is known, only ||grad J||^2 is needed, and any
+unbiased per-prompt estimate of grad J serves; ``pooled_reference`` averages two independent ones
+(the reference pool's r_u and REINFORCE's m_u on the pool), which halves their noise:
+
+    ||E g||^2 = c^2 ||grad J||^2 ~ c^2 P(j, j),   j_u = (r_u + m_u^reinforce) / 2               (8)
+
+Different units are independent, so each product in (7) and (8) is unbiased for the population
 quantity: ||E g||^2 over the distribution of prompts, not only over the sampled ones (keeping
 u = v would add each unit's own noise and the spread of the prompts' own gradients). The
 estimate of ||E g||^2 can still come out <= 0 when the signal is lost in the noise: then (2), (3)
@@ -93,15 +99,24 @@ def pairs(M, w):
     return (full - diag) / (1 - (w ** 2).sum(-1))  # rows of w sum to 1
 
 
-def evaluate(s, w, factor=None):
-    """Eqs. (1)-(7) for unit weights w (R, U), from gram_stats ``s``. factor: the known c of E g = c r,
-    or None (estimated). Returns {metric: (R,) tensor}; nan where the signal is not positive."""
+def pooled_reference(unbiased):
+    """Eq. (8): the Gram matrix (U, U) of j_u = (r_u + m_u) / 2 from the gram_stats of an estimator
+    whose E g = grad J (its means m_u and references r_u are independent samples of each prompt)."""
+    R, C, G = unbiased["ref_gram"], unbiased["cross"], unbiased["gram"]  # <r, r>, <m, r>, <m, m>
+    return (R + C + C.T + G) / 4
+
+
+def evaluate(s, w, factor=None, j_gram=None):
+    """Eqs. (1)-(8) for unit weights w (R, U), from gram_stats ``s``. factor: the known c of E g = c r,
+    or None (estimated); j_gram: eq. (8)'s Gram matrix for ||grad J||^2 (default: the references').
+    Returns {metric: (R,) tensor}; nan where the signal is not positive."""
     variance = w @ s["V"]  # (6), (R,)
     ref_sq = pairs(s["ref_gram"], w)  # ||r||^2
     if factor is None:
         signal, dot = pairs(s["gram"], w), pairs(s["cross"], w)  # ||E g||^2, <E g, r>
     else:
-        signal, dot = factor ** 2 * ref_sq, factor * ref_sq
+        J_sq = ref_sq if j_gram is None else pairs(j_gram, w)  # ||grad J||^2, eq. (8)
+        signal, dot, ref_sq = factor ** 2 * J_sq, factor * J_sq, J_sq
     nan = torch.full_like(variance, math.nan)
     ok, ref_ok = signal > 0, ref_sq > 0
     second = variance + signal  # E||g||^2
@@ -112,11 +127,12 @@ def evaluate(s, w, factor=None):
                 raw_variance=variance, signal=signal, ref_sq=ref_sq)
 
 
-def bootstrap(units, factors=None, baseline=None, replicates=2000, seed=0, level=0.95):
+def bootstrap(units, factors=None, baseline=None, replicates=2000, seed=0, level=0.95, j_gram=None):
     """Every metric of every estimator with a paired bootstrap interval over units (stats.py).
 
     units: {name: gram_stats(...)}, all over the same units (the same prompts). factors: {name: c}
-    for the estimators whose E g = c r is known. baseline: a name; adds ``gain`` = nvar(baseline) /
+    for the estimators whose E g = c r is known; their ||grad J||^2 comes from j_gram (eq. (8); None: the
+    references). baseline: a name; adds ``gain`` = nvar(baseline) /
     nvar(e) = snr(e) / snr(baseline) with snr = 1 / nvar (exact ratio of variances by (5) when both
     factors are known; "unresolved" (nan) when the baseline's signal is not resolved).
     Returns {name: {metric: (value, lo, hi)}}; a metric whose signal is not resolved is nan.
@@ -125,8 +141,8 @@ def bootstrap(units, factors=None, baseline=None, replicates=2000, seed=0, level
     U = next(iter(units.values()))["V"].shape[0]
     w_point = torch.full((1, U), 1.0 / U, dtype=torch.float64)
     w_boot = stats.bootstrap_weights(U, replicates, seed)  # (R, U): the same draws for every estimator
-    point = {e: evaluate(s, w_point, factors.get(e)) for e, s in units.items()}
-    boot = {e: evaluate(s, w_boot, factors.get(e)) for e, s in units.items()}
+    point = {e: evaluate(s, w_point, factors.get(e), j_gram) for e, s in units.items()}
+    boot = {e: evaluate(s, w_boot, factors.get(e), j_gram) for e, s in units.items()}
     out = {}
     for e in units:
         sig_lo, sig_hi = stats.interval(boot[e]["signal"], level)

@@ -285,8 +285,9 @@ def summarize(cells, scatter, refs, replicates=2000):
         units = {e: scale_free.gram_stats(torch.stack([u[0] for u in c["units"]]), [u[1] for u in c["units"]], refs)
                  for (e, nn), c in cells.items() if nn == n}
         factors = {e: scale_free.FACTORS[e](n) for e in units if e in scale_free.FACTORS}
+        j_gram = scale_free.pooled_reference(units["reinforce"]) if "reinforce" in units else None  # eq. (8)
         quality = scale_free.bootstrap(units, factors, baseline="group_mean" if "group_mean" in units else None,
-                                       replicates=replicates, seed=n)
+                                       replicates=replicates, seed=n, j_gram=j_gram)
         for e in units:
             c = cells[(e, n)]
             true, se = stats.mean_se(c["true"])

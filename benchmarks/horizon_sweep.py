@@ -189,7 +189,7 @@ def analyse(grams_by_cell, replicates=2000):
             units = {e: s for (e, NN), s in grams.items() if NN == N}
             factors = {e: scale_free.FACTORS[e](N) for e in units if e in scale_free.FACTORS}
             out = scale_free.bootstrap(units, factors, baseline="group_mean", replicates=replicates,
-                                       seed=1000 * n + seed)
+                                       seed=1000 * n + seed, j_gram=scale_free.pooled_reference(units["reinforce"]))
             raw_gm = units["group_mean"]["V"].mean().item()
             for e, metrics in out.items():
                 rows.append(dict(n=n, seed=seed, estimator=e, N=N, factor=factors.get(e),

@@ -124,3 +124,16 @@ def test_bad_input_names_the_problem():
         scale_free.gram_stats(torch.zeros(1, 3), [1.0], torch.zeros(3))
     with pytest.raises(ValueError, match="refs must be"):
         scale_free.gram_stats(torch.zeros(2, 3), [1.0, 1.0], torch.zeros(4))
+
+
+def test_pooled_reference_is_the_gram_of_the_averaged_estimates():
+    gen = torch.Generator().manual_seed(4)
+    m, r = torch.randn(5, 3, generator=gen, dtype=torch.float64), torch.randn(5, 3, generator=gen, dtype=torch.float64)
+    s = scale_free.gram_stats(m, torch.ones(5), r)
+    j = (m + r) / 2  # eq. (8), computed directly
+    assert torch.allclose(scale_free.pooled_reference(s), j @ j.T)
+    # a known factor then takes its ||grad J||^2 from it: signal = c^2 P(j, j), alpha = c
+    w = torch.full((1, 5), 0.2, dtype=torch.float64)
+    out = scale_free.evaluate(s, w, factor=0.5, j_gram=scale_free.pooled_reference(s))
+    assert out["signal"].item() == pytest.approx(0.25 * scale_free.pairs(j @ j.T, w).item())
+    assert out["alpha"].item() == pytest.approx(0.5)
