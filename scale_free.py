@@ -39,7 +39,8 @@ w_u (1/U; a bootstrap draw in ``stats.py`` reweights them):
 
 For the estimators whose E g = c grad J is known, only ||grad J||^2 is needed, and any
 unbiased per-prompt estimate of grad J serves; ``pooled_reference`` averages two independent ones
-(the reference pool's r_u and REINFORCE's m_u on the pool), which halves their noise:
+(the reference pool's r_u and REINFORCE's m_u on the pool); where the two are about equally
+noisy, that halves the response noise of each prompt's estimate (not the spread between prompts):
 
     ||E g||^2 = c^2 ||grad J||^2 ~ c^2 P(j, j),   j_u = (r_u + m_u^reinforce) / 2               (8)
 
