@@ -1,16 +1,28 @@
 """The equal-token study: OTB at N = 4 against group baselines, at the same budget of sampled tokens.
 
-Runs exactly the pre-registered protocol of docs/equal_tokens_protocol.md (read it first): a
-learning-rate pilot on seed 100, then 5 configurations x 6 paired seeds of ``train.py`` on the
-periodic-copy task at n = 64, then the analysis (endpoints per run, paired differences of OTB at
-N = 4 against each comparator with 95% intervals, one figure).
+Runs exactly the pre-registered protocol of docs/equal_tokens_protocol.md and its dated addenda (read
+it first): a learning-rate pilot on seed 100, then 5 configurations x 6 paired seeds of ``train.py``
+on the periodic-copy task at n = 64, then the analysis (endpoints per run, paired differences of OTB
+at N = 4 against each comparator with 95% intervals, one figure). Addenda 2 and 3 add OTB and its
+N = 4 comparators at the common learning rates 3e-4 and 1e-4, analysed in their own sections; a
+post-hoc section (labelled so) compares every N = 4 configuration with group_mean at N = 16.
 
     python benchmarks/equal_tokens.py                  # everything (about an hour on 2 CPU cores)
     python benchmarks/equal_tokens.py --analyse-only   # recompute the tables from finished runs
+    python benchmarks/equal_tokens.py --from-saved benchmarks/results/equal_tokens/results.json \
+        --out benchmarks/results/equal_tokens          # re-analyse the saved per-step data (Addendum 1)
+
+Endpoints (Addendum 1 states the rules the protocol left open): AUC is the area under success
+against tokens divided by the budget B; a seed that never reaches the target counts as B in the
+median (a median that involves it is a lower bound); a run "stops short of B" when it ran out of
+its steps below B, not when the step granularity cut it.
 
 Each training run is a ``python train.py ...`` subprocess writing its own folder under ``--runs``;
 a run whose metrics reach its step count is not run again, so an interrupted study resumes where
-it stopped. Results (summary.md, results.json, success_vs_tokens.png) go to --out.
+it stopped. The per-step metrics of the study's 45 runs were not kept; results.json keeps every
+run's cumulative tokens and trailing-window success within B, from which ``history_from_curve``
+recovers each step's success exactly, so ``--from-saved`` needs no run folders. Results
+(summary.md, results.json, success_vs_tokens.png) go to --out, written only by this script.
 """
 import argparse
 import json
@@ -103,11 +115,11 @@ def run_all(jobs, runs, workers, log):
 
 
 # =====================================================================================
-# Endpoints and analysis (as pre-registered)
+# Endpoints and analysis (as pre-registered, with Addendum 1 of the protocol)
 # =====================================================================================
 
 def within_budget(h):
-    """Steps whose cumulative tokens are <= BUDGET, with each step's own token count."""
+    """Steps whose cumulative tokens are <= BUDGET, as (cumulative tokens, the step's tokens, success)."""
     out, prev = [], 0
     for r in h:
         if r["tokens"] > BUDGET:
@@ -117,22 +129,40 @@ def within_budget(h):
     return out
 
 
-def endpoints(h):
+def endpoints(h, steps_given=None):
+    """The protocol's endpoints of one run from its history ``h`` (dicts with tokens, success).
+
+    ``h`` may be the whole run or only its steps within the budget; ``steps_given`` is the number of
+    steps the run was given (default: len(h), i.e. ``h`` is the whole run). Addendum 1: a run stops
+    short of B when all the steps it was given lie within B and the last is < B (it ran out of steps);
+    a run whose next step would cross B is not short.
+    """
     steps = within_budget(h)
     if not steps:
         return None
+    steps_given = len(h) if steps_given is None else steps_given
     used = steps[-1][0]
     last = [(d, s) for c, d, s in steps if c > 0.75 * BUDGET]
     primary = sum(d * s for d, s in last) / sum(d for d, _ in last) if last else float("nan")
-    auc = sum(d * s for _, d, s in steps) / used
+    auc = sum(d * s for _, d, s in steps) / BUDGET  # endpoint 2: area over B (tokens not sampled count 0)
     to_target = None
-    for i, (c, _, _) in enumerate(steps):
-        window = [(d, s) for c2, d, s in steps[:i + 1] if c2 > c - WINDOW]
-        if c >= WINDOW and sum(d * s for d, s in window) / sum(d for d, _ in window) >= TARGET_SUCCESS:
+    for c, y in zip(*curve(h)):
+        if c >= WINDOW and y >= TARGET_SUCCESS:  # a full trailing window only (Addendum 1)
             to_target = c
             break
-    return dict(primary=primary, auc=auc, tokens_to_target=to_target, tokens_used=used,
-                reached_budget=used >= 0.98 * BUDGET, steps=len(steps))
+    return dict(primary=primary, auc=auc, tokens_to_target=to_target,
+                tokens_to_target_censored=BUDGET if to_target is None else to_target, tokens_used=used,
+                stopped_short=len(steps) >= steps_given and used < BUDGET, steps=len(steps))
+
+
+def median_censored(values):
+    """Median of per-seed tokens to target, a seed that never reached it counted as BUDGET (censored).
+
+    Returns (median, lower_bound): lower_bound is True when a censored value enters the median, so
+    the true median is at least the number returned."""
+    xs = sorted((BUDGET, True) if v is None else (v, False) for v in values)
+    mid = xs[(len(xs) - 1) // 2:len(xs) // 2 + 1]  # the middle one, or the middle two
+    return sum(v for v, _ in mid) / len(mid), any(c for _, c in mid)
 
 
 def mean_se(xs):
@@ -144,42 +174,64 @@ def mean_se(xs):
     return mu, sd / math.sqrt(len(xs))
 
 
-def choose_lrs(runs):
-    chosen, pilot = {}, []
+def paired_diff(a, b, endpoint, comparator):
+    """d_s = a[s] - b[s] over SEEDS, mean and 95% interval mean +- t(0.975, 5) sd / sqrt(6)."""
+    d = [a[s][endpoint] - b[s][endpoint] for s in SEEDS]
+    mu, se = mean_se(d)
+    return dict(comparator=comparator, endpoint=endpoint, mean_diff=mu, ci_low=mu - T_975_DF5 * se,
+                ci_high=mu + T_975_DF5 * se, per_seed=d, otb_better_seeds=sum(x > 0 for x in d))
+
+
+def choose_lrs(pilot):
+    """The pilot's rule: the LR with the highest primary endpoint, ties to the smaller LR."""
+    chosen = {}
     for est, n in CONFIGS:
-        scores = []
-        for lr in LR_GRID:
-            e = endpoints(history(runs, est, n, PILOT_SEED, lr))
-            scores.append((e["primary"] if e else float("nan"), lr))
-            pilot.append(dict(config=f"{est}:{n}", lr=lr, **(e or {})))
-        best = max(s for s, _ in scores if not math.isnan(s))
-        chosen[(est, n)] = min(lr for s, lr in scores if s == best)  # ties: the smaller LR
-    return chosen, pilot
+        scores = [(p["primary"], p["lr"]) for p in pilot if p["config"] == f"{est}:{n}"
+                  and p["primary"] is not None and not math.isnan(p["primary"])]
+        best = max(s for s, _ in scores)
+        chosen[(est, n)] = min(lr for s, lr in scores if s == best)
+    return chosen
 
 
-def analyse(runs, lrs):
-    per_run = {(est, n): {s: endpoints(history(runs, est, n, s, lrs[(est, n)])) for s in SEEDS}
-               for est, n in CONFIGS}
-    configs = []
-    for (est, n), by_seed in per_run.items():
-        row = dict(config=f"{est}:{n}", lr=lrs[(est, n)])
-        for k in ("primary", "auc"):
-            row[k], row[k + "_se"] = mean_se([by_seed[s][k] for s in SEEDS])
-        reached = [by_seed[s]["tokens_to_target"] for s in SEEDS if by_seed[s]["tokens_to_target"]]
-        row["reached_target"] = len(reached)
-        row["tokens_to_target_median"] = sorted(reached)[len(reached) // 2] if reached else None
-        row["all_reached_budget"] = all(by_seed[s]["reached_budget"] for s in SEEDS)
-        configs.append(row)
+def config_row(est, n, lr, by_seed):
+    row = dict(config=f"{est}:{n}", lr=lr)
+    for k in ("primary", "auc"):
+        row[k], row[k + "_se"] = mean_se([by_seed[s][k] for s in SEEDS])
+    ttt = [by_seed[s]["tokens_to_target"] for s in SEEDS]
+    row["reached_target"] = sum(v is not None for v in ttt)
+    row["tokens_to_target_median"], row["tokens_to_target_median_is_lower_bound"] = median_censored(ttt)
+    row["stopped_short_seeds"] = [s for s in SEEDS if by_seed[s]["stopped_short"]]
+    return row
+
+
+def analyse(load, lrs):
+    """Endpoints of every main run, per-configuration rows and OTB's paired differences.
+
+    ``load(est, n, seed, lr)`` returns (history, steps given) of one run."""
+    per_run = {(est, n): {s: endpoints(*load(est, n, s, lrs[(est, n)])) for s in SEEDS} for est, n in CONFIGS}
+    configs = [config_row(est, n, lrs[(est, n)], by_seed) for (est, n), by_seed in per_run.items()]
     otb4 = per_run[("otb", 4)]
-    paired = []
-    for est, n in CONFIGS[1:]:
-        for k in ("primary", "auc"):
-            d = [otb4[s][k] - per_run[(est, n)][s][k] for s in SEEDS]
-            mu, se = mean_se(d)
-            lo, hi = mu - T_975_DF5 * se, mu + T_975_DF5 * se
-            paired.append(dict(comparator=f"{est}:{n}", endpoint=k, mean_diff=mu, ci_low=lo, ci_high=hi,
-                               per_seed=d, otb_better_seeds=sum(x > 0 for x in d)))
+    paired = [paired_diff(otb4, per_run[(est, n)], k, f"{est}:{n}") for est, n in CONFIGS[1:]
+              for k in ("primary", "auc")]
     return per_run, configs, paired
+
+
+def post_hoc_vs_n16(per_run):
+    """Post hoc, not pre-registered: each N = 4 configuration minus group_mean:16 (same t interval).
+    It checks the reading "every N = 4 configuration ends above group_mean at N = 16"."""
+    out = [paired_diff(per_run[(est, n)], per_run[("group_mean", 16)], k, f"{est}:{n}")
+           for est, n in CONFIGS if n == 4 for k in ("primary", "auc")]
+    for p in out:
+        p["verdict"] = verdict(p).replace("OTB at N=4", p["comparator"]) if p["endpoint"] == "primary" else None
+    return out
+
+
+def verdict(p):
+    if p["ci_low"] > 0:
+        return "OTB at N=4 is better (interval above 0)"
+    if p["ci_high"] < 0:
+        return "OTB at N=4 is worse (interval below 0)"
+    return "no difference shown (interval contains 0)"
 
 
 def verdicts(paired):
@@ -187,18 +239,49 @@ def verdicts(paired):
     for p in paired:
         if p["endpoint"] != "primary":
             continue
-        if p["ci_low"] > 0:
-            v = "OTB at N=4 is better (interval above 0)"
-        elif p["ci_high"] < 0:
-            v = "OTB at N=4 is worse (interval below 0)"
-        else:
-            v = "no difference shown (interval contains 0)"
+        v = verdict(p)
         if p["comparator"] == "group_mean:16":
             v += ("; non-inferiority at margin 0.05 supported" if p["ci_low"] > -MARGIN
                   else "; non-inferiority at margin 0.05 NOT supported")
         out.append(dict(comparator=p["comparator"], verdict=v))
     return out
 
+
+# ---- Addenda 2 and 3: otb:4 and its comparators at a common learning rate
+COMMON_LRS = {3e-4: "Addendum 2", 1e-4: "Addendum 3"}
+RERUN_CHECK = ("group_mean", 4, 0, 3e-4)  # an existing run made again, compared with the saved one
+
+
+def analyse_common_lr(load, lr):
+    """otb:4 against every comparator with all 6 seeds run at ``lr``: rows and paired differences."""
+    runs, missing = {}, []
+    for est, n in CONFIGS:
+        try:
+            runs[(est, n)] = {s: endpoints(*load(est, n, s, lr)) for s in SEEDS}
+        except SystemExit:  # not run (Addendum 3: only comparators with all 6 seeds are analysed)
+            missing.append(f"{est}:{n}")
+    otb = runs.get(("otb", 4))
+    paired = [paired_diff(otb, runs[c], k, f"{c[0]}:{c[1]}") for c in runs if c != ("otb", 4)
+              for k in ("primary", "auc")] if otb else []
+    for p in paired:
+        p["verdict"] = verdict(p) if p["endpoint"] == "primary" else None
+    return dict(lr=lr, addendum=COMMON_LRS[lr], rows=[config_row(*c, lr, by_seed) for c, by_seed in runs.items()],
+                paired=paired, not_run=missing)
+
+
+def rerun_check(rerun, saved):
+    """Compare a re-run's within-budget steps with the saved ones: steps, tokens, success."""
+    a, b = within_budget(rerun), within_budget(saved)
+    same = sum(x == y for x, y in zip(a, b))
+    return dict(run=run_name(*RERUN_CHECK), steps_rerun=len(a), steps_saved=len(b), identical_steps=same,
+                max_abs_success_diff=max((abs(x[2] - y[2]) for x, y in zip(a, b)), default=None),
+                max_abs_tokens_diff=max((abs(x[0] - y[0]) for x, y in zip(a, b)), default=None),
+                primary_rerun=endpoints(rerun)["primary"], primary_saved=endpoints(saved)["primary"])
+
+
+# =====================================================================================
+# Where the histories come from: the run folders, or the curves saved in results.json
+# =====================================================================================
 
 def curve(h):
     """Trailing-window (WINDOW tokens) success against tokens, within the budget."""
@@ -211,9 +294,58 @@ def curve(h):
     return xs, ys
 
 
-def curves_of(runs, lrs):
+def history_from_curve(xs, ys, n):
+    """Invert ``curve``: each step's success from the trailing-window means (Addendum 1).
+
+    The window of step i holds step i and earlier steps, so step i's success is what its window's
+    token-weighted sum leaves after the earlier steps; a batch of 8N responses has success k/(8N),
+    so the value is rounded to that grid (the rounding removes only float error)."""
+    h, succ, prev = [], [], 0
+    for i, (c, y) in enumerate(zip(xs, ys)):
+        window = [j for j in range(i + 1) if xs[j] > c - WINDOW]
+        d = [xs[j] - (xs[j - 1] if j else 0) for j in window]
+        rest = sum(dj * succ[j] for dj, j in zip(d[:-1], window[:-1]))
+        s = round((y * sum(d) - rest) / d[-1] * PROMPTS_PER_STEP * n) / (PROMPTS_PER_STEP * n)
+        succ.append(s)
+        h.append(dict(step=i + 1, tokens=c, success=s))
+    return h
+
+
+def saved_curves(path):
+    """{run name: (xs, ys)} of every run whose curve is stored in a results.json."""
+    d = json.loads(Path(path).read_text())
+    out = {}
+    for cfg, by_seed in d["curves"].items():
+        est, n = cfg.split(":")
+        for s, xy in by_seed.items():
+            out[run_name(est, int(n), int(s), d["chosen_lr"][cfg])] = xy
+    out.update(d.get("extra_curves", {}))
+    return out
+
+
+def saved_pilot(path):
+    return [dict(config=p["config"], lr=p["lr"], primary=p["primary"]) for p in json.loads(Path(path).read_text())["pilot"]]
+
+
+def make_loader(runs, saved):
+    """load(est, n, seed, lr) -> (history, steps given): the saved curve if there is one (the record of
+    the study), else the run folder's metrics (which must be finished)."""
+    def load(est, n, seed, lr, prefer_runs=False):
+        name = run_name(est, n, seed, lr)
+        if name in saved and not prefer_runs:
+            return history_from_curve(*saved[name], n), STEPS[n]
+        h = history(runs, est, n, seed, lr)
+        if not h or h[-1]["step"] < STEPS[n]:
+            raise SystemExit(f"{name}: no finished run in {runs} and no saved curve")
+        load.from_runs[name] = curve(h)
+        return h, STEPS[n]
+    load.from_runs = {}  # {run name: curve} of the runs read from the folders, saved in results.json
+    return load
+
+
+def curves_of(load, lrs):
     """{"est:n": {seed: (tokens, trailing-window success)}} for the figure (stored in results.json)."""
-    return {f"{est}:{n}": {str(s): curve(history(runs, est, n, s, lrs[(est, n)])) for s in SEEDS}
+    return {f"{est}:{n}": {str(s): curve(load(est, n, s, lrs[(est, n)])[0]) for s in SEEDS}
             for est, n in CONFIGS}
 
 
@@ -243,34 +375,68 @@ def fmt(x, spec=".3f"):
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def report(out, lrs, pilot, configs, paired, seconds):
+def config_line(c):
+    m = c["tokens_to_target_median"]
+    med = fmt(m, ",.1f" if m % 1 else ",.0f") + (" (lower bound)" if c["tokens_to_target_median_is_lower_bound"] else "")
+    short = ", ".join(f"seed {s}" for s in c["stopped_short_seeds"]) or "none"
+    return (f"| {c['config']} | {c['lr']:g} | {fmt(c['primary'])} ± {fmt(c['primary_se'])} | "
+            f"{fmt(c['auc'])} ± {fmt(c['auc_se'])} | {c['reached_target']}/6 | {med} | {short} |")
+
+
+def paired_line(p):
+    return (f"| {p['comparator']} | {p['endpoint']} | {p['mean_diff']:+.3f} | "
+            f"[{p['ci_low']:+.3f}, {p['ci_high']:+.3f}] | {p['otb_better_seeds']}/6 |")
+
+
+def report(out, lrs, pilot, configs, paired, post_hoc, common, rerun, source):
+    header = ("| config | lr | primary: success, last quarter | AUC: success over B | seeds reaching "
+              f"{TARGET_SUCCESS} | median tokens to {TARGET_SUCCESS} (censored at B) | stopped short of B |")
     lines = ["# Equal-token study: results", "",
-             "Protocol: docs/equal_tokens_protocol.md (pre-registered). Command: "
-             "`python benchmarks/equal_tokens.py`.", "",
+             "Protocol: docs/equal_tokens_protocol.md (pre-registered, with its dated addenda). Written by "
+             f"`{source}`.", "",
              "## Learning rates chosen on the pilot seed", "",
              "| config | " + " | ".join(f"lr {lr:g}: primary" for lr in LR_GRID) + " | chosen |",
              "|---|" + "---|" * (len(LR_GRID) + 1)]
     for est, n in CONFIGS:
-        cells = [fmt(next(p.get("primary") for p in pilot if p["config"] == f"{est}:{n}" and p["lr"] == lr))
+        cells = [fmt(next(p["primary"] for p in pilot if p["config"] == f"{est}:{n}" and p["lr"] == lr))
                  for lr in LR_GRID]
         lines.append(f"| {est}:{n} | " + " | ".join(cells) + f" | {lrs[(est, n)]:g} |")
-    lines += ["", "## Endpoints per configuration (mean ± s.e. over 6 seeds)", "",
-              "| config | lr | primary: success, last quarter | AUC: mean success | seeds reaching "
-              f"{TARGET_SUCCESS} | median tokens to {TARGET_SUCCESS} | full budget used |",
-              "|---|---|---|---|---|---|---|"]
-    for c in configs:
-        lines.append(f"| {c['config']} | {c['lr']:g} | {fmt(c['primary'])} ± {fmt(c['primary_se'])} | "
-                     f"{fmt(c['auc'])} ± {fmt(c['auc_se'])} | {c['reached_target']}/6 | "
-                     f"{fmt(c['tokens_to_target_median'], 'd')} | {'yes' if c['all_reached_budget'] else 'no'} |")
-    lines += ["", "## Paired differences, OTB N=4 minus comparator (95% interval, t with 5 df)", "",
+    lines += ["", "## Endpoints per configuration (mean ± s.e. over 6 seeds)", "", header, "|---|---|---|---|---|---|---|"]
+    lines += [config_line(c) for c in configs]
+    lines += ["", "A run stops short of B when it ran out of its steps before B (Addendum 1); the tokens "
+              "to target of a seed that never reached it count as B.",
+              "", "## Paired differences, OTB N=4 minus comparator (95% interval, t with 5 df)", "",
               "| comparator | endpoint | mean difference | 95% interval | seeds where OTB is higher |",
               "|---|---|---|---|---|"]
-    for p in paired:
-        lines.append(f"| {p['comparator']} | {p['endpoint']} | {p['mean_diff']:+.3f} | "
-                     f"[{p['ci_low']:+.3f}, {p['ci_high']:+.3f}] | {p['otb_better_seeds']}/6 |")
+    lines += [paired_line(p) for p in paired]
     lines += ["", "## Verdicts (primary endpoint, as pre-registered)", ""]
     lines += [f"- {v['comparator']}: {v['verdict']}" for v in verdicts(paired)]
-    lines += ["", f"Budget {BUDGET:,} tokens per run; wall time of this invocation {seconds:.0f} s.", ""]
+    lines += ["", "## Post hoc (not pre-registered): each N=4 configuration minus group_mean:16", "",
+              "Same paired t interval; a reading made after the results, not a test the protocol planned.", "",
+              "| N=4 configuration | endpoint | mean difference | 95% interval | seeds where N=4 is higher |",
+              "|---|---|---|---|---|"]
+    lines += [paired_line(p) for p in post_hoc]
+    lines += [""] + [f"- {p['comparator']} vs group_mean:16: {p['verdict']}" for p in post_hoc if p["verdict"]]
+    for c in common:
+        lines += ["", f"## {c['addendum']}: OTB and the comparators at a common learning rate ({c['lr']:g})", "",
+                  f"Not the pre-registered analysis: every configuration below at lr {c['lr']:g} on the same 6 "
+                  f"seeds ({c['addendum']} of the protocol, committed before its runs), OTB N=4 paired with each "
+                  "comparator at the same rate.", "", header, "|---|---|---|---|---|---|---|"]
+        lines += [config_line(r) for r in c["rows"]]
+        lines += ["", "| comparator | endpoint | mean difference | 95% interval | seeds where OTB is higher |",
+                  "|---|---|---|---|---|"]
+        lines += [paired_line(p) for p in c["paired"]]
+        lines += [""] + [f"- {p['comparator']}: {p['verdict']}" for p in c["paired"] if p["verdict"]]
+        if c["not_run"]:
+            lines += [f"- not run at lr {c['lr']:g} (all 6 seeds needed): " + ", ".join(c["not_run"])]
+    if rerun:
+        lines += ["", f"Re-run check ({COMMON_LRS[RERUN_CHECK[3]]}): {rerun['run']} made again; "
+                  f"{rerun['identical_steps']} of {rerun['steps_saved']} saved steps within B identical (tokens and "
+                  f"success), re-run {rerun['steps_rerun']} steps; largest difference in a step's success "
+                  f"{fmt(rerun['max_abs_success_diff'], '.4f')}, in cumulative tokens "
+                  f"{fmt(rerun['max_abs_tokens_diff'], ',.0f')}; primary {rerun['primary_rerun']:.4f} "
+                  f"(saved {rerun['primary_saved']:.4f})."]
+    lines += ["", f"Budget {BUDGET:,} tokens per run.", ""]
     (out / "summary.md").write_text("\n".join(lines))
     return "\n".join(lines)
 
@@ -284,13 +450,23 @@ def parse_args(argv=None):
                    "committed results)")
     p.add_argument("--jobs", type=int, default=2, help="training runs at a time (one thread each)")
     p.add_argument("--analyse-only", action="store_true", help="no training: analyse the finished runs")
+    p.add_argument("--from-saved", default=None, metavar="RESULTS_JSON",
+                   help="no training: take each run's per-step data from the curves saved in this results.json "
+                   "(Addendum 1), and from --runs only for runs it does not hold (Addendum 2's)")
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error(f"--jobs {args.jobs} must be >= 1")
     for flag in ("runs", "out"):
         if Path(getattr(args, flag)).is_file():
             p.error(f"--{flag} {getattr(args, flag)} is a file, not a folder")
+    if args.from_saved is not None and not Path(args.from_saved).is_file():
+        p.error(f"--from-saved {args.from_saved}: no such file")
     return args
+
+
+def rel(path):
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def main(argv=None):
@@ -299,23 +475,44 @@ def main(argv=None):
     runs.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     log, t0 = runs / "train_output.log", time.time()
-    if not args.analyse_only:
+    train = not (args.analyse_only or args.from_saved)
+    saved = saved_curves(args.from_saved) if args.from_saved else {}
+    load = make_loader(runs, saved)
+    if train:
         print(f"pilot: {len(CONFIGS) * len(LR_GRID)} runs on seed {PILOT_SEED}", flush=True)
         run_all([(e, n, PILOT_SEED, lr) for e, n in CONFIGS for lr in LR_GRID], runs, args.jobs, log)
-    lrs, pilot = choose_lrs(runs)
+    if args.from_saved:
+        pilot = saved_pilot(args.from_saved)  # only the pilot's primary endpoint was saved
+    else:
+        pilot = [dict(config=f"{e}:{n}", lr=lr, primary=endpoints(*load(e, n, PILOT_SEED, lr))["primary"])
+                 for e, n in CONFIGS for lr in LR_GRID]
+    lrs = choose_lrs(pilot)
     print("chosen learning rates: " + ", ".join(f"{e}:{n} {lr:g}" for (e, n), lr in lrs.items()), flush=True)
-    if not args.analyse_only:
-        print(f"main: {len(CONFIGS) * len(SEEDS)} runs", flush=True)
+    if train:
+        print(f"main: {len(CONFIGS) * len(SEEDS)} runs, then those of Addenda 2 and 3", flush=True)
         run_all([(e, n, s, lrs[(e, n)]) for s in SEEDS for e, n in CONFIGS], runs, args.jobs, log)
-    per_run, configs, paired = analyse(runs, lrs)
-    seconds = time.time() - t0
-    text = report(out, lrs, pilot, configs, paired, seconds)
-    curves = curves_of(runs, lrs)
+        run_all([(e, n, s, lr) for lr in COMMON_LRS for e, n in CONFIGS if n == 4 and lrs[(e, n)] != lr
+                 for s in SEEDS], runs, args.jobs, log)  # Addenda 2 and 3
+    per_run, configs, paired = analyse(load, lrs)
+    common = [analyse_common_lr(load, lr) for lr in COMMON_LRS]
+    check, rerun = "rerun:" + run_name(*RERUN_CHECK), None
+    if check not in saved and run_name(*RERUN_CHECK) in saved and finished(runs, *RERUN_CHECK):
+        saved[check] = curve(history(runs, *RERUN_CHECK))
+    if check in saved:
+        rerun = rerun_check(history_from_curve(*saved[check], RERUN_CHECK[1]), load(*RERUN_CHECK)[0])
+    source = "python benchmarks/equal_tokens.py" + (" --analyse-only" if args.analyse_only else "") + (
+        f" --from-saved {rel(args.from_saved)}" if args.from_saved else "")
+    post_hoc = post_hoc_vs_n16(per_run)
+    text = report(out, lrs, pilot, configs, paired, post_hoc, common, rerun, source)
+    curves = curves_of(load, lrs)
+    main_runs = {run_name(e, n, s, lrs[(e, n)]) for e, n in CONFIGS for s in SEEDS}
+    extra = {k: v for k, v in {**saved, **load.from_runs}.items() if k not in main_runs}
     (out / "results.json").write_text(json.dumps(dict(
-        protocol="docs/equal_tokens_protocol.md", budget=BUDGET, seeds=SEEDS, pilot_seed=PILOT_SEED,
-        lr_grid=LR_GRID, chosen_lr={f"{e}:{n}": lr for (e, n), lr in lrs.items()}, pilot=pilot,
-        per_run={f"{e}:{n}": {str(s): v for s, v in d.items()} for (e, n), d in per_run.items()},
-        configs=configs, paired=paired, verdicts=verdicts(paired), seconds=seconds, curves=curves), indent=1))
+        protocol="docs/equal_tokens_protocol.md", command=source, budget=BUDGET, seeds=SEEDS,
+        pilot_seed=PILOT_SEED, lr_grid=LR_GRID, chosen_lr={f"{e}:{n}": lr for (e, n), lr in lrs.items()},
+        pilot=pilot, per_run={f"{e}:{n}": {str(s): v for s, v in d.items()} for (e, n), d in per_run.items()},
+        configs=configs, paired=paired, verdicts=verdicts(paired), post_hoc_vs_group_mean16=post_hoc, common_lr=common, rerun_check=rerun,
+        seconds=time.time() - t0, curves=curves, extra_curves=extra), indent=1))
     import matplotlib
     matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt
