@@ -249,7 +249,8 @@ def verdicts(paired):
 
 # ---- Addenda 2 and 3: otb:4 and its comparators at a common learning rate
 COMMON_LRS = {3e-4: "Addendum 2", 1e-4: "Addendum 3"}
-RERUN_CHECK = ("group_mean", 4, 0, 3e-4)  # an existing run made again, compared with the saved one
+# existing runs made again and compared with the saved ones: seed 0 (Addendum 2), seeds 1-5 (Addendum 4)
+RERUN_CHECKS = [("group_mean", 4, s, 3e-4) for s in SEEDS]
 
 
 def analyse_common_lr(load, lr):
@@ -269,11 +270,11 @@ def analyse_common_lr(load, lr):
                 paired=paired, not_run=missing)
 
 
-def rerun_check(rerun, saved):
+def rerun_check(job, rerun, saved):
     """Compare a re-run's within-budget steps with the saved ones: steps, tokens, success."""
     a, b = within_budget(rerun), within_budget(saved)
     same = sum(x == y for x, y in zip(a, b))
-    return dict(run=run_name(*RERUN_CHECK), steps_rerun=len(a), steps_saved=len(b), identical_steps=same,
+    return dict(run=run_name(*job), steps_rerun=len(a), steps_saved=len(b), identical_steps=same,
                 max_abs_success_diff=max((abs(x[2] - y[2]) for x, y in zip(a, b)), default=None),
                 max_abs_tokens_diff=max((abs(x[0] - y[0]) for x, y in zip(a, b)), default=None),
                 primary_rerun=endpoints(rerun)["primary"], primary_saved=endpoints(saved)["primary"])
@@ -388,7 +389,7 @@ def paired_line(p):
             f"[{p['ci_low']:+.3f}, {p['ci_high']:+.3f}] | {p['otb_better_seeds']}/6 |")
 
 
-def report(out, lrs, pilot, configs, paired, post_hoc, common, rerun, source):
+def report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source):
     header = ("| config | lr | primary: success, last quarter | AUC: success over B | seeds reaching "
               f"{TARGET_SUCCESS} | median tokens to {TARGET_SUCCESS} (censored at B) | stopped short of B |")
     lines = ["# Equal-token study: results", "",
@@ -429,13 +430,13 @@ def report(out, lrs, pilot, configs, paired, post_hoc, common, rerun, source):
         lines += [""] + [f"- {p['comparator']}: {p['verdict']}" for p in c["paired"] if p["verdict"]]
         if c["not_run"]:
             lines += [f"- not run at lr {c['lr']:g} (all 6 seeds needed): " + ", ".join(c["not_run"])]
-    if rerun:
-        lines += ["", f"Re-run check ({COMMON_LRS[RERUN_CHECK[3]]}): {rerun['run']} made again; "
-                  f"{rerun['identical_steps']} of {rerun['steps_saved']} saved steps within B identical (tokens and "
-                  f"success), re-run {rerun['steps_rerun']} steps; largest difference in a step's success "
-                  f"{fmt(rerun['max_abs_success_diff'], '.4f')}, in cumulative tokens "
-                  f"{fmt(rerun['max_abs_tokens_diff'], ',.0f')}; primary {rerun['primary_rerun']:.4f} "
-                  f"(saved {rerun['primary_saved']:.4f})."]
+    if reruns:
+        lines += ["", "## Re-run checks (Addenda 2 and 4): saved runs made again from the same seed", "",
+                  "| run | steps within B (re-run / saved) | identical steps | largest success difference "
+                  "| largest token difference | primary re-run (saved) |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['run']} | {r['steps_rerun']} / {r['steps_saved']} | {r['identical_steps']} | "
+                  f"{fmt(r['max_abs_success_diff'], '.4f')} | {fmt(r['max_abs_tokens_diff'], ',.0f')} | "
+                  f"{r['primary_rerun']:.4f} ({r['primary_saved']:.4f}) |" for r in reruns]
     lines += ["", f"Budget {BUDGET:,} tokens per run.", ""]
     (out / "summary.md").write_text("\n".join(lines))
     return "\n".join(lines)
@@ -495,15 +496,17 @@ def main(argv=None):
                  for s in SEEDS], runs, args.jobs, log)  # Addenda 2 and 3
     per_run, configs, paired = analyse(load, lrs)
     common = [analyse_common_lr(load, lr) for lr in COMMON_LRS]
-    check, rerun = "rerun:" + run_name(*RERUN_CHECK), None
-    if check not in saved and run_name(*RERUN_CHECK) in saved and finished(runs, *RERUN_CHECK):
-        saved[check] = curve(history(runs, *RERUN_CHECK))
-    if check in saved:
-        rerun = rerun_check(history_from_curve(*saved[check], RERUN_CHECK[1]), load(*RERUN_CHECK)[0])
+    reruns = []
+    for job in RERUN_CHECKS:
+        check = "rerun:" + run_name(*job)
+        if check not in saved and run_name(*job) in saved and finished(runs, *job):
+            saved[check] = curve(history(runs, *job))
+        if check in saved:
+            reruns.append(rerun_check(job, history_from_curve(*saved[check], job[1]), load(*job)[0]))
     source = "python benchmarks/equal_tokens.py" + (" --analyse-only" if args.analyse_only else "") + (
         f" --from-saved {rel(args.from_saved)}" if args.from_saved else "")
     post_hoc = post_hoc_vs_n16(per_run)
-    text = report(out, lrs, pilot, configs, paired, post_hoc, common, rerun, source)
+    text = report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source)
     curves = curves_of(load, lrs)
     main_runs = {run_name(e, n, s, lrs[(e, n)]) for e, n in CONFIGS for s in SEEDS}
     extra = {k: v for k, v in {**saved, **load.from_runs}.items() if k not in main_runs}
@@ -511,8 +514,8 @@ def main(argv=None):
         protocol="docs/equal_tokens_protocol.md", command=source, budget=BUDGET, seeds=SEEDS,
         pilot_seed=PILOT_SEED, lr_grid=LR_GRID, chosen_lr={f"{e}:{n}": lr for (e, n), lr in lrs.items()},
         pilot=pilot, per_run={f"{e}:{n}": {str(s): v for s, v in d.items()} for (e, n), d in per_run.items()},
-        configs=configs, paired=paired, verdicts=verdicts(paired), post_hoc_vs_group_mean16=post_hoc, common_lr=common, rerun_check=rerun,
-        seconds=time.time() - t0, curves=curves, extra_curves=extra), indent=1))
+        configs=configs, paired=paired, verdicts=verdicts(paired), post_hoc_vs_group_mean16=post_hoc,
+        common_lr=common, rerun_checks=reruns, seconds=time.time() - t0, curves=curves, extra_curves=extra), indent=1))
     import matplotlib
     matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt
