@@ -69,3 +69,18 @@ def test_resume_keeps_saved_cells_only_with_the_same_settings(tmp_path):
     other = hs.parse_args(["--out", str(tmp_path), "--prompts", "4", "--pool", "8", "--group-sizes", "2,4"])
     with pytest.raises(SystemExit, match="other settings"):
         hs.resumed(tmp_path, other, 1000.0)
+
+
+def test_committed_results_are_the_saved_statistics_reanalysed_and_the_docs_show_them():
+    # results.json is what analyse() makes of the committed stats.npz, and docs/variance.md shows
+    # compact_md() of it, not numbers copied by hand.
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    folder = root / "benchmarks" / "results" / "horizon_sweep"
+    saved = json.loads((folder / "results.json").read_text())
+    rows, gains, pool = hs.analyse(hs.load_grams(folder / "stats.npz"), saved["args"]["replicates"])
+    for mine, theirs in zip(gains, saved["gains"]):
+        assert (mine["estimator"], mine["N"], mine["n"]) == (theirs["estimator"], theirs["N"], theirs["n"])
+        assert mine["gain"] == pytest.approx(theirs["gain"], rel=1e-9, nan_ok=True)
+    assert hs.compact_md(saved["gains"], saved["pooled"]) in (root / "docs" / "variance.md").read_text()
