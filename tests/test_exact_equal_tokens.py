@@ -120,3 +120,14 @@ def test_committed_summary_and_results_are_what_the_script_writes(tmp_path):
     old = json.loads((RESULTS / "results.json").read_text())
     new.pop("seconds"), old.pop("seconds")
     assert new == old
+
+
+def test_the_docs_tables_are_rows_of_the_committed_summary():
+    # docs/reproduction.md copies the equal-token tables; every row must be the script's, verbatim.
+    root = Path(__file__).resolve().parent.parent
+    doc = (root / "docs" / "reproduction.md").read_text()
+    section = doc[doc.index("## The equal-token study"):doc.index("## The earlier study")]
+    summary = (root / "benchmarks" / "results" / "equal_tokens" / "summary.md").read_text().splitlines()
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| config")]
+    assert len(rows) >= 5 + 8 + 8 + 5 + 8  # endpoints, paired, post hoc, Addendum 2's two tables
+    assert [r for r in rows if r not in summary] == []
