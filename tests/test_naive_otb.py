@@ -64,31 +64,6 @@ def test_otb_matches_naive_loop(args, leave_one_out, zero_tail):
     _close(adv, A)
 
 
-@settings(SETTINGS, max_examples=60)
-@given(args=batch_args, leave_one_out=st.booleans(), zero_tail=st.booleans(),
-       rows_per_block=st.integers(1, 7), dtype=st.sampled_from([torch.float32, torch.float64]))
-def test_otb_on_a_cpu_gives_the_same_numbers_in_row_blocks(args, leave_one_out, zero_tail, rows_per_block,
-                                                           dtype):
-    """On a CPU otb.py takes rows in blocks (otb._row_blocks); a row's numbers must not depend
-    on them. Group sums add rows in the same order either way, so even float32 agrees exactly."""
-    b = make_batch(**args)
-    kw = dict(dtype=dtype, leave_one_out=leave_one_out, zero_tail=zero_tail)
-    mask = torch.tensor(b["m"])
-    whole = _otb(b, **kw)
-    assert len(otb._row_blocks(mask)) == 1  # these batches are far below ROW_BLOCK_TOKENS
-    saved = otb.ROW_BLOCK_TOKENS
-    otb.ROW_BLOCK_TOKENS = rows_per_block * len(b["m"][0])  # blocks of rows_per_block rows
-    try:
-        assert len(otb._row_blocks(mask)) == -(-len(b["m"]) // rows_per_block)
-        blocked = _otb(b, **kw)
-    finally:
-        otb.ROW_BLOCK_TOKENS = saved
-    assert torch.equal(blocked[0], whole[0]) and torch.equal(blocked[1], whole[1])
-    A, _ = naive_otb(b["r"], b["m"], b["gid"], b["lp"], b["spi"], b["isw"],
-                     leave_one_out=leave_one_out, zero_tail=zero_tail)
-    _close(blocked[0], A, atol=1e-9 if dtype == torch.float64 else 1e-4 * (1 + np.abs(A).max()))
-
-
 @pytest.mark.parametrize("eps", [0.0, 0.5])
 def test_otb_eps_enters_the_denominator(eps):
     b = make_batch(7, [3, 1, 4], 6, process=True)
