@@ -224,6 +224,7 @@ ESTIMATORS = {
     "rloo": rloo,
     "otb": optimal_token_baseline,
     "otb_loo": partial(optimal_token_baseline, leave_one_out=True),
+    "otb_zero_tail": partial(optimal_token_baseline, zero_tail=True),  # verl's handle_zero_tail=True
 }
 
 
