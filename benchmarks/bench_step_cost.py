@@ -99,7 +99,7 @@ def time_model(name, args, tiny_dir=None):
     model, tok, prompts, limit = build(name, tiny_dir)
     prompts = args.prompts_per_step or prompts
     limit = args.max_new_tokens or limit
-    cfg = train.parse_config(["--prompts-per-step", str(prompts), "--group-size", str(args.group_size)])
+    cfg = train.Config(prompts_per_step=prompts, group_size=args.group_size)
     task = rollout.ReverseTask()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     snap = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))

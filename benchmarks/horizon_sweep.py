@@ -53,6 +53,7 @@ import rollout  # noqa: E402
 import scale_free  # noqa: E402
 import stats  # noqa: E402
 import train  # noqa: E402
+import train_cli  # noqa: E402
 from benchmarks.grad_variance import (group_gradients, group_ids_of,  # noqa: E402
                                       per_response_scores, reference_gradient, subset)
 from benchmarks.machine import machine  # noqa: E402
@@ -107,16 +108,15 @@ def parse_args(argv=None):
 
 def checkpoint(n, seed, args):
     """The warmed-up tiny model for (n, seed), through train.py's cached warm-up."""
-    cfg = train.parse_config(["--task", "periodic", "--horizon", str(n), "--seed", str(seed),
-                              "--warmup-target", str(args.warmup_target), "--out", args.cache])
+    cfg = train.Config(task="periodic", horizon=n, seed=seed, warmup_target=args.warmup_target, out=args.cache)
     torch.manual_seed(seed)
-    model, tok, source = train.load(cfg, torch.device("cpu"))
-    return model, tok, train.make_task(cfg), cfg, source
+    model, tok, source = train_cli.load(cfg, torch.device("cpu"))
+    return model, tok, train_cli.make_task(cfg), cfg, source
 
 
 def measure_checkpoint(model, tok, task, cfg, args, seed):
     """Per estimator and N, the sufficient statistics over prompts (scale_free.gram_stats); info."""
-    limit = train.response_limit(cfg, task)
+    limit = train_cli.response_limit(cfg, task)
     prompts, answers = rollout.prompt_batch(task, tok, 10_000 + seed, 0, args.prompts)  # unseen by RL
     draw = lambda s, m: rollout.sample(model, prompts, group_size=m, max_new_tokens=limit,  # noqa: E731
                                        temperature=cfg.temperature, eos_id=tok.eos_token_id,
