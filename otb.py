@@ -56,10 +56,9 @@ Departures and choices (all matching the widely used verl implementation unless 
   difference in (7) can go negative.
 
 How the code computes (6): the mask m multiplies, as in the formula (padding that holds NaN or
-another value out of range is set to 0 first, so that 0 * NaN never happens). The sums over a
-group need every row of it, so OTB takes two passes: G_t, W_t and the group sums, then each row's
-B_t and A_t. On a CPU each pass works through the rows in blocks of about 2^20 tokens, which
-keeps large batches from paying a page fault per fresh temporary (``_row_blocks``).
+another value out of range is set to 0 first, so that 0 * NaN never happens). Each equation is
+one line over the whole batch: G_t and W_t row by row, the sums over each group with
+``_group_sum`` (no loop over groups), then each row's B_t and A_t.
 
 Bad input (wrong shapes, a mask other than 0/1, NaN or inf at a valid position, log-probs above
 0, sum pi^2 outside [0, 1], importance weights above 1e18, a negative eps, a string as
@@ -89,9 +88,6 @@ def _sum_pi_squared_dense(z):
     return torch.linalg.vecdot(e, e) / e.sum(dim=-1).square()  # sum e^2 / (sum e)^2
 
 
-CPU_CHUNK_LOGITS = 2 ** 20  # logits per chunk on a CPU when chunk_size is None (4 MB in float32)
-
-
 def sum_pi_squared(logits, chunk_size=None):
     """sum_k softmax(z)_k^2 over the last dimension, computed stably in float32.
 
@@ -100,10 +96,8 @@ def sum_pi_squared(logits, chunk_size=None):
     is computed and returned in float32. Shape: (..., V) -> (...). A logit of -inf (a token
     masked out of the vocabulary) is fine; NaN, +inf or a vector of only -inf is an error.
 
-    The logit vectors (rows of the (N, V) view) are processed ``chunk_size`` rows at a time, so
-    the temporaries are bounded by one chunk instead of the whole (B, T, V) tensor. None means
-    all at once on a GPU, and chunks of about CPU_CHUNK_LOGITS logits on a CPU, where small
-    temporaries that the allocator reuses are ~3x faster than fresh full-size ones.
+    ``chunk_size``: logit vectors (rows of the (N, V) view) per chunk, so the temporaries are
+    bounded by one chunk instead of the whole (B, T, V) tensor; None: all at once.
     """
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
@@ -111,11 +105,8 @@ def sum_pi_squared(logits, chunk_size=None):
     if z.dim() == 0 or z.shape[-1] == 0:
         raise ValueError(f"logits must have a non-empty last (vocabulary) dimension, got {tuple(z.shape)}")
     dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
-    V = z.shape[-1]
-    rows = z.reshape(-1, V)  # one logit vector per row, (N, V)
-    if chunk_size is None:
-        chunk_size = len(rows) if z.is_cuda else CPU_CHUNK_LOGITS // V
-    chunks = rows.split(max(chunk_size, 1))  # a loop over memory chunks only
+    rows = z.reshape(-1, z.shape[-1])  # one logit vector per row, (N, V)
+    chunks = rows.split(chunk_size or max(len(rows), 1))  # a loop over memory chunks only
     spp = torch.cat([_sum_pi_squared_dense(chunk.to(dtype)) for chunk in chunks])  # (N,)
     if not torch.isfinite(spp).all():  # checked after the maths: one reduction over (N,)
         index = tuple((~torch.isfinite(spp)).reshape(z.shape[:-1]).nonzero()[0].tolist())
@@ -138,19 +129,6 @@ def token_energy(log_probs, sum_pi_sq):
 # The Optimal Token Baseline, eqs. (1)-(6)
 # =====================================================================================
 
-def _reward_to_go(r, m):
-    """G_t m_t, with G_t = sum_{u>=t} r_u m_u, eq. (1): a reverse cumulative sum, (rows, T)."""
-    return (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, 0 on padding
-
-
-def _realized_energy(log_probs, sum_pi_sq, is_weights, m):
-    """W_t m_t, with W_t = sum_{j<=t} w_j m_j, eq. (3): a cumulative sum, (rows, T)."""
-    w = token_energy(log_probs, sum_pi_sq).to(m.dtype)  # w_t, eq. (2) through (7)
-    if is_weights is not None:
-        w = w * is_weights.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
-    return (w * m).cumsum(-1) * m  # W_t m_t, 0 on padding
-
-
 def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, *,
                            is_weights=None, leave_one_out=False, zero_tail=False, eps=1e-8):
     """OTB advantages A_t = G_t - B_t, eq. (5), with B_t from eq. (6).
@@ -158,51 +136,31 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     token_rewards, response_mask, log_probs (of the sampled tokens), sum_pi_sq, is_weights:
     (B, T). group_index: one prompt id per row. Returns (advantages, returns), both (B, T),
     exactly 0 at padded positions.
-
-    Two passes: (1)-(3) are row by row, but (6) needs sums over whole groups before any row's
-    baseline is known. Each pass takes all rows at once on a GPU and blocks of rows on a CPU
-    (_row_blocks says why); a row's numbers do not depend on the blocks.
     """
     x, m, gid, n_groups = _checked(token_rewards, response_mask, group_index, eps=eps,
                                    log_probs=log_probs, sum_pi_sq=sum_pi_sq, is_weights=is_weights)
-    r, lp, spp, isw = x["token_rewards"], x["log_probs"], x["sum_pi_sq"], x["is_weights"]  # (B, T) each
-    blocks = _row_blocks(m)  # slices of rows
+    r, isw = x["token_rewards"], x["is_weights"]  # (B, T) each
+    w = token_energy(x["log_probs"], x["sum_pi_sq"]).to(m.dtype)  # w_t, eq. (2) through (7), (B, T)
+    if isw is not None:
+        w = w * isw.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
+    G = (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, eq. (1): reverse cumulative sum, (B, T)
+    W = (w * m).cumsum(-1) * m  # W_t m_t, eq. (3): cumulative sum, (B, T)
     # "Group total minus own term" (leave-one-out) cancels badly in float32 when one row's energy
     # dwarfs the others', so its group sums are taken in float64.
     acc = torch.float64 if leave_one_out else m.dtype
-    num, den = (torch.zeros(n_groups, m.shape[1], dtype=acc, device=m.device) for _ in range(2))
+    num = _group_sum((G * W).to(acc), gid, n_groups)  # sum_i G_t W_t m_t, (groups, T)
+    den = _group_sum(W.to(acc), gid, n_groups)  # sum_i W_t m_t, (groups, T)
+    active = _group_sum(m.to(acc), gid, n_groups) if zero_tail or leave_one_out else None  # sum_i m_t
 
-    # Pass 1: each row's G_t and W_t, eqs. (1)-(3), added into its group's sums.
-    G = torch.empty_like(m)  # G_t m_t, (B, T), filled block by block
-    for b in blocks:
-        G[b] = _reward_to_go(r[b], m[b])
-        W = _realized_energy(lp[b], spp[b], _rows(isw, b), m[b])  # W_t m_t of these rows
-        num.index_add_(0, gid[b], (G[b] * W).to(acc))  # sum_i G_t W_t m_t, (groups, T)
-        den.index_add_(0, gid[b], W.to(acc))  # sum_i W_t m_t
-
-    # sum_i m_t, the rows of each group still active at t (groups, T): the zero tail and
-    # leave-one-out need it.
-    active = _group_sum(m.to(acc), gid, n_groups) if zero_tail or leave_one_out else None
-
-    # The baseline of eq. (6) over all rows of a group is one per group: B_t, (groups, T).
-    B = num / (den + eps)
-    keep = (torch.bincount(gid, minlength=n_groups) > 1)[:, None]  # singleton groups: B = 0
-    if zero_tail:
-        keep = keep & (active > 1)  # only one row left at t: B = 0
-    B = torch.where(keep, B, 0.0)
-
-    # Pass 2: each row's baseline and its advantage A_t = G_t - B_t, eq. (5).
-    A = torch.empty_like(m)  # (B, T)
-    for b in blocks:
-        i = gid[b]  # the group of each row, (rows,)
-        if leave_one_out:  # eq. (6) over the *other* rows j != i of the group
-            W = _realized_energy(lp[b], spp[b], _rows(isw, b), m[b])  # recomputed: cheaper than kept
-            num_i = num[i] - (G[b] * W).to(acc)  # sum_{j != i} G_t W_t m_t
-            den_i = (den[i] - W.to(acc)).clamp(min=0.0)  # sum_{j != i} W_t m_t
-            B_i = torch.where(active[i] - m[b] > 0, num_i / (den_i + eps), 0.0)  # no other row: B = 0
-        else:
-            B_i = B.index_select(0, i)  # each row gets its group's B_t, (rows, T)
-        A[b] = (G[b] - B_i.to(m.dtype)) * m[b]  # A_t, 0 on padding
+    if leave_one_out:  # eq. (6) over the *other* rows j != i of the group, (B, T)
+        num_i, den_i = num[gid] - G * W, (den[gid] - W).clamp(min=0.0)  # sum_{j != i} G W m, W m
+        B = torch.where(active[gid] - m > 0, num_i / (den_i + eps), 0.0)  # no other row active: B = 0
+    else:  # eq. (6) over all rows of the group: one B_t per group, (groups, T)
+        keep = (torch.bincount(gid, minlength=n_groups) > 1)[:, None]  # singleton groups: B = 0
+        if zero_tail:
+            keep = keep & (active > 1)  # only one row left at t: B = 0
+        B = torch.where(keep, num / (den + eps), 0.0)[gid]  # each row gets its group's B_t, (B, T)
+    A = (G - B.to(m.dtype)) * m  # A_t, eq. (5), 0 on padding
     return A, G
 
 
@@ -266,6 +224,7 @@ ESTIMATORS = {
     "rloo": rloo,
     "otb": optimal_token_baseline,
     "otb_loo": partial(optimal_token_baseline, leave_one_out=True),
+    "otb_zero_tail": partial(optimal_token_baseline, zero_tail=True),  # verl's handle_zero_tail=True
 }
 
 
@@ -297,29 +256,6 @@ def group_ids(group_index, batch):
     if len(ids) != batch:
         raise ValueError(f"group_index has {len(ids)} entries but the batch has {batch} rows")
     return torch.tensor(gid, dtype=torch.long), len(first_seen)
-
-
-ROW_BLOCK_TOKENS = 2 ** 20  # on a CPU, optimal_token_baseline takes rows in blocks of about this many tokens
-
-
-def _row_blocks(m):
-    """Slices that split the rows of m (B, T) into blocks: one block on a GPU, blocks of about
-    ROW_BLOCK_TOKENS tokens (4 MB per float32 tensor) on a CPU.
-
-    Why blocks on a CPU: each tensor operation allocates its result, and glibc gives a freed block
-    of tens of MB back to the system, so each fresh (B, T) temporary of a large batch costs a page
-    fault per 4 KB. A block's temporaries are small and their memory is reused; docs/cost.md has
-    the measurement.
-    """
-    if m.device.type != "cpu":  # GPU allocators cache freed memory: no faults to avoid
-        return [slice(None)]
-    rows = max(ROW_BLOCK_TOKENS // m.shape[1], 1)
-    return [slice(start, start + rows) for start in range(0, len(m), rows)]
-
-
-def _rows(v, rows):
-    """v[rows], with None staying None (an optional input)."""
-    return None if v is None else v[rows]
 
 
 def _group_sum(x, gid, n_groups):

@@ -206,9 +206,10 @@ def tiny_setup(cache="runs"):
     """The tiny model (warmed up and cached under <cache>/_cache by models.py, as train.py does),
     its tokenizer, the task and train.py's default configuration."""
     import train
-    cfg = train.parse_config(["--out", cache])
-    model, tok, _ = train.load(cfg, torch.device("cpu"))
-    return model, tok, train.make_task(cfg), cfg
+    import train_cli
+    cfg = train.Config(out=cache)
+    model, tok, _ = train_cli.load(cfg, torch.device("cpu"))
+    return model, tok, train_cli.make_task(cfg), cfg
 
 
 def grpo_config(out, cfg, steps, prompts_per_step, max_new_tokens=18, **overrides):

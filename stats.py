@@ -157,16 +157,21 @@ def fmt(value, lo=math.nan, hi=math.nan, digits=2, low=-math.inf, high=math.inf,
 # =====================================================================================
 
 def mean_se(xs):
-    """(mean, standard error of the mean) of a list; s.e. is nan for fewer than 2 values."""
+    """(mean, standard error of the mean) of the values present (None and nan are left out); the
+    s.e. is nan for fewer than 2 values, both are nan for none."""
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    if not xs:
+        return math.nan, math.nan
     k = len(xs)
     mu = sum(xs) / k
-    var = sum((x - mu) ** 2 for x in xs) / (k - 1) if k > 1 else float("nan")
-    return mu, math.sqrt(var / k)
+    sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / (k - 1)) if k > 1 else math.nan
+    return mu, sd / math.sqrt(k)
 
 
 def pearson(x, y):
-    """Pearson correlation of two 1-D tensors."""
-    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()
+    """Pearson correlation of two 1-D tensors or lists; nan when either is constant."""
+    x, y = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
+    x, y = x - x.mean(), y - y.mean()
     return (x @ y / (x.norm() * y.norm())).item()
 
 

@@ -25,8 +25,8 @@ scale-free number carries a paired bootstrap interval over blocks (stats.py), th
 group mean included. Where E g_hat is known exactly (scale_free.FACTORS, and the oracles' fixed
 baselines: unbiased) alpha and the cosine are exact and the gain is a ratio of raw variances.
 
-Estimators: every entry of ``otb.ESTIMATORS``, OTB with zero tail (``otb_zero_tail``), and the
-oracles of toy_env.py (``ORACLES``: fixed per-position baselines, unbiased, plus ``otb_exact_w``,
+Estimators: every entry of ``otb.ESTIMATORS`` (OTB with zero tail, ``otb_zero_tail``, included) and
+the oracles of toy_env.py (``ORACLES``: fixed per-position baselines, unbiased, plus ``otb_exact_w``,
 OTB fed the exact ||s_t||^2 instead of the Logit-Gradient Proxy).
 
 Caveat: GRPO divides by the group's std; groups with identical rewards give it A = 0. Its alpha
@@ -43,7 +43,6 @@ import os
 import sys
 import time
 from dataclasses import asdict, fields
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -77,7 +76,6 @@ def make_estimators(en):
         return otb.optimal_token_baseline(**en.batch(rows), group_index=gid, is_weights=rho[rows])[0]
 
     ests = {name: project(fn) for name, fn in otb.ESTIMATORS.items()}
-    ests["otb_zero_tail"] = project(partial(otb.optimal_token_baseline, zero_tail=True))
     ests.update({name: fixed(b) for name, b in oracle_baselines(en).items()})
     ests["otb_exact_w"] = otb_exact_w
     return ests

@@ -42,10 +42,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--batch", type=int_list(1), default="1,32",
                    help="B values, rows sampled together (the GPU preset: 128 at N = 4, 512 at N = 16)")
-    p.add_argument("--hidden", type=multiple_of(18, 18), default=576,
-                   help="hidden size, a multiple of 18 (SmolLM2-135M: 576; 72 isolates the launch cost)")
-    p.add_argument("--layers", type=at_least(1), default=30, help="decoder layers (SmolLM2-135M: 30)")
-    p.add_argument("--prompt", type=at_least(1), default=48, help="prompt tokens per row (the preset's chat prompt: 47)")
+    model_options(p, layers=30, prompt=48)  # the preset's chat prompt: 47 tokens
     p.add_argument("--tokens", type=at_least(1), default=16, help="decode steps per call")
     p.add_argument("--repeats", type=at_least(1), default=3, help="timed calls per setting (median reported)")
     p.add_argument("--draws", default="device", help="comma-separated: device and/or cpu (where the multinomial runs)")
@@ -59,11 +56,20 @@ def parse_args(argv=None):
     return args
 
 
-def smollm2_shaped(hidden, layers, device):
-    """SmolLM2-135M's architecture (depth, heads, vocabulary), random weights, at width ``hidden``."""
+def model_options(p, layers, prompt):
+    """--hidden, --layers and --prompt of a SmolLM2-135M-shaped model (bench_decode, bench_score)."""
+    p.add_argument("--hidden", type=multiple_of(18, 18), default=576,
+                   help="hidden size, a multiple of 18: 9 heads of even size (SmolLM2-135M: 576; 72 "
+                        "isolates the cost of launching the layers)")
+    p.add_argument("--layers", type=at_least(1), default=layers, help="decoder layers (SmolLM2-135M: 30)")
+    p.add_argument("--prompt", type=at_least(1), default=prompt, help="prompt tokens per row")
+
+
+def smollm2_shaped(hidden=576, layers=30, device="cpu", vocab=49152):
+    """SmolLM2-135M's architecture (heads, vocabulary) at this width and depth, random weights (seed 0)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=hidden, intermediate_size=hidden * 8 // 3,
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 8 // 3,
                       num_hidden_layers=layers, num_attention_heads=9, num_key_value_heads=3,
                       max_position_embeddings=2048, tie_word_embeddings=True)
     return LlamaForCausalLM(cfg).to(device).eval()

@@ -4,9 +4,9 @@
 
     G_t = sum_{u>=t} r_u,   W_t = sum_{j<=t} w_j,   B_t = sum_{i in group} G_t W_t m_t / (sum W_t m_t + eps)
 
-without a Python loop over groups (on a CPU it takes the rows in blocks of about 1M tokens, see
-`otb._row_blocks`, so that its temporaries stay small). This script times it on a grid of shapes
-(random response lengths, interleaved groups) against two references:
+with one tensor expression per equation over the whole batch and no Python loop over groups. This
+script times it on a grid of shapes (random response lengths, interleaved groups) against two
+references:
 
 - `loop_reference`: the shape of the widely used implementation, which maps prompt ids to row
   lists in Python and then loops over the groups, computing each group's baseline with torch ops.
@@ -15,12 +15,12 @@ without a Python loop over groups (on a CPU it takes the rows in blocks of about
   (B, T) shape, i.e. the single pass that computing G_t alone needs. OTB needs several such passes
   (G_t, w_t, W_t, two group sums, the gather back), so a small multiple of it is the best possible.
 
-It checks that OTB and the loop agree, then prints per shape the median times and both ratios,
-and the time of otb with all rows in one block (as on a GPU), to show what the CPU blocks save.
-Goals (issue 14): faster than the loop at every shape, and within 10x of the floor. Issue 2 also
-asked for 5x where there are >= 1000 groups, which the older in-place otb.py reached; issue 14
-traded it for code shaped like the equations, so it is printed as a reference, not a goal.
-Timings on a shared machine are noisy; use --repeats to tighten them.
+It checks that OTB and the loop agree, then prints per shape the median times, both ratios and
+which of OTB and the loop was faster. The grid starts at the shapes train.py runs (the default
+comparison, 64 x 18, and the long-horizon study, 128 x 68) and goes up to 4M tokens, where the
+full-batch temporaries of a CPU run cost page faults (docs/cost.md). Nothing here is a goal: the
+numbers are reported as measured. Timings on a shared machine are noisy; use --repeats to tighten
+them.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_estimators.py            # the full grid, CPU
     python benchmarks/bench_estimators.py --quick                      # tiny shapes, a smoke run
@@ -41,7 +41,7 @@ from benchmarks.cli import at_least, device_option  # noqa: E402
 from tests.naive import loop_reference  # noqa: E402  (the per-group loop, checked by the tests)
 
 # rows x tokens : group size
-GRID = ["1024x4096:4", "8192x256:4", "4096x1024:8", "2048x512:2"]
+GRID = ["64x18:4", "128x68:16", "2048x512:2", "8192x256:4", "1024x4096:4", "4096x1024:8"]
 QUICK = ["64x128:4", "512x32:4", "128x64:2"]
 
 
@@ -98,15 +98,6 @@ def floor_pass(x):
     return torch.flip(torch.cumsum(torch.flip(x, [-1]), -1), [-1])
 
 
-def one_block(x):
-    """otb with all rows in one block, as on a GPU: what the CPU row blocks save (an ablation)."""
-    saved, otb.ROW_BLOCK_TOKENS = otb.ROW_BLOCK_TOKENS, x["response_mask"].numel()
-    try:
-        return otb.optimal_token_baseline(**x)
-    finally:
-        otb.ROW_BLOCK_TOKENS = saved
-
-
 # =====================================================================================
 # Timing
 # =====================================================================================
@@ -152,7 +143,7 @@ def main():
     print(machine_line(device))
     print(f"float32 inputs, median of {repeats} interleaved rounds after a warm-up round\n")
     header = (f"{'shape (rows x tokens : group)':>30} {'groups':>7} {'otb ms':>9} {'loop ms':>9} "
-              f"{'floor ms':>9} {'loop/otb':>9} {'otb/floor':>10} {'1 block ms':>11} {'max|diff|':>10}  goals")
+              f"{'floor ms':>9} {'loop/otb':>9} {'otb/floor':>10} {'max|diff|':>10}  faster")
     print(header)
     print("-" * len(header))
     all_agree = True
@@ -163,20 +154,13 @@ def main():
         diff = max((adv - adv_loop).abs().max().item(), (ret - ret_loop).abs().max().item())
         agree = diff <= 1e-4 * (1 + ret_loop.abs().max().item())
         all_agree &= agree
-        t_otb, t_loop, t_floor, t_one = timed([lambda: otb.optimal_token_baseline(**x), lambda: loop_reference(**x),
-                                               lambda: floor_pass(x["token_rewards"]), lambda: one_block(x)],
-                                              device, repeats)
+        t_otb, t_loop, t_floor = timed([lambda: otb.optimal_token_baseline(**x), lambda: loop_reference(**x),
+                                        lambda: floor_pass(x["token_rewards"])], device, repeats)
         n_groups = int(torch.unique(x["group_index"]).numel())
-        speedup, vs_floor = t_loop / t_otb, t_otb / t_floor
-        goals = [f"loop {'ok' if speedup >= 1 else 'MISS'} (>=1x)",
-                 f"floor {'ok' if vs_floor <= 10 else 'MISS'} (<=10x)"]
-        if n_groups >= 1000:
-            goals.append(f"issue 2's 5x {'reached' if speedup >= 5 else 'not reached'}")
-        if not agree:
-            goals.append("DISAGREES WITH LOOP")
+        faster = "otb" if t_otb < t_loop else "loop"
         print(f"{f'{rows} x {tokens} : {group}':>30} {n_groups:>7} {t_otb * 1e3:>9.2f} {t_loop * 1e3:>9.2f} "
-              f"{t_floor * 1e3:>9.3f} {speedup:>8.1f}x {vs_floor:>9.1f}x {t_one * 1e3:>11.2f} {diff:>10.1e}  "
-              f"{', '.join(goals)}")
+              f"{t_floor * 1e3:>9.3f} {t_loop / t_otb:>8.2f}x {t_otb / t_floor:>9.1f}x {diff:>10.1e}  "
+              f"{faster}{'' if agree else '  DISAGREES WITH LOOP'}")
     if not all_agree:
         print("\nERROR: otb.optimal_token_baseline disagrees with the per-group loop", file=sys.stderr)
         sys.exit(1)

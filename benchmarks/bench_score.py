@@ -39,7 +39,8 @@ sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
-from benchmarks.cli import RUNS, at_least, int_list, device_option, multiple_of, out_folder  # noqa: E402
+from benchmarks.bench_decode import model_options, smollm2_shaped  # noqa: E402
+from benchmarks.cli import RUNS, at_least, int_list, device_option, out_folder  # noqa: E402
 
 REAL_SUM_PI_SQUARED = otb.sum_pi_squared
 
@@ -57,11 +58,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--vocab", type=at_least(2), default=49152, help="vocabulary size V")
-    p.add_argument("--hidden", type=multiple_of(18, 18), default=576,
-                   help="hidden size, a multiple of 18: 9 heads of even size (SmolLM2-135M: 576)")
-    p.add_argument("--layers", type=at_least(1), default=2, help="decoder layers (SmolLM2-135M: 30)")
+    model_options(p, layers=2, prompt=32)
     p.add_argument("--batch", type=at_least(1), default=8, help="B, responses scored in one pass")
-    p.add_argument("--prompt", type=at_least(1), default=32, help="prompt tokens per row")
     p.add_argument("--response", type=at_least(1), default=128, help="T, response tokens per row")
     p.add_argument("--chunk-sizes", type=int_list(0), default="0,32", help="rollout.score chunk_size values; 0 = all at once")
     p.add_argument("--repeats", type=at_least(1), default=5, help="timed calls per variant (median reported)")
@@ -74,12 +72,8 @@ def parse_args(argv=None):
 
 
 def build(args, device):
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=1536,
-                      num_hidden_layers=args.layers, num_attention_heads=9, num_key_value_heads=3,
-                      max_position_embeddings=2048, tie_word_embeddings=True)
-    model = LlamaForCausalLM(cfg).to(device).eval()
+    """The model (intermediate size 1536 at the default width) and one batch of random tokens."""
+    model = smollm2_shaped(args.hidden, args.layers, device, args.vocab)
     g = torch.Generator().manual_seed(0)
     B, P, T = args.batch, args.prompt, args.response
     lengths = torch.randint(T // 2, T + 1, (B,), generator=g)  # ragged responses

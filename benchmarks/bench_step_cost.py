@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
+from benchmarks.bench_decode import smollm2_shaped  # noqa: E402
 from benchmarks.bench_score import REAL_SUM_PI_SQUARED, stub_sum_pi_squared  # noqa: E402
 from benchmarks.grad_variance import find_cached_tiny, load_model  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
@@ -61,18 +62,11 @@ def parse_args(argv=None):
 
 
 def build(name, tiny_dir=None):
-    tok = None
     if name == "tiny":
         model, tok = load_model(tiny_dir or find_cached_tiny())
         return model, tok, 16, 18
-    from transformers import LlamaConfig, LlamaForCausalLM
     from models import char_tokenizer
-    tok = char_tokenizer()
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                                         num_hidden_layers=2, num_attention_heads=9, num_key_value_heads=3,
-                                         max_position_embeddings=512, tie_word_embeddings=True)).eval()
-    return model, tok, 8, 32
+    return smollm2_shaped(layers=2), char_tokenizer(), 8, 32
 
 
 def step(model, opt, tok, cfg, task, estimator, spp_on, s, limit):
@@ -99,7 +93,7 @@ def time_model(name, args, tiny_dir=None):
     model, tok, prompts, limit = build(name, tiny_dir)
     prompts = args.prompts_per_step or prompts
     limit = args.max_new_tokens or limit
-    cfg = train.parse_config(["--prompts-per-step", str(prompts), "--group-size", str(args.group_size)])
+    cfg = train.Config(prompts_per_step=prompts, group_size=args.group_size)
     task = rollout.ReverseTask()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     snap = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))

@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
+import train_cli  # noqa: E402
 from benchmarks.cli import at_least  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 
@@ -105,12 +106,12 @@ def task_args(args):
 
 def setup(args):
     """(model folder, tokenizer, task, cfg): train.py's tiny model and configuration."""
-    cfg = train.parse_config(["--estimator", args.estimator, "--seed", str(args.seed), "--prompts-per-step",
-                              str(args.prompts_per_step), "--group-size", str(args.group_size), "--task", args.task,
-                              *task_args(args), "--out", str(ROOT / "runs")])
-    cfg.max_new_tokens = train.response_limit(cfg, train.make_task(cfg))  # explicit for TRL's config
-    _, tok, source = train.load(cfg, torch.device("cpu"))  # builds and caches the warm-up if needed
-    return source["path"], tok, train.make_task(cfg), cfg
+    cfg = train.Config(estimator=args.estimator, seed=args.seed, prompts_per_step=args.prompts_per_step,
+                       group_size=args.group_size, task=args.task, horizon=args.horizon,
+                       max_new_tokens=args.max_new_tokens, out=str(ROOT / "runs"))
+    cfg.max_new_tokens = train_cli.response_limit(cfg, train_cli.make_task(cfg))  # explicit for TRL's config
+    _, tok, source = train_cli.load(cfg, torch.device("cpu"))  # builds and caches the warm-up if needed
+    return source["path"], tok, train_cli.make_task(cfg), cfg
 
 
 def fresh_model(folder):

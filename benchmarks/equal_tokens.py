@@ -17,9 +17,9 @@ against tokens divided by the budget B; a seed that never reaches the target cou
 median (a median that involves it is a lower bound); a run "stops short of B" when it ran out of
 its steps below B, not when the step granularity cut it.
 
-Each training run is a ``python train.py ...`` subprocess writing its own folder under ``--runs``;
-a run whose metrics reach its step count is not run again, so an interrupted study resumes where
-it stopped. The per-step metrics of the study's 45 runs were not kept; results.json keeps every
+Each training run is a ``python train.py ...`` subprocess writing its own folder under ``--runs``
+(benchmarks/grid.py: a finished run is not run again, so an interrupted study resumes where it
+stopped). The per-step metrics of the study's 45 runs were not kept; results.json keeps every
 run's cumulative tokens and trailing-window success within B, from which ``history_from_curve``
 recovers each step's success exactly, so ``--from-saved`` needs no run folders. Results
 (summary.md, results.json, success_vs_tokens.png) go to --out, written only by this script.
@@ -27,16 +27,14 @@ recovers each step's success exactly, so ``--from-saved`` needs no run folders. 
 import argparse
 import json
 import math
-import os
-import shutil
-import subprocess
 import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks import grid  # noqa: E402
+from stats import mean_se  # noqa: E402
 
 # ---- the protocol (docs/equal_tokens_protocol.md); change only by an addendum there
 HORIZON = 64
@@ -76,42 +74,9 @@ def finished(runs, est, n, seed, lr):
     return bool(h) and h[-1]["step"] >= STEPS[n]
 
 
-def run_all(jobs, runs, workers, log):
-    """Run train.py for every (est, n, seed, lr) job, ``workers`` at a time.
-
-    The first job of a seed builds that seed's warm-up (cached under runs/_cache); the seed's
-    other jobs wait for it, so two processes never warm up the same model.
-    """
-    jobs = [j for j in jobs if not finished(runs, *j)]
-    lock, ready, started = threading.Lock(), {}, set()
-    for j in jobs:
-        ready.setdefault(j[2], threading.Event())
-
-    def one(job):
-        est, n, seed, lr = job
-        with lock:
-            first = seed not in started
-            started.add(seed)
-        if not first:
-            ready[seed].wait()
-        folder = Path(runs) / run_name(*job)
-        if folder.exists():  # an interrupted earlier attempt: start it again from scratch
-            shutil.rmtree(folder)
-        t0 = time.time()
-        with open(log, "a") as f:
-            rc = subprocess.run(command(*job, runs), stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}).returncode
-        if first:
-            ready[seed].set()
-        print(f"  {run_name(*job)}: rc {rc}, {time.time() - t0:.0f} s", flush=True)
-        return rc
-
-    # first job of every seed early, so warm-ups of different seeds overlap
-    order = sorted(jobs, key=lambda j: (0 if j == next(k for k in jobs if k[2] == j[2]) else 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        codes = list(pool.map(one, order))
-    if any(codes):
-        raise SystemExit(f"{sum(1 for c in codes if c)} run(s) failed; see {log}")
+def train(jobs, runs, workers):
+    """Every (est, n, seed, lr) job as a train.py run in its folder under ``runs`` (benchmarks/grid.py)."""
+    grid.run([(command(*j, runs), Path(runs) / run_name(*j), j[2]) for j in jobs], workers)
 
 
 # =====================================================================================
@@ -163,15 +128,6 @@ def median_censored(values):
     xs = sorted((BUDGET, True) if v is None else (v, False) for v in values)
     mid = xs[(len(xs) - 1) // 2:len(xs) // 2 + 1]  # the middle one, or the middle two
     return sum(v for v, _ in mid) / len(mid), any(c for _, c in mid)
-
-
-def mean_se(xs):
-    xs = [x for x in xs if x is not None and not math.isnan(x)]
-    if not xs:
-        return float("nan"), float("nan")
-    mu = sum(xs) / len(xs)
-    sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else float("nan")
-    return mu, sd / math.sqrt(len(xs))
 
 
 def paired_diff(a, b, endpoint, comparator):
@@ -372,16 +328,17 @@ def plot(curves, lrs, path=None):
     return fig
 
 
-def fmt(x, spec=".3f"):
+def number(x, spec=".3f"):
+    """A table cell: x formatted, "-" when it is missing (None or nan)."""
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
 def config_line(c):
     m = c["tokens_to_target_median"]
-    med = fmt(m, ",.1f" if m % 1 else ",.0f") + (" (lower bound)" if c["tokens_to_target_median_is_lower_bound"] else "")
+    med = number(m, ",.1f" if m % 1 else ",.0f") + (" (lower bound)" if c["tokens_to_target_median_is_lower_bound"] else "")
     short = ", ".join(f"seed {s}" for s in c["stopped_short_seeds"]) or "none"
-    return (f"| {c['config']} | {c['lr']:g} | {fmt(c['primary'])} ± {fmt(c['primary_se'])} | "
-            f"{fmt(c['auc'])} ± {fmt(c['auc_se'])} | {c['reached_target']}/6 | {med} | {short} |")
+    return (f"| {c['config']} | {c['lr']:g} | {number(c['primary'])} ± {number(c['primary_se'])} | "
+            f"{number(c['auc'])} ± {number(c['auc_se'])} | {c['reached_target']}/6 | {med} | {short} |")
 
 
 def paired_line(p):
@@ -399,7 +356,7 @@ def report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source):
              "| config | " + " | ".join(f"lr {lr:g}: primary" for lr in LR_GRID) + " | chosen |",
              "|---|" + "---|" * (len(LR_GRID) + 1)]
     for est, n in CONFIGS:
-        cells = [fmt(next(p["primary"] for p in pilot if p["config"] == f"{est}:{n}" and p["lr"] == lr))
+        cells = [number(next(p["primary"] for p in pilot if p["config"] == f"{est}:{n}" and p["lr"] == lr))
                  for lr in LR_GRID]
         lines.append(f"| {est}:{n} | " + " | ".join(cells) + f" | {lrs[(est, n)]:g} |")
     lines += ["", "## Endpoints per configuration (mean ± s.e. over 6 seeds)", "", header, "|---|---|---|---|---|---|---|"]
@@ -435,7 +392,7 @@ def report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source):
                   "| run | steps within B (re-run / saved) | identical steps | largest success difference "
                   "| largest token difference | primary re-run (saved) |", "|---|---|---|---|---|---|"]
         lines += [f"| {r['run']} | {r['steps_rerun']} / {r['steps_saved']} | {r['identical_steps']} | "
-                  f"{fmt(r['max_abs_success_diff'], '.4f')} | {fmt(r['max_abs_tokens_diff'], ',.0f')} | "
+                  f"{number(r['max_abs_success_diff'], '.4f')} | {number(r['max_abs_tokens_diff'], ',.0f')} | "
                   f"{r['primary_rerun']:.4f} ({r['primary_saved']:.4f}) |" for r in reruns]
     lines += ["", f"Budget {BUDGET:,} tokens per run.", ""]
     (out / "summary.md").write_text("\n".join(lines))
@@ -475,13 +432,13 @@ def main(argv=None):
     runs, out = Path(args.runs), Path(args.out)
     runs.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    log, t0 = runs / "train_output.log", time.time()
+    t0 = time.time()
     train = not (args.analyse_only or args.from_saved)
     saved = saved_curves(args.from_saved) if args.from_saved else {}
     load = make_loader(runs, saved)
     if train:
         print(f"pilot: {len(CONFIGS) * len(LR_GRID)} runs on seed {PILOT_SEED}", flush=True)
-        run_all([(e, n, PILOT_SEED, lr) for e, n in CONFIGS for lr in LR_GRID], runs, args.jobs, log)
+        train([(e, n, PILOT_SEED, lr) for e, n in CONFIGS for lr in LR_GRID], runs, args.jobs)
     if args.from_saved:
         pilot = saved_pilot(args.from_saved)  # only the pilot's primary endpoint was saved
     else:
@@ -491,9 +448,9 @@ def main(argv=None):
     print("chosen learning rates: " + ", ".join(f"{e}:{n} {lr:g}" for (e, n), lr in lrs.items()), flush=True)
     if train:
         print(f"main: {len(CONFIGS) * len(SEEDS)} runs, then those of Addenda 2 and 3", flush=True)
-        run_all([(e, n, s, lrs[(e, n)]) for s in SEEDS for e, n in CONFIGS], runs, args.jobs, log)
-        run_all([(e, n, s, lr) for lr in COMMON_LRS for e, n in CONFIGS if n == 4 and lrs[(e, n)] != lr
-                 for s in SEEDS], runs, args.jobs, log)  # Addenda 2 and 3
+        train([(e, n, s, lrs[(e, n)]) for s in SEEDS for e, n in CONFIGS], runs, args.jobs)
+        train([(e, n, s, lr) for lr in COMMON_LRS for e, n in CONFIGS if n == 4 and lrs[(e, n)] != lr
+               for s in SEEDS], runs, args.jobs)  # Addenda 2 and 3
     per_run, configs, paired = analyse(load, lrs)
     common = [analyse_common_lr(load, lr) for lr in COMMON_LRS]
     reruns = []

@@ -48,7 +48,6 @@ token mean over the batch, which rescales every estimator alike and does not cha
     python benchmarks/grad_variance.py --prompts 8 --pool 16 --group-sizes 2,4   # a smoke run
 """
 import argparse
-from functools import partial
 import json
 import math
 import sys
@@ -69,10 +68,6 @@ import rollout  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 
 
-# Every estimator of otb.ESTIMATORS, plus OTB with zero tail (verl's handle_zero_tail=True)
-ESTIMATORS = {**otb.ESTIMATORS, "otb_zero_tail": partial(otb.optimal_token_baseline, zero_tail=True)}
-
-
 @dataclass
 class Args:
     model_dir: str = field(default="", metadata={"help": "save_pretrained folder of the model; empty: the "
@@ -80,7 +75,7 @@ class Args:
     prompts: int = field(default=48, metadata={"help": "P, prompts in the pool (the bootstrap's units)"})
     pool: int = field(default=32, metadata={"help": "M, responses sampled once per prompt"})
     group_sizes: str = field(default="2,4,8,16", metadata={"help": "N values, each must divide M"})
-    estimators: str = field(default=",".join(ESTIMATORS), metadata={"help": "estimators to measure"})
+    estimators: str = field(default=",".join(otb.ESTIMATORS), metadata={"help": "estimators to measure"})
     ref_pool: int = field(default=32, metadata={"help": "responses per prompt of the separate reference pool "
                                                 "(RLOO in 4 sub-pools: the reference gradient of alpha/cosine)"})
     partitions: int = field(default=1, metadata={"help": "random splits of each pool into groups"})
@@ -260,7 +255,7 @@ def measure(model, tok, args, progress=True):
                 groups = perm.view(-1, n)  # (K, N) disjoint groups
                 gid = group_ids_of(groups, args.pool)
                 for e in ests:
-                    adv, _ = ESTIMATORS[e](token_rewards=r, response_mask=m, group_index=gid,
+                    adv, _ = otb.ESTIMATORS[e](token_rewards=r, response_mask=m, group_index=gid,
                                            log_probs=logp, sum_pi_sq=spp)  # A_t, (M, T)
                     G = group_gradients(model, sub, groups, adv, args.temperature, S=S)  # (K, D)
                     power = diagnostics.gradient_power(adv, m, logp, spp)  # P_i, (M,)

@@ -48,11 +48,13 @@ from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import otb  # noqa: E402
 import rollout  # noqa: E402
 import scale_free  # noqa: E402
 import stats  # noqa: E402
 import train  # noqa: E402
-from benchmarks.grad_variance import (ESTIMATORS, group_gradients, group_ids_of,  # noqa: E402
+import train_cli  # noqa: E402
+from benchmarks.grad_variance import (group_gradients, group_ids_of,  # noqa: E402
                                       per_response_scores, reference_gradient, subset)
 from benchmarks.machine import machine  # noqa: E402
 
@@ -106,16 +108,15 @@ def parse_args(argv=None):
 
 def checkpoint(n, seed, args):
     """The warmed-up tiny model for (n, seed), through train.py's cached warm-up."""
-    cfg = train.parse_config(["--task", "periodic", "--horizon", str(n), "--seed", str(seed),
-                              "--warmup-target", str(args.warmup_target), "--out", args.cache])
+    cfg = train.Config(task="periodic", horizon=n, seed=seed, warmup_target=args.warmup_target, out=args.cache)
     torch.manual_seed(seed)
-    model, tok, source = train.load(cfg, torch.device("cpu"))
-    return model, tok, train.make_task(cfg), cfg, source
+    model, tok, source = train_cli.load(cfg, torch.device("cpu"))
+    return model, tok, train_cli.make_task(cfg), cfg, source
 
 
 def measure_checkpoint(model, tok, task, cfg, args, seed):
     """Per estimator and N, the sufficient statistics over prompts (scale_free.gram_stats); info."""
-    limit = train.response_limit(cfg, task)
+    limit = train_cli.response_limit(cfg, task)
     prompts, answers = rollout.prompt_batch(task, tok, 10_000 + seed, 0, args.prompts)  # unseen by RL
     draw = lambda s, m: rollout.sample(model, prompts, group_size=m, max_new_tokens=limit,  # noqa: E731
                                        temperature=cfg.temperature, eos_id=tok.eos_token_id,
@@ -123,7 +124,7 @@ def measure_checkpoint(model, tok, task, cfg, args, seed):
     pool, ref_pool = draw(seed, args.pool), draw(seed + 7919, args.ref_pool)
     R, token_rewards, _ = rollout.rewards(task, tok, pool, answers, args.pool)
     R_ref, ref_rewards, _ = rollout.rewards(task, tok, ref_pool, answers, args.ref_pool)
-    units = {(e, N): [] for e in ESTIMATORS for N in args.group_sizes}  # per prompt: (m_p, V_p, K)
+    units = {(e, N): [] for e in otb.ESTIMATORS for N in args.group_sizes}  # per prompt: (m_p, V_p, K)
     refs, lengths = [], []
     split = torch.Generator().manual_seed(seed + 1)
     for p in tqdm(range(args.prompts), desc=f"n={task.horizon} seed={seed}", leave=False):
@@ -142,7 +143,7 @@ def measure_checkpoint(model, tok, task, cfg, args, seed):
         for N in args.group_sizes:
             groups = perm.view(-1, N)  # (K, N) disjoint groups
             gid = group_ids_of(groups, args.pool)
-            for name, fn in ESTIMATORS.items():
+            for name, fn in otb.ESTIMATORS.items():
                 adv, _ = fn(token_rewards=r, response_mask=m, group_index=gid, log_probs=logp, sum_pi_sq=spp)
                 G = group_gradients(model, sub, groups, adv, cfg.temperature, S=S).double()  # (K, D)
                 mean, var, K = scale_free.unit_summary(G)

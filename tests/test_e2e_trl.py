@@ -23,6 +23,7 @@ import torch
 import otb
 import rollout
 import train
+import train_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 HAS_TRL = importlib.util.find_spec("trl") is not None
@@ -64,9 +65,10 @@ def test_without_trl_the_benchmark_says_what_to_install(tmp_path):
 def setup(tmp_path_factory):
     """(model folder, tokenizer, task, cfg, dataset): the warmed-up tiny model, saved once."""
     out = tmp_path_factory.mktemp("runs")
-    cfg = train.parse_config(TINY + ["--max-new-tokens", str(MAX_NEW), "--out", str(out)])
-    task = train.make_task(cfg)
-    _, tok, source = train.load(cfg, torch.device("cpu"))
+    cfg = train_cli.parse_config(TINY + ["--max-new-tokens", str(MAX_NEW), "--out", str(out)], train.Config,
+                                 train.PRESETS)
+    task = train_cli.make_task(cfg)
+    _, tok, source = train_cli.load(cfg, torch.device("cpu"))
     folder = source["path"]
     # distinct prompts, so a group is exactly "the rows with this prompt"
     rng = random.Random(0)

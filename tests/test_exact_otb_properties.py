@@ -305,14 +305,3 @@ def test_logit_gradient_proxy_equals_autograd_norm(V, scale):
     torch.testing.assert_close(w, sq_norm, rtol=0, atol=1e-12)
     w32 = otb.token_energy(lp.detach().float(), otb.sum_pi_squared(z.detach().float()))
     torch.testing.assert_close(w32.double(), sq_norm, rtol=0, atol=1e-5)
-
-
-
-@pytest.mark.parametrize("rows, tokens", [(1, 1), (7, 3), (4096, 1024), (3, 2 ** 21)])
-def test_row_blocks_cover_every_row_once_in_order_within_the_budget(rows, tokens):
-    blocks = otb._row_blocks(torch.empty(rows, tokens))  # CPU: blocks of about ROW_BLOCK_TOKENS tokens
-    assert torch.equal(torch.cat([torch.arange(rows)[b] for b in blocks]), torch.arange(rows))
-    per_block = max(otb.ROW_BLOCK_TOKENS // tokens, 1)  # rows per block; one row if a row is longer
-    assert [len(range(rows)[b]) for b in blocks[:-1]] == [per_block] * (len(blocks) - 1)
-    assert 1 <= len(range(rows)[blocks[-1]]) <= per_block
-    assert otb._row_blocks(torch.empty(rows, tokens, device="meta")) == [slice(None)]  # not a CPU: one block

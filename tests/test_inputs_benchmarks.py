@@ -25,8 +25,6 @@ CASES = [
     ("grad_variance", ["--pool", "1"], "--pool: must be an integer >= 2"),
     ("lr_schedule_experiment", ["--steps", "0"], "--steps: must be an integer >= 1"),
     ("lr_schedule_experiment", ["--lr", "-1"], "--lr: must be a number > 0"),
-    ("sample_efficiency", ["--seeds", "x"], "--seeds: must be comma-separated integers >= 0"),
-    ("sample_efficiency", ["--group-sizes", "1,4"], "--group-sizes: must be comma-separated integers >= 2"),
     ("bench_vs_trl", ["--steps", "0"], "--steps: must be an integer >= 1"),
     ("bench_vs_trl", ["--steps", "5", "--skip", "5"], "--skip: must be smaller than --steps (5), got 5"),
     ("bench_vs_trl", ["--estimator", "otb"], "--estimator: invalid choice: 'otb'"),

@@ -131,7 +131,7 @@ def test_measure_end_to_end(tiny, tmp_path, monkeypatch):
     tok.save_pretrained(tmp_path / "model")
     rows, corr, _ = gv.main(["--model-dir", str(tmp_path / "model"), "--prompts", "2", "--pool", "8",
                              "--ref-pool", "8", "--group-sizes", "2,4", "--horizon", "3", "--out", str(tmp_path / "out")])
-    assert len(rows) == 2 * len(gv.ESTIMATORS) and "otb_zero_tail" in gv.ESTIMATORS
+    assert len(rows) == 2 * len(otb.ESTIMATORS) and "otb_zero_tail" in otb.ESTIMATORS
     by = {(r["estimator"], r["N"]): r for r in rows}
     for n in (2, 4):  # rloo is group_mean x N/(N-1) on the same groups: equal scale-free numbers
         gm, lo = by[("group_mean", n)], by[("rloo", n)]

@@ -1,0 +1,45 @@
+"""Helpers shared by the train.py tests (test_e2e_train.py, test_inputs_train.py): a tiny
+configuration, a run of train.main in a folder, its metrics, and a simulated Ctrl-C."""
+import json
+import signal
+from pathlib import Path
+
+import train
+
+# A tiny model (hidden 32, 1 layer) with a 60-step warm-up on strings of length 1-2, so rewards are
+# not all zero and the updates are not trivially zero.
+TINY = ["--tiny-hidden", "32", "--tiny-layers", "1", "--horizon", "2", "--warmup-max-steps", "60",
+        "--prompts-per-step", "4", "--group-size", "4", "--log-every", "100"]
+TIME_KEYS = set(train.TIME_KEYS)
+
+
+def run(out, name, *extra):
+    return train.main(TINY + ["--out", str(out), "--name", name, *extra])
+
+
+def metrics(path):
+    return [json.loads(line) for line in Path(path, "metrics.jsonl").read_text().splitlines()]
+
+
+def without_times(rows):
+    return [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in rows]
+
+
+def interrupt_at(monkeypatch, step, hard=False):
+    """Simulate Ctrl-C late in training step `step` (1-based; counted over the whole process): a SIGINT
+    (the loop finishes the step, saves and stops) or, hard=True, a KeyboardInterrupt raised there
+    (a second Ctrl-C: the step is lost, the last checkpoint is kept)."""
+    seen = []
+    real = train.step_metrics
+    # A shell can start the tests with SIGINT ignored (nohup, some CI runners), and train.py then
+    # rightly keeps ignoring it: give this process Python's default Ctrl-C, as a terminal has.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def step_metrics(*a, **k):
+        seen.append(1)
+        if len(seen) == step:
+            if hard:
+                raise KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)
+        return real(*a, **k)
+    monkeypatch.setattr(train, "step_metrics", step_metrics)

@@ -1,0 +1,373 @@
+"""train.py's command line: from argv to a checked Config, and the run folder around the training.
+
+train.py holds the algorithm; this file holds what a terminal needs around it. Every option is a
+field of ``train.Config`` (the dataclass at the top of train.py, with its help string), which
+HfArgumentParser turns into ``--options``. Whatever a user can get wrong is a ``UsageError``:
+``errors_exit`` prints it as one line, ``train.py: error: ...``, exit status 2, before anything
+is created. In train.py's ``main``:
+
+    with train_cli.errors_exit():
+        cfg = train_cli.parse(argv, Config, PRESETS)    # the options, checked; --resume: the stored ones
+        device = train_cli.pick_device(cfg.device)      # auto: cuda, then mps, then cpu
+        model, tok, source = train_cli.load(cfg, device)
+
+The rest: what options mean where train.py needs it (the configurations of a comparison, the
+task, the response limit, the schedule's arguments) and the run folder: config.json (the command
+and every setting), checkpoint.pt (everything --resume needs) and Ctrl-C (the first one stops
+after the step and saves, a second one at once; either way the message says how to resume).
+"""
+import argparse
+import json
+import math
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import HfArgumentParser
+
+import lr_schedule
+import models
+import otb
+import rollout
+
+DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
+GROUP_BASELINES = ("group_mean", "grpo", "rloo", "otb", "otb_loo", "otb_zero_tail")  # need N >= 2
+RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device")  # options a resume may change
+AT_LEAST_1 = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "tiny_layers", "log_every",
+              "horizon", "max_new_tokens", "minibatch_size", "chunk_size", "lr_warmup_window")
+POSITIVE = ("lr", "temperature", "clip_eps", "max_grad_norm")
+NOT_NEGATIVE = ("weight_decay", "warmup_max_steps", "checkpoint_minutes")
+
+
+class UsageError(Exception):
+    """A bad argument: printed as one line, exit status 2, nothing created."""
+
+
+@contextmanager
+def errors_exit():
+    """A UsageError inside the block: one line and exit status 2; Ctrl-C: exit status 130."""
+    try:
+        yield
+    except UsageError as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("train.py: interrupted before training started; nothing to resume", file=sys.stderr)
+        sys.exit(130)
+
+
+def flag(name):
+    return "--" + name.replace("_", "-")
+
+
+# =====================================================================================
+# Parsing: the preset's defaults, then the options given; --resume takes the stored ones
+# =====================================================================================
+
+class Parser(HfArgumentParser):
+    def error(self, message):  # one line instead of usage + error
+        raise UsageError(message)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """argparse's help with the defaults (but no "default: None"), the epilog (the log line's columns)
+    as written."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def make_parser(config, presets, preset="cpu", epilog=None):
+    p = Parser(config, prog="train.py", usage="python train.py [options]  (all of them below)",
+               description=config.__doc__, epilog=epilog, allow_abbrev=False, formatter_class=HelpFormatter)
+    p.set_defaults(**presets[preset])
+    return p
+
+
+def parse_config(argv, config, presets, epilog=None):
+    """A ``config`` (the dataclass) from the command line: the preset's defaults, then the options."""
+    preset = make_parser(config, presets).parse_known_args(argv)[0].preset
+    cfg, rest = make_parser(config, presets, preset, epilog).parse_args_into_dataclasses(
+        argv, return_remaining_strings=True)
+    if rest:
+        raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
+    return cfg
+
+
+def parse(argv, config, presets, epilog=None):
+    """The checked Config of a command line; with --resume, the stored one with the options given."""
+    cfg = parse_config(argv, config, presets, epilog)
+    if cfg.resume:
+        return resume_config(cfg, argv)
+    check(cfg)
+    return cfg
+
+
+def resume_config(cfg, argv):
+    """The stored Config of the folder given to --resume, with the options a resume may change.
+    UsageError says what is missing or what cannot change."""
+    folder = Path(cfg.resume)
+    if not (folder / "config.json").exists():
+        raise UsageError(f"--resume: {folder} has no config.json, so it is not a run or comparison "
+                         "folder of train.py" + ("" if folder.is_dir() else " (no such folder)"))
+    given = {a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")} - {"resume"}
+    if given - set(RESUMABLE):
+        raise UsageError(f"{flag(sorted(given - set(RESUMABLE))[0])} cannot be changed when resuming (the "
+                         f"settings are in {folder / 'config.json'}); only "
+                         f"{', '.join(map(flag, RESUMABLE))} can")
+    stored = json.loads((folder / "config.json").read_text())["config"]
+    unknown = sorted(set(stored) - {f.name for f in fields(cfg)})
+    if unknown:
+        raise UsageError(f"--resume: {folder} was written by another version of train.py (settings "
+                         f"{', '.join(unknown)} are unknown here); start a new run")
+    stored = type(cfg)(**stored)
+    new = replace(stored, resume=cfg.resume, **{k: getattr(cfg, k) for k in given})
+    check(replace(new, name=None))
+    kind = "run" if stored.estimator else "comparison"
+    if new.steps != stored.steps and (kind == "comparison" or new.lr_schedule == "cosine"):
+        what = "a comparison" if kind == "comparison" else "a run with a cosine schedule"
+        raise UsageError(f"--steps: {what} cannot change its number of steps; start a new one")
+    if kind == "run":
+        ckpt = folder / "checkpoint.pt"
+        if not ckpt.exists():
+            raise UsageError(f"--resume: {folder} has no checkpoint.pt (it stopped before its first "
+                             "checkpoint); start it again")
+        done = torch.load(ckpt, weights_only=True)["step"]
+        if new.steps <= done:
+            raise UsageError(f"--resume: {folder} has already run {done} steps; give --steps larger than "
+                             f"{done} to extend it")
+    return new
+
+
+# =====================================================================================
+# What the options mean
+# =====================================================================================
+
+def runs_of(cfg):
+    """[(estimator, group size)]: one run, or the configurations of the comparison."""
+    if cfg.estimator:
+        return [(cfg.estimator, cfg.group_size)]
+    runs = []
+    for item in (cfg.compare or DEFAULT_COMPARE).split(","):
+        est, _, n = item.strip().partition(":")
+        if est not in otb.ESTIMATORS or not n.isdigit():
+            raise UsageError(f"--compare: bad entry {item!r}, expected estimator:group_size with "
+                             f"estimator in {sorted(otb.ESTIMATORS)}")
+        runs.append((est, int(n)))
+    if len(set(runs)) < len(runs):
+        raise UsageError(f"--compare: duplicate entries in {cfg.compare!r}")
+    return runs
+
+
+def make_task(cfg):
+    name = cfg.task or ("reverse" if cfg.model == "tiny" else "arithmetic")
+    return rollout.TASKS[name]() if cfg.horizon is None else rollout.TASKS[name](horizon=cfg.horizon)
+
+
+def response_limit(cfg, task):
+    return cfg.max_new_tokens or task.max_new_tokens()
+
+
+def schedule_kwargs(cfg):
+    return dict(warmup_window=cfg.lr_warmup_window, surge_ratio=cfg.lr_surge_ratio,
+                decay_factor=cfg.lr_decay_factor, decay_period_factor=cfg.lr_decay_period_factor,
+                floor=cfg.lr_floor)
+
+
+# =====================================================================================
+# Checks: what argparse's types and choices cannot check
+# =====================================================================================
+
+def check(cfg):
+    """Raises UsageError naming the option."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"{flag(f.name)} {value}: must be a finite number")
+        for names, ok, want in ((AT_LEAST_1, lambda x: x >= 1, ">= 1"), (POSITIVE, lambda x: x > 0, "> 0"),
+                                (NOT_NEGATIVE, lambda x: x >= 0, ">= 0")):
+            if f.name in names and value is not None and not ok(value):
+                raise UsageError(f"{flag(f.name)} {value}: must be {want}")
+    for name, ok, want in (("warmup_target", 0 < cfg.warmup_target < 1, "in (0, 1)"),
+                           ("target_success", 0 < cfg.target_success <= 1, "in (0, 1]"),
+                           ("tiny_hidden", cfg.tiny_hidden >= 8 and cfg.tiny_hidden % 8 == 0,
+                            "a multiple of 8 (4 heads of an even size)")):
+        if not ok:
+            raise UsageError(f"{flag(name)} {getattr(cfg, name)}: must be {want}")
+    if cfg.estimator and cfg.compare:
+        raise UsageError("--compare cannot be combined with --estimator: give --estimator for one run, "
+                         "--compare for a comparison")
+    blame = "--group-size" if cfg.estimator else "--compare"
+    for est, n in runs_of(cfg):
+        if n < 1 or (n == 1 and est in GROUP_BASELINES):
+            raise UsageError(f"{blame}: {est} with group size {n}: " + ("must be >= 1" if n < 1 else
+                             "a group baseline needs >= 2 responses per prompt (or use reinforce)"))
+        if cfg.minibatch_size and (cfg.prompts_per_step * n) % cfg.minibatch_size:
+            raise UsageError(f"--minibatch-size {cfg.minibatch_size} does not divide the batch "
+                             f"(prompts_per_step * group_size = {cfg.prompts_per_step * n})")
+    if cfg.zero_tail and "otb" not in [est for est, _ in runs_of(cfg)]:
+        raise UsageError("--zero-tail applies to the estimator otb only (otb_loo is leave-one-out: no "
+                         "row is alone in its own baseline)")
+    try:
+        lr_schedule.check_args(**schedule_kwargs(cfg))
+    except ValueError as e:  # e.g. "floor=2.0 is invalid: ..." -> --lr-floor
+        raise UsageError(f"{flag('lr_' + str(e).split('=')[0])}: {e}") from None
+    if cfg.model == "tiny" and response_limit(cfg, make_task(cfg)) > 480:
+        raise UsageError(f"--horizon {cfg.horizon}: responses of up to {response_limit(cfg, make_task(cfg))} "
+                         "tokens do not fit the tiny model's 512 positions (prompt included)")
+    if cfg.model == "tiny" and cfg.task == "arithmetic":
+        raise UsageError("--task arithmetic needs a pretrained chat model (--model smollm2 or a folder); "
+                         "the tiny character model learns --task reverse or periodic")
+    looks_like_path = cfg.model.startswith((".", "/", "~")) or os.sep + os.sep in cfg.model
+    if cfg.model not in ("tiny", "smollm2") and looks_like_path and not Path(cfg.model).expanduser().is_dir():
+        raise UsageError(f"--model: folder {cfg.model} does not exist")
+    for name in ("out", "results_dir"):
+        check_folder(name, getattr(cfg, name))
+    if cfg.name and (Path(cfg.out) / cfg.name).exists():
+        raise UsageError(f"--name: {Path(cfg.out) / cfg.name} already exists; choose another name or "
+                         "--resume it")
+
+
+def check_folder(name, path):
+    """A folder we may create files in: it is one, or its first existing parent is a writable folder."""
+    if path is None:
+        return
+    p = Path(path).expanduser().absolute()
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{flag(name)} {path}: is not a folder")
+    while not p.exists():
+        p = p.parent
+    if not p.is_dir() or not os.access(p, os.W_OK):
+        raise UsageError(f"{flag(name)} {path}: cannot create a folder there ({p} is not a writable folder)")
+
+
+# =====================================================================================
+# Device and model (the models themselves are built and loaded in models.py)
+# =====================================================================================
+
+def pick_device(name):
+    """auto: cuda, then mps, then cpu. A named device must exist on this machine (UsageError)."""
+    mps = getattr(torch.backends, "mps", None)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else
+                            "mps" if mps and mps.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device {name!r}: not a device (auto, cpu, cuda, cuda:1, mps)") from None
+    problem = {"cpu": None,
+               "cuda": None if torch.cuda.is_available() else "CUDA is not available on this machine",
+               "mps": None if mps and mps.is_available() else "MPS is not available on this machine",
+               }.get(device.type, "only cpu, cuda and mps are supported")
+    if problem is None and device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        problem = f"this machine has {torch.cuda.device_count()} CUDA device(s)"
+    if problem:
+        raise UsageError(f"--device {name}: {problem} (torch {torch.__version__}); try --device auto")
+    return device
+
+
+def load(cfg, device):
+    """(model, tokenizer, source) for cfg; a problem the user can fix is a UsageError."""
+    task = make_task(cfg)
+    tiny = dict(hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, seed=cfg.seed, temperature=cfg.temperature,
+                warmup_max_steps=cfg.warmup_max_steps, warmup_target=cfg.warmup_target)
+    try:
+        return models.load_model(cfg.model, task, device, max_new=response_limit(cfg, task),
+                                 cache_dir=Path(cfg.out) / "_cache", tiny=tiny)
+    except models.ModelError as e:
+        raise UsageError(str(e)) from None
+
+
+# =====================================================================================
+# The run folder: config.json, checkpoints, Ctrl-C
+# =====================================================================================
+
+def run_folder(cfg, command):
+    """(folder, command to store): --resume's folder and its first command, or a new folder under --out."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if cfg.resume:
+        folder = Path(cfg.resume)
+        return folder, json.loads((folder / "config.json").read_text())["command"] + f"  # resumed: {command}"
+    name = cfg.name or (f"{cfg.estimator}-n{cfg.group_size}-{stamp}" if cfg.estimator else f"compare-{stamp}")
+    return Path(cfg.out) / name, command
+
+
+def write_config(run_dir, cfg, command, source):
+    """config.json: the command line, every setting, the model's source and the versions."""
+    import transformers
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(dict(
+        command=command, config=asdict(cfg), model_source=source, torch=torch.__version__,
+        transformers=transformers.__version__), indent=1))
+
+
+def save_checkpoint(run_dir, model, opt, step, tokens, lengths):
+    """Everything a resume needs. opt=None: weights only (a finished configuration of a comparison)."""
+    tmp = run_dir / "checkpoint.pt.tmp"  # write then rename: a crash never leaves half a file
+    torch.save(dict(model=model.state_dict(), optimizer=opt.state_dict() if opt else None, step=step,
+                    tokens=tokens, lengths=lengths), tmp)
+    tmp.replace(run_dir / "checkpoint.pt")
+
+
+def load_checkpoint(run_dir, model, opt):
+    """Restore model and optimizer; returns (step, tokens, lengths, metrics up to that step)."""
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    if ckpt["optimizer"] is None:
+        raise UsageError(f"--resume: {run_dir / 'checkpoint.pt'} has no optimizer state (a finished "
+                         "configuration of a comparison keeps its weights only), so it cannot be continued")
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return ckpt["step"], ckpt["tokens"], ckpt["lengths"], [r for r in rows if r["step"] <= ckpt["step"]]
+
+
+def write_metrics(run_dir, rows):
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+class Stopped(Exception):
+    """Ctrl-C: the run stopped after a step and saved its checkpoint."""
+
+
+@contextmanager
+def ctrl_c_exits(folder, checkpoint_minutes):
+    """Ctrl-C inside the block (Stopped, or a second Ctrl-C): say how to resume, exit status 130."""
+    try:
+        yield
+    except (Stopped, KeyboardInterrupt) as e:
+        what = f"{e}; checkpoint saved" if isinstance(e, Stopped) else (
+            f"interrupted; the last checkpoint is kept (at most {checkpoint_minutes:g} minutes old)")
+        print(f"train.py: {what}; resume with: python train.py --resume {shlex.quote(str(folder))}",
+              file=sys.stderr)
+        sys.exit(130)
+
+
+class StopOnCtrlC:
+    """Within the block, the first Ctrl-C asks the loop to stop after the current step (which then
+    saves a checkpoint); a second one stops at once (KeyboardInterrupt, the last checkpoint kept)."""
+
+    def __enter__(self):
+        self.requested, self.previous = False, None
+        if (threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+                and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):  # e.g. nohup: keep ignoring
+            self.previous = signal.signal(signal.SIGINT, self.handle)
+        return self
+
+    def handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        tqdm.write("Ctrl-C: stopping after this step and saving a checkpoint (Ctrl-C again: stop at once)")
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
