@@ -11,6 +11,8 @@ plain Python loops over rows, positions and groups, in float64, straight from th
 
 - ``naive_otb``, ``naive_scores``: loops over rows and positions (OTB; REINFORCE, group mean,
   GRPO, RLOO);
+- ``naive_otb_by_action``: OTB aligned by the policy's own tokens (``otb_tir``): each row's list of
+  valid positions, and the group's rows compared at their k-th valid token;
 - ``loop_reference``: OTB with a Python loop over groups, the shape of the widely used
   implementation (``benchmarks/bench_estimators.py`` times ``otb.py`` against it);
 - ``naive_mean_gradient_sq_norm``: the proxy-unit ||mean g||^2 with a dict keyed by whole
@@ -61,6 +63,34 @@ def naive_otb(r, m, gid, lp, spi, isw=None, leave_one_out=False, zero_tail=False
                 b = sum(G[j, t] * W[j, t] for j in used) / (sum(W[j, t] for j in used) + eps)
             A[i, t] = G[i, t] - b
     return A, G
+
+
+def naive_otb_by_action(r, m, gid, lp, spi, isw=None, leave_one_out=False, zero_tail=False, eps=1e-8):
+    """OTB over k, the index among a row's valid tokens; returns (A, G) as float64 arrays (B, T).
+
+    G_k, W_k are sums over the row's valid tokens; B_k pools the rows of the group that have a k-th
+    valid token; A goes to the position of the row's k-th valid token, 0 elsewhere.
+    """
+    n_rows, n_pos = len(r), len(r[0])
+    acts = [[t for t in range(n_pos) if m[i][t]] for i in range(n_rows)]  # each row's valid positions
+    G, W = [], []  # per row, one value per action k
+    for i in range(n_rows):
+        w = [min(max(1.0 - 2.0 * math.exp(float(lp[i][t])) + float(spi[i][t]), 0.0), 2.0)
+             * (1.0 if isw is None else float(isw[i][t]) ** 2) for t in acts[i]]
+        G.append([sum(float(r[i][t]) for t in acts[i][k:]) for k in range(len(acts[i]))])
+        W.append([sum(w[:k + 1]) for k in range(len(acts[i]))])
+    A, G_out = np.zeros((n_rows, n_pos)), np.zeros((n_rows, n_pos))
+    for i in range(n_rows):
+        group = [j for j in range(n_rows) if gid[j] == gid[i]]
+        for k, t in enumerate(acts[i]):
+            active = [j for j in group if len(acts[j]) > k]
+            used = [j for j in active if not (leave_one_out and j == i)]
+            if len(group) == 1 or not used or (zero_tail and len(active) == 1):
+                b = 0.0
+            else:
+                b = sum(G[j][k] * W[j][k] for j in used) / (sum(W[j][k] for j in used) + eps)
+            A[i, t], G_out[i, t] = G[i][k] - b, G[i][k]
+    return A, G_out
 
 
 def naive_scores(r, m, gid, kind):
