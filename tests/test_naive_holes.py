@@ -7,21 +7,20 @@ log-probs and sum pi^2, reward 7), so every batch comes with its compacted twin:
 without the tool output.
 
 - ``otb_tir`` (otb.action_aligned_otb) against the plain loop over k, ``naive_otb_by_action``, with
-  every option; on a batch with holes it gives each action what OTB gives it on the compacted twin;
-  without holes it is OTB bit for bit; with holes it differs from position-aligned OTB;
-- position-aligned OTB with holes against its naive loop (which never assumed right padding);
+  every option, and position-aligned OTB against its own loop (which never assumed right padding);
+- on a batch with holes otb_tir gives each action what OTB gives it on the compacted twin; without
+  holes it is OTB bit for bit; with holes it differs from position-aligned OTB;
 - the group baselines: each row's advantages are those of its compacted twin, 0 on masked positions.
 
 The diagnostics with holes are tested in ``test_naive_diagnostics.py``.
 """
-import numpy as np
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 import otb
-from naive import insert_holes, make_batch, naive_mean_gradient_sq_norm, naive_otb, naive_otb_by_action
+from naive import insert_holes, make_batch, naive_otb, naive_otb_by_action
 from test_naive_otb import SETTINGS, _close, batch_args
 
 
@@ -43,14 +42,16 @@ def _at_actions(x, where):
 # OTB aligned by the policy's own tokens
 # =====================================================================================
 
+@pytest.mark.parametrize("name, naive", [("otb_tir", naive_otb_by_action), ("otb", naive_otb)])
 @SETTINGS
 @given(args=batch_args, hole_seed=st.integers(0, 2**16), leave_one_out=st.booleans(), zero_tail=st.booleans())
-def test_otb_tir_matches_naive_loop_over_actions(args, hole_seed, leave_one_out, zero_tail):
+def test_otb_with_holes_matches_its_naive_loop(name, naive, args, hole_seed, leave_one_out, zero_tail):
+    # otb_tir against the loop over k; position-aligned otb against its loop over t
     b, _ = insert_holes(make_batch(**args), hole_seed)
-    adv, ret = otb.action_aligned_otb(**_kw(b), is_weights=_t(b["isw"]), leave_one_out=leave_one_out,
-                                      zero_tail=zero_tail)
-    A, G = naive_otb_by_action(b["r"], b["m"], b["gid"], b["lp"], b["spi"], b["isw"],
-                               leave_one_out=leave_one_out, zero_tail=zero_tail)
+    adv, ret = otb.ESTIMATORS[name](**_kw(b), is_weights=_t(b["isw"]), leave_one_out=leave_one_out,
+                                    zero_tail=zero_tail)
+    A, G = naive(b["r"], b["m"], b["gid"], b["lp"], b["spi"], b["isw"], leave_one_out=leave_one_out,
+                 zero_tail=zero_tail)
     _close(adv, A)
     _close(ret, G)
 
@@ -86,18 +87,6 @@ def test_otb_tir_with_holes_differs_from_position_aligned_otb():
     by_position = otb.optimal_token_baseline(**_kw(b))[0]
     assert (by_action - by_position).abs().max() > 0.05
     _close(by_position, naive_otb(b["r"], b["m"], b["gid"], b["lp"], b["spi"])[0])
-
-
-@SETTINGS
-@given(args=batch_args, hole_seed=st.integers(0, 2**16), leave_one_out=st.booleans(), zero_tail=st.booleans())
-def test_position_aligned_otb_with_holes_matches_its_naive_loop(args, hole_seed, leave_one_out, zero_tail):
-    b, _ = insert_holes(make_batch(**args), hole_seed)
-    adv, ret = otb.optimal_token_baseline(**_kw(b), is_weights=_t(b["isw"]), leave_one_out=leave_one_out,
-                                          zero_tail=zero_tail)
-    A, G = naive_otb(b["r"], b["m"], b["gid"], b["lp"], b["spi"], b["isw"], leave_one_out=leave_one_out,
-                     zero_tail=zero_tail)
-    _close(adv, A)
-    _close(ret, G)
 
 
 def test_otb_tir_checks_its_inputs_like_otb():
