@@ -343,7 +343,73 @@ class ArithmeticTask:
         return 32
 
 
-TASKS = {"reverse": ReverseTask, "periodic": PeriodicTask, "arithmetic": ArithmeticTask}
+@dataclass
+class CalculatorTask:
+    """Add ``horizon`` = k numbers of ``digits`` digits with a calculator that adds two numbers.
+
+    The multi-turn task, for the tiny character-level model. A correct transcript for k = 3::
+
+        prompt    <bos>12+34+56?
+        response  12+34=[46,]46+56=[102,]102<eos>
+
+    The policy writes a call ``a+b=``; ``=`` closes it, and the tool's output (in brackets
+    above; the brackets are not characters of the response) is forced in: the sum and a comma,
+    or ``error,`` for a call that is not two numbers joined by ``+``. The model must call the tool
+    k - 1 times, each call's first number being the previous result, then write the sum and EOS.
+    The reward is 1 if the row ended with EOS and the text after its last comma (the final
+    answer) is the sum, else 0: calls are never checked, only the answer. At most 2 k calls per
+    response; the answer is the whole correct transcript, so the warm-up can train on it.
+    """
+    horizon: int = 3
+    digits: int = 2
+
+    def transcript(self, numbers):
+        """The correct response to ``numbers``, tool output included (EOS excluded)."""
+        text, total = "", numbers[0]
+        for x in numbers[1:]:
+            text += f"{total}+{x}={total + x},"
+            total += x
+        return text + str(total)
+
+    def sample(self, rng, n):
+        lo, hi = 10 ** (self.digits - 1), 10 ** self.digits - 1
+        out = []
+        for _ in range(n):
+            numbers = [rng.randint(lo, hi) for _ in range(self.horizon)]
+            out.append(("+".join(map(str, numbers)), self.transcript(numbers)))
+        return out
+
+    def prompt_text(self, tokenizer, question):
+        return f"{tokenizer.bos_token}{question}?"
+
+    def target_text(self, answer):
+        return answer
+
+    def reward(self, text, answer, finished):
+        return float(bool(finished) and text.rsplit(",", 1)[-1] == answer.rsplit(",", 1)[-1])
+
+    def max_new_tokens(self):
+        """The longest correct transcript (all numbers 99..9), EOS, and 8 tokens of slack; the tool's
+        output counts towards it."""
+        return len(self.transcript([10 ** self.digits - 1] * self.horizon)) + 1 + 8
+
+    @staticmethod
+    def calculator(call):
+        """The tool: ``"46+56="`` -> ``"102,"``; anything else -> ``"error,"``."""
+        match = re.fullmatch(r"(\d+)\+(\d+)=", call)
+        return f"{int(match[1]) + int(match[2])}," if match else "error,"
+
+    def tool(self, tokenizer):
+        """The calculator bound to ``tokenizer``: the call is the row's text after the last comma."""
+        def respond(ids):
+            call = tokenizer.decode(ids, skip_special_tokens=True).rsplit(",", 1)[-1]
+            return tokenizer(self.calculator(call), add_special_tokens=False)["input_ids"]
+        return Tool(close_id=tokenizer.convert_tokens_to_ids("="), respond=respond,
+                    max_calls=2 * self.horizon)
+
+
+TASKS = {"reverse": ReverseTask, "periodic": PeriodicTask, "arithmetic": ArithmeticTask,
+         "calculator": CalculatorTask}
 
 
 def step_seed(seed, step):

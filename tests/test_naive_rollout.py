@@ -292,3 +292,35 @@ def test_a_random_model_with_a_tool_agrees_with_the_replay_and_the_scoring_pass(
     assert (ro.logp[m == 0] == 0).all()
     logp, _, _ = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response, m, 1.0)
     torch.testing.assert_close(ro.logp, logp.detach(), atol=2e-5, rtol=0)
+
+
+def test_calculator_task_transcript_tool_reward_and_masks():
+    """k = 3 numbers of 2 digits: the transcript chains the calls through the previous result, the
+    tool adds two numbers or answers error, only the final answer is rewarded, and the warm-up's
+    mask (the tool replayed over the transcript) is 0 exactly on the tool's output."""
+    import models
+    tok = models.char_tokenizer()
+    task = rollout.CalculatorTask(horizon=3, digits=2)
+    assert task.transcript([12, 34, 56]) == "12+34=46,46+56=102,102"
+    assert task.prompt_text(tok, "12+34+56") == "<bos>12+34+56?"
+    for q, a in task.sample(random.Random(0), 50):
+        numbers = [int(x) for x in q.split("+")]
+        assert len(numbers) == 3 and all(10 <= x <= 99 for x in numbers)
+        assert a == task.transcript(numbers) and a.endswith("," + str(sum(numbers)))
+        assert len(a) + 1 <= task.max_new_tokens()  # room for the longest answer and EOS
+    assert task.calculator("46+56=") == "102," and task.calculator("46+56+1=") == "error,"
+    assert task.calculator("+5=") == task.calculator("4a+5=") == "error,"
+    answer = task.transcript([12, 34, 56])
+    assert task.reward(answer, answer, True) == 1.0
+    assert task.reward("12+34=46,102", answer, True) == 1.0  # the answer is what counts
+    assert task.reward("12+34=46,46+56=102,103", answer, True) == 0.0
+    assert task.reward(answer, answer, False) == 0.0  # cut off before EOS
+    tool = task.tool(tok)
+    assert tool.close_id == tok.convert_tokens_to_ids("=") and tool.max_calls == 6
+    ids = tok(answer, add_special_tokens=False)["input_ids"]
+    flags = rollout.action_mask(tool, ids)
+    assert "".join(c if f else "_" for c, f in zip(answer, flags)) == "12+34=___46+56=____102"
+    assert tok.decode(tool.respond(tok("7+x=", add_special_tokens=False)["input_ids"])) == "error,"
+    # every character of the task is in the tokenizer (no <unk>)
+    assert tok.unk_token_id not in tok(task.prompt_text(tok, "12+34+56") + answer,
+                                       add_special_tokens=False)["input_ids"]
