@@ -6,7 +6,10 @@ Three jobs, in the order a training step needs them:
    time with the KV cache. Each step samples y_t ~ softmax(z_t / tau) and records
    log pi_tau(y_t), the log-prob *of the distribution actually sampled from* (temperature
    applied). A row stops at EOS (the EOS token is part of the response and of the mask: ending
-   is an action the model must learn); after that it is padded and masked out.
+   is an action the model must learn); after that it is padded and masked out. With a task's
+   ``Tool`` the responses are multi-turn: when a row closes a call, the tool's output is forced
+   into it over the next positions (a per-row queue, in the same loop), with mask 0: holes inside
+   the response that are context for the policy but not its actions.
 2. ``score``: one forward pass over prompt + response that returns, for every response token,
    log pi_tau(y_t), sum_k pi_k^2 (through ``otb.sum_pi_squared``) and the entropy, all at the
    same temperature as sampling. The (B, T, V) logits are processed ``chunk_size`` positions at
@@ -14,9 +17,11 @@ Three jobs, in the order a training step needs them:
 3. Tasks with verifiable rewards, generated on the fly from a seeded ``random.Random`` that is
    independent of the model's RNG (so every configuration sees the same prompts):
    ``ReverseTask`` (the default, for a tiny character-level model), ``PeriodicTask`` (the
-   long-horizon one: the response length is the ``horizon`` knob, 16 to 256 tokens) and
-   ``ArithmeticTask`` (for a pretrained instruct model, through its chat template). Each task
-   owns its defaults: ``horizon`` and ``max_new_tokens()``, the response length limit.
+   long-horizon one: the response length is the ``horizon`` knob, 16 to 256 tokens),
+   ``CalculatorTask`` (the multi-turn one: add ``horizon`` numbers through k - 1 calls of an
+   adding tool) and ``ArithmeticTask`` (for a pretrained instruct model, through its chat
+   template). Each task owns its defaults: ``horizon`` and ``max_new_tokens()``, the response
+   length limit, and a task with a tool owns it too (``task.tool(tokenizer)``).
 
 Layout: prompts are left-padded (so every row's last prompt token sits in the same column),
 responses are right-padded; ``position_ids`` are computed from the attention mask, so left

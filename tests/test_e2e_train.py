@@ -511,9 +511,16 @@ def test_calculator_task_trains_with_holes_where_the_tool_output_sits(out, monke
     import re
     rollouts, advantages = [], []
     real_sample, real_tir = rollout.sample, otb.ESTIMATORS["otb_tir"]
-    monkeypatch.setattr(rollout, "sample", lambda *a, **k: rollouts.append(real_sample(*a, **k)) or rollouts[-1])
-    monkeypatch.setitem(otb.ESTIMATORS, "otb_tir",
-                        lambda **k: advantages.append((k["response_mask"], real_tir(**k)[0])) or real_tir(**k))
+    def sample(*a, **k):  # the real sampler, its rollouts kept
+        rollouts.append(real_sample(*a, **k))
+        return rollouts[-1]
+
+    def otb_tir(**k):  # the real estimator, its masks and advantages kept
+        A, G = real_tir(**k)
+        advantages.append((k["response_mask"], A))
+        return A, G
+    monkeypatch.setattr(rollout, "sample", sample)
+    monkeypatch.setitem(otb.ESTIMATORS, "otb_tir", otb_tir)
     train.main(TINY + ["--out", str(out), "--name", "calc", "--task", "calculator", "--compare",
                        "otb_tir:4,otb:4", "--steps", "2"])
     tok = models.char_tokenizer()
@@ -536,7 +543,8 @@ def test_calculator_task_trains_with_holes_where_the_tool_output_sits(out, monke
         assert (adv[m == 0] == 0).all() and adv.isfinite().all()
     for sub in ("otb_tir-n4", "otb-n4"):
         rows = metrics(out / "calc" / sub)
-        assert len(rows) == 2 and all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))
+        values = [v for r in rows for v in r.values() if isinstance(v, float)]
+        assert len(rows) == 2 and all(math.isfinite(v) for v in values)
     stored = json.loads((out / "calc" / "otb_tir-n4" / "config.json").read_text())["config"]
     assert stored["task"] == "calculator" and stored["horizon"] == 2
 
