@@ -58,11 +58,15 @@ def context_ids(response, response_mask, group_index):
     token before t. The ids are built one position at a time, as the nodes of a prefix tree: the
     context at t + 1 is the pair (context at t, y_t), renumbered densely with torch.unique. So the
     cost is linear in T (one unique over B pairs per position), however long the shared prefixes.
-    Padded positions get ids too; they are never used.
+    A tool's output inside a response (mask 0 before the row's last valid token) is not an action
+    but is part of the context of every token after it. Padded positions get ids too; they are
+    never used.
     """
     B, T = response.shape
     gid, _ = otb.group_ids(group_index, B)
-    tokens = torch.where(torch.as_tensor(response_mask).bool(), response, 0)  # y_t, 0 on padding
+    m = torch.as_tensor(response_mask).bool()  # (B, T)
+    padding = m.flip(-1).cumsum(-1).flip(-1) == 0  # no valid token at or after t, (B, T)
+    tokens = torch.where(padding, 0, response)  # y_t, tool output kept, 0 on padding
     vocab = int(tokens.max()) + 1
     node = gid.to(response.device)  # the context (prompt, empty prefix) at t = 0, ids in [0, B)
     levels = []
@@ -83,7 +87,8 @@ def mean_gradient_sq_norm(response, response_mask, group_index, adv, logp, sum_p
 
     using that the rows at one context share pi: sum_k c_k pi_k = sum_rows A pi(y) and
     S_c^2 sum pi^2 = S_c sum_rows A sum pi^2. With a single row this is w_t A_t^2, the term of
-    gradient_power. Inputs (B, T) right-padded; group_index: one prompt id per row. Returns a float.
+    gradient_power. Inputs (B, T) right-padded, with holes allowed (mask 0 on tool output inside a
+    response); group_index: one prompt id per row. Returns a float.
     """
     valid = torch.as_tensor(response_mask).bool()  # (B, T)
     B = len(valid)

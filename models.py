@@ -73,9 +73,14 @@ def tiny_model(tokenizer, hidden=128, layers=4, seed=0):
 def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, batch=64, lr=3e-3,
             check_every=10, n_eval=200):
     """Supervised warm-up (teacher forcing on correct responses) for at most ``max_steps`` steps,
-    until the *sampled* success rate reaches ``target``. Returns the history of (step, success rate)."""
+    until the *sampled* success rate reaches ``target``. Returns the history of (step, success rate).
+
+    For a task with a tool the correct response contains the tool's output; those tokens are left
+    out of the loss (``rollout.action_mask``), as they are out of the RL loss: the model learns to
+    write calls and answers, and reads the tool's output as context."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     rng = random.Random(-1 - seed)  # a prompt stream disjoint from the RL one
+    tool = rollout.tool_for(task, tok)
     history = []
     # No ETA: the warm-up usually stops long before max_steps; at the stop the bar's total becomes the step.
     bar = tqdm(range(1, max_steps + 1), desc=f"warm-up to success {target} (at most {max_steps} steps)",
@@ -86,7 +91,8 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
             p = tok(task.prompt_text(tok, q), add_special_tokens=False)["input_ids"]
             r = tok(task.target_text(a), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
             rows.append(p + r)
-            labels.append([-100] * len(p) + r)  # loss on the response only
+            policy = rollout.action_mask(tool, r)  # 1 on the policy's tokens, 0 on tool output
+            labels.append([-100] * len(p) + [y if a else -100 for y, a in zip(r, policy)])  # response only
         width = max(map(len, rows))
         ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])  # (B, L)
         lab = torch.tensor([r + [-100] * (width - len(r)) for r in labels])  # (B, L)
@@ -111,7 +117,7 @@ def evaluate(model, tok, task, temperature, max_new, n, seed):
     prompts, answers = rollout.prompt_batch(task, tok, -7 - seed, 0, n)
     ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=max_new,
                         temperature=temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                        generator=torch.Generator().manual_seed(seed))
+                        generator=torch.Generator().manual_seed(seed), tool=rollout.tool_for(task, tok))
     R, _, _ = rollout.rewards(task, tok, ro, answers, 1)
     return R.mean().item()
 
@@ -123,6 +129,8 @@ def tiny_model_folder(cache_dir, task, *, max_new, hidden=128, layers=4, seed=0,
     key = dict(v=2, hidden=hidden, layers=layers, task=type(task).__name__,
                horizon=task.horizon, seed=seed, temperature=temperature,
                steps=warmup_max_steps, target=warmup_target, max_new=max_new)  # all it depends on
+    if hasattr(task, "digits"):  # the calculator's second knob (only there, so other keys stay)
+        key["digits"] = task.digits
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     folder = Path(cache_dir) / f"tiny-{digest}"
     if not (folder / "warmup.json").exists():

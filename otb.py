@@ -65,6 +65,28 @@ Bad input (wrong shapes, a mask other than 0/1, NaN or inf at a valid position, 
 group_index) raises a ValueError naming the argument; padded positions may hold anything. Plain
 (nested) lists are accepted wherever a tensor is. The forward-only variance diagnostics built on
 (7) live in ``diagnostics.py``.
+
+Tool output inside a response: OTB aligned by action
+----------------------------------------------------
+In tool-integrated reasoning a response interleaves the policy's tokens with the output of a tool,
+which the environment inserted. Those tokens are not actions: they have m_t = 0 *inside* the
+response (holes, not only right padding), and (1)-(6) leave them out of every sum. But (6) still
+lines the rows of a group up by position t, and after a tool call the t-th token of one row can be
+its 5th action while in another row it is the 12th, because their tool outputs had other lengths.
+``action_aligned_otb`` (``ESTIMATORS["otb_tir"]``) lines them up by the policy's own tokens: with
+
+    k_t = sum_{j<=t} m_j - 1                    (8) the index of token t among the row's actions
+
+it applies (1)-(6) over k (B_k pools the rows whose k-th action exists) and gives token t the
+advantage A_{k_t}; masked positions get 0. Each row's G and W are unchanged (sums over its valid
+tokens); only which tokens of different rows share a baseline changes. Without holes k_t = t and
+it is OTB itself. The code moves each row's valid tokens to the left (a gather), calls
+optimal_token_baseline on that right-padded batch, so zero tail, leave-one-out and importance
+weights keep their meaning, and scatters the result back. It equals verl's
+``compute_multi_turn_optimal_token_baseline_advantage`` (``tir_optimal_token_baseline``), except
+that verl leaves a row with no valid token at all out of its group: a group with one row of
+actions is then a singleton there (B = 0), while here that row keeps its own-row baseline
+(A ~ 0, as position-aligned OTB gives it; with zero_tail=True both give B = 0).
 """
 import math
 import numbers
@@ -216,6 +238,30 @@ def rloo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=No
     return _broadcast(score - loo_mean, score, m)
 
 
+# =====================================================================================
+# OTB aligned by the policy's own tokens, eq. (8): responses with tool output
+# =====================================================================================
+
+def action_aligned_otb(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, *,
+                       is_weights=None, **options):
+    """OTB over k, the index of each token among its row's actions, eq. (8); scattered back to t.
+
+    The same inputs, options (leave_one_out, zero_tail, eps) and outputs as optimal_token_baseline;
+    response_mask may have holes (0 on tool output inside a response). Returns (advantages,
+    returns), both (B, T), 0 at masked positions. Without holes it is optimal_token_baseline.
+    """
+    x, m, gid, _ = _checked(token_rewards, response_mask, group_index, log_probs=log_probs,
+                            sum_pi_sq=sum_pi_sq, is_weights=is_weights)
+    t_k = torch.argsort(m == 0, dim=-1, stable=True)  # t_k: where the k-th action sits, then the rest, (B, T)
+    at_k = {name: None if v is None else v.gather(-1, t_k) for name, v in x.items()}  # inputs over k, (B, T)
+    A_k, G_k = optimal_token_baseline(at_k["token_rewards"], m.gather(-1, t_k), gid, at_k["log_probs"],
+                                      at_k["sum_pi_sq"], is_weights=at_k["is_weights"],
+                                      **options)  # eqs. (1)-(6) over k, right-padded, (B, T) each
+    A = torch.zeros_like(A_k).scatter_(-1, t_k, A_k)  # A_t = A_{k_t}, 0 on masked positions, (B, T)
+    G = torch.zeros_like(G_k).scatter_(-1, t_k, G_k)  # G_t = G_{k_t}
+    return A, G
+
+
 # One string picks the estimator in a training loop; all take the same keyword arguments.
 ESTIMATORS = {
     "reinforce": reinforce,
@@ -225,6 +271,7 @@ ESTIMATORS = {
     "otb": optimal_token_baseline,
     "otb_loo": partial(optimal_token_baseline, leave_one_out=True),
     "otb_zero_tail": partial(optimal_token_baseline, zero_tail=True),  # verl's handle_zero_tail=True
+    "otb_tir": action_aligned_otb,
 }
 
 

@@ -2,7 +2,8 @@
 
     from otb_trl import OTBGRPOTrainer
     trainer = OTBGRPOTrainer(model, reward_funcs, args=GRPOConfig(...), train_dataset=ds,
-                             estimator="otb")          # or group_mean, grpo, rloo, otb_loo, reinforce
+                             estimator="otb")          # or group_mean, grpo, rloo, otb_loo, reinforce;
+                                                       # otb_tir when the trainer runs tools (below)
     trainer.train()
 
     python otb_trl.py                    # the example: a few OTB steps on the tiny model, CPU, offline
@@ -42,6 +43,18 @@ Logit-Gradient Proxy, otb.py eq. (7)). Three small overrides:
 TRL's loss already accepts (B, T) advantages (it unsqueezes only (B,) ones), so nothing in the
 loss changes: ``loss_type="dapo"`` (TRL's default, a token mean over the batch) is the
 aggregation train.py uses.
+
+With tools: ``estimator="otb_tir"``
+-----------------------------------
+When ``GRPOTrainer`` runs tools (``tools=[...]``), it inserts each tool's result into the completion
+and builds a ``tool_mask``, 0 on the result's tokens: they are the environment's, not the policy's
+actions. This trainer multiplies that mask into ``completion_mask``, so tool results enter no sum of
+any estimator (a completion's R sits at the last token the policy generated). Position-aligned
+``otb`` would still pool the rows of a group by position t, where one row's t-th token can be its
+5th action and another's its 12th after tool results of other lengths. ``otb_tir``
+(``otb.action_aligned_otb``, eq. (8) of otb.py) pools them by the policy's own tokens, the k-th
+action of each row, as verl's ``tir_optimal_token_baseline`` does (tested against verl's function):
+it is the OTB to use whenever the trainer runs tools. Without tools it equals ``otb`` exactly.
 
 What differs from TRL's own advantages, and from train.py
 ---------------------------------------------------------

@@ -6,7 +6,10 @@ Three jobs, in the order a training step needs them:
    time with the KV cache. Each step samples y_t ~ softmax(z_t / tau) and records
    log pi_tau(y_t), the log-prob *of the distribution actually sampled from* (temperature
    applied). A row stops at EOS (the EOS token is part of the response and of the mask: ending
-   is an action the model must learn); after that it is padded and masked out.
+   is an action the model must learn); after that it is padded and masked out. With a task's
+   ``Tool`` the responses are multi-turn: when a row closes a call, the tool's output is forced
+   into it over the next positions (a per-row queue, in the same loop), with mask 0: holes inside
+   the response that are context for the policy but not its actions.
 2. ``score``: one forward pass over prompt + response that returns, for every response token,
    log pi_tau(y_t), sum_k pi_k^2 (through ``otb.sum_pi_squared``) and the entropy, all at the
    same temperature as sampling. The (B, T, V) logits are processed ``chunk_size`` positions at
@@ -14,9 +17,11 @@ Three jobs, in the order a training step needs them:
 3. Tasks with verifiable rewards, generated on the fly from a seeded ``random.Random`` that is
    independent of the model's RNG (so every configuration sees the same prompts):
    ``ReverseTask`` (the default, for a tiny character-level model), ``PeriodicTask`` (the
-   long-horizon one: the response length is the ``horizon`` knob, 16 to 256 tokens) and
-   ``ArithmeticTask`` (for a pretrained instruct model, through its chat template). Each task
-   owns its defaults: ``horizon`` and ``max_new_tokens()``, the response length limit.
+   long-horizon one: the response length is the ``horizon`` knob, 16 to 256 tokens),
+   ``CalculatorTask`` (the multi-turn one: add ``horizon`` numbers through k - 1 calls of an
+   adding tool) and ``ArithmeticTask`` (for a pretrained instruct model, through its chat
+   template). Each task owns its defaults: ``horizon`` and ``max_new_tokens()``, the response
+   length limit, and a task with a tool owns it too (``task.tool(tokenizer)``).
 
 Layout: prompts are left-padded (so every row's last prompt token sits in the same column),
 responses are right-padded; ``position_ids`` are computed from the attention mask, so left
@@ -25,6 +30,7 @@ padding does not shift positions.
 import random
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -61,16 +67,37 @@ class Rollout:
     """A batch of B = n_prompts * group_size responses; rows of one group are consecutive."""
     prompt_ids: torch.Tensor  # (B, P) left-padded
     prompt_mask: torch.Tensor  # (B, P) 1 on real prompt tokens
-    response: torch.Tensor  # (B, T) right-padded with pad_id
-    response_mask: torch.Tensor  # (B, T) float, 1 on sampled tokens (EOS included)
+    response: torch.Tensor  # (B, T) right-padded with pad_id; a tool's output sits inside it
+    response_mask: torch.Tensor  # (B, T) float, 1 on sampled tokens (EOS included), 0 on tool output
     group_index: torch.Tensor  # (B,) prompt id of each row
-    logp: torch.Tensor  # (B, T) sampler's log pi_tau(y_t), 0 on padding
+    logp: torch.Tensor  # (B, T) sampler's log pi_tau(y_t), 0 on padding and tool output
     finished: torch.Tensor  # (B,) bool, True where the row emitted EOS
+
+
+@dataclass
+class Tool:
+    """The environment's side of a multi-turn response: a task's tool, bound to a tokenizer.
+
+    When a row *samples* ``close_id`` (the token that ends a call) and has made fewer than
+    ``max_calls`` calls, ``respond(ids)`` gets the row's response tokens so far (a list, the
+    closing token last) and returns the tokens of the tool's output, which the sampler then
+    forces into that row over the next positions. A closing token beyond ``max_calls`` is an
+    ordinary token. The total length stays capped by ``max_new_tokens``: a row still receiving
+    output when the cap comes is cut there.
+    """
+    close_id: int
+    respond: Callable[[list], list]
+    max_calls: int
+
+
+def tool_for(task, tokenizer):
+    """The task's ``Tool`` (``task.tool(tokenizer)``), or None for a task without one."""
+    return task.tool(tokenizer) if hasattr(task, "tool") else None
 
 
 @torch.no_grad()
 def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, pad_id,
-           generator=None):
+           generator=None, tool=None):
     """Sample ``group_size`` responses to every prompt (a list of token-id lists).
 
     Returns a ``Rollout`` on the model's device. ``generator`` (a torch.Generator) makes the
@@ -78,6 +105,13 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
     copies the (B, V) probabilities to the CPU at every token, which for a 49k-token vocabulary
     costs more than the model's forward pass, so train.py gives the sampler a generator on the
     GPU there (and a CPU one, the default, everywhere else).
+
+    ``tool`` (a ``Tool``, or None) makes the responses multi-turn. Each row keeps a queue of
+    forced tokens: while it is not empty, the row's next token is taken from it instead of the
+    draw (every row is still drawn for, so the random stream does not depend on the tool), and
+    the position gets mask 0 and log-prob 0. A forced token is context like any other: it goes
+    through the same batched decode step into the KV cache, and the policy's next token sees it.
+    Without a tool, or before a row's first call, sampling is exactly the single-turn sampler.
     """
     device = next(model.parameters()).device
     rows = [p for p in prompts for _ in range(group_size)]  # each prompt repeated N times
@@ -93,18 +127,29 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
     cache, logits = out.past_key_values, out.logits[:, -1]  # logits z_t: (B, V)
     next_pos = pos[:, -1:] + 1  # (B, 1)
 
-    tokens, logps, alive = [], [], []
+    tokens, logps, actions = [], [], []
     done = torch.zeros(B, dtype=torch.bool, device=device)
+    queue = [[] for _ in range(B)]  # per row: the tool's output tokens still to be forced
+    calls = [0] * B  # per row: tool calls made so far
     attn = mask
     for _ in range(max_new_tokens):
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # log pi_tau, (B, V)
         draw_on = generator.device if generator is not None else device
         y = torch.multinomial(logprobs.exp().to(draw_on), 1, generator=generator).to(device)  # (B, 1)
+        forced = torch.tensor([len(q) > 0 for q in queue], device=device)  # (B,) bool
+        if bool(forced.any()):  # the environment's tokens replace the draws of those rows
+            y[forced, 0] = torch.tensor([q.pop(0) for q in queue if q], device=device)
         y = y.squeeze(-1).masked_fill(done, pad_id)  # finished rows only pad
-        alive.append(~done)
+        action = ~done & ~forced  # (B,) positions the policy chose
+        actions.append(action)
         tokens.append(y)
-        logps.append(logprobs.gather(-1, y[:, None]).squeeze(-1).masked_fill(done, 0.0))
-        done = done | (y == eos_id)
+        logps.append(logprobs.gather(-1, y[:, None]).squeeze(-1).masked_fill(~action, 0.0))
+        done = done | (action & (y == eos_id))
+        if tool is not None:  # a row that just closed a call receives the tool's output next
+            for i in torch.nonzero(action & (y == tool.close_id)).flatten().tolist():
+                if calls[i] < tool.max_calls:
+                    calls[i] += 1
+                    queue[i] = list(tool.respond(torch.stack(tokens, 1)[i].tolist()))
         if bool(done.all()):
             break
         # Decode one token: the cache holds every earlier key/value, so the pass costs O(1) tokens.
@@ -116,10 +161,31 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
 
     return Rollout(prompt_ids=ids, prompt_mask=mask,
                    response=torch.stack(tokens, 1),  # (B, T)
-                   response_mask=torch.stack(alive, 1).float(),  # (B, T)
+                   response_mask=torch.stack(actions, 1).float(),  # (B, T)
                    group_index=group_index,
                    logp=torch.stack(logps, 1),  # (B, T)
                    finished=done)
+
+
+def action_mask(tool, response):
+    """Which tokens of one given response (a list of ids) the policy wrote: 1, or the tool: 0.
+
+    The tool is replayed over the response as the sampler would have run it (a call closes on
+    ``close_id`` while fewer than ``max_calls`` calls were made; the next ``len(output)`` tokens
+    are the tool's). The supervised warm-up masks its targets with it, and the tests use it as
+    the plain single-row loop the batched sampler must agree with.
+    """
+    flags, pending, calls = [], 0, 0
+    for t, y in enumerate(response):
+        if pending:
+            flags.append(0)
+            pending -= 1
+            continue
+        flags.append(1)
+        if tool is not None and y == tool.close_id and calls < tool.max_calls:
+            calls += 1
+            pending = len(tool.respond(response[:t + 1]))
+    return flags
 
 
 # =====================================================================================
@@ -133,10 +199,15 @@ def score(model, prompt_ids, prompt_mask, response, response_mask, temperature, 
     the autograd graph (it is what the policy-gradient loss differentiates); ``sum_pi_sq`` and
     ``entropy`` are detached diagnostics. ``chunk_size`` = response positions per chunk
     (None: all at once).
+
+    Every response position is attended to, whatever its mask: a tool's output (mask 0) is part
+    of the context of the tokens after it, as it was for the sampler. Padding after a row's end
+    is attended to as well, which changes nothing: attention is causal, so a position only ever
+    sees the ones before it, and the outputs at padding are multiplied by the mask.
     """
     T = response.shape[1]  # response positions
     ids = torch.cat([prompt_ids, response], dim=1)  # (B, P+T)
-    attn = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)  # (B, P+T)
+    attn = torch.cat([prompt_mask.long(), torch.ones_like(response)], dim=1)  # (B, P+T)
     # Keep only the last T + 1 columns: the logit at column j predicts token j + 1, so columns
     # P-1 .. P+T-2 score the response; the prompt's other logits are never materialised.
     logits = model(input_ids=ids, attention_mask=attn, position_ids=positions(attn),
@@ -155,11 +226,20 @@ def score(model, prompt_ids, prompt_mask, response, response_mask, temperature, 
     return torch.cat(logp, 1) * m, torch.cat(spp, 1) * m, torch.cat(ent, 1) * m
 
 
+def last_valid(response_mask):
+    """Index of each row's last valid token, (B,); 0 for a row without one. With tool output
+    inside a response this is not ``sum(m) - 1``."""
+    T = response_mask.shape[-1]
+    t = torch.arange(T, device=response_mask.device).expand_as(response_mask)  # (B, T)
+    return torch.where(response_mask.bool(), t, -1).max(-1).values.clamp(min=0)
+
+
 def response_texts(tokenizer, response, response_mask):
-    """Decode each row's valid tokens, dropping special tokens (EOS, padding)."""
-    lengths = response_mask.sum(-1).long().tolist()
+    """Decode each row up to its last valid token, a tool's output included, dropping special
+    tokens (EOS, padding)."""
+    lengths = (last_valid(response_mask) + 1) * response_mask.bool().any(-1)  # (B,), 0 if empty
     return [tokenizer.decode(row[:n].tolist(), skip_special_tokens=True)
-            for row, n in zip(response.cpu(), lengths)]
+            for row, n in zip(response.cpu(), lengths.tolist())]
 
 
 # =====================================================================================
@@ -265,7 +345,73 @@ class ArithmeticTask:
         return 32
 
 
-TASKS = {"reverse": ReverseTask, "periodic": PeriodicTask, "arithmetic": ArithmeticTask}
+@dataclass
+class CalculatorTask:
+    """Add ``horizon`` = k numbers of ``digits`` digits with a calculator that adds two numbers.
+
+    The multi-turn task, for the tiny character-level model. A correct transcript for k = 3::
+
+        prompt    <bos>12+34+56?
+        response  12+34=[46,]46+56=[102,]102<eos>
+
+    The policy writes a call ``a+b=``; ``=`` closes it, and the tool's output (in brackets
+    above; the brackets are not characters of the response) is forced in: the sum and a comma,
+    or ``error,`` for a call that is not two numbers joined by ``+``. The model must call the tool
+    k - 1 times, each call's first number being the previous result, then write the sum and EOS.
+    The reward is 1 if the row ended with EOS and the text after its last comma (the final
+    answer) is the sum, else 0: calls are never checked, only the answer. At most 2 k calls per
+    response; the answer is the whole correct transcript, so the warm-up can train on it.
+    """
+    horizon: int = 3
+    digits: int = 2
+
+    def transcript(self, numbers):
+        """The correct response to ``numbers``, tool output included (EOS excluded)."""
+        text, total = "", numbers[0]
+        for x in numbers[1:]:
+            text += f"{total}+{x}={total + x},"
+            total += x
+        return text + str(total)
+
+    def sample(self, rng, n):
+        lo, hi = 10 ** (self.digits - 1), 10 ** self.digits - 1
+        out = []
+        for _ in range(n):
+            numbers = [rng.randint(lo, hi) for _ in range(self.horizon)]
+            out.append(("+".join(map(str, numbers)), self.transcript(numbers)))
+        return out
+
+    def prompt_text(self, tokenizer, question):
+        return f"{tokenizer.bos_token}{question}?"
+
+    def target_text(self, answer):
+        return answer
+
+    def reward(self, text, answer, finished):
+        return float(bool(finished) and text.rsplit(",", 1)[-1] == answer.rsplit(",", 1)[-1])
+
+    def max_new_tokens(self):
+        """The longest correct transcript (all numbers 99..9), EOS, and 8 tokens of slack; the tool's
+        output counts towards it."""
+        return len(self.transcript([10 ** self.digits - 1] * self.horizon)) + 1 + 8
+
+    @staticmethod
+    def calculator(call):
+        """The tool: ``"46+56="`` -> ``"102,"``; anything else -> ``"error,"``."""
+        match = re.fullmatch(r"(\d+)\+(\d+)=", call)
+        return f"{int(match[1]) + int(match[2])}," if match else "error,"
+
+    def tool(self, tokenizer):
+        """The calculator bound to ``tokenizer``: the call is the row's text after the last comma."""
+        def respond(ids):
+            call = tokenizer.decode(ids, skip_special_tokens=True).rsplit(",", 1)[-1]
+            return tokenizer(self.calculator(call), add_special_tokens=False)["input_ids"]
+        return Tool(close_id=tokenizer.convert_tokens_to_ids("="), respond=respond,
+                    max_calls=2 * self.horizon)
+
+
+TASKS = {"reverse": ReverseTask, "periodic": PeriodicTask, "arithmetic": ArithmeticTask,
+         "calculator": CalculatorTask}
 
 
 def step_seed(seed, step):
@@ -294,7 +440,7 @@ def rewards(task, tokenizer, rollout, answers, group_size):
     R = torch.tensor([task.reward(t, a, f) for t, a, f in
                       zip(texts, row_answers, rollout.finished.tolist())], dtype=torch.float32)  # (B,)
     m = rollout.response_mask.cpu()
-    last = (m.sum(-1).long() - 1).clamp(min=0)  # index of the last valid token, (B,)
+    last = last_valid(m)  # index of the last valid token, (B,)
     token_rewards = torch.zeros_like(m)  # (B, T)
     token_rewards[torch.arange(len(R)), last] = R
     return R, token_rewards * m, texts

@@ -161,7 +161,8 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     with autocast(device):
         ro = rollout.sample(sampler, prompts, group_size=cfg.group_size,
                             max_new_tokens=train_cli.response_limit(cfg, task), temperature=cfg.temperature,
-                            eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=draw_gen)
+                            eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=draw_gen,
+                            tool=rollout.tool_for(task, tok))  # None for a single-turn task
     R, token_rewards, _ = rollout.rewards(task, tok, ro, answers, cfg.group_size)
     m, token_rewards = ro.response_mask, token_rewards.to(device)  # (B, T)
     t1 = time.perf_counter()

@@ -11,11 +11,14 @@ plain Python loops over rows, positions and groups, in float64, straight from th
 
 - ``naive_otb``, ``naive_scores``: loops over rows and positions (OTB; REINFORCE, group mean,
   GRPO, RLOO);
+- ``naive_otb_by_action``: OTB aligned by the policy's own tokens (``otb_tir``): each row's list of
+  valid positions, and the group's rows compared at their k-th valid token;
 - ``loop_reference``: OTB with a Python loop over groups, the shape of the widely used
   implementation (``benchmarks/bench_estimators.py`` times ``otb.py`` against it);
 - ``naive_mean_gradient_sq_norm``: the proxy-unit ||mean g||^2 with a dict keyed by whole
   prefixes (quadratic in the response length, so only for tests);
-- ``make_batch``: random right-padded batches of interleaved groups to compare them on.
+- ``make_batch``: random right-padded batches of interleaved groups to compare them on;
+  ``insert_holes``: the same batch with tool output (mask 0) inserted inside the responses.
 
 Benchmarks may import this module; it imports nothing from them.
 """
@@ -60,6 +63,34 @@ def naive_otb(r, m, gid, lp, spi, isw=None, leave_one_out=False, zero_tail=False
                 b = sum(G[j, t] * W[j, t] for j in used) / (sum(W[j, t] for j in used) + eps)
             A[i, t] = G[i, t] - b
     return A, G
+
+
+def naive_otb_by_action(r, m, gid, lp, spi, isw=None, leave_one_out=False, zero_tail=False, eps=1e-8):
+    """OTB over k, the index among a row's valid tokens; returns (A, G) as float64 arrays (B, T).
+
+    G_k, W_k are sums over the row's valid tokens; B_k pools the rows of the group that have a k-th
+    valid token; A goes to the position of the row's k-th valid token, 0 elsewhere.
+    """
+    n_rows, n_pos = len(r), len(r[0])
+    acts = [[t for t in range(n_pos) if m[i][t]] for i in range(n_rows)]  # each row's valid positions
+    G, W = [], []  # per row, one value per action k
+    for i in range(n_rows):
+        w = [min(max(1.0 - 2.0 * math.exp(float(lp[i][t])) + float(spi[i][t]), 0.0), 2.0)
+             * (1.0 if isw is None else float(isw[i][t]) ** 2) for t in acts[i]]
+        G.append([sum(float(r[i][t]) for t in acts[i][k:]) for k in range(len(acts[i]))])
+        W.append([sum(w[:k + 1]) for k in range(len(acts[i]))])
+    A, G_out = np.zeros((n_rows, n_pos)), np.zeros((n_rows, n_pos))
+    for i in range(n_rows):
+        group = [j for j in range(n_rows) if gid[j] == gid[i]]
+        for k, t in enumerate(acts[i]):
+            active = [j for j in group if len(acts[j]) > k]
+            used = [j for j in active if not (leave_one_out and j == i)]
+            if len(group) == 1 or not used or (zero_tail and len(active) == 1):
+                b = 0.0
+            else:
+                b = sum(G[j][k] * W[j][k] for j in used) / (sum(W[j][k] for j in used) + eps)
+            A[i, t], G_out[i, t] = G[i][k] - b, G[i][k]
+    return A, G_out
 
 
 def naive_scores(r, m, gid, kind):
@@ -118,17 +149,19 @@ def loop_reference(token_rewards, response_mask, group_index, log_probs, sum_pi_
 def naive_mean_gradient_sq_norm(response, response_mask, group_index, adv, logp, sum_pi_sq):
     """||(1/B) sum_i g_i||^2 in proxy units, one context (group, whole prefix tuple) at a time.
 
+    Every valid token counts, with everything before it as its context (tool output included).
+
     For each context, with c_k the sum of A over the rows that sampled token k there and
     S = sum_k c_k: ||c - S pi||^2 = sum_k c_k^2 - 2 S sum_rows A pi(y) + S^2 sum_k pi_k^2, with
     sum pi^2 taken from the first row that reaches the context.
     """
     pi = torch.as_tensor(logp).double().exp()
     A, pi_y, spp = (torch.as_tensor(x).double().tolist() for x in (adv, pi, sum_pi_sq))
-    rows, lengths = torch.as_tensor(response).tolist(), torch.as_tensor(response_mask).sum(-1).long().tolist()
+    rows, mask = torch.as_tensor(response).tolist(), torch.as_tensor(response_mask).tolist()
     group_index = group_index.tolist() if isinstance(group_index, torch.Tensor) else list(group_index)
     nodes = {}  # (group, prefix) -> [{token: c_k}, S, sum A pi(y), sum pi^2]
-    for i, (row, n) in enumerate(zip(rows, lengths)):
-        for t in range(n):
+    for i, (row, valid) in enumerate(zip(rows, mask)):
+        for t in (t for t in range(len(row)) if valid[t]):  # the prefix keeps tool output (holes)
             node = nodes.setdefault((group_index[i], tuple(row[:t])), [{}, 0.0, 0.0, spp[i][t]])
             node[0][row[t]] = node[0].get(row[t], 0.0) + A[i][t]
             node[1] += A[i][t]
@@ -168,3 +201,28 @@ def make_batch(seed, sizes, n_pos, *, process=False, consistent=True, with_isw=F
         spi = rng.choice(_SPI_CHOICES, (n_rows, n_pos))
     isw = rng.uniform(0.5, 1.5, (n_rows, n_pos)) if with_isw else None
     return dict(r=r, m=m, gid=[f"prompt-{g}" for g in gid], lp=lp, spi=spi, isw=isw)
+
+
+def insert_holes(b, seed, max_hole=3):
+    """The batch b of make_batch with holes: tool output (mask 0) inserted inside the responses.
+
+    Before each valid token, with probability 1/2, 1..max_hole positions of mask 0 are inserted;
+    they hold garbage (NaN log-probs and sum pi^2, reward 7). Returns (holes, where):
+    the new batch (same keys, T grown to fit) and, per row, the new position of each old one.
+    """
+    rng = np.random.default_rng(seed)
+    n_rows, n_pos = b["m"].shape
+    where = np.zeros((n_rows, n_pos), dtype=int)
+    for i in range(n_rows):
+        gaps = rng.integers(1, max_hole + 1, n_pos) * (rng.random(n_pos) < 0.5) * (b["m"][i] > 0)
+        where[i] = np.arange(n_pos) + np.cumsum(gaps)
+    T = int(where.max()) + 1
+    fill = dict(r=7.0, m=0.0, lp=np.nan, spi=np.nan, isw=np.nan)
+    holes = dict(gid=b["gid"])
+    for k, v in fill.items():
+        if b[k] is None:
+            holes[k] = None
+            continue
+        holes[k] = np.full((n_rows, T), v)
+        np.put_along_axis(holes[k], where, b[k], axis=1)
+    return holes, where

@@ -353,6 +353,52 @@ def test_periodic_task_trains(out):
     assert all(r["response_len"] <= 6 + 4 for r in rows)  # the task's own limit: horizon + 4
 
 
+def test_calculator_task_trains_with_holes_where_the_tool_output_sits(out, monkeypatch):
+    """The tool task (k = 2: one call) through --compare otb_tir:4,otb:4 for 2 steps. Every sampled
+    row's mask is the tool replayed over it (rollout.action_mask), some rows have holes inside the
+    response, each hole holds the calculator's output ('<sum>,' or 'error,'), otb_tir's
+    advantages are 0 there, and the metrics are finite."""
+    import re
+    rollouts, advantages = [], []
+    real_sample, real_tir = rollout.sample, otb.ESTIMATORS["otb_tir"]
+    def sample(*a, **k):  # the real sampler, its rollouts kept
+        rollouts.append(real_sample(*a, **k))
+        return rollouts[-1]
+
+    def otb_tir(**k):  # the real estimator, its masks and advantages kept
+        A, G = real_tir(**k)
+        advantages.append((k["response_mask"], A))
+        return A, G
+    monkeypatch.setattr(rollout, "sample", sample)
+    monkeypatch.setitem(otb.ESTIMATORS, "otb_tir", otb_tir)
+    train.main(TINY + ["--out", str(out), "--name", "calc", "--task", "calculator", "--compare",
+                       "otb_tir:4,otb:4", "--steps", "2"])
+    tok = models.char_tokenizer()
+    tool = rollout.CalculatorTask(horizon=2).tool(tok)
+    training = [ro for ro in rollouts if len(ro.response) == 16]  # the warm-up's evaluations have 200 rows
+    assert len(training) == 4 and len(advantages) == 2
+    holes = 0
+    for ro in training:
+        m = ro.response_mask
+        for i in range(len(m)):
+            n = int(rollout.last_valid(m[i:i + 1])) + 1 if m[i].any() else 0
+            row = ro.response[i, :n].tolist()
+            assert m[i, :n].tolist() == rollout.action_mask(tool, row) and not m[i, n:].any()
+            text = "".join("|" if a else tok.decode([y]) for y, a in zip(row, m[i, :n].tolist()))
+            for run in re.findall(r"[^|]+", text):  # each hole inside the response, in full
+                assert re.fullmatch(r"(\d+|error),", run), run
+                holes += len(run)
+    assert holes > 0, "the sampled rows must make tool calls"
+    for m, adv in advantages:
+        assert (adv[m == 0] == 0).all() and adv.isfinite().all()
+    for sub in ("otb_tir-n4", "otb-n4"):
+        rows = metrics(out / "calc" / sub)
+        values = [v for r in rows for v in r.values() if isinstance(v, float)]
+        assert len(rows) == 2 and all(math.isfinite(v) for v in values)
+    stored = json.loads((out / "calc" / "otb_tir-n4" / "config.json").read_text())["config"]
+    assert stored["task"] == "calculator" and stored["horizon"] == 2
+
+
 def test_the_log_header_is_printed_once_per_run(out, capsys):
     run(out, "header", "--estimator", "otb", "--steps", "2", "--log-every", "1")
     text = capsys.readouterr()

@@ -207,3 +207,37 @@ def test_bad_arguments_are_one_line_errors(setup):
     with pytest.raises(ValueError, match=r"^multi_objective_aggregation must be 'sum_then_normalize'"):
         make_trainer(setup, otb_trl.OTBGRPOTrainer, "bad2", estimator="otb",
                      config=dict(multi_objective_aggregation="normalize_then_sum"))
+
+
+@needs_trl
+def test_otb_tir_with_trls_tool_mask_is_otb_tir_of_the_same_tensors(setup):
+    # A fabricated batch as GRPOTrainer builds it when it runs tools: completion_mask (1 up to the
+    # end of each completion) and tool_mask (0 on the tool results, padded with 1). The advantages
+    # the trainer writes are otb.ESTIMATORS["otb_tir"] of the product mask, R at the last action.
+    import otb_trl
+    trainer = make_trainer(setup, otb_trl.OTBGRPOTrainer, "tir", estimator="otb_tir")
+    g = torch.Generator().manual_seed(0)
+    B, T = 8, 14
+    lengths = torch.randint(6, T + 1, (B,), generator=g)
+    completion_mask = (torch.arange(T) < lengths[:, None]).long()  # (B, T)
+    tool_mask = torch.ones(B, T, dtype=torch.long)
+    for i in range(B):  # one tool result of 1-3 tokens inside each completion, somewhere after its start
+        start = int(torch.randint(1, int(lengths[i]) - 3, (1,), generator=g))
+        tool_mask[i, start:start + int(torch.randint(1, 4, (1,), generator=g))] = 0
+    logits = torch.randn(B, T, 5, generator=g)
+    log_probs = torch.log_softmax(logits, -1)[..., 0]  # log pi(y_t), (B, T)
+    sum_pi_sq = torch.softmax(logits, -1).square().sum(-1)
+    batch = {"completion_mask": completion_mask, "tool_mask": tool_mask, "otb_group": torch.arange(B) // 4,
+             "otb_rewards": torch.randint(0, 2, (B,), generator=g).float()}
+    trainer._set_advantages(batch, log_probs, sum_pi_sq)
+
+    m = (completion_mask * tool_mask).float()  # the policy's own tokens
+    rewards = torch.zeros(B, T)
+    for i in range(B):
+        rewards[i, max(t for t in range(T) if m[i, t])] = batch["otb_rewards"][i]  # R at the last action
+    kw = dict(token_rewards=rewards, response_mask=m, group_index=batch["otb_group"], log_probs=log_probs,
+              sum_pi_sq=sum_pi_sq)
+    expected, _ = otb.ESTIMATORS["otb_tir"](**kw)
+    torch.testing.assert_close(batch["advantages"], expected, rtol=0, atol=1e-7)
+    assert (batch["advantages"][m == 0] == 0).all()  # nothing on tool results or padding
+    assert (expected - otb.ESTIMATORS["otb"](**kw)[0]).abs().max() > 1e-3  # the alignment mattered

@@ -1,6 +1,9 @@
 """Exact tier: the scale-free metrics of scale_free.py against hand-computed cases, known laws and
-exact expectations on the enumerable toy bandit; coverage of their bootstrap intervals."""
+exact expectations on the enumerable toy bandit; coverage of their bootstrap intervals. The known
+factors (E g = c grad J) also hold when responses contain a tool's output (holes in the mask),
+checked by enumerating every group of a small policy with a tool."""
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -70,6 +73,68 @@ def test_group_mean_expectation_is_exactly_one_minus_one_over_n_of_reinforce():
     assert scale_free.FACTORS["group_mean"](2) == 0.5
     assert not torch.allclose(expect["otb"], en.grad_J, atol=1e-6)  # OTB's is unknown: not in FACTORS
     assert "otb" not in scale_free.FACTORS
+
+
+def tool_toy():
+    """A two-action policy with a tool, every response enumerated: (responses (M, T), mask (M, T),
+    rewards at the last action (M, T), log pi(y_t) and sum pi^2 (M, T), p(tau) (M,), scores s_t
+    (M, T, P), grad J (P,)).
+
+    The first action answers (0) or calls the tool (1); a call gets the tool's output, token 3 or
+    4 with probabilities 0.3 / 0.7 (mask 0: not an action, no parameter); then a second action 0
+    or 1, from a softmax of its own per context. So calls put a hole at t = 1 and shift the second
+    action to t = 2. The holes hold garbage: a reward of 5 and NaN log-probs.
+    """
+    theta = torch.tensor([[0.3, -0.2], [0.5, 0.1], [-0.4, 0.6], [0.2, 0.9]], dtype=torch.float64,
+                         requires_grad=True)  # logits of the contexts (), (0,), (1, 3), (1, 4)
+    second = {(0,): 1, (1, 3): 2, (1, 4): 3}  # prefix -> context of the second action
+    tool = {3: 0.3, 4: 0.7}
+    responses = [(0, y) for y in (0, 1)] + [(1, x, y) for x in (3, 4) for y in (0, 1)]
+    R = torch.tensor([0.0, 0.5, 1.0, 0.0, 0.2, 1.5], dtype=torch.float64)
+    M, T = len(responses), 3
+    tokens, mask = torch.zeros(M, T, dtype=torch.long), torch.zeros(M, T, dtype=torch.float64)
+    lp, spp = (torch.full((M, T), math.nan, dtype=torch.float64) for _ in range(2))  # NaN in the holes
+    r = torch.zeros(M, T, dtype=torch.float64)
+    scores = torch.zeros(M, T, theta.numel(), dtype=torch.float64)
+    log_p = []
+    for i, resp in enumerate(responses):
+        tokens[i, :len(resp)] = torch.tensor(resp)
+        acts = [(0, 0)] + [(len(resp) - 1, second[resp[:-1]])]  # (position, context) of each action
+        logp_tau = torch.log(torch.tensor(tool[resp[1]], dtype=torch.float64)) if len(resp) == 3 else 0.0
+        for t, c in acts:
+            logp = torch.log_softmax(theta[c], -1)[resp[t]]
+            scores[i, t] = torch.autograd.grad(logp, theta, retain_graph=True)[0].reshape(-1)  # s_t
+            mask[i, t], lp[i, t] = 1.0, logp.item()
+            spp[i, t] = torch.softmax(theta[c], -1).square().sum().item()
+            logp_tau = logp_tau + logp
+        log_p.append(logp_tau)
+        r[i, len(resp) - 1] = R[i]
+        if len(resp) == 3:
+            r[i, 1] = 5.0  # a reward inside the hole: garbage every estimator must ignore
+    p = torch.stack(log_p).exp()  # p(tau), (M,)
+    grad_J = torch.autograd.grad((p * R).sum(), theta)[0].reshape(-1)  # (P,)
+    return tokens, mask, r, lp, spp, p.detach(), scores, grad_J
+
+
+@pytest.mark.parametrize("N", [2, 3, 4])
+def test_known_factors_hold_with_tool_output_in_the_responses(N):
+    # scale_free.FACTORS with holes: every ordered N-tuple of the tool toy's responses is a group,
+    # E g = sum over tuples of p(tuple) (1/N) sum_i sum_t A_t s_t (valid t only), exactly.
+    _, mask, r, lp, spp, p, scores, grad_J = tool_toy()
+    M = len(p)
+    rows = torch.cartesian_prod(*[torch.arange(M)] * N).reshape(-1)  # (M^N * N,)
+    gid = torch.arange(M ** N).repeat_interleave(N)
+    weight = p[rows].reshape(-1, N).prod(-1)  # p(tuple), (M^N,)
+    assert weight.sum().item() == pytest.approx(1.0, abs=1e-12)
+    ests = {**{name: otb.ESTIMATORS[name] for name in scale_free.FACTORS},
+            "otb_tir leave-one-out": partial(otb.action_aligned_otb, leave_one_out=True)}
+    for name, fn in ests.items():
+        A, _ = fn(token_rewards=r[rows], response_mask=mask[rows], group_index=gid, log_probs=lp[rows],
+                  sum_pi_sq=spp[rows])  # (M^N * N, T)
+        g = torch.einsum("bt,btp->bp", A, scores[rows]).reshape(-1, N, grad_J.numel()).mean(1)  # (M^N, P)
+        c = scale_free.FACTORS.get(name, lambda N: 1.0)(N)
+        assert torch.allclose(weight @ g, c * grad_J, atol=1e-12), name
+    assert grad_J.norm() > 0.1
 
 
 @settings(max_examples=20, deadline=None)

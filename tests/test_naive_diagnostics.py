@@ -5,14 +5,24 @@ definition (``tests/naive.py``: a dict keyed by (group, whole prefix)) on random
 interleaved groups, shared prefixes of random depth and padding that holds garbage;
 noise_diagnostics against numbers worked out by hand. (``tests/test_e2e_train.py`` also checks
 mean_gradient_sq_norm against explicit per-context logit-gradient vectors of a real model.)
+
+Responses with tool output (mask 0 inside a response): gradient_power counts the valid tokens only
+(a batch with holes gives its compacted twin's numbers, ``naive.insert_holes``), and the tool's
+tokens are part of the context of every token after them (rows that differ only in a tool's output
+share no context after it).
 """
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import diagnostics
 import otb
-from naive import make_batch, naive_mean_gradient_sq_norm
+from naive import insert_holes, make_batch, naive_mean_gradient_sq_norm
+from test_naive_otb import SETTINGS, batch_args
 
 
 def _close(actual, expected, atol=1e-9):
@@ -111,3 +121,69 @@ def test_noise_diagnostics_by_hand():
     d = diagnostics.noise_diagnostics(torch.tensor([1.0, 2.0, 3.0, 6.0]), 1.5)
     assert d == pytest.approx({"total_power": 3.0, "pure_noise": 0.5})
     assert np.isnan(diagnostics.noise_diagnostics(torch.tensor([2.0]), 1.0)["pure_noise"])
+
+
+# ----------------------------------------------------------------------------- responses with tool output
+
+@SETTINGS
+@given(args=batch_args, hole_seed=st.integers(0, 2**16))
+def test_gradient_power_with_holes_is_the_compacted_twins(args, hole_seed):
+    twin = make_batch(**args)
+    b, where = insert_holes(twin, hole_seed)
+    adv = np.random.default_rng(hole_seed).normal(size=twin["m"].shape) * twin["m"]  # A_t, 0 on padding
+    holes_adv = np.zeros(b["m"].shape)
+    np.put_along_axis(holes_adv, where, adv, axis=1)  # the same A at the same tokens, 0 in the holes
+    P = diagnostics.gradient_power(holes_adv, b["m"], b["lp"], b["spi"])  # NaN log-probs in the holes
+    _close(P, diagnostics.gradient_power(adv, twin["m"], twin["lp"], twin["spi"]), atol=1e-12)
+
+
+def tool_batch(seed, sizes, T, tool_tokens=(3, 4)):
+    """Rows that interleave policy tokens (vocabulary 0-2, mask 1) with tool output (tokens 3-4,
+    mask 0) and share prefixes often. Each context (group, whole prefix, tool output included) has
+    its own softmax pi, so rows at one context share log pi and sum pi^2, as with a real model."""
+    rng = np.random.default_rng(seed)
+    gid = rng.permutation(np.repeat(np.arange(len(sizes)), sizes))
+    B = len(gid)
+    tokens, mask = np.full((B, T), 99), np.zeros((B, T))
+    lp, spp = np.full((B, T), np.nan), np.full((B, T), np.nan)
+    pi_of = {}
+    for i in range(B):
+        for t in range(int(rng.integers(1, T + 1))):
+            if t > 0 and rng.random() < 0.35:  # the tool's output: not an action
+                tokens[i, t] = rng.choice(tool_tokens)
+                continue
+            pi = pi_of.setdefault((gid[i], tuple(tokens[i, :t])), rng.dirichlet(np.ones(3)))
+            tokens[i, t] = rng.choice(3)
+            mask[i, t], lp[i, t], spp[i, t] = 1.0, np.log(pi[tokens[i, t]]), (pi ** 2).sum()
+    adv = np.where(mask > 0, rng.normal(size=(B, T)), 0.0)
+    return torch.tensor(tokens), torch.tensor(mask), [f"p{g}" for g in gid], torch.tensor(adv), \
+        torch.tensor(lp), torch.tensor(spp)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_mean_gradient_sq_norm_with_tool_output_matches_naive_definition(seed):
+    rng = np.random.default_rng(2000 + seed)
+    sizes = list(rng.integers(1, 6, rng.integers(1, 4)))
+    response, mask, gidx, adv, lp, spp = tool_batch(seed, sizes, T=int(rng.integers(2, 9)))
+    expected = naive_mean_gradient_sq_norm(response, mask, gidx, adv, lp, spp)
+    got = diagnostics.mean_gradient_sq_norm(response, mask, gidx, adv, lp, spp)
+    assert got == pytest.approx(expected, rel=1e-10, abs=1e-12)
+
+
+def test_a_tools_output_is_part_of_the_context():
+    # Two rows, one group, the same actions 1 then 2; the tool between them answered 3 in one row
+    # and 4 in the other. The second actions have different contexts, so they do not pool: the
+    # result is the sum of the rows' own powers at t = 2 plus the shared first context.
+    t64 = partial(torch.tensor, dtype=torch.float64)
+    response = torch.tensor([[1, 3, 2], [1, 4, 2]])
+    mask = adv = t64([[1.0, 0.0, 1.0], [1.0, 0.0, 1.0]])
+    lp = torch.log(t64([[0.5, 1.0, 0.25], [0.5, 1.0, 0.8]]))  # log pi(y_t); 1.0 in the holes (unused)
+    spp = t64([[0.5, 1.0, 0.4], [0.5, 1.0, 0.7]])
+    got = diagnostics.mean_gradient_sq_norm(response, mask, ["p", "p"], adv, lp, spp)
+    # t = 0: both rows sampled token 1 at one context: c = 2, S = 2 -> 4 - 2*2*(2*0.5) + 4*0.5 = 2
+    # t = 2, each row alone: w A^2 with w = 1 - 2 pi(y) + sum pi^2
+    first = 4 - 2 * 2 * (2 * 0.5) + 4 * 0.5
+    alone = (1 - 2 * 0.25 + 0.4) + (1 - 2 * 0.8 + 0.7)
+    assert got == pytest.approx((first + alone) / 4, rel=1e-12)
+    naive = naive_mean_gradient_sq_norm(response, mask, ["p", "p"], adv, lp, spp)
+    assert got == pytest.approx(naive, rel=1e-12)

@@ -192,3 +192,135 @@ def test_periodic_task_answers_have_exactly_horizon_characters():
     assert task.reward("abcdeab", "abcdeab", True) == 1.0
     assert task.reward("abcdeab", "abcdeab", False) == 0.0  # cut off before EOS
     assert task.reward("abcdeabc", "abcdeab", True) == 0.0  # one character too many
+
+
+# ----------------------------------------------------------------------------- multi-turn sampling
+
+def test_sampling_without_a_tool_is_unchanged():
+    """Tokens, masks and log-probs equal, exactly, those of the sampler before tools existed
+    (tests/data/make_sampler_reference.py ran it at commit 7ed8d17); a tool whose closing token
+    is never sampled (max_calls = 0) changes nothing either."""
+    import json
+    from pathlib import Path
+    saved = json.loads((Path(__file__).parent / "data/sampler_before_tools.json").read_text())
+    model = tiny_llama()
+    never = rollout.Tool(close_id=5, respond=lambda ids: [6, 7], max_calls=0)
+    for case in saved["cases"]:
+        for tool in (None, never):
+            ro = rollout.sample(model, PROMPTS, group_size=case["group_size"], tool=tool,
+                                max_new_tokens=case["max_new_tokens"], temperature=case["temperature"],
+                                eos_id=EOS, pad_id=PAD, generator=torch.Generator().manual_seed(case["seed"]))
+            assert ro.response.tolist() == case["response"]
+            assert ro.response_mask.tolist() == case["response_mask"]
+            assert torch.equal(ro.logp, torch.tensor(case["logp"], dtype=torch.float32))
+            assert ro.finished.tolist() == case["finished"]
+
+
+class Bigram(torch.nn.Module):
+    """A scripted model: the next-token logits are a fixed row of ``table`` chosen by the last
+    input token, z_t = table[y_{t-1}], with the call signature rollout.sample uses."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.table = torch.nn.Parameter(table, requires_grad=False)  # (V, V)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
+                use_cache=None, logits_to_keep=0):
+        from types import SimpleNamespace
+        return SimpleNamespace(logits=self.table[input_ids], past_key_values=None)  # (B, L, V)
+
+
+CLOSE = 4  # the scripted tool's closing token
+
+
+def scripted():
+    """After 5: 3; after 3: CLOSE; after CLOSE (an ordinary token past the cap): EOS; after 8
+    (the tool output's last token): 9; after 9: CLOSE; after 6: EOS. Every choice is certain."""
+    table = torch.full((V, V), -50.0)
+    for before, after in {5: 3, 3: CLOSE, CLOSE: EOS, 8: 9, 9: CLOSE, 6: EOS}.items():
+        table[before, after] = 50.0
+    seen = []
+
+    def respond(ids):  # the output depends on the row so far: 7 8 at the first call, 10 8 later
+        seen.append(list(ids))
+        return [7, 8] if ids.count(CLOSE) == 1 else [10, 8]
+    return Bigram(table), rollout.Tool(close_id=CLOSE, respond=respond, max_calls=2), seen
+
+
+@pytest.mark.parametrize("max_new", [20, 3])
+def test_tool_output_is_forced_with_mask_zero_at_known_positions(max_new):
+    """Prompt ending in 5: 3, CLOSE -> [7 8] forced, 9, CLOSE -> [10 8] forced, 9, CLOSE (third
+    call, over the cap of 2: an ordinary token), EOS. Prompt ending in 6: EOS at once. With
+    max_new_tokens = 3 the first row is cut inside the tool's output and is not finished."""
+    model, tool, seen = scripted()
+    ro = rollout.sample(model, [[BOS, 5], [BOS, 6]], group_size=1, max_new_tokens=max_new,
+                        temperature=1.0, eos_id=EOS, pad_id=PAD, tool=tool,
+                        generator=torch.Generator().manual_seed(0))
+    row = [3, CLOSE, 7, 8, 9, CLOSE, 10, 8, 9, CLOSE, EOS]
+    mask = [1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 1]
+    T = min(max_new, len(row))
+    assert ro.response.tolist() == [row[:T], ([EOS] + [PAD] * T)[:T]]
+    assert ro.response_mask.tolist() == [mask[:T], ([1] + [0] * T)[:T]]
+    assert ro.finished.tolist() == [max_new >= len(row), True]
+    assert (ro.logp[ro.response_mask == 0] == 0).all()
+    assert seen == ([[3, CLOSE], [3, CLOSE, 7, 8, 9, CLOSE]] if max_new > 3 else [[3, CLOSE]])
+    assert rollout.action_mask(tool, row) == mask  # the single-row replay agrees
+    assert rollout.last_valid(ro.response_mask).tolist() == [T - 1 - (max_new == 3), 0]
+
+
+def test_a_random_model_with_a_tool_agrees_with_the_replay_and_the_scoring_pass():
+    """A random tiny Llama and a tool that answers every token 5 with tokens that depend on the
+    row so far. Row by row: the mask is the single-row replay's, the forced tokens are the tool's
+    output, their log-prob is 0; the sampler's log-probs of the policy's tokens equal the scoring
+    pass's (so the forced tokens were in the KV cache as context, as the scoring pass sees them)."""
+    model = tiny_llama(seed=2)
+    tool = rollout.Tool(close_id=5, respond=lambda ids: [6 + len(ids) % 4, 11], max_calls=3)
+    ro = rollout.sample(model, PROMPTS, group_size=4, max_new_tokens=16, temperature=1.0,
+                        eos_id=EOS, pad_id=PAD, tool=tool, generator=torch.Generator().manual_seed(1))
+    m = ro.response_mask
+    holes = 0
+    for i in range(len(m)):
+        n = int(rollout.last_valid(m[i:i + 1])) + 1
+        row = ro.response[i, :n].tolist()
+        assert m[i, :n].tolist() == rollout.action_mask(tool, row)
+        assert (m[i, n:] == 0).all()
+        for t in range(n):
+            if row[t] == 5 and m[i, t] == 1 and t + 1 < n and m[i, t + 1] == 0:
+                assert row[t + 1:t + 3] == tool.respond(row[:t + 1])[:n - t - 1]
+        holes += int((m[i, :n] == 0).sum())
+    assert holes > 0, "this seed must make calls"
+    assert (ro.logp[m == 0] == 0).all()
+    logp, _, _ = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response, m, 1.0)
+    torch.testing.assert_close(ro.logp, logp.detach(), atol=2e-5, rtol=0)
+
+
+def test_calculator_task_transcript_tool_reward_and_masks():
+    """k = 3 numbers of 2 digits: the transcript chains the calls through the previous result, the
+    tool adds two numbers or answers error, only the final answer is rewarded, and the warm-up's
+    mask (the tool replayed over the transcript) is 0 exactly on the tool's output."""
+    import models
+    tok = models.char_tokenizer()
+    task = rollout.CalculatorTask(horizon=3, digits=2)
+    assert task.transcript([12, 34, 56]) == "12+34=46,46+56=102,102"
+    assert task.prompt_text(tok, "12+34+56") == "<bos>12+34+56?"
+    for q, a in task.sample(random.Random(0), 50):
+        numbers = [int(x) for x in q.split("+")]
+        assert len(numbers) == 3 and all(10 <= x <= 99 for x in numbers)
+        assert a == task.transcript(numbers) and a.endswith("," + str(sum(numbers)))
+        assert len(a) + 1 <= task.max_new_tokens()  # room for the longest answer and EOS
+    assert task.calculator("46+56=") == "102," and task.calculator("46+56+1=") == "error,"
+    assert task.calculator("+5=") == task.calculator("4a+5=") == "error,"
+    answer = task.transcript([12, 34, 56])
+    assert task.reward(answer, answer, True) == 1.0
+    assert task.reward("12+34=46,102", answer, True) == 1.0  # the answer is what counts
+    assert task.reward("12+34=46,46+56=102,103", answer, True) == 0.0
+    assert task.reward(answer, answer, False) == 0.0  # cut off before EOS
+    tool = task.tool(tok)
+    assert tool.close_id == tok.convert_tokens_to_ids("=") and tool.max_calls == 6
+    ids = tok(answer, add_special_tokens=False)["input_ids"]
+    flags = rollout.action_mask(tool, ids)
+    assert "".join(c if f else "_" for c, f in zip(answer, flags)) == "12+34=___46+56=____102"
+    assert tok.decode(tool.respond(tok("7+x=", add_special_tokens=False)["input_ids"])) == "error,"
+    # every character of the task is in the tokenizer (no <unk>)
+    assert tok.unk_token_id not in tok(task.prompt_text(tok, "12+34+56") + answer,
+                                       add_special_tokens=False)["input_ids"]
