@@ -335,7 +335,8 @@ def number(x, spec=".3f"):
 
 def config_line(c):
     m = c["tokens_to_target_median"]
-    med = number(m, ",.1f" if m % 1 else ",.0f") + (" (lower bound)" if c["tokens_to_target_median_is_lower_bound"] else "")
+    med = number(m, ",.1f" if m % 1 else ",.0f")
+    med += " (lower bound)" if c["tokens_to_target_median_is_lower_bound"] else ""
     short = ", ".join(f"seed {s}" for s in c["stopped_short_seeds"]) or "none"
     return (f"| {c['config']} | {c['lr']:g} | {number(c['primary'])} ± {number(c['primary_se'])} | "
             f"{number(c['auc'])} ± {number(c['auc_se'])} | {c['reached_target']}/6 | {med} | {short} |")
@@ -392,7 +393,8 @@ def report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source):
                   "| run | steps within B (re-run / saved) | identical steps | largest success difference "
                   "| largest token difference | primary re-run (saved) |", "|---|---|---|---|---|---|"]
         lines += [f"| {r['run']} | {r['steps_rerun']} / {r['steps_saved']} | {r['identical_steps']} | "
-                  f"{number(r['max_abs_success_diff'], '.4f')} | {number(r['max_abs_tokens_diff'], ',.0f')} | "
+                  f"{number(r['max_abs_success_diff'], '.4f')} | "
+                  f"{number(r['max_abs_tokens_diff'], ',.0f')} | "
                   f"{r['primary_rerun']:.4f} ({r['primary_saved']:.4f}) |" for r in reruns]
     lines += ["", f"Budget {BUDGET:,} tokens per run.", ""]
     (out / "summary.md").write_text("\n".join(lines))

@@ -108,7 +108,8 @@ def parse_args(argv=None):
 
 def checkpoint(n, seed, args):
     """The warmed-up tiny model for (n, seed), through train.py's cached warm-up."""
-    cfg = train.Config(task="periodic", horizon=n, seed=seed, warmup_target=args.warmup_target, out=args.cache)
+    cfg = train.Config(task="periodic", horizon=n, seed=seed, warmup_target=args.warmup_target,
+                       out=args.cache)
     torch.manual_seed(seed)
     model, tok, source = train_cli.load(cfg, torch.device("cpu"))
     return model, tok, train_cli.make_task(cfg), cfg, source

@@ -261,7 +261,8 @@ def markdown(summary, args, header=""):
     for config, a in summary.items():
         lines.append(f"| {config} | {a['final_success_mean']:.3f} ± {a['final_success_sd']:.3f} | "
                      f"{a['collapsed']}/{a['n_seeds']} | {a['surged']}/{a['n_seeds']} | "
-                     f"{a['max_grad_norm']:.3g} | {a['max_len']:.3g} | {cell(a['corr_mismatch_gradnorm_mean'])} |")
+                     f"{a['max_grad_norm']:.3g} | {a['max_len']:.3g} | "
+                     f"{cell(a['corr_mismatch_gradnorm_mean'])} |")
     lines += ["", f"success / finished: means over the first / last {args.window} steps. surge_step: first step "
               f"i > {args.lr_warmup_window} with mean length > {args.lr_surge_ratio} x the mean of steps "
               f"1..{args.lr_warmup_window} (computed for every run; only the length schedule acts on it). "

@@ -10,6 +10,9 @@ The tests come in tiers, named by their file prefix:
 - ``test_e2e_*``: short end-to-end runs of the scripts (train.py, TRL, the experiments);
 - ``test_notebooks_*``: the tutorials (stored with current outputs) and the exercises.
 
+``tiny_runs.py`` holds the tiny train.py configuration and helpers that test_e2e_train.py and
+test_inputs_train.py share.
+
 The modules are plain top-level files (not a package), so the tests import them
 by putting the repository root first on ``sys.path``.
 """

@@ -38,5 +38,6 @@ def test_done_runs_are_kept_others_start_again_and_each_seed_warms_up_first(tmp_
 def test_a_failed_run_does_not_stop_the_others_and_is_named(tmp_path):
     log = tmp_path / "events.txt"
     with pytest.raises(SystemExit, match="1 run\\(s\\) failed.*bad-seed0"):
-        grid.run([job(tmp_path / "bad-seed0", 0, fail=True, log=log), job(tmp_path / "ok-seed1", 1, log=log)], 2)
+        grid.run([job(tmp_path / "bad-seed0", 0, fail=True, log=log),
+                  job(tmp_path / "ok-seed1", 1, log=log)], workers=2)
     assert (tmp_path / "ok-seed1" / "DONE").exists() and not (tmp_path / "bad-seed0" / "DONE").exists()

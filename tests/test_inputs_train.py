@@ -114,7 +114,8 @@ def test_an_unreachable_hub_id_fails_fast_with_one_line(tmp_path, capsys, monkey
 
 # ----------------------------------------------------------------------------- --resume that cannot work
 
-@pytest.mark.parametrize("case", ["no-checkpoint", "finished", "changed-option", "extend-comparison", "old-version"])
+@pytest.mark.parametrize("case", ["no-checkpoint", "finished", "changed-option", "extend-comparison",
+                                  "old-version"])
 def test_resume_errors_name_what_is_missing(tmp_path, capsys, monkeypatch, case):
     d = tmp_path / "run"
     if case == "no-checkpoint":  # a run stopped hard before its first checkpoint
@@ -135,8 +136,10 @@ def test_resume_errors_name_what_is_missing(tmp_path, capsys, monkeypatch, case)
         argv, expected = ["--resume", str(d), "--steps", "4"], "--steps: a comparison cannot change"
     else:  # a folder from before --checkpoint-every became --checkpoint-minutes
         d.mkdir()
-        (d / "config.json").write_text(json.dumps(dict(command="", config=dict(estimator="otb", checkpoint_every=20))))
-        argv, expected = ["--resume", str(d)], "another version of train.py (settings checkpoint_every are unknown"
+        old = dict(command="", config=dict(estimator="otb", checkpoint_every=20))
+        (d / "config.json").write_text(json.dumps(old))
+        argv = ["--resume", str(d)]
+        expected = "another version of train.py (settings checkpoint_every are unknown"
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "_cache" not in p.parts)
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
