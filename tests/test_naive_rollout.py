@@ -212,7 +212,8 @@ def test_sampling_without_a_tool_is_unchanged():
                                 eos_id=EOS, pad_id=PAD, generator=torch.Generator().manual_seed(case["seed"]))
             assert ro.response.tolist() == case["response"]
             assert ro.response_mask.tolist() == case["response_mask"]
-            assert torch.equal(ro.logp, torch.tensor(case["logp"], dtype=torch.float32))
+            # log-probs to float32 rounding: the thread count changes the order of a matmul's sums
+            torch.testing.assert_close(ro.logp, torch.tensor(case["logp"], dtype=torch.float32), rtol=0, atol=1e-5)
             assert ro.finished.tolist() == case["finished"]
 
 
