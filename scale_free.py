@@ -64,7 +64,8 @@ import stats
 FACTORS = {"reinforce": lambda N: 1.0, "rloo": lambda N: 1.0, "otb_loo": lambda N: 1.0,
            "group_mean": lambda N: 1.0 - 1.0 / N}
 METRICS = ("alpha", "cosine", "nvar", "rmse", "raw_variance", "signal")
-RANGE = {"cosine": (-1.0, 1.0), "rmse": (0.0, 1.0), "nvar": (0.0, math.inf), "raw_variance": (0.0, math.inf)}
+RANGE = {"cosine": (-1.0, 1.0), "rmse": (0.0, 1.0), "nvar": (0.0, math.inf), "raw_variance": (0.0, math.inf),
+         "gain": (0.0, math.inf)}  # where each metric can lie; printing never leaves it
 
 
 def unit_summary(samples):
@@ -163,6 +164,15 @@ def bootstrap(units, factors=None, baseline=None, replicates=2000, seed=0, level
         for e in units:
             out[e]["gain"] = gain(point, boot, e, baseline, factors, level)
     return out
+
+
+def cell(key, interval, factor=None, digits=2, exact=".3g"):
+    """One metric for a table: alpha = c and cosine = 1 marked "(exact)" where E g = c grad J is known
+    (``factor``), else "value [lo, hi]" from interval = (value, lo, hi), printed inside RANGE[key]."""
+    if key in ("alpha", "cosine") and factor is not None:
+        return f"{factor if key == 'alpha' else 1.0:{exact}} (exact)"
+    low, high = RANGE.get(key, (-math.inf, math.inf))
+    return stats.fmt(*interval, digits=digits, low=low, high=high)
 
 
 def gain(point, boot, e, b, factors, level=0.95):

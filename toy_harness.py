@@ -49,7 +49,6 @@ import torch
 
 import otb
 import scale_free
-import stats
 from toy_env import ToyConfig, check_config, enumerate_toy, exact_summary, oracle_baselines
 
 ORACLES = ("b_star", "opt_per_position", "otb_population", "otb_exact_w")
@@ -207,15 +206,9 @@ def markdown_table(rows, key, title, digits=3):
     return "\n".join(lines)
 
 
-RANGES = {"cosine": (-1.0, 1.0), "rmse": (0.0, 1.0), "nvar": (0.0, math.inf), "gain": (0.0, math.inf)}
-
-
 def cell(r, k, digits=3):
-    """One metric as 'value [lo, hi]' inside its range; 'x (exact)' where E g is known."""
-    if k in ("alpha", "cosine") and r.get("factor") is not None:
-        return f"{r['factor'] if k == 'alpha' else 1.0:.{digits}f} (exact)"
-    low, high = RANGES.get(k, (-math.inf, math.inf))
-    return stats.fmt(r[k], r[k + "_lo"], r[k + "_hi"], digits=digits, low=low, high=high)
+    """One metric of a row (columns k, k_lo, k_hi) as scale_free.cell prints it."""
+    return scale_free.cell(k, (r[k], r[k + "_lo"], r[k + "_hi"]), r.get("factor"), digits, exact=f".{digits}f")
 
 
 def format_table(rows, grad_sq):

@@ -226,14 +226,6 @@ def pooled(rows):
             for (e, N), xs in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
 
 
-def _exact_or(summary_row, key):
-    """alpha and cosine: exact for an estimator whose E g is known, else the measured interval."""
-    c = summary_row["factor"]
-    if c is not None:
-        return f"{c if key == 'alpha' else 1.0:.3g} (exact)"
-    return stats.fmt(*summary_row[key], low=-1.0 if key == "cosine" else -math.inf, high=1.0 if key == "cosine" else math.inf)
-
-
 def table_md(rows, summary):
     """The table: gains with seed intervals, per-seed bootstrap intervals, alpha, cosine, raw variance."""
     lines = ["| n | N | estimator | gain over group_mean: geometric mean over seeds [95% t] | per seed [95% bootstrap "
@@ -243,7 +235,8 @@ def table_md(rows, summary):
             continue
         per_seed = "; ".join(stats.fmt(*g, low=0.0) for g in s["per_seed"])
         lines.append(f"| {s['n']} | {s['N']} | {s['estimator']} | {stats.fmt(*s['gain'], low=0.0, suffix='x')} | "
-                     f"{per_seed} | {_exact_or(s, 'alpha')} | {_exact_or(s, 'cosine')} | {s['raw_var_ratio']:.2f} |")
+                     f"{per_seed} | {scale_free.cell('alpha', s['alpha'], s['factor'])} | "
+                     f"{scale_free.cell('cosine', s['cosine'], s['factor'])} | {s['raw_var_ratio']:.2f} |")
     return "\n".join(lines)
 
 

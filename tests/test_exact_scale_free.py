@@ -202,3 +202,11 @@ def test_pooled_reference_is_the_gram_of_the_averaged_estimates():
     out = scale_free.evaluate(s, w, factor=0.5, j_gram=scale_free.pooled_reference(s))
     assert out["signal"].item() == pytest.approx(0.25 * scale_free.pairs(j @ j.T, w).item())
     assert out["alpha"].item() == pytest.approx(0.5)
+
+
+def test_cell_marks_known_expectations_exact_and_keeps_values_in_range():
+    assert scale_free.cell("alpha", (0.7, 0.6, 0.8), factor=0.75) == "0.75 (exact)"
+    assert scale_free.cell("cosine", (0.7, 0.6, 0.8), factor=0.75) == "1 (exact)"
+    assert scale_free.cell("cosine", (1.02, 0.95, 1.05)) == "1.00* [0.95, 1.00]"  # a cosine never above 1
+    assert scale_free.cell("nvar", (float("nan"), 0.0, 1.0)) == "unresolved"
+    assert scale_free.cell("alpha", (1.2, 1.1, 1.3), digits=1) == "1.2 [1.1, 1.3]"  # alpha has no bound
