@@ -148,9 +148,17 @@ def build_tiny_model(task, key, folder):
     """Build the tiny model, warm it up, and save it (model, tokenizer, warmup.json) in folder."""
     tok = char_tokenizer()
     model = tiny_model(tok, key["hidden"], key["layers"], key["seed"]).eval()  # eval: keeps train/score identical
-    t0 = time.time()
-    history = warm_up(model, tok, task, temperature=key["temperature"], max_new=key["max_new"],
-                      max_steps=key["steps"], target=key["target"], seed=key["seed"]) if key["steps"] else []
+    t0, threads = time.time(), torch.get_num_threads()
+    # One CPU thread, whatever the machine: the step where the warm-up stops depends on the last bits
+    # of its sums, and those on the thread count (the default run's numbers differed between one and
+    # two threads through its warm-up alone: from the same warm-up, its 100 otb steps agreed).
+    torch.set_num_threads(1)
+    try:
+        history = warm_up(model, tok, task, temperature=key["temperature"], max_new=key["max_new"],
+                          max_steps=key["steps"], target=key["target"], seed=key["seed"]
+                          ) if key["steps"] else []
+    finally:
+        torch.set_num_threads(threads)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)

@@ -37,7 +37,6 @@ import copy
 import json
 import math
 import shlex
-import shutil
 import sys
 import time
 from contextlib import nullcontext
@@ -62,7 +61,7 @@ SCHEDULES = lr_schedule.SCHEDULES  # (a Config field is named lr_schedule)
 # Configuration: one dataclass, every field has its help; parsed from the command line
 # =====================================================================================
 
-def arg(default, help):
+def arg(default, help):  # a field with its --help text
     return field(default=default, metadata={"help": help})
 
 
@@ -131,7 +130,7 @@ class Config:
         None, "run or comparison folder to continue; only --steps (larger: extends a finished run), "
         "--log-every, --checkpoint-minutes and --device may be given with it")
     log_every: int = arg(10, "print one metrics line every k steps (the bar updates every step)")
-    results_dir: Optional[str] = arg(None, "comparison only: also copy compare.png and summary.md/json here")
+    results_dir: Optional[str] = arg(None, "comparison only: also copy its plot, tables and metrics here")
     target_success: float = arg(
         0.35, "comparison table: tokens sampled until the 10-step mean success first reaches this")
 
@@ -237,14 +236,13 @@ def make_estimator(name, zero_tail):
 
 
 def one_update_per_batch(cfg, batch):
-    """True when the update is one optimizer step on the whole batch: then the scoring pass's graph
-    is the update's forward pass (one forward per step); otherwise PPO reuses the batch."""
+    """One optimizer step on the whole batch: the scoring pass's graph is then the update's forward."""
     return cfg.ppo_epochs == 1 and (cfg.minibatch_size or batch) >= batch
 
 
 def generators(seed, device):
-    """(CPU generator for the minibatch order, generator for the sampler's draws), both from seed.
-    On a GPU the draws happen there: a (B, V) copy to the CPU per token would be slow."""
+    """(CPU generator for the minibatch order, generator for the sampler's draws), both from seed
+    (on a GPU the draws happen there: a (B, V) copy to the CPU per token would be slow)."""
     gen = torch.Generator().manual_seed(seed)
     return gen, (gen if device.type != "cuda" else torch.Generator(device).manual_seed(seed))
 
@@ -263,13 +261,6 @@ def masked_mean(x, m):
 # =====================================================================================
 
 TIME_KEYS = ("t_rollout", "t_score", "t_update", "t_log")  # wall-clock metrics: never identical twice
-LOG_COLUMNS = """columns of the log line, [estimator N=group size] step k, then:
-  success  fraction of the step's responses with reward 1    len     mean response length (tokens)
-  tokens   response tokens sampled so far                    gnorm   gradient norm before clipping
-  adv      mean ± std of the advantages A_t over valid tokens
-  H        mean entropy per token (nats)                     power   total_power, proxy of mean ||g||^2
-  mism     mean |log pi_train - log pi_rollout| per token    lr      learning rate of the step
-  s        seconds spent in rollout / score / update / logging diagnostics (metrics.jsonl: every metric)"""
 
 
 def step_metrics(step, s, tokens, lr):
@@ -309,12 +300,9 @@ def log(run_dir, cfg, bar, r):
 # =====================================================================================
 
 def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
-    """Run one configuration in run_dir (metrics.jsonl, checkpoint.pt, DONE). Returns the metrics.
-
-    resume: continue from run_dir's checkpoint (metrics logged after it are dropped). Ctrl-C
-    finishes the current step, saves a checkpoint and raises train_cli.Stopped. keep_optimizer=False leaves
-    the optimizer state out of the final checkpoint (a finished configuration of a comparison).
-    """
+    """Run one configuration in run_dir (metrics.jsonl, checkpoint.pt, DONE); returns the metrics. resume:
+    from run_dir's checkpoint (later metrics dropped). Ctrl-C finishes the step, saves and raises
+    train_cli.Stopped. keep_optimizer=False: the final checkpoint keeps the weights only (a comparison's)."""
     task = train_cli.make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -322,7 +310,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
     ckpt = train_cli.load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])
     start, tokens, lengths, history = ckpt  # the step to start from and what the steps before left
     train_cli.write_metrics(run_dir, history)  # a resumed run drops the lines logged after its checkpoint
-    tqdm.write(LOG_COLUMNS)
+    tqdm.write(train_cli.LOG_COLUMNS)  # what each column of the log line means
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps,
                desc=f"{cfg.estimator} N={cfg.group_size}")
     schedule, saved_at = train_cli.schedule_kwargs(cfg), time.monotonic()
@@ -396,9 +384,8 @@ def summarize(cfg, history, k=10):
 
 
 def write_summary(out, cfg, histories):
-    import matplotlib
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    plt.switch_backend("Agg")  # files only
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4))
     for name, (_, h) in histories.items():
         smooth = moving_average([r["success"] for r in h])
@@ -419,8 +406,7 @@ def write_summary(out, cfg, histories):
     rows = [summarize(sub, h) for sub, h in histories.values()]
     (out / "summary.json").write_text(json.dumps(dict(config=asdict(cfg), runs=rows), indent=1))
     cell = lambda x: "-" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))  # noqa: E731
-    cols = ["run", "tokens", "initial_success", "final_success", "tokens_to_target",
-            "grad_norm_mean", "grad_norm_max", "total_power_mean", "seconds"]
+    cols = [c for c in rows[0] if c not in ("estimator", "group_size", "steps")]  # run, tokens, ..., seconds
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows]
     note = (f"\nsuccess: mean over the first / last 10 steps; tokens_to_target: response tokens sampled "
@@ -437,14 +423,11 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     command = ("python train.py " + shlex.join(argv)).strip()
     with train_cli.errors_exit():  # a bad argument: one line, exit status 2, nothing created
-        cfg = train_cli.parse(argv, Config, PRESETS, epilog=LOG_COLUMNS)  # --resume: the stored Config
+        cfg = train_cli.parse(argv, Config, PRESETS, epilog=train_cli.LOG_COLUMNS)  # --resume: stored
         device = train_cli.pick_device(cfg.device)
         model, tok, source = train_cli.load(cfg, device)  # models.py builds, warms up and loads it
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{command}\nmodel {cfg.model} ({n_params / 1e6:.2f}M parameters) on {device}", flush=True)
-    if cfg.preset == "gpu" and device.type != "cuda":
-        print(f"note: --preset gpu is sized for one CUDA GPU; on {device} a step takes minutes, not "
-              "seconds (try --steps 2 --prompts-per-step 2 to check it runs)", file=sys.stderr, flush=True)
     folder, command = train_cli.run_folder(cfg, command)  # a new folder, or --resume's
     train_cli.write_config(folder, cfg, command, source)
     t0 = time.time()
@@ -457,10 +440,7 @@ def main(argv=None):
         rows = run_comparison(cfg, folder, model, tok, command, source)
     print((folder / "summary.md").read_text())
     if cfg.results_dir:
-        dest = Path(cfg.results_dir)
-        dest.mkdir(parents=True, exist_ok=True)
-        for f in ("compare.png", "summary.md", "summary.json"):
-            shutil.copy(folder / f, dest / f)
+        train_cli.copy_results(folder, Path(cfg.results_dir), [r["run"] for r in rows])
     print(f"comparison done in {time.time() - t0:.0f} s\nplot: {folder / 'compare.png'}\n"
           f"table: {folder / 'summary.md'} (and summary.json)")
     return rows

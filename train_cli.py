@@ -21,6 +21,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -45,6 +46,15 @@ AT_LEAST_1 = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "tiny_lay
               "horizon", "max_new_tokens", "minibatch_size", "chunk_size", "lr_warmup_window")
 POSITIVE = ("lr", "temperature", "clip_eps", "max_grad_norm")
 NOT_NEGATIVE = ("weight_decay", "warmup_max_steps", "checkpoint_minutes")
+
+# The columns of train.log's line (printed before a run and under --help).
+LOG_COLUMNS = """columns of the log line, [estimator N=group size] step k, then:
+  success  fraction of the step's responses with reward 1    len     mean response length (tokens)
+  tokens   response tokens sampled so far                    gnorm   gradient norm before clipping
+  adv      mean ± std of the advantages A_t over valid tokens
+  H        mean entropy per token (nats)                     power   total_power, proxy of mean ||g||^2
+  mism     mean |log pi_train - log pi_rollout| per token    lr      learning rate of the step
+  s        seconds spent in rollout / score / update / logging diagnostics (metrics.jsonl: every metric)"""
 
 
 class UsageError(Exception):
@@ -279,6 +289,9 @@ def load(cfg, device):
     task = make_task(cfg)
     tiny = dict(hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, seed=cfg.seed, temperature=cfg.temperature,
                 warmup_max_steps=cfg.warmup_max_steps, warmup_target=cfg.warmup_target)
+    if cfg.preset == "gpu" and device.type != "cuda":
+        print(f"note: --preset gpu is sized for one CUDA GPU; on {device} a step takes minutes, not "
+              "seconds (try --steps 2 --prompts-per-step 2 to check it runs)", file=sys.stderr, flush=True)
     try:
         return models.load_model(cfg.model, task, device, max_new=response_limit(cfg, task),
                                  cache_dir=Path(cfg.out) / "_cache", tiny=tiny)
@@ -308,6 +321,12 @@ def write_config(run_dir, cfg, command, source):
         command=command, config=asdict(cfg), model_source=source, torch=torch.__version__,
         transformers=transformers.__version__), indent=1))
 
+
+def copy_results(folder, dest, runs):
+    """--results-dir: the comparison's plot and table, and each run's metrics.jsonl (dest/<run>/)."""
+    for f in ("compare.png", "summary.md", "summary.json", *(f"{run}/metrics.jsonl" for run in runs)):
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(folder / f, dest / f)
 
 def save_checkpoint(run_dir, model, opt, step, tokens, lengths):
     """Everything a resume needs. opt=None: weights only (a finished configuration of a comparison)."""

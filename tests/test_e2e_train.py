@@ -101,14 +101,14 @@ def test_preset_sets_defaults_that_explicit_flags_override():
 
 
 def test_help_documents_every_field_and_the_log_line():
-    parser = train_cli.make_parser(train.Config, train.PRESETS, epilog=train.LOG_COLUMNS)  # as main's
+    parser = train_cli.make_parser(train.Config, train.PRESETS, epilog=train_cli.LOG_COLUMNS)  # as main's
     text = " ".join(parser.format_help().split())
     for f in dataclasses.fields(train.Config):
         assert "--" + f.name.replace("_", "-") in text
         assert " ".join(f.metadata["help"].split()[:3]) in text
     for column in ("success", "len", "tokens", "gnorm", "adv", "H", "power", "mism", "lr", "s"):
-        assert f" {column} " in train.LOG_COLUMNS  # every field of the log line is explained
-    assert " ".join(train.LOG_COLUMNS.split()) in text and "--stop-after" not in text
+        assert f" {column} " in train_cli.LOG_COLUMNS  # every field of the log line is explained
+    assert " ".join(train_cli.LOG_COLUMNS.split()) in text and "--stop-after" not in text
 
 
 def test_smollm2_gguf_file_is_found_when_installed():
@@ -142,7 +142,10 @@ def test_compare_writes_plot_and_tables(out, tmp_path):
     assert 1.3 < tokens["group_mean-n4"] / tokens["otb-n2"] < 3
     assert (d / "otb-n2" / "DONE").exists() and (d / "compare.png").stat().st_size > 10_000
     assert "| otb-n2 |" in (d / "summary.md").read_text()
-    assert sorted(p.name for p in (tmp_path / "res").iterdir()) == ["compare.png", "summary.json", "summary.md"]
+    res = tmp_path / "res"
+    assert sorted(str(p.relative_to(res)) for p in res.rglob("*") if p.is_file()) == [
+        "compare.png", "group_mean-n4/metrics.jsonl", "otb-n2/metrics.jsonl", "summary.json", "summary.md"]
+    assert (res / "otb-n2/metrics.jsonl").read_text() == (d / "otb-n2/metrics.jsonl").read_text()
 
 
 # ----------------------------------------------------------------------------- variance proxy
@@ -256,6 +259,52 @@ def test_first_steps_of_the_default_pipeline_are_pinned(out):
     for row, pinned in zip(rows, PINNED, strict=True):
         for k, v in pinned.items():
             assert row[k] == pytest.approx(v, rel=1e-4, abs=1e-6), (row["step"], k)
+
+
+# ----------------------------------------------------------------------------- the saved default run
+
+# `python train.py --results-dir benchmarks/results/default_run` saves the default comparison's table
+# (summary.md, shown in docs/training.md) and each run's metrics.jsonl. These two tests fail when a
+# change moves those numbers: the table must then be made again with that command.
+DEFAULT_RUN = Path(train.__file__).resolve().parent / "benchmarks/results/default_run"
+
+
+def saved_table():
+    """{run: {column: cell}} of the saved summary.md."""
+    lines = [ln.strip("|").split("|") for ln in (DEFAULT_RUN / "summary.md").read_text().splitlines()
+             if ln.startswith("|")]
+    cols = [c.strip() for c in lines[0]]
+    return {cells[0].strip(): dict(zip(cols, (c.strip() for c in cells))) for cells in lines[2:]}
+
+
+def test_the_saved_table_summarises_the_saved_metrics():
+    """Every cell of summary.md (initial_success: the mean success of the first 10 saved steps, ...)
+    recomputed from the saved metrics.jsonl of its run."""
+    table = saved_table()
+    assert list(table) == [f"{e}-n{n}" for e, n in train_cli.runs_of(train.Config())]
+    for name, cells in table.items():
+        rows = metrics(DEFAULT_RUN / name)
+        est, n = name.rsplit("-n", 1)
+        summary = train.summarize(dataclasses.replace(train.Config(), estimator=est, group_size=int(n)), rows)
+        assert len(rows) == train.Config().steps
+        assert cells["initial_success"] == f"{sum(r['success'] for r in rows[:10]) / 10:.3f}"
+        for col, cell in cells.items():
+            x = summary[col]
+            assert cell == ("-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)), (name, col)
+
+
+def test_the_default_configuration_repeats_the_saved_default_run(tmp_path):
+    """The default configuration itself (its own warm-up, every setting a default) run as
+    --estimator otb for 10 steps gives the first 10 saved rows of otb-n4: success exactly, every
+    other metric but the wall-clock times to rel 1e-4 (the CI's 2 threads round differently)."""
+    rows = train.main(["--estimator", "otb", "--steps", "10", "--out", str(tmp_path), "--name", "otb"])
+    saved = metrics(DEFAULT_RUN / "otb-n4")[:10]
+    assert [r["success"] for r in rows] == [r["success"] for r in saved]
+    for row, want in zip(without_times(rows), without_times(saved), strict=True):
+        assert row.keys() == want.keys()
+        for k, v in want.items():
+            tiny = 1e-5 if k.startswith("mismatch") else 1e-6  # float32 rounding, about 1e-7 per token
+            assert row[k] == pytest.approx(v, rel=1e-4, abs=tiny), (row["step"], k)
 
 
 # ----------------------------------------------------------------------------- Ctrl-C and resume
