@@ -1,14 +1,14 @@
 """Run the tutorial notebooks and store them *with* their outputs, so a reader on the web sees the
 numbers and figures without running anything.
 
-    python notebooks/execute.py            # re-run 01 and 02 in place (about a minute)
+    python notebooks/execute.py            # re-run 01, 02 and 03 in place (about two minutes)
     python notebooks/execute.py --check    # exit 1 if a stored output differs from a fresh run
 
 The stored outputs are compared as text (printed numbers, tables); figures are compared by count
 only (their bytes depend on the matplotlib build), anything that looks like a wall-clock time is
-masked, and stderr (warnings) is neither stored nor compared. The test suite runs the check, so a change to a module that moves a number in a
-notebook fails until the notebook is re-run with this command. The exercise notebooks are not
-touched: they stay blank (see exercises/build.py).
+masked, and stderr (warnings) is neither stored nor compared. The test suite runs the check, so a
+change to a module that moves a number in a notebook fails until the notebook is re-run with this
+command. The exercise notebooks are not touched: they stay blank (see exercises/build.py).
 """
 import argparse
 import re
@@ -19,7 +19,8 @@ import nbformat
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
-TUTORIALS = ["notebooks/01_toy_bandit.ipynb", "notebooks/02_training_comparison.ipynb"]
+TUTORIALS = ["notebooks/01_toy_bandit.ipynb", "notebooks/02_training_comparison.ipynb",
+             "notebooks/03_saved_results.ipynb"]
 TIME = re.compile(r"\b\d+(\.\d+)?\s?(s|ms|sec|seconds|min)\b")  # wall-clock times vary between runs
 
 
@@ -70,7 +71,7 @@ def stale_cells(stored, fresh):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="compare with a fresh run instead of rewriting")
-    p.add_argument("notebooks", nargs="*", default=TUTORIALS, help="which notebooks (default: both tutorials)")
+    p.add_argument("notebooks", nargs="*", default=TUTORIALS, help="which notebooks (default: every tutorial)")
     args = p.parse_args(argv)
     for path in args.notebooks:
         if not (ROOT / path).is_file():
