@@ -9,7 +9,9 @@ Three jobs, in the order a training step needs them:
    is an action the model must learn); after that it is padded and masked out. With a task's
    ``Tool`` the responses are multi-turn: when a row closes a call, the tool's output is forced
    into it over the next positions (a per-row queue, in the same loop), with mask 0: holes inside
-   the response that are context for the policy but not its actions.
+   the response that are context for the policy but not its actions. The forward passes are
+   ``fast_decode``'s: the plain loop (a cache that grows by a column per token) by default, or a
+   static cache with a compiled step (``decode="compiled"``, train.py ``--compile-decode``).
 2. ``score``: one forward pass over prompt + response that returns, for every response token,
    log pi_tau(y_t), sum_k pi_k^2 (through ``otb.sum_pi_squared``) and the entropy, all at the
    same temperature as sampling. The (B, T, V) logits are processed ``chunk_size`` positions at
