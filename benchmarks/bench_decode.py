@@ -50,8 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--tokens", type=at_least(1), default=16, help="decode steps per call")
     p.add_argument("--repeats", type=at_least(1), default=3, help="timed calls per setting (median reported)")
     p.add_argument("--draws", default="device", help="comma-separated: device and/or cpu (where the multinomial runs)")
-    p.add_argument("--decode", default="plain", help="comma-separated, timed in turns: plain (the default loop), "
-                   "static (a static KV cache) and/or compiled (static + torch.compile; fast_decode.py)")
+    p.add_argument("--decode", default="plain",
+                   help="comma-separated, timed in turns: plain (the default loop), static (a static KV "
+                        "cache) and/or compiled (static + torch.compile; fast_decode.py)")
     p.add_argument("--device", default="auto", type=device_option, help="where the model runs: auto (cuda if present), cpu or cuda")
     p.add_argument("--json", type=out_json, default=None,
                    help="also write the results to this .json file (default: print only; the saved results "
@@ -85,7 +86,8 @@ def smollm2_shaped(hidden=576, layers=30, device="cpu", vocab=49152):
 
 def time_sampling(model, B, args, draws, decodes=("plain",)):
     """{decode: (median seconds per decode step of ``rollout.sample`` over ``args.repeats`` calls,
-    seconds of the first call (for "compiled": the compilation), tokens equal to the first decode's)}.
+    seconds of the first call (for "compiled": the compilation), tokens equal to the first decode's,
+    the seconds of every round)}.
     The decoders take turns in every round, so a change in the machine's load hits them alike."""
     device = next(model.parameters()).device
     prompts = torch.randint(3, 49152, (B, args.prompt), generator=torch.Generator().manual_seed(0)).tolist()
@@ -99,7 +101,7 @@ def time_sampling(model, B, args, draws, decodes=("plain",)):
             t = time.perf_counter()
             with autocast:
                 ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=args.tokens, temperature=1.0,
-                                    eos_id=-1, pad_id=0, generator=gen, decode=decode)  # eos_id -1: never ends
+                                    eos_id=-1, pad_id=0, generator=gen, decode=decode)  # -1: never ends
             if device.type == "cuda":
                 torch.cuda.synchronize()
             assert ro.response.shape == (B, args.tokens)
@@ -110,7 +112,7 @@ def time_sampling(model, B, args, draws, decodes=("plain",)):
             if decode == decodes[0]:
                 reference = ro.response  # (B, tokens), the same seed for every decoder of the round
             same[decode] &= torch.equal(ro.response, reference)
-    return {d: (statistics.median(times[d]), first[d], same[d]) for d in decodes}
+    return {d: (statistics.median(times[d]), first[d], same[d], times[d]) for d in decodes}
 
 
 def main(argv=None):
@@ -128,10 +130,11 @@ def main(argv=None):
     for B in (int(b) for b in args.batch.split(",")):
         for d in draws:
             timed = time_sampling(model, B, args, d, decodes)
-            for decode, (seconds, first, same) in timed.items():
+            for decode, (seconds, first, same, rounds) in timed.items():
                 ratio = timed["plain"][0] / seconds if "plain" in timed else None
                 rows.append(dict(batch=B, draws=d, decode=decode, ms_per_position=1000 * seconds,
-                                 plain_over_this=ratio, first_call_s=first, same_tokens_as_first=same))
+                                 plain_over_this=ratio, first_call_s=first, same_tokens_as_first=same,
+                                 ms_rounds=[1000 * t for t in rounds]))
                 print(f"{B:>5} {d:>9} {decode:>9} {1000 * seconds:>22.1f} {ratio or float('nan'):>12.2f} "
                       f"{first:>12.1f} {str(same):>11}")
     if args.json:

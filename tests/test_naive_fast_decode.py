@@ -51,9 +51,8 @@ def assert_same_rollout(a, b):
 
 def calls_on(char):
     """A tool called by every sampled ``char``: it forces 1 to 3 tokens that depend on the row so far."""
-    close = TOK.convert_tokens_to_ids(char)
-    return rollout.Tool(close_id=close, respond=lambda ids: [TOK.convert_tokens_to_ids("x")] * (1 + len(ids) % 3),
-                        max_calls=2)
+    close, x = TOK.convert_tokens_to_ids(char), TOK.convert_tokens_to_ids("x")
+    return rollout.Tool(close_id=close, respond=lambda ids: [x] * (1 + len(ids) % 3), max_calls=2)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
