@@ -1,7 +1,7 @@
 """A decode step that is not bound by Python: a static KV cache and a compiled forward pass.
 
 ``rollout.sample`` runs one small forward pass per new token. With the plain loop (a
-``DynamicCache`` that grows by one column per token) each pass is a fresh sequence of ~10
+``DynamicCache`` that grows by one column per token) each pass is a fresh sequence of small
 kernels per layer launched from Python, with new tensor shapes every time; for SmolLM2-135M's
 30 layers that launch cost, not the arithmetic, sets the time of a step on a GPU
 (docs/cost.md). The remedy that transformers and torch provide is in two parts:
@@ -19,13 +19,14 @@ The padding mask is the prompt's (left padding) followed by ones: slots past the
 hold zeros or stale values, and the causal mask (key index <= query index, the query index
 counting from ``cumulative_length``) hides them, so the mask needs no update between steps.
 L = P + max_new_tokens rounded up to a multiple of ``BUCKET``, so prompts of nearby lengths
-share one compiled graph; one graph is compiled per (B, L, dtype, device), and its cache is kept
-(``reset`` between calls) so that the cache tensors keep their addresses.
+share one compiled graph; one graph is compiled per (B, L, dtype, device). The cache is kept per
+model and shape (``reset`` between calls) so that its tensors keep their addresses, which a CUDA
+graph needs; it holds B x L slots for as long as the model lives.
 
 Only the model's forward pass changes. The sampler's loop (the draws from its generator, EOS,
 a tool's forced tokens) is the same code for every decoder, so the tokens are the plain loop's
 whenever the logits are; attention over L slots instead of the grown cache sums in another
-order, so the logits agree to float32 rounding, not bit for bit (tested: tests/test_fast_decode.py).
+order, so the logits agree to float32 rounding, not bit for bit (tested: tests/test_naive_fast_decode.py).
 
 Measured on a CPU only (benchmarks/bench_decode.py, docs/cost.md: SmolLM2-135M's shape, one
 thread): the compiled step makes a sampled token 1.44x faster where launching work is all there
@@ -92,6 +93,8 @@ class StaticDecoder:
         self.forward = compiled_forward(next(model.parameters()).is_cuda) if compile else _forward
 
     def prefill(self, ids, mask, pos, max_new_tokens):
+        """One pass over the prompts (B, P) into the model's static cache of L slots (reset);
+        returns the last position's logits z_t, (B, V)."""
         from transformers import StaticCache
         B, P = ids.shape
         # slots: the prompt and every sampled token (the loop feeds the last one too, unused)
@@ -111,6 +114,7 @@ class StaticDecoder:
         return out.logits[:, -1]
 
     def step(self, y, pos):
+        """Feed token y (B,) at positions pos (B, 1); returns the next logits, (B, V)."""
         if self.compile:
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
         logits = self.forward(self.model, y[:, None], self.attn, pos, self.cache)  # (B, V)

@@ -119,7 +119,8 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
     ``decode`` picks how the forward passes run (fast_decode.py): "plain" (the default, a cache
     that grows by one column per token), "static" (a static cache of fixed shape) or "compiled"
     (the static cache with a ``torch.compile``'d step; CUDA graphs on a GPU). The loop around
-    them is the same, so the three give the same tokens up to float32 rounding of the logits.
+    them is the same, so the three give the same tokens unless float32 rounding of the logits (which
+    differs: attention sums over another number of slots) flips a draw.
     """
     device = next(model.parameters()).device
     rows = [p for p in prompts for _ in range(group_size)]  # each prompt repeated N times

@@ -101,8 +101,8 @@ class Config:
         "float32", "dtype of the sampling copy of the model (training stays float32); lower shows mismatch")
     compile_decode: bool = arg(
         False, "sample with a static KV cache and a torch.compile'd decode step (CUDA graphs on a GPU; "
-        "fast_decode.py): the same tokens as the plain loop, up to float32 rounding; compiling costs "
-        "about a minute")
+        "fast_decode.py): the plain loop's tokens, its logits to float32 rounding; compiling takes about "
+        "a minute per batch size on a CPU")
     # optimisation
     steps: int = arg(100, "training steps (one rollout batch each)")
     lr: float = arg(2e-4, "AdamW learning rate")
