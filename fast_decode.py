@@ -29,8 +29,8 @@ whenever the logits are; attention over L slots instead of the grown cache sums 
 order, so the logits agree to float32 rounding, not bit for bit (tested: tests/test_naive_fast_decode.py).
 
 Measured on a CPU only (benchmarks/bench_decode.py, docs/cost.md: SmolLM2-135M's shape, one
-thread): the compiled step makes a sampled token 1.44x faster where launching work is all there
-is (width 72, B = 1), 1.1x at the real width and B = 1, and no faster at B = 32; compiling takes
+thread): the compiled step makes a sampled token 1.37-1.44x faster where launching work is all
+there is (width 72, B = 1), 1.1x at the real width and B = 1, and no faster at B = 32; compiling takes
 40-80 s per batch size; the static cache alone changes nothing. Not measured until a GPU runs it:
 whether the CUDA graph is recorded (``mode="reduce-overhead"``), its speed-up, compile time and
 memory.
