@@ -9,7 +9,9 @@ Three jobs, in the order a training step needs them:
    is an action the model must learn); after that it is padded and masked out. With a task's
    ``Tool`` the responses are multi-turn: when a row closes a call, the tool's output is forced
    into it over the next positions (a per-row queue, in the same loop), with mask 0: holes inside
-   the response that are context for the policy but not its actions.
+   the response that are context for the policy but not its actions. The forward passes are
+   ``fast_decode``'s: the plain loop (a cache that grows by a column per token) by default, or a
+   static cache with a compiled step (``decode="compiled"``, train.py ``--compile-decode``).
 2. ``score``: one forward pass over prompt + response that returns, for every response token,
    log pi_tau(y_t), sum_k pi_k^2 (through ``otb.sum_pi_squared``) and the entropy, all at the
    same temperature as sampling. The (B, T, V) logits are processed ``chunk_size`` positions at
@@ -34,6 +36,7 @@ from typing import Callable
 
 import torch
 
+import fast_decode
 import otb
 
 
@@ -97,7 +100,7 @@ def tool_for(task, tokenizer):
 
 @torch.no_grad()
 def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, pad_id,
-           generator=None, tool=None):
+           generator=None, tool=None, decode="plain"):
     """Sample ``group_size`` responses to every prompt (a list of token-id lists).
 
     Returns a ``Rollout`` on the model's device. ``generator`` (a torch.Generator) makes the
@@ -112,6 +115,12 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
     the position gets mask 0 and log-prob 0. A forced token is context like any other: it goes
     through the same batched decode step into the KV cache, and the policy's next token sees it.
     Without a tool, or before a row's first call, sampling is exactly the single-turn sampler.
+
+    ``decode`` picks how the forward passes run (fast_decode.py): "plain" (the default, a cache
+    that grows by one column per token), "static" (a static cache of fixed shape) or "compiled"
+    (the static cache with a ``torch.compile``'d step; CUDA graphs on a GPU). The loop around
+    them is the same, so the three give the same tokens unless float32 rounding of the logits (which
+    differs: attention sums over another number of slots) flips a draw.
     """
     device = next(model.parameters()).device
     rows = [p for p in prompts for _ in range(group_size)]  # each prompt repeated N times
@@ -122,16 +131,14 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
 
     # Prefill: one pass over the prompts fills the cache; keep only the last position's logits.
     pos = positions(mask)  # (B, P)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                logits_to_keep=1)
-    cache, logits = out.past_key_values, out.logits[:, -1]  # logits z_t: (B, V)
+    decoder = fast_decode.decoder(model, decode)  # the model's forward passes, with their cache
+    logits = decoder.prefill(ids, mask, pos, max_new_tokens)  # logits z_t: (B, V)
     next_pos = pos[:, -1:] + 1  # (B, 1)
 
     tokens, logps, actions = [], [], []
     done = torch.zeros(B, dtype=torch.bool, device=device)
     queue = [[] for _ in range(B)]  # per row: the tool's output tokens still to be forced
     calls = [0] * B  # per row: tool calls made so far
-    attn = mask
     for _ in range(max_new_tokens):
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # log pi_tau, (B, V)
         draw_on = generator.device if generator is not None else device
@@ -153,10 +160,7 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
         if bool(done.all()):
             break
         # Decode one token: the cache holds every earlier key/value, so the pass costs O(1) tokens.
-        attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=device)], dim=1)
-        out = model(input_ids=y[:, None], attention_mask=attn, position_ids=next_pos,
-                    past_key_values=cache, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1]
+        logits = decoder.step(y, next_pos)  # (B, V)
         next_pos = next_pos + 1
 
     return Rollout(prompt_ids=ids, prompt_mask=mask,

@@ -98,6 +98,10 @@ class Config:
     temperature: float = arg(1.0, "sampling temperature tau; log-probs are those of softmax(z / tau)")
     rollout_dtype: Literal[tuple(DTYPES)] = arg(
         "float32", "dtype of the sampling copy of the model (training stays float32); lower shows mismatch")
+    compile_decode: bool = arg(
+        False, "sample with a static KV cache and a torch.compile'd decode step (CUDA graphs on a GPU; "
+        "fast_decode.py): the plain loop's tokens, its logits to float32 rounding; compiling takes about "
+        "a minute per batch size on a CPU")
     # optimisation
     steps: int = arg(100, "training steps (one rollout batch each)")
     lr: float = arg(2e-4, "AdamW learning rate")
@@ -161,7 +165,8 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
         ro = rollout.sample(sampler, prompts, group_size=cfg.group_size,
                             max_new_tokens=train_cli.response_limit(cfg, task), temperature=cfg.temperature,
                             eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=draw_gen,
-                            tool=rollout.tool_for(task, tok))  # None for a single-turn task
+                            tool=rollout.tool_for(task, tok),  # None for a single-turn task
+                            decode="compiled" if cfg.compile_decode else "plain")
     R, token_rewards, _ = rollout.rewards(task, tok, ro, answers, cfg.group_size)
     m, token_rewards = ro.response_mask, token_rewards.to(device)  # (B, T)
     t1 = time.perf_counter()

@@ -20,6 +20,10 @@ samples there (what it did before). On a CPU-only machine the two are the same t
 
     python benchmarks/bench_decode.py                                    # CPU, ~1 min
     python benchmarks/bench_decode.py --batch 1,128,512 --draws device,cpu   # on a GPU
+
+``--decode plain,static,compiled`` times the decoders of fast_decode.py in turns (each round calls
+each once, same seed; the first round, with the compilation, is reported apart and dropped) and
+checks that they sample the same tokens.
 """
 import argparse
 import json
@@ -46,6 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--tokens", type=at_least(1), default=16, help="decode steps per call")
     p.add_argument("--repeats", type=at_least(1), default=3, help="timed calls per setting (median reported)")
     p.add_argument("--draws", default="device", help="comma-separated: device and/or cpu (where the multinomial runs)")
+    p.add_argument("--decode", default="plain",
+                   help="comma-separated, timed in turns: plain (the default loop), static (a static KV "
+                        "cache) and/or compiled (static + torch.compile; fast_decode.py)")
     p.add_argument("--device", default="auto", type=device_option, help="where the model runs: auto (cuda if present), cpu or cuda")
     p.add_argument("--json", type=out_json, default=None,
                    help="also write the results to this .json file (default: print only; the saved results "
@@ -53,6 +60,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if not set(args.draws.split(",")) <= {"device", "cpu"}:
         p.error(f"argument --draws: must be device and/or cpu, got {args.draws!r}")
+    if not set(args.decode.split(",")) <= {"plain", "static", "compiled"}:
+        p.error(f"argument --decode: must be plain, static and/or compiled, got {args.decode!r}")
     return args
 
 
@@ -75,26 +84,35 @@ def smollm2_shaped(hidden=576, layers=30, device="cpu", vocab=49152):
     return LlamaForCausalLM(cfg).to(device).eval()
 
 
-def time_sampling(model, B, args, draws):
-    """Median seconds per decode step of ``rollout.sample`` over ``args.repeats`` calls."""
+def time_sampling(model, B, args, draws, decodes=("plain",)):
+    """{decode: (median seconds per decode step of ``rollout.sample`` over ``args.repeats`` calls,
+    seconds of the first call (for "compiled": the compilation), tokens equal to the first decode's,
+    the seconds of every round)}.
+    The decoders take turns in every round, so a change in the machine's load hits them alike."""
     device = next(model.parameters()).device
     prompts = torch.randint(3, 49152, (B, args.prompt), generator=torch.Generator().manual_seed(0)).tolist()
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
-    times = []
-    for r in range(args.repeats + 1):  # the first call warms up (allocator, kernels) and is dropped
-        gen = torch.Generator(device if draws == "device" else "cpu").manual_seed(r)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        with autocast:
-            ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=args.tokens, temperature=1.0,
-                                eos_id=-1, pad_id=0, generator=gen)  # eos_id -1: no row ever ends
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        assert ro.response.shape == (B, args.tokens)
-        if r:
-            times.append((time.perf_counter() - t) / args.tokens)
-    return statistics.median(times)
+    times, first, same = {d: [] for d in decodes}, {}, {d: True for d in decodes}
+    for r in range(args.repeats + 1):  # the first call warms up (allocator, kernels, compiling): dropped
+        for decode in decodes:
+            gen = torch.Generator(device if draws == "device" else "cpu").manual_seed(r)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            with autocast:
+                ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=args.tokens, temperature=1.0,
+                                    eos_id=-1, pad_id=0, generator=gen, decode=decode)  # -1: never ends
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            assert ro.response.shape == (B, args.tokens)
+            if r:
+                times[decode].append((time.perf_counter() - t) / args.tokens)
+            else:
+                first[decode] = time.perf_counter() - t
+            if decode == decodes[0]:
+                reference = ro.response  # (B, tokens), the same seed for every decoder of the round
+            same[decode] &= torch.equal(ro.response, reference)
+    return {d: (statistics.median(times[d]), first[d], same[d], times[d]) for d in decodes}
 
 
 def main(argv=None):
@@ -106,13 +124,19 @@ def main(argv=None):
           f"on {device}; prompt {args.prompt}, {args.tokens} decode steps per call")
     draws = ["device"] if device.type == "cpu" else args.draws.split(",")
     model = smollm2_shaped(args.hidden, args.layers, device)
-    rows = []
-    print(f"{'B':>5} {'draws on':>9} {'ms / sampled position':>22}")
+    rows, decodes = [], args.decode.split(",")
+    print(f"{'B':>5} {'draws on':>9} {'decode':>9} {'ms / sampled position':>22} {'plain / this':>12} "
+          f"{'first call s':>12} {'same tokens':>11}")
     for B in (int(b) for b in args.batch.split(",")):
         for d in draws:
-            ms = 1000 * time_sampling(model, B, args, d)
-            rows.append(dict(batch=B, draws=d, ms_per_position=ms))
-            print(f"{B:>5} {d:>9} {ms:>22.1f}")
+            timed = time_sampling(model, B, args, d, decodes)
+            for decode, (seconds, first, same, rounds) in timed.items():
+                ratio = timed["plain"][0] / seconds if "plain" in timed else None
+                rows.append(dict(batch=B, draws=d, decode=decode, ms_per_position=1000 * seconds,
+                                 plain_over_this=ratio, first_call_s=first, same_tokens_as_first=same,
+                                 ms_rounds=[1000 * t for t in rounds]))
+                print(f"{B:>5} {d:>9} {decode:>9} {1000 * seconds:>22.1f} {ratio or float('nan'):>12.2f} "
+                      f"{first:>12.1f} {str(same):>11}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(dict(machine=info, device=str(device), args=vars(args),

@@ -19,6 +19,7 @@ CASES = [
     ("bench_step_cost", ["--models", "bogus"], "--models: must be comma-separated names from tiny, v49k"),
     ("bench_step_cost", ["--models", "tiny,"], "--models: must be comma-separated names from tiny, v49k"),
     ("bench_decode", ["--draws", "gpu"], "--draws: must be device and/or cpu"),
+    ("bench_decode", ["--decode", "fast"], "--decode: must be plain, static and/or compiled"),
     ("bench_decode", ["--device", "tpu"], "--device: must be auto, cpu or cuda"),
     ("bench_score", ["--device", "gpu"], "--device: must be auto, cpu or cuda"),
     ("bench_estimators", ["--device", "mps"], "--device: must be auto, cpu or cuda"),
