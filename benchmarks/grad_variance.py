@@ -1,58 +1,29 @@
-"""The true variance of the policy gradient on the tiny language model, estimator by estimator.
+"""The true variance of the policy gradient on the tiny language model, estimator by estimator,
+and how well train.py's forward-only proxies (total_power, pure_noise) track it (docs/variance.md).
 
-train.py logs forward-only proxies of gradient noise (``total_power``, ``pure_noise``, built on
-the Logit-Gradient Proxy w_t = 1 - 2 pi(y_t) + sum_k pi_k^2). This script measures the real
-thing with backward passes, at fixed weights, and checks how well the proxies track it.
+At fixed weights (the warmed-up tiny model train.py caches), P prompts x M responses are sampled
+once; for each N they are split into K = M / N disjoint groups, the same for every estimator.
+Each group's batch gradient, with advantages from ``otb.ESTIMATORS[e]`` on that group,
 
-Setup (common random numbers: every estimator sees the same responses)
-- Fixed checkpoint: the warmed-up tiny model that train.py caches under runs/_cache/tiny-*/
-  (loaded with from_pretrained; ~0.8M parameters, reversal task, ~15-20% success).
-- Pool: P prompts, M responses each, sampled once with ``rollout.sample``; rewards 0/1.
-- For each group size N, the M responses of a prompt are split into K = M / N disjoint groups
-  (``--partitions`` random splits). Each group is an independent draw of N responses, so its
-  batch gradient
+    g_k = (1 / N) sum_{i in group k} sum_t A_t^i grad_theta log pi(y_t^i)          (1)
 
-      g_k = (1 / N) sum_{i in group k} sum_t A_t^i grad_theta log pi(y_t^i)          (1)
+is an i.i.d. draw, so tr Var[g] = (1 / (K - 1)) sum_k ||g_k - mean_k g_k||^2 (2) is unbiased.
+Sequence-level advantages use S_i = grad log pi(tau_i), one backward per response; OTB's needs one
+backward per group (tests/test_naive_grad_variance.py checks both against a naive loop). Quality
+is scale-free (scale_free.py: nvar, gain over group_mean, alpha and cosine against a reference
+gradient from a separate pool, RLOO in 4 sub-pools), with paired bootstrap intervals over
+prompts; the raw tr Var is kept, labelled raw. The proxies are the functions train.py logs
+(diagnostics.py), per group, divided by group_mean's at the same N; the proxy W(tau) = sum_t w_t
+is also compared with the exact ||S(tau)||^2 per response (correlations and a scatter plot).
+(1) normalises by N per group; train.py's token mean rescales every estimator alike.
 
-  (advantages from ``otb.ESTIMATORS[e]`` computed on that group) is an i.i.d. sample, and
-
-      tr Var[g] = (1 / (K - 1)) sum_k ||g_k - mean_k g_k||^2                           (2)
-
-  is unbiased. It is averaged over prompts (and splits) and reported with its standard error.
-- Exact gradients: for estimators whose advantage is one number per response (reinforce,
-  group_mean, grpo, rloo), (1) is sum_i (A_i / N) S_i with S_i = grad log pi(tau_i), one backward
-  per response, stored for the prompt's M responses. OTB's advantage changes with t, so (1) is
-  one backward pass of the surrogate over the group's rows. tests/test_naive_grad_variance.py checks
-  both paths against a naive per-row loop.
-- Quality, scale-free (scale_free.py): a baseline that shrinks or rescales g must not look better
-  for it, so the headline is the normalised variance nvar = tr Var(g) / ||E g||^2 (noise within a
-  prompt per unit of signal), and alpha and the cosine against a reference gradient r_p per
-  prompt: an unbiased estimate from a separate pool of ``--ref-pool`` responses (RLOO inside 4
-  disjoint sub-pools). "gain" = nvar(group_mean) / nvar(estimator) at the same N. Prompts are the
-  sampled unit: every number carries a paired bootstrap interval over prompts (stats.py); where
-  E g is known (scale_free.FACTORS) alpha and cosine are exact and the gain is a ratio of raw
-  variances. The raw tr Var (2) is kept, labelled raw: it rewards shrinkage.
-- Proxies, per group, with the very functions train.py logs: total_power = mean_i sum_t w_t A_t^2
-  (``diagnostics.gradient_power``) and pure_noise = (total_power - ||mean g||^2_proxy) / (N - 1)
-  (``diagnostics.noise_diagnostics`` with ``diagnostics.mean_gradient_sq_norm``). pure_noise
-  targets the same quantity as (2) (the noise left in the group-mean gradient), but in logit
-  units, so only ratios between estimators are comparable; the table divides every column by
-  group_mean at the same N.
-- Proxy against the true norm, per response: W(tau) = sum_t w_t against ||S(tau)||^2 (exact);
-  Pearson and Spearman correlations and a log-log scatter plot.
-
-Departures: (1) normalises by N per group (the estimator's natural scale); train.py's loss is a
-token mean over the batch, which rescales every estimator alike and does not change ratios.
-
-    OMP_NUM_THREADS=1 python benchmarks/grad_variance.py --out benchmarks/results/grad_variance   # ~10 minutes, 5 GB
+    OMP_NUM_THREADS=1 python benchmarks/grad_variance.py --out benchmarks/results/grad_variance   # ~10 min, 5 GB
     python benchmarks/grad_variance.py --prompts 8 --pool 16 --group-sizes 2,4   # a smoke run
 """
-import argparse
 import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -65,40 +36,27 @@ import otb  # noqa: E402
 import scale_free  # noqa: E402
 import stats  # noqa: E402
 import rollout  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
-
-
-@dataclass
-class Args:
-    model_dir: str = field(default="", metadata={"help": "save_pretrained folder of the model; empty: the "
-                                                 "warmed-up tiny model cached by train.py under runs/_cache"})
-    prompts: int = field(default=48, metadata={"help": "P, prompts in the pool (the bootstrap's units)"})
-    pool: int = field(default=32, metadata={"help": "M, responses sampled once per prompt"})
-    group_sizes: str = field(default="2,4,8,16", metadata={"help": "N values, each must divide M"})
-    estimators: str = field(default=",".join(otb.ESTIMATORS), metadata={"help": "estimators to measure"})
-    ref_pool: int = field(default=32, metadata={"help": "responses per prompt of the separate reference pool "
-                                                "(RLOO in 4 sub-pools: the reference gradient of alpha/cosine)"})
-    partitions: int = field(default=1, metadata={"help": "random splits of each pool into groups"})
-    horizon: int = field(default=8, metadata={"help": "reversal task: max string length"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling and scoring temperature"})
-    seed: int = field(default=1234, metadata={"help": "seed of the prompts, the sampler and the splits"})
-    out: str = field(default=str(ROOT / "runs" / "grad_variance"),
-                     metadata={"help": "folder for table.md, results.json and proxy_vs_true.png "
-                               "(benchmarks/results/grad_variance updates the committed results)"})
+from benchmarks.cli import at_least, command, parser  # noqa: E402
+from benchmarks.machine import describe, machine  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in fields(Args):
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                       help=f.metadata["help"])
-    args = Args(**vars(p.parse_args(argv)))
-    for flag, value, low in [("--prompts", args.prompts, 1), ("--pool", args.pool, 2),
-                             ("--partitions", args.partitions, 1), ("--horizon", args.horizon, 1)]:
-        if value < low:
-            p.error(f"argument {flag}: must be an integer >= {low}, got {value}")
-    return args
+    p = parser(__doc__)
+    p.add_argument("--model-dir", default="", help="save_pretrained folder of the model; empty: the warmed-up "
+                   "tiny model cached by train.py under runs/_cache")
+    p.add_argument("--prompts", type=at_least(1), default=48, help="P, prompts in the pool (the bootstrap's units)")
+    p.add_argument("--pool", type=at_least(2), default=32, help="M, responses sampled once per prompt")
+    p.add_argument("--group-sizes", default="2,4,8,16", help="N values, each must divide M")
+    p.add_argument("--estimators", default=",".join(otb.ESTIMATORS), help="estimators to measure")
+    p.add_argument("--ref-pool", type=int, default=32, help="responses per prompt of the separate reference "
+                   "pool (RLOO in 4 sub-pools: the reference gradient of alpha/cosine)")
+    p.add_argument("--partitions", type=at_least(1), default=1, help="random splits of each pool into groups")
+    p.add_argument("--horizon", type=at_least(1), default=8, help="reversal task: max string length")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling and scoring temperature")
+    p.add_argument("--seed", type=int, default=1234, help="seed of the prompts, the sampler and the splits")
+    p.add_argument("--out", default=str(ROOT / "runs" / "grad_variance"), help="folder for table.md, "
+                   "results.json and proxy_vs_true.png (benchmarks/results/grad_variance: the committed ones)")
+    return p.parse_args(argv)
 
 
 # =====================================================================================
@@ -350,12 +308,11 @@ def main(argv=None):
     seconds = time.time() - t0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/grad_variance.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    table = table_md(rows)
-    text = (f"# True gradient variance vs the forward-only proxies\n\n`{command.strip()}`  \n"
+    cmd = command("grad_variance.py", argv)
+    text = (f"# True gradient variance vs the forward-only proxies\n\n`{cmd}`  \n"
             f"model: {model_dir.name} ({n_params} parameters), {args.prompts} prompts x {args.pool} responses, "
             f"success rate of the pool {R.mean().item():.3f}, {args.partitions} split(s); {seconds:.0f} s on "
-            f"{info['cpu']} ({info['torch_threads']} thread(s)), torch {info['torch']}\n\n{table}\n\n"
+            f"{describe(info)}\n\n{table_md(rows)}\n\n"
             f"Proxy W(tau) vs exact ||grad log pi(tau)||^2 over {corr['responses']} responses: "
             f"Pearson {corr['pearson']:.3f}, Spearman {corr['spearman']:.3f}, log-log Pearson "
             f"{corr['pearson_log']:.3f}.  \nAcross the table's cells, Spearman(true, pure_noise) = "
@@ -363,7 +320,7 @@ def main(argv=None):
             f"{across['spearman_true_vs_total_power']:.3f}.\n")
     (out / "table.md").write_text(text)
     (out / "results.json").write_text(json.dumps(dict(
-        command=command.strip(), args=asdict(args), model_dir=str(model_dir), parameters=n_params,
+        command=cmd, args=vars(args), model_dir=str(model_dir), parameters=n_params,
         machine=info, seconds=seconds, success_rate=R.mean().item(), rows=rows, proxy_correlation=corr,
         across_cells=across), indent=1))
     plot(scatter, corr, out / "proxy_vs_true.png")

@@ -27,3 +27,9 @@ def machine():
                 omp_num_threads=os.environ.get("OMP_NUM_THREADS", "unset"), torch=torch.__version__,
                 python=platform.python_version(), platform=platform.platform(),
                 cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+
+
+def describe(info):
+    """One line for a results file: CPU, torch threads and version (and the GPU if there is one)."""
+    return (f"{info['cpu']}, {info['torch_threads']} torch thread(s), torch {info['torch']}"
+            + (f", {info['cuda']}" if info.get("cuda") else ""))
