@@ -1,47 +1,23 @@
-"""Does the length-triggered learning-rate schedule keep an unstable run stable?
+"""Does the length-triggered learning-rate schedule keep an unstable run stable? (docs/lr_schedule.md)
 
-The second paper claims that, when RL training of a language model goes wrong, three things move
-together: the response length rises, the training-inference mismatch grows (log-probs of the
-rollout engine drift from those of the training forward pass), and the gradient gets noisier; the
-length rises *before* the collapse. Its remedy (lr_schedule.py) decays the learning rate once the
-mean response length L_i surges:
+Runs train.py on the grid {constant, length} schedule x {group_mean, otb} x seeds, in a setting
+chosen to be unstable (longer strings, a bfloat16 rollout copy, a high learning rate), one
+subprocess per run through benchmarks/grid.py (output in <out>/<run>.log, one warm-up per seed in
+<out>/_cache; a run folder with DONE is not run again, which is how seeds 3-5 were added). Then it
+writes lr_schedule.png (length, LR, mismatch, gradient norm, success and finished fraction per
+step: seed mean, band min..max) and summary.md/json, one row per run, by definitions fixed before
+the real run:
 
-    L0 = mean(L_1..L_W),   s = min{ i > W : L_i > r L0 },   eta_i = eta_0 max(d^k_i, f)
-
-This script runs train.py (through its command line, one subprocess per run) on a grid
-
-    {constant, length} schedule  x  {group_mean, otb} estimator  x  seeds
-
-in a setting chosen to be unstable (longer strings, a bfloat16 rollout copy, a high learning rate),
-then aggregates the per-step metrics over seeds and writes
-
-    lr_schedule.png   response length, LR, mismatch mean |dlogp|, gradient norm, success and finished
-                      fraction against the step: one line per configuration (seed mean), the band is
-                      the seed min..max
-    summary.md/json   per configuration and seed: final success, max gradient norm, max length, the
-                      surge step, whether and when the run collapsed, and corr(mismatch, grad norm)
-
-Definitions fixed before the real run (so they cannot be tuned to its outcome):
-
-* surge step: the rule of lr_schedule.py applied to the logged lengths, for *every* run (under a
-  constant LR it only says when the schedule would have fired): the first step i > W whose mean
-  length exceeds r times the mean of steps 1..W. With the length schedule it is the step after
-  which the logged LR first drops.
-* collapsed: over the last k = 10 steps the mean success rate is below 0.5 x its mean over the
-  first k steps, or the mean finished fraction (rows that emitted EOS) is below 0.5.
-* collapse step: the first step at which the k-step trailing mean of success is below 0.5 x the
-  initial (first-k) mean; "length rose before collapse" means surge step < collapse step.
+* surge step: lr_schedule.py's rule applied to the logged lengths of every run, the first step
+  i > W with L_i > r mean(L_1..L_W) (under a constant LR, when the schedule would have fired);
+* collapsed: success over the last k = 10 steps below 0.5 x the first k, or finished fraction
+  (rows that emitted EOS) below 0.5; collapse step: the first step whose trailing k-step success
+  mean is below 0.5 x the first k ("length rose before collapse": surge step < collapse step).
 
     OMP_NUM_THREADS=1 python benchmarks/lr_schedule_experiment.py   # the real grid: 24 runs, 10-30 min on 2 cores
     python benchmarks/lr_schedule_experiment.py --aggregate-only    # re-plot finished runs
     python benchmarks/lr_schedule_experiment.py --quick             # smoke run into runs/lr_schedule_quick
-
-Each run is `python train.py --estimator E --lr-schedule S --seed K ...` (benchmarks/grid.py runs
-them single-threaded, output in <out>/<run>.log); the warm-up cache lives in <out>/_cache (one
-supervised warm-up per seed). A run folder with a DONE marker is not run again: that is how seeds
-3-5 were added after the first results (seeds 0-2), with nothing else changed.
 """
-import argparse
 import json
 import math
 import shlex
@@ -55,7 +31,7 @@ if str(ROOT) not in sys.path:
 import stats  # noqa: E402
 from benchmarks import grid  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
-from benchmarks.cli import at_least, int_list, positive_float  # noqa: E402
+from benchmarks.cli import at_least, int_list, parser, positive_float  # noqa: E402
 
 PANELS = [  # (metric key, y label, log scale, floor: smaller values are drawn at the floor)
     ("response_len", "mean response length (tokens)", False, None),
@@ -68,8 +44,7 @@ PANELS = [  # (metric key, y label, log scale, floor: smaller values are drawn a
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--seeds", type=int_list(0), default="0,1,2,3,4,5", help="comma-separated seeds (model init, prompts, sampler)")
     p.add_argument("--steps", type=at_least(1), default=50, help="training steps per run")
     p.add_argument("--horizon", type=at_least(1), default=8, help="max string length of the reversal task")
