@@ -5,6 +5,7 @@ stored with the results. By default the benchmarks write under ``runs/`` (git-ig
 committed ``benchmarks/results/`` change only when ``--out``/``--json`` names them.
 """
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -22,6 +23,15 @@ def parser(doc):
 def command(script, argv=None):
     """The command line that ran benchmarks/<script> (argv: main's, else the process's)."""
     return f"python benchmarks/{script} {' '.join(sys.argv[1:] if argv is None else argv)}".strip()
+
+
+def write_results(out, stem, record, text):
+    """<out>/<stem>.json (the record) and <out>/<stem>.md (the text), the folder made if needed."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
+    (out / f"{stem}.md").write_text(text)
+    print(f"wrote {out / stem}.md and .json")
 
 
 def _checked(name, convert, ok, message, keep_text=False):
