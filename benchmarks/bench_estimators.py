@@ -1,26 +1,12 @@
-"""How fast is the vectorised Optimal Token Baseline?
+"""How fast is the vectorised Optimal Token Baseline? (docs/cost.md)
 
-`otb.optimal_token_baseline` computes, for every row i of a (B, T) right-padded batch,
-
-    G_t = sum_{u>=t} r_u,   W_t = sum_{j<=t} w_j,   B_t = sum_{i in group} G_t W_t m_t / (sum W_t m_t + eps)
-
-with one tensor expression per equation over the whole batch and no Python loop over groups. This
-script times it on a grid of shapes (random response lengths, interleaved groups) against two
-references:
-
-- `loop_reference`: the shape of the widely used implementation, which maps prompt ids to row
-  lists in Python and then loops over the groups, computing each group's baseline with torch ops.
-  Its cost grows with the number of groups, so it is slowest with thousands of short groups.
-- the floor: one reverse cumulative sum (flip, cumsum, flip) over a float32 tensor of the same
-  (B, T) shape, i.e. the single pass that computing G_t alone needs. OTB needs several such passes
-  (G_t, w_t, W_t, two group sums, the gather back), so a small multiple of it is the best possible.
-
-It checks that OTB and the loop agree, then prints per shape the median times, both ratios and
-which of OTB and the loop was faster. The grid starts at the shapes train.py runs (the default
-comparison, 64 x 18, and the long-horizon study, 128 x 68) and goes up to 4M tokens, where the
-full-batch temporaries of a CPU run cost page faults (docs/cost.md). Nothing here is a goal: the
-numbers are reported as measured. Timings on a shared machine are noisy; use --repeats to tighten
-them.
+Times ``otb.optimal_token_baseline`` (one tensor expression per equation over the whole (B, T)
+batch) on a grid of shapes, random lengths and interleaved groups, against the per-group Python
+loop of the widely used implementation (tests/naive.py's ``loop_reference``, slowest with many
+short groups) and against a floor, one reverse cumulative sum over the same (B, T) (the one pass
+G_t alone needs). It checks that OTB and the loop agree, then prints per shape the medians of
+interleaved rounds, both ratios and which of OTB and the loop was faster. The grid starts at the
+shapes train.py runs (64 x 18 and 128 x 68) and goes up to 4M tokens. Nothing here is a goal.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_estimators.py            # the full grid, CPU
     python benchmarks/bench_estimators.py --quick                      # tiny shapes, a smoke run
@@ -36,8 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import otb  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
-from benchmarks.cli import at_least, device_option  # noqa: E402
+from benchmarks.machine import describe, machine  # noqa: E402
+from benchmarks.cli import at_least, command, device_option, parser, pick_device  # noqa: E402
 from tests.naive import loop_reference  # noqa: E402  (the per-group loop, checked by the tests)
 
 # rows x tokens : group size
@@ -46,8 +32,7 @@ QUICK = ["64x128:4", "512x32:4", "128x64:2"]
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--device", default="auto", type=device_option,
                    help="where to run; auto picks cuda when available, else cpu")
     p.add_argument("--repeats", type=at_least(1), default=5, help="timed calls per measurement (median reported)")
@@ -123,24 +108,13 @@ def timed(fns, device, repeats):
     return [statistics.median(b) for b in times]
 
 
-def machine_line(device):
-    m = machine()
-    line = (f"CPU: {m['cpu']} ({m['logical_cpus']} logical cores), torch threads: {m['torch_threads']}, "
-            f"OMP_NUM_THREADS={m['omp_num_threads']}, torch {m['torch']}, device: {device}")
-    if device.type == "cuda":
-        line += f" ({torch.cuda.get_device_name(device)})"
-    return line
-
-
 def main():
     args = parse_args()
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(args.device)
+    device = pick_device(args.device)
     shapes = args.shapes or [parse_shape(t) for t in (QUICK if args.quick else GRID)]
     repeats = 2 if args.quick and args.repeats == 5 else args.repeats
-    print("command: python " + " ".join(sys.argv))
-    print(machine_line(device))
+    print("command: " + command("bench_estimators.py"))
+    print(f"{describe(machine())}, device: {device}")
     print(f"float32 inputs, median of {repeats} interleaved rounds after a warm-up round\n")
     header = (f"{'shape (rows x tokens : group)':>30} {'groups':>7} {'otb ms':>9} {'loop ms':>9} "
               f"{'floor ms':>9} {'loop/otb':>9} {'otb/floor':>10} {'max|diff|':>10}  faster")

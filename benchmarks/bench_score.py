@@ -119,7 +119,7 @@ def memory(args, variant, chunk):
 
 def main(argv=None):
     args = parse_args(argv)
-    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = cli.pick_device(args.device)
     if args.child:
         return child(args, device)
     info = machine()

@@ -84,6 +84,12 @@ def device_option(text):
     return text
 
 
+def pick_device(text):
+    """The torch device of a --device value (auto: cuda when there is one)."""
+    import torch
+    return torch.device("cuda" if text == "auto" and torch.cuda.is_available() else "cpu" if text == "auto" else text)
+
+
 def _creatable(path):
     """None if ``path`` can be created (or written) here, else why not. Creates nothing."""
     parent = path.parent
