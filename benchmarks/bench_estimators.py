@@ -56,9 +56,7 @@ def parse_shape(text):
     return shape
 
 
-# =====================================================================================
-# Inputs and the floor (the per-group loop is tests/naive.py's loop_reference)
-# =====================================================================================
+# ---- Inputs and the floor (the per-group loop is tests/naive.py's loop_reference)
 
 def make_inputs(rows, tokens, group_size, device, seed=0):
     """Outcome rewards, random lengths in [1, T], groups of `group_size` interleaved at random."""
@@ -83,9 +81,7 @@ def floor_pass(x):
     return torch.flip(torch.cumsum(torch.flip(x, [-1]), -1), [-1])
 
 
-# =====================================================================================
-# Timing
-# =====================================================================================
+# ---- Timing
 
 def timed(fns, device, repeats):
     """Median wall time in seconds of each of `fns` over `repeats` rounds, after one warm-up.

@@ -68,9 +68,7 @@ def parse_args(argv=None):
     return args
 
 
-# =====================================================================================
-# Shared setup: the tiny model, the configuration, the prompts of each step
-# =====================================================================================
+# ---- Shared setup: the tiny model, the configuration, the prompts of each step
 
 def setup(args):
     """(model folder, tokenizer, task, cfg): train.py's tiny model and configuration."""
@@ -97,9 +95,7 @@ def prompt_rows(tok, task, cfg, steps):
     return Dataset.from_list(rows)
 
 
-# =====================================================================================
-# The project's side: one train.py step, through train.train_step itself
-# =====================================================================================
+# ---- The project's side: one train.py step, through train.train_step itself
 
 def project_step(model, opt, tok, task, cfg, step):
     """One step exactly as train.train runs it (train.train_step: rollout, score, advantages,
@@ -130,9 +126,7 @@ def project_gradient(model, tok, task, cfg, batch):
     return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
 
 
-# =====================================================================================
-# TRL's side: GRPOTrainer with its phases timed
-# =====================================================================================
+# ---- TRL's side: GRPOTrainer with its phases timed
 
 def trl_trainer(folder, tok, task, cfg, data, out, steps, callbacks=(), **overrides):
     import otb_trl
@@ -198,9 +192,7 @@ def gradient_check(folder, tok, task, cfg, out):
                 grad_norm_project=g_ours.norm().item(), tokens=int(batch["completion_mask"].sum()))
 
 
-# =====================================================================================
-# The interleaved run and the report
-# =====================================================================================
+# ---- The interleaved run and the report
 
 def interleaved(folder, tok, task, cfg, args, out):
     """args.steps steps of each side, alternating. Returns {side: [per-step dicts]}."""

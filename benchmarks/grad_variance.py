@@ -50,7 +50,6 @@ def parse_args(argv=None):
     p.add_argument("--estimators", default=",".join(otb.ESTIMATORS), help="estimators to measure")
     p.add_argument("--ref-pool", type=int, default=32, help="responses per prompt of the separate reference "
                    "pool (RLOO in 4 sub-pools: the reference gradient of alpha/cosine)")
-    p.add_argument("--partitions", type=at_least(1), default=1, help="random splits of each pool into groups")
     p.add_argument("--horizon", type=at_least(1), default=8, help="reversal task: max string length")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling and scoring temperature")
     p.add_argument("--seed", type=int, default=1234, help="seed of the prompts, the sampler and the splits")
@@ -59,9 +58,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-# =====================================================================================
-# Model and pool
-# =====================================================================================
+# ---- Model and pool
 
 def find_cached_tiny(root=ROOT / "runs" / "_cache"):
     """The newest runs/_cache/tiny-*/ folder that holds a saved model."""
@@ -89,9 +86,7 @@ def subset(ro, rows):
                            finished=ro.finished[rows])
 
 
-# =====================================================================================
-# Exact gradients and their variance
-# =====================================================================================
+# ---- Exact gradients and their variance
 
 def flat(grads):
     return torch.cat([g.reshape(-1) for g in grads])  # (D,)
@@ -167,9 +162,7 @@ def reference_gradient(model, ro, token_rewards, rows, temperature, parts=4):
     return est.mean(0), ((est - est.mean(0)) ** 2).sum().item() / (parts - 1) / parts
 
 
-# =====================================================================================
-# The measurement
-# =====================================================================================
+# ---- The measurement
 
 def measure(model, tok, args, progress=True):
     """Returns (cells, scatter, R, refs): cells[(estimator, N)] -> lists of per-prompt values,
@@ -206,26 +199,23 @@ def measure(model, tok, args, progress=True):
         scatter["W"] += (otb.token_energy(logp, spp) * m).sum(-1).tolist()  # W(tau)
         scatter["S_sq"] += (S.double() ** 2).sum(-1).tolist()  # ||S(tau)||^2
         scatter["R"] += R[rows].tolist()
-        split_units = {key: [] for key in cells}
-        for _ in range(args.partitions):
-            perm = torch.randperm(args.pool, generator=split_gen)
-            for n in Ns:
-                groups = perm.view(-1, n)  # (K, N) disjoint groups
-                gid = group_ids_of(groups, args.pool)
-                for e in ests:
-                    adv, _ = otb.ESTIMATORS[e](token_rewards=r, response_mask=m, group_index=gid,
+        perm = torch.randperm(args.pool, generator=split_gen)  # one random split of the pool
+        for n in Ns:
+            groups = perm.view(-1, n)  # (K, N) disjoint groups
+            gid = group_ids_of(groups, args.pool)
+            for e in ests:
+                adv, _ = otb.ESTIMATORS[e](token_rewards=r, response_mask=m, group_index=gid,
                                            log_probs=logp, sum_pi_sq=spp)  # A_t, (M, T)
-                    G = group_gradients(model, sub, groups, adv, args.temperature, S=S)  # (K, D)
-                    power = diagnostics.gradient_power(adv, m, logp, spp)  # P_i, (M,)
-                    diag = [diagnostics.noise_diagnostics(power[g], diagnostics.mean_gradient_sq_norm(
-                        sub.response[g], m[g], gid[g], adv[g], logp[g], spp[g])) for g in groups]
-                    cells[(e, n)]["true"].append(trace_variance(G))
-                    split_units[(e, n)].append(scale_free.unit_summary(G))  # (m, V, K) of this split
-                    cells[(e, n)]["power"].append(sum(d["total_power"] for d in diag) / len(diag))
-                    cells[(e, n)]["noise"].append(sum(d["pure_noise"] for d in diag) / len(diag))
-        for key, us in split_units.items():  # one unit per prompt: the mean over its splits
-            cells[key]["units"].append((torch.stack([u[0] for u in us]).mean(0).float(),  # float32: P x cells x D in memory
-                                        sum(u[1] for u in us) / len(us)))
+                G = group_gradients(model, sub, groups, adv, args.temperature, S=S)  # (K, D)
+                power = diagnostics.gradient_power(adv, m, logp, spp)  # P_i, (M,)
+                diag = [diagnostics.noise_diagnostics(power[g], diagnostics.mean_gradient_sq_norm(
+                    sub.response[g], m[g], gid[g], adv[g], logp[g], spp[g])) for g in groups]
+                mean_g, V = scale_free.unit_summary(G)[:2]  # this prompt's unit
+                c = cells[(e, n)]
+                c["true"].append(trace_variance(G))
+                c["units"].append((mean_g.float(), V))  # float32: P x cells x D in memory
+                c["power"].append(sum(d["total_power"] for d in diag) / len(diag))
+                c["noise"].append(sum(d["pure_noise"] for d in diag) / len(diag))
     return cells, scatter, R, torch.stack(refs)
 
 
@@ -311,7 +301,7 @@ def main(argv=None):
     cmd = command("grad_variance.py", argv)
     text = (f"# True gradient variance vs the forward-only proxies\n\n`{cmd}`  \n"
             f"model: {model_dir.name} ({n_params} parameters), {args.prompts} prompts x {args.pool} responses, "
-            f"success rate of the pool {R.mean().item():.3f}, {args.partitions} split(s); {seconds:.0f} s on "
+            f"success rate of the pool {R.mean().item():.3f}; {seconds:.0f} s on "
             f"{describe(info)}\n\n{table_md(rows)}\n\n"
             f"Proxy W(tau) vs exact ||grad log pi(tau)||^2 over {corr['responses']} responses: "
             f"Pearson {corr['pearson']:.3f}, Spearman {corr['spearman']:.3f}, log-log Pearson "

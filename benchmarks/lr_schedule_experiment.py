@@ -101,22 +101,19 @@ def run_name(config, seed):
     return config.replace("/", "-") + f"-seed{seed}"
 
 
+SHARED = ["steps", "horizon", "max_new_tokens", "lr", "rollout_dtype", "lr_warmup_window", "lr_surge_ratio",
+          "lr_decay_factor", "lr_decay_period_factor", "lr_floor", "out"]  # train.py options every run shares
+
+
 def train_command(args, schedule, estimator, seed):
     """The train.py command line of one run (everything but the schedule and estimator is shared)."""
-    cmd = [sys.executable, "train.py", "--estimator", estimator, "--lr-schedule", schedule,
-           "--seed", str(seed), "--steps", str(args.steps), "--horizon", str(args.horizon),
-           "--max-new-tokens", str(args.max_new_tokens), "--lr", str(args.lr),
-           "--rollout-dtype", args.rollout_dtype, "--lr-warmup-window", str(args.lr_warmup_window),
-           "--lr-surge-ratio", str(args.lr_surge_ratio), "--lr-decay-factor", str(args.lr_decay_factor),
-           "--lr-decay-period-factor", str(args.lr_decay_period_factor), "--lr-floor", str(args.lr_floor),
-           "--out", args.out, "--name", run_name(f"{schedule}/{estimator}", seed),
-           "--log-every", "10"]
+    cmd = [sys.executable, "train.py", "--estimator", estimator, "--lr-schedule", schedule, "--seed", str(seed)]
+    cmd += [x for k in SHARED for x in ("--" + k.replace("_", "-"), str(getattr(args, k)))]
+    cmd += ["--name", run_name(f"{schedule}/{estimator}", seed), "--log-every", "10"]
     return cmd + shlex.split(args.train_args)
 
 
-# =====================================================================================
-# Running the grid
-# =====================================================================================
+# ---- Running the grid
 
 def run_grid(args):
     """All runs, at most args.jobs at a time (benchmarks/grid.py: a run with DONE is not run again)."""
@@ -125,9 +122,7 @@ def run_grid(args):
               for c, s, e in configs(args) for seed in seeds(args)], args.jobs)
 
 
-# =====================================================================================
-# Aggregation: pure functions of the per-step metrics (tested on synthetic histories)
-# =====================================================================================
+# ---- Aggregation: pure functions of the per-step metrics (tested on synthetic histories)
 
 def mean(xs):
     return sum(xs) / len(xs)
