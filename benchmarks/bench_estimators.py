@@ -9,7 +9,7 @@ interleaved rounds, both ratios and which of OTB and the loop was faster. The gr
 shapes train.py runs (64 x 18 and 128 x 68) and goes up to 4M tokens. Nothing here is a goal.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_estimators.py            # the full grid, CPU
-    python benchmarks/bench_estimators.py --quick                      # tiny shapes, a smoke run
+    python benchmarks/bench_estimators.py --shapes 64x128:4 512x32:4 --repeats 2   # a smoke run
     python benchmarks/bench_estimators.py --shapes 8192x256:4 --repeats 9 --device cuda
 """
 import argparse
@@ -28,7 +28,6 @@ from tests.naive import loop_reference  # noqa: E402  (the per-group loop, check
 
 # rows x tokens : group size
 GRID = ["64x18:4", "128x68:16", "2048x512:2", "8192x256:4", "1024x4096:4", "4096x1024:8"]
-QUICK = ["64x128:4", "512x32:4", "128x64:2"]
 
 
 def parse_args(argv=None):
@@ -36,9 +35,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto", type=device_option,
                    help="where to run; auto picks cuda when available, else cpu")
     p.add_argument("--repeats", type=at_least(1), default=5, help="timed calls per measurement (median reported)")
-    p.add_argument("--shapes", nargs="+", type=parse_shape, default=None, metavar="ROWSxTOKENS:GROUP",
-                   help=f"subset of shapes to run, e.g. 8192x256:4 (default: {' '.join(GRID)})")
-    p.add_argument("--quick", action="store_true", help=f"tiny shapes ({' '.join(QUICK)}), 2 repeats")
+    p.add_argument("--shapes", nargs="+", type=parse_shape, default=[parse_shape(t) for t in GRID],
+                   metavar="ROWSxTOKENS:GROUP", help="shapes to run, e.g. 8192x256:4")
     p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
     return p.parse_args(argv)
 
@@ -107,17 +105,15 @@ def timed(fns, device, repeats):
 def main():
     args = parse_args()
     device = pick_device(args.device)
-    shapes = args.shapes or [parse_shape(t) for t in (QUICK if args.quick else GRID)]
-    repeats = 2 if args.quick and args.repeats == 5 else args.repeats
     print("command: " + command("bench_estimators.py"))
     print(f"{describe(machine())}, device: {device}")
-    print(f"float32 inputs, median of {repeats} interleaved rounds after a warm-up round\n")
+    print(f"float32 inputs, median of {args.repeats} interleaved rounds after a warm-up round\n")
     header = (f"{'shape (rows x tokens : group)':>30} {'groups':>7} {'otb ms':>9} {'loop ms':>9} "
               f"{'floor ms':>9} {'loop/otb':>9} {'otb/floor':>10} {'max|diff|':>10}  faster")
     print(header)
     print("-" * len(header))
     all_agree = True
-    for rows, tokens, group in shapes:
+    for rows, tokens, group in args.shapes:
         x = make_inputs(rows, tokens, group, device, seed=args.seed)
         adv, ret = otb.optimal_token_baseline(**x)
         adv_loop, ret_loop = loop_reference(**x)
@@ -125,7 +121,7 @@ def main():
         agree = diff <= 1e-4 * (1 + ret_loop.abs().max().item())
         all_agree &= agree
         t_otb, t_loop, t_floor = timed([lambda: otb.optimal_token_baseline(**x), lambda: loop_reference(**x),
-                                        lambda: floor_pass(x["token_rewards"])], device, repeats)
+                                        lambda: floor_pass(x["token_rewards"])], device, args.repeats)
         n_groups = int(torch.unique(x["group_index"]).numel())
         faster = "otb" if t_otb < t_loop else "loop"
         print(f"{f'{rows} x {tokens} : {group}':>30} {n_groups:>7} {t_otb * 1e3:>9.2f} {t_loop * 1e3:>9.2f} "

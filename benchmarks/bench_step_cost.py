@@ -10,7 +10,7 @@ logged diagnostics are not timed. Goal: OTB at most 3% slower. Models: ``tiny`` 
 cached warmed-up model) and ``v49k`` (random Llama, SmolLM2's width and vocabulary, 2 layers,
 the character tokenizer: rewards are 0, which does not change the cost).
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_step_cost.py              # both models, ~3 min, writes runs/cost/
+    OMP_NUM_THREADS=1 python benchmarks/bench_step_cost.py   # both models, ~3 min, writes runs/cost/
 """
 import copy
 import statistics
@@ -40,9 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--models", type=choice_list(["tiny", "v49k"]), default="tiny,v49k",
                    help="comma-separated models to time: tiny, v49k")
     p.add_argument("--steps", type=at_least(1), default=6, help="timed steps per variant (median reported)")
-    p.add_argument("--prompts-per-step", type=at_least(0), default=0, help="0: 16 (tiny), 8 (v49k)")
     p.add_argument("--group-size", type=at_least(2), default=4, help="N")
-    p.add_argument("--max-new-tokens", type=at_least(0), default=0, help="0: 18 (tiny, reversal), 32 (v49k)")
     p.add_argument("--out", type=out_folder, default=str(RUNS / "cost"),
                    help="results folder (bench_step_cost.md/.json); the saved results are in "
                         "benchmarks/results/cost, rewritten only when named here")
@@ -50,6 +48,7 @@ def parse_args(argv=None):
 
 
 def build(name, tiny_dir=None):
+    """(model, tokenizer, prompts per step, response limit): the default run's; 8 x 32 tokens at V = 49152."""
     if name == "tiny":
         model, tok = load_model(tiny_dir or find_cached_tiny())
         return model, tok, 16, 18
@@ -61,15 +60,14 @@ def step(model, opt, tok, cfg, task, estimator, spp_on, s):
     """One train.train_step, sum pi^2 stubbed out unless spp_on. Returns its number of tokens."""
     use("with" if spp_on else "without")
     try:
-        return int(train.train_step(cfg, model, model, opt, task, tok, otb.ESTIMATORS[estimator], s).ro.response_mask.sum())
+        out = train.train_step(cfg, model, model, opt, task, tok, otb.ESTIMATORS[estimator], s)
+        return int(out.ro.response_mask.sum())
     finally:
         use("with")
 
 
 def time_model(name, args, tiny_dir=None):
     model, tok, prompts, limit = build(name, tiny_dir)
-    prompts = args.prompts_per_step or prompts
-    limit = args.max_new_tokens or limit
     cfg = train.Config(prompts_per_step=prompts, group_size=args.group_size, max_new_tokens=limit)
     task = rollout.ReverseTask()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)

@@ -87,7 +87,9 @@ def device_option(text):
 def pick_device(text):
     """The torch device of a --device value (auto: cuda when there is one)."""
     import torch
-    return torch.device("cuda" if text == "auto" and torch.cuda.is_available() else "cpu" if text == "auto" else text)
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(text)
 
 
 def _creatable(path):

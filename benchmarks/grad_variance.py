@@ -17,7 +17,7 @@ prompts; the raw tr Var is kept, labelled raw. The proxies are the functions tra
 is also compared with the exact ||S(tau)||^2 per response (correlations and a scatter plot).
 (1) normalises by N per group; train.py's token mean rescales every estimator alike.
 
-    OMP_NUM_THREADS=1 python benchmarks/grad_variance.py --out benchmarks/results/grad_variance   # ~10 min, 5 GB
+    OMP_NUM_THREADS=1 python benchmarks/grad_variance.py --out benchmarks/results/grad_variance  # 10 min, 5 GB
     python benchmarks/grad_variance.py --prompts 8 --pool 16 --group-sizes 2,4   # a smoke run
 """
 import json
@@ -42,9 +42,9 @@ from benchmarks.machine import describe, machine  # noqa: E402
 
 def parse_args(argv=None):
     p = parser(__doc__)
-    p.add_argument("--model-dir", default="", help="save_pretrained folder of the model; empty: the warmed-up "
-                   "tiny model cached by train.py under runs/_cache")
-    p.add_argument("--prompts", type=at_least(1), default=48, help="P, prompts in the pool (the bootstrap's units)")
+    p.add_argument("--model-dir", default="", help="save_pretrained folder of the model; empty: the "
+                   "warmed-up tiny model cached by train.py under runs/_cache")
+    p.add_argument("--prompts", type=at_least(1), default=48, help="P, prompts (the bootstrap's units)")
     p.add_argument("--pool", type=at_least(2), default=32, help="M, responses sampled once per prompt")
     p.add_argument("--group-sizes", default="2,4,8,16", help="N values, each must divide M")
     p.add_argument("--estimators", default=",".join(otb.ESTIMATORS), help="estimators to measure")
@@ -54,7 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--temperature", type=float, default=1.0, help="sampling and scoring temperature")
     p.add_argument("--seed", type=int, default=1234, help="seed of the prompts, the sampler and the splits")
     p.add_argument("--out", default=str(ROOT / "runs" / "grad_variance"), help="folder for table.md, "
-                   "results.json and proxy_vs_true.png (benchmarks/results/grad_variance: the committed ones)")
+                   "results.json and proxy_vs_true.png (benchmarks/results/grad_variance: the committed)")
     return p.parse_args(argv)
 
 

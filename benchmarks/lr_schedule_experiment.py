@@ -14,7 +14,7 @@ the real run:
   (rows that emitted EOS) below 0.5; collapse step: the first step whose trailing k-step success
   mean is below 0.5 x the first k ("length rose before collapse": surge step < collapse step).
 
-    OMP_NUM_THREADS=1 python benchmarks/lr_schedule_experiment.py   # the real grid: 24 runs, 10-30 min on 2 cores
+    OMP_NUM_THREADS=1 python benchmarks/lr_schedule_experiment.py   # the real grid: 24 runs, 10-30 min, 2 cores
     python benchmarks/lr_schedule_experiment.py --aggregate-only    # re-plot finished runs
     python benchmarks/lr_schedule_experiment.py --quick             # smoke run into runs/lr_schedule_quick
 """
@@ -107,7 +107,8 @@ SHARED = ["steps", "horizon", "max_new_tokens", "lr", "rollout_dtype", "lr_warmu
 
 def train_command(args, schedule, estimator, seed):
     """The train.py command line of one run (everything but the schedule and estimator is shared)."""
-    cmd = [sys.executable, "train.py", "--estimator", estimator, "--lr-schedule", schedule, "--seed", str(seed)]
+    cmd = [sys.executable, "train.py", "--estimator", estimator, "--lr-schedule", schedule,
+           "--seed", str(seed)]
     cmd += [x for k in SHARED for x in ("--" + k.replace("_", "-"), str(getattr(args, k)))]
     cmd += ["--name", run_name(f"{schedule}/{estimator}", seed), "--log-every", "10"]
     return cmd + shlex.split(args.train_args)
