@@ -11,16 +11,15 @@ process, the sides alternate step by step (the project's step runs in a TrainerC
 TRL's timed window), OMP_WAIT_POLICY=PASSIVE for both; medians over the steps after ``--skip`` of
 the phases rollout (TRL: ``_generate``), score (rewards, scoring pass, advantages: the rest of
 ``_generate_and_score_completions``) and update (the rest of the step); neither side's logging
-is timed. Also: success over the first and last 10 steps of each side, and the two losses'
-gradients on one rollout before training (relative difference, cosine). Results go to
-runs/bench_vs_trl/ (bench_vs_trl.json, .md), into benchmarks/results/ only with ``--out``.
+is timed. Also: success over the first and last 10 steps of each side. That the two losses have
+the same gradient is tested (tests/test_e2e_trl.py). Results go to runs/bench_vs_trl/
+(bench_vs_trl.json, .md), into benchmarks/results/ only with ``--out``.
 """
 import os
 
 if __name__ == "__main__":  # run as a script: before torch (and its OpenMP runtime) starts
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
-import dataclasses  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -31,7 +30,6 @@ import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import otb  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
 import train_cli  # noqa: E402
@@ -106,26 +104,6 @@ def project_step(model, opt, tok, task, cfg, step):
                 success=(s.R >= 1).float().mean().item())
 
 
-def project_gradient(model, tok, task, cfg, batch):
-    """The gradient train.update computes on TRL's rollout ``batch`` (groups consecutive), (D,)."""
-    m = batch["completion_mask"].float()  # (B, T)
-    B = m.shape[0]
-    ro = rollout.Rollout(prompt_ids=batch["prompt_ids"], prompt_mask=batch["prompt_mask"],
-                         response=batch["completion_ids"], response_mask=m,
-                         group_index=torch.arange(B) // cfg.group_size, logp=torch.zeros_like(m),
-                         finished=(batch["completion_ids"] == tok.eos_token_id).any(-1))
-    answers = batch["answers"][::cfg.group_size]  # one per prompt
-    _, token_rewards, _ = rollout.rewards(task, tok, ro, answers, cfg.group_size)  # the project's rewards
-    with torch.no_grad():
-        old_logp, spp, _ = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response, m, cfg.temperature)
-    adv, _ = otb.ESTIMATORS[cfg.estimator](token_rewards=token_rewards, response_mask=m,
-                                           group_index=ro.group_index, log_probs=old_logp, sum_pi_sq=spp)
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the step leaves the weights as they are
-    no_clip = dataclasses.replace(cfg, max_grad_norm=1e9)
-    train.update(model, opt, no_clip, ro, old_logp, adv, torch.Generator().manual_seed(0))
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
-
-
 # ---- TRL's side: GRPOTrainer with its phases timed
 
 def trl_trainer(folder, tok, task, cfg, data, out, steps, callbacks=(), **overrides):
@@ -164,32 +142,6 @@ def trl_trainer(folder, tok, task, cfg, data, out, steps, callbacks=(), **overri
                                args=args, train_dataset=data, processing_class=tok, callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)  # TRL's per-step log dicts; the report has the numbers
     return trainer
-
-
-def trl_gradient(trainer):
-    """The gradient of TRL's first training step (before its optimizer step), (D,), and its batch."""
-    from transformers import TrainerCallback
-    grads = []
-
-    class Grab(TrainerCallback):
-        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
-            grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]))
-
-    trainer.add_callback(Grab())
-    trainer.train()
-    return grads[0], trainer.batch
-
-
-def gradient_check(folder, tok, task, cfg, out):
-    """Both losses' gradients on one rollout (TRL's first batch, before any update)."""
-    data = prompt_rows(tok, task, cfg, 1)
-    trainer = trl_trainer(folder, tok, task, cfg, data, out / "trl-gradient", 1, max_grad_norm=1e9)
-    g_trl, batch = trl_gradient(trainer)
-    g_ours = project_gradient(fresh_model(folder), tok, task, cfg, batch)
-    rel = ((g_ours - g_trl).norm() / g_trl.norm()).item()
-    cos = torch.nn.functional.cosine_similarity(g_ours.double(), g_trl.double(), dim=0).item()
-    return dict(relative_difference=rel, cosine=cos, grad_norm_trl=g_trl.norm().item(),
-                grad_norm_project=g_ours.norm().item(), tokens=int(batch["completion_mask"].sum()))
 
 
 # ---- The interleaved run and the report
@@ -243,7 +195,7 @@ def summarize(rows, skip):
                 learning=learn)
 
 
-def report(args, cfg, command, info, summary, grad):
+def report(args, cfg, command, info, summary):
     med, r = summary["median_s"], summary["ratio_project_over_trl"]
     trl_name = f'TRL GRPOTrainer (scale_rewards="{TRL_SCALE[args.estimator]}", loss_type="dapo")'
     lines = [f"# train.py's step vs {trl_name}\n", f"`{command}`  ",
@@ -259,8 +211,6 @@ def report(args, cfg, command, info, summary, grad):
     learn = summary["learning"]
     lines.append("Learning (success rate, first 10 -> last 10 steps): " + ", ".join(
         f"{side} {v['first10']:.3f} -> {v['last10']:.3f}" for side, v in learn.items()))
-    lines.append(f"\nGradient on one rollout ({grad['tokens']} tokens): relative difference "
-                 f"{grad['relative_difference']:.2e}, cosine {grad['cosine']:.8f}")
     return "\n".join(lines) + "\n"
 
 
@@ -274,16 +224,12 @@ def main(argv=None):
     print(command, info, sep="\n", flush=True)
     out = Path(args.out)
     folder, tok, task, cfg = setup(args)
-    grad = gradient_check(folder, tok, task, cfg, out)
-    print(f"gradient on one rollout: relative difference {grad['relative_difference']:.2e}, "
-          f"cosine {grad['cosine']:.8f}", flush=True)
     rows = interleaved(folder, tok, task, cfg, args, out)
     summary = summarize(rows, args.skip)
-    text = report(args, cfg, command, info, summary, grad)
+    text = report(args, cfg, command, info, summary)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_vs_trl.json").write_text(json.dumps(dict(
-        command=command, machine=info, args=vars(args), summary=summary, gradient_check=grad,
-        steps=rows), indent=1))
+        command=command, machine=info, args=vars(args), summary=summary, steps=rows), indent=1))
     (out / "bench_vs_trl.md").write_text(text)
     print(text + f"wrote {out / 'bench_vs_trl.md'} and .json")
     return summary
