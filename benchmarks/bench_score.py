@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -131,7 +132,7 @@ def main(argv=None):
     a = call(model, inputs, 0)[1]
     assert torch.allclose(a, call(model, inputs, 32)[1]), "chunked and unchunked sum pi^2 differ"
     results = []
-    for chunk in [int(c) for c in args.chunk_sizes.split(",")]:
+    for chunk in tqdm([int(c) for c in args.chunk_sizes.split(",")], desc="chunk sizes"):
         times = {"with": [], "without": []}
         for r in range(args.repeats + 1):  # the first round warms up and is dropped
             for variant in (("with", "without") if r % 2 else ("without", "with")):
@@ -152,11 +153,6 @@ def main(argv=None):
         row["peak_ratio"] = mem["with"]["peak"] / mem["without"]["peak"]
         row["meets_goals"] = row["time_ratio"] <= 1.05 and row["work_mem_ratio"] <= 1.10
         results.append(row)
-        print(f"chunk {row['chunk_size']}: time {row['time_without_s']:.3f} -> {row['time_with_s']:.3f} s "
-              f"(x{row['time_ratio']:.3f}); working memory {row['work_mem_without_mb']:.0f} -> "
-              f"{row['work_mem_with_mb']:.0f} MB (x{row['work_mem_ratio']:.3f}); process peak "
-              f"x{row['peak_ratio']:.3f}; goals (<= x1.05 time, <= x1.10 memory) "
-              f"{'met' if row['meets_goals'] else 'NOT met'}", flush=True)
     cmd, tag = cli.command("bench_score.py", argv), device.type
     lines = [f"# sum pi^2 in rollout.score: cost ({tag})\n", f"`{cmd}`  ",
              f"{shape}; Llama hidden {args.hidden}, {args.layers} layers, {n_params / 1e6:.1f}M params; "

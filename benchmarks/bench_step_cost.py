@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -74,7 +75,7 @@ def time_model(name, args, tiny_dir=None):
     snap = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
     names = list(VARIANTS)
     times, tokens = {v: [] for v in names}, {v: [] for v in names}
-    for s in range(args.steps + 1):  # step 0 warms up and is dropped
+    for s in tqdm(range(args.steps + 1), desc=name):  # step 0 warms up and is dropped
         order = names[s % len(names):] + names[:s % len(names)]  # rotate the order every step
         for v in order:
             model.load_state_dict(snap[0])
@@ -92,9 +93,6 @@ def time_model(name, args, tiny_dir=None):
                ratio_otb_vs_group_mean=med["otb"] / med["group_mean"],
                ratio_group_mean_spp_vs_group_mean=med["group_mean+spp"] / med["group_mean"])
     row["meets_goal"] = row["ratio_otb_vs_group_mean"] <= 1.03
-    print(f"{name}: median step group_mean {med['group_mean']:.3f} s, otb {med['otb']:.3f} s, "
-          f"group_mean+spp {med['group_mean+spp']:.3f} s -> otb / group_mean = x{row['ratio_otb_vs_group_mean']:.3f} "
-          f"(goal <= x1.03: {'met' if row['meets_goal'] else 'NOT met'})", flush=True)
     return row
 
 

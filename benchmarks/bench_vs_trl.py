@@ -20,7 +20,6 @@ import os
 if __name__ == "__main__":  # run as a script: before torch (and its OpenMP runtime) starts
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
-import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -227,11 +226,8 @@ def main(argv=None):
     rows = interleaved(folder, tok, task, cfg, args, out)
     summary = summarize(rows, args.skip)
     text = report(args, cfg, command, info, summary)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_vs_trl.json").write_text(json.dumps(dict(
-        command=command, machine=info, args=vars(args), summary=summary, steps=rows), indent=1))
-    (out / "bench_vs_trl.md").write_text(text)
-    print(text + f"wrote {out / 'bench_vs_trl.md'} and .json")
+    cli.write_results(out, "bench_vs_trl", dict(command=command, machine=info, args=vars(args), summary=summary,
+                                                 steps=rows), text)
     return summary
 
 

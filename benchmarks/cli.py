@@ -26,12 +26,12 @@ def command(script, argv=None):
 
 
 def write_results(out, stem, record, text):
-    """<out>/<stem>.json (the record) and <out>/<stem>.md (the text), the folder made if needed."""
+    """<out>/<stem>.json (the record) and <out>/<stem>.md (the text, also printed), the folder made if needed."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
     (out / f"{stem}.md").write_text(text)
-    print(f"wrote {out / stem}.md and .json")
+    print(text + f"wrote {out / stem}.md and .json")
 
 
 def _checked(name, convert, ok, message, keep_text=False):
