@@ -28,7 +28,7 @@ import rollout  # noqa: E402
 import train  # noqa: E402
 from benchmarks.bench_decode import smollm2_shaped  # noqa: E402
 from benchmarks.bench_score import use  # noqa: E402
-from benchmarks.grad_variance import find_cached_tiny, load_model  # noqa: E402
+from benchmarks.grad_variance import load_model  # noqa: E402
 from benchmarks.machine import describe, machine  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.cli import RUNS, at_least, choice_list, out_folder, parser  # noqa: E402
@@ -48,10 +48,10 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def build(name, tiny_dir=None):
+def build(name):
     """(model, tokenizer, prompts per step, response limit): the default run's; 8 x 32 tokens at V = 49152."""
     if name == "tiny":
-        model, tok = load_model(tiny_dir or find_cached_tiny())
+        model, tok, _ = load_model()
         return model, tok, 16, 18
     from models import char_tokenizer
     return smollm2_shaped(layers=2), char_tokenizer(), 8, 32
@@ -67,8 +67,8 @@ def step(model, opt, tok, cfg, task, estimator, spp_on, s):
         use("with")
 
 
-def time_model(name, args, tiny_dir=None):
-    model, tok, prompts, limit = build(name, tiny_dir)
+def time_model(name, args):
+    model, tok, prompts, limit = build(name)
     cfg = train.Config(prompts_per_step=prompts, group_size=args.group_size, max_new_tokens=limit)
     task = rollout.ReverseTask()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
@@ -99,10 +99,9 @@ def time_model(name, args, tiny_dir=None):
 def main(argv=None):
     args = parse_args(argv)
     models = args.models.split(",")
-    tiny_dir = find_cached_tiny() if "tiny" in models else None  # a missing cache stops us before any timing
     info = machine()
     print(info)
-    rows = [time_model(name, args, tiny_dir) for name in models]
+    rows = [time_model(name, args) for name in models]
     cmd = cli.command("bench_step_cost.py", argv)
     lines = ["# Time per training step: OTB vs group_mean (same process, identical batches)\n", f"`{cmd}`  ",
              f"{describe(info)}; median of {args.steps} steps per variant\n",

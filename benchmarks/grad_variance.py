@@ -36,6 +36,8 @@ import otb  # noqa: E402
 import scale_free  # noqa: E402
 import stats  # noqa: E402
 import rollout  # noqa: E402
+import train  # noqa: E402
+import train_cli  # noqa: E402
 from benchmarks.cli import at_least, command, parser  # noqa: E402
 from benchmarks.machine import describe, machine  # noqa: E402
 
@@ -43,7 +45,7 @@ from benchmarks.machine import describe, machine  # noqa: E402
 def parse_args(argv=None):
     p = parser(__doc__)
     p.add_argument("--model-dir", default="", help="save_pretrained folder of the model; empty: the "
-                   "warmed-up tiny model cached by train.py under runs/_cache")
+                   "default run's warmed-up tiny model (runs/_cache, built if missing)")
     p.add_argument("--prompts", type=at_least(1), default=48, help="P, prompts (the bootstrap's units)")
     p.add_argument("--pool", type=at_least(2), default=32, help="M, responses sampled once per prompt")
     p.add_argument("--group-sizes", default="2,4,8,16", help="N values, each must divide M")
@@ -60,20 +62,14 @@ def parse_args(argv=None):
 
 # ---- Model and pool
 
-def find_cached_tiny(root=ROOT / "runs" / "_cache"):
-    """The newest runs/_cache/tiny-*/ folder that holds a saved model."""
-    dirs = sorted((d for d in Path(root).glob("tiny-*") if (d / "config.json").exists()),
-                  key=lambda d: d.stat().st_mtime)
-    if not dirs:
-        raise SystemExit(f"no cached tiny model under {root}: run `python train.py --estimator group_mean "
-                         f"--steps 1` once (it warms the model up and caches it), or pass --model-dir")
-    return dirs[-1]
-
-
-def load_model(model_dir):
+def load_model(model_dir=""):
+    """(model, tokenizer, folder) saved in model_dir; empty: the default run's warmed-up tiny model
+    (train_cli.load builds it and caches it under runs/_cache when it is not there yet)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    if not model_dir:
+        model_dir = train_cli.load(train.Config(out=str(ROOT / "runs")), torch.device("cpu"))[2]["path"]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()  # no dropout
-    return model, AutoTokenizer.from_pretrained(model_dir)
+    return model, AutoTokenizer.from_pretrained(model_dir), Path(model_dir)
 
 
 def subset(ro, rows):
@@ -287,8 +283,7 @@ def plot(scatter, corr, path):
 def main(argv=None):
     args = parse_args(argv)
     torch.manual_seed(args.seed)
-    model_dir = Path(args.model_dir) if args.model_dir else find_cached_tiny()
-    model, tok = load_model(model_dir)
+    model, tok, model_dir = load_model(args.model_dir)
     info = machine()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model {model_dir} ({n_params / 1e6:.2f}M parameters); {info}", flush=True)
