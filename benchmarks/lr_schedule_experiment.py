@@ -147,13 +147,9 @@ def collapse(history, k, ratio, min_finished):
     success = [r["success"] for r in history]
     initial, final = mean(success[:k]), mean(success[-k:])
     finished = mean([r["finished"] for r in history[-k:]])
-    collapsed = final < ratio * initial or finished < min_finished
-    step = None
-    for i in range(k, len(success) + 1):  # trailing k-step means from step k on
-        if mean(success[i - k:i]) < ratio * initial:
-            step = i
-            break
-    return collapsed, step
+    step = next((i for i in range(k, len(success) + 1)  # trailing k-step means from step k on
+                 if mean(success[i - k:i]) < ratio * initial), None)
+    return final < ratio * initial or finished < min_finished, step
 
 
 def correlation(xs, ys):
@@ -169,22 +165,15 @@ def summarize_run(history, args):
     collapsed, c_step = collapse(history, k, args.collapse_ratio, args.collapse_finished)
     s = surge_step(lengths, args.lr_warmup_window, args.lr_surge_ratio)
     return dict(
-        steps=len(history),
-        initial_success=mean([r["success"] for r in history[:k]]),
+        steps=len(history), initial_success=mean([r["success"] for r in history[:k]]),
         final_success=mean([r["success"] for r in history[-k:]]),
         final_finished=mean([r["finished"] for r in history[-k:]]),
-        max_grad_norm=max(r["grad_norm"] for r in history),
-        max_len=max(lengths),
-        final_lr=history[-1]["lr"],
-        surge_step=s,
-        lr_drop_step=first_lr_drop([r["lr"] for r in history]),
-        collapsed=collapsed,
-        collapse_step=c_step,
-        len_before_collapse=None if c_step is None else (s is not None and s < c_step),
+        max_grad_norm=max(r["grad_norm"] for r in history), max_len=max(lengths), final_lr=history[-1]["lr"],
+        surge_step=s, lr_drop_step=first_lr_drop([r["lr"] for r in history]), collapsed=collapsed,
+        collapse_step=c_step, len_before_collapse=None if c_step is None else (s is not None and s < c_step),
         max_mismatch=max(r["mismatch_mean_abs"] for r in history),
         corr_mismatch_gradnorm=correlation([r["mismatch_mean_abs"] for r in history],
-                                           [r["grad_norm"] for r in history]),
-    )
+                                           [r["grad_norm"] for r in history]))
 
 
 def band(histories, key):
@@ -273,15 +262,14 @@ def plot(histories, args, path, title=""):
 
 
 def load_histories(args):
-    out = ROOT / args.out
     histories = {}
     for config, _, _ in configs(args):
         for seed in seeds(args):
-            path = out / run_name(config, seed) / "metrics.jsonl"
-            if path.exists():
-                rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-                if rows:
-                    histories.setdefault(config, {})[seed] = rows
+            path = ROOT / args.out / run_name(config, seed) / "metrics.jsonl"
+            rows = ([json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                    if path.exists() else [])
+            if rows:
+                histories.setdefault(config, {})[seed] = rows
     return histories
 
 
@@ -290,7 +278,8 @@ def main(argv=None):
     command = "python benchmarks/lr_schedule_experiment.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     info = machine()
     print(command, "\nmachine:", json.dumps(info), flush=True)
-    print("one run:", shlex.join(train_command(args, "length", "otb", seeds(args)[0])[1:]), flush=True)
+    one_run = shlex.join(train_command(args, "length", "otb", seeds(args)[0])[1:])
+    print("one run:", one_run, flush=True)
     t0 = time.time()
     if not args.aggregate_only:
         run_grid(args)
@@ -311,9 +300,7 @@ def main(argv=None):
     header = f"`{run['command']}` ({run['wall_seconds']} s wall)\n\n{title}"
     (results / "summary.md").write_text(markdown(summary, args, header))
     (results / "summary.json").write_text(json.dumps(dict(
-        run=run, aggregated_by=command, args=vars(args),
-        train_command=shlex.join(train_command(args, "length", "otb", seeds(args)[0])[1:]),
-        configs=summary), indent=1))
+        run=run, aggregated_by=command, args=vars(args), train_command=one_run, configs=summary), indent=1))
     print((results / "summary.md").read_text())
     print(f"wall {wall:.0f} s; plot {results / 'lr_schedule.png'}")
     return summary
