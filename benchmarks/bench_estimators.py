@@ -82,11 +82,8 @@ def floor_pass(x):
 # ---- Timing
 
 def timed(fns, device, repeats):
-    """Median wall time in seconds of each of `fns` over `repeats` rounds, after one warm-up.
-
-    The functions are interleaved within each round (a, b, c, a, b, c, ...), so a change in the
-    load of a shared machine hits all of them alike and their ratios stay meaningful.
-    """
+    """Median seconds of each of `fns` over `repeats` rounds after a warm-up round, interleaved
+    (a, b, c, a, b, c, ...) so that a change in a shared machine's load hits all of them alike."""
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)

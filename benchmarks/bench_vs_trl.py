@@ -95,8 +95,7 @@ def prompt_rows(tok, task, cfg, steps):
 # ---- The project's side: one train.py step, through train.train_step itself
 
 def project_step(model, opt, tok, task, cfg, step):
-    """One step exactly as train.train runs it (train.train_step: rollout, score, advantages,
-    update), without its logging. Returns the phase times (s) and the success rate."""
+    """One train.train_step, as train.train runs it without its logging: phase times (s), success."""
     s = train.train_step(cfg, model, model, opt, task, tok, train.make_estimator(cfg.estimator, cfg.zero_tail), step)
     rollout_s, score_s, update_s = s.seconds
     return dict(rollout=rollout_s, score=score_s, update=update_s, step=sum(s.seconds),
@@ -105,7 +104,7 @@ def project_step(model, opt, tok, task, cfg, step):
 
 # ---- TRL's side: GRPOTrainer with its phases timed
 
-def trl_trainer(folder, tok, task, cfg, data, out, steps, callbacks=(), **overrides):
+def trl_trainer(folder, tok, task, cfg, data, out, steps, callbacks=()):
     import otb_trl
     from trl import GRPOTrainer
 
@@ -136,7 +135,7 @@ def trl_trainer(folder, tok, task, cfg, data, out, steps, callbacks=(), **overri
 
     from transformers import PrinterCallback
     args = otb_trl.grpo_config(out, cfg, steps, cfg.prompts_per_step, cfg.max_new_tokens,
-                               scale_rewards=TRL_SCALE[cfg.estimator], **overrides)
+                               scale_rewards=TRL_SCALE[cfg.estimator])
     trainer = TimedGRPOTrainer(fresh_model(folder), reward_funcs=otb_trl.task_reward(task, tok.eos_token_id),
                                args=args, train_dataset=data, processing_class=tok, callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)  # TRL's per-step log dicts; the report has the numbers

@@ -109,11 +109,8 @@ def is_sequence_level(adv, mask):
 
 
 def group_gradients(model, ro, groups, adv, temperature, S=None):
-    """g_k = (1/N) sum_{i in group k} sum_t A_t^i grad log pi(y_t^i), eq. (1): (K, D).
-
-    groups: (K, N) row indices. With S (B, D) given and a sequence-level advantage, g_k is the
-    linear combination (1/N) sum_i A_i S_i; otherwise one backward pass per group.
-    """
+    """g_k of eq. (1) for the (K, N) row indices ``groups``: (K, D). With S (B, D) and a
+    sequence-level advantage, (1/N) sum_i A_i S_i; otherwise one backward pass per group."""
     N = groups.shape[1]
     if S is not None and is_sequence_level(adv, ro.response_mask):
         A = adv[:, 0]  # A_i, (B,)
@@ -139,11 +136,8 @@ def trace_variance(G):
 
 
 def reference_gradient(model, ro, token_rewards, rows, temperature, parts=4):
-    """An unbiased estimate of one prompt's policy gradient from a separate pool, and its variance.
-
-    The prompt's responses ``rows`` are split into ``parts`` disjoint sub-pools; RLOO inside each
-    gives ``parts`` i.i.d. unbiased estimates. Returns (their mean (D,), the variance of that mean).
-    """
+    """One prompt's policy gradient, unbiased, from its responses ``rows`` of a separate pool: RLOO
+    inside ``parts`` disjoint sub-pools. Returns (the mean of the parts (D,), its variance)."""
     sub = subset(ro, rows)
     r, m = token_rewards[rows, :sub.response.shape[1]], sub.response_mask  # (M, T)
     M = len(rows)
