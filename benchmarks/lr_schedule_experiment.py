@@ -33,6 +33,7 @@ from benchmarks import grid  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 from benchmarks.cli import at_least, int_list, parser, positive_float  # noqa: E402
 
+COLLAPSE_RATIO, MIN_FINISHED = 0.5, 0.5  # collapsed: final success < 0.5 x initial, or finished < 0.5
 PANELS = [  # (metric key, y label, log scale, floor: smaller values are drawn at the floor)
     ("response_len", "mean response length (tokens)", False, None),
     ("lr", "learning rate used", True, None),
@@ -61,10 +62,6 @@ def parse_args(argv=None):
     p.add_argument("--lr-decay-period-factor", type=float, default=1.8, help="c: decay period = c * s")
     p.add_argument("--lr-floor", type=float, default=0.1, help="f: the LR never goes below f * eta_0")
     p.add_argument("--window", type=at_least(1), default=10, help="k: steps averaged for initial/final success")
-    p.add_argument("--collapse-ratio", type=float, default=0.5,
-                   help="collapsed if final success < ratio * initial success ...")
-    p.add_argument("--collapse-finished", type=float, default=0.5,
-                   help="... or the final finished fraction is below this")
     p.add_argument("--train-args", default="", help="extra arguments passed to every train.py run")
     p.add_argument("--jobs", type=at_least(1), default=2, help="train.py processes in parallel")
     p.add_argument("--out", default=None,
@@ -162,7 +159,7 @@ def summarize_run(history, args):
     """One row per run (seed)."""
     k = args.window
     lengths = [r["response_len"] for r in history]
-    collapsed, c_step = collapse(history, k, args.collapse_ratio, args.collapse_finished)
+    collapsed, c_step = collapse(history, k, COLLAPSE_RATIO, MIN_FINISHED)
     s = surge_step(lengths, args.lr_warmup_window, args.lr_surge_ratio)
     return dict(
         steps=len(history), initial_success=mean([r["success"] for r in history[:k]]),
@@ -226,9 +223,9 @@ def markdown(summary, args, header=""):
     lines += ["", f"success / finished: means over the first / last {args.window} steps. surge_step: first step "
               f"i > {args.lr_warmup_window} with mean length > {args.lr_surge_ratio} x the mean of steps "
               f"1..{args.lr_warmup_window} (computed for every run; only the length schedule acts on it). "
-              f"collapsed: final success < {args.collapse_ratio} x initial, or final finished fraction < "
-              f"{args.collapse_finished}; collapse_step: first step whose trailing {args.window}-step success "
-              f"mean is below {args.collapse_ratio} x initial. corr: Pearson correlation over steps of "
+              f"collapsed: final success < {COLLAPSE_RATIO} x initial, or final finished fraction < "
+              f"{MIN_FINISHED}; collapse_step: first step whose trailing {args.window}-step success "
+              f"mean is below {COLLAPSE_RATIO} x initial. corr: Pearson correlation over steps of "
               f"mismatch_mean_abs and grad_norm within a run."]
     return "\n".join(lines) + "\n"
 

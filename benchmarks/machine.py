@@ -13,12 +13,10 @@ import torch
 def cpu_model():
     """The CPU's model name (from /proc/cpuinfo on Linux), else what platform knows."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def machine():
