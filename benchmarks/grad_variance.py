@@ -17,7 +17,7 @@ prompts; the raw tr Var is kept, labelled raw. The proxies are the functions tra
 is also compared with the exact ||S(tau)||^2 per response (correlations and a scatter plot).
 (1) normalises by N per group; train.py's token mean rescales every estimator alike.
 
-    OMP_NUM_THREADS=1 python benchmarks/grad_variance.py --out benchmarks/results/grad_variance  # 10 min, 5 GB
+    OMP_NUM_THREADS=1 python benchmarks/grad_variance.py --out benchmarks/results/grad_variance  # 10 min
     python benchmarks/grad_variance.py --prompts 8 --pool 16 --group-sizes 2,4   # a smoke run
 """
 import json
@@ -84,16 +84,12 @@ def subset(ro, rows):
 
 # ---- Exact gradients and their variance
 
-def flat(grads):
-    return torch.cat([g.reshape(-1) for g in grads])  # (D,)
-
-
 def weighted_score_gradient(model, ro, weights, temperature):
     """grad_theta sum_i sum_t weights[i, t] log pi(y_t^i), flattened: (D,). One backward pass."""
     params = [p for p in model.parameters() if p.requires_grad]
     logp, _, _ = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response, ro.response_mask,
                                temperature)  # log pi(y_t), (B, T), keeps the graph
-    return flat(torch.autograd.grad((weights * logp).sum(), params))
+    return torch.cat([g.reshape(-1) for g in torch.autograd.grad((weights * logp).sum(), params)])  # (D,)
 
 
 def per_response_scores(model, ro, temperature):
