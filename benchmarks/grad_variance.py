@@ -17,7 +17,7 @@ prompts; the raw tr Var is kept, labelled raw. The proxies are the functions tra
 is also compared with the exact ||S(tau)||^2 per response (correlations and a scatter plot).
 (1) normalises by N per group; train.py's token mean rescales every estimator alike.
 
-    OMP_NUM_THREADS=1 python benchmarks/grad_variance.py --out benchmarks/results/grad_variance  # 10 min
+    OMP_NUM_THREADS=1 python benchmarks/grad_variance.py --out benchmarks/results/grad_variance  # 10 min, 5GB
     python benchmarks/grad_variance.py --prompts 8 --pool 16 --group-sizes 2,4   # a smoke run
 """
 import json
