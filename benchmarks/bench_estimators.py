@@ -1,29 +1,15 @@
-"""How fast is the vectorised Optimal Token Baseline?
+"""How fast is the vectorised Optimal Token Baseline? (docs/cost.md)
 
-`otb.optimal_token_baseline` computes, for every row i of a (B, T) right-padded batch,
-
-    G_t = sum_{u>=t} r_u,   W_t = sum_{j<=t} w_j,   B_t = sum_{i in group} G_t W_t m_t / (sum W_t m_t + eps)
-
-with one tensor expression per equation over the whole batch and no Python loop over groups. This
-script times it on a grid of shapes (random response lengths, interleaved groups) against two
-references:
-
-- `loop_reference`: the shape of the widely used implementation, which maps prompt ids to row
-  lists in Python and then loops over the groups, computing each group's baseline with torch ops.
-  Its cost grows with the number of groups, so it is slowest with thousands of short groups.
-- the floor: one reverse cumulative sum (flip, cumsum, flip) over a float32 tensor of the same
-  (B, T) shape, i.e. the single pass that computing G_t alone needs. OTB needs several such passes
-  (G_t, w_t, W_t, two group sums, the gather back), so a small multiple of it is the best possible.
-
-It checks that OTB and the loop agree, then prints per shape the median times, both ratios and
-which of OTB and the loop was faster. The grid starts at the shapes train.py runs (the default
-comparison, 64 x 18, and the long-horizon study, 128 x 68) and goes up to 4M tokens, where the
-full-batch temporaries of a CPU run cost page faults (docs/cost.md). Nothing here is a goal: the
-numbers are reported as measured. Timings on a shared machine are noisy; use --repeats to tighten
-them.
+Times ``otb.optimal_token_baseline`` (one tensor expression per equation over the whole (B, T)
+batch) on a grid of shapes, random lengths and interleaved groups, against the per-group Python
+loop of the widely used implementation (tests/naive.py's ``loop_reference``, slowest with many
+short groups) and against a floor, one reverse cumulative sum over the same (B, T) (the one pass
+G_t alone needs). It checks that OTB and the loop agree, then prints per shape the medians of
+interleaved rounds, both ratios and which of OTB and the loop was faster. The grid starts at the
+shapes train.py runs (64 x 18 and 128 x 68) and goes up to 4M tokens. Nothing here is a goal.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_estimators.py            # the full grid, CPU
-    python benchmarks/bench_estimators.py --quick                      # tiny shapes, a smoke run
+    python benchmarks/bench_estimators.py --shapes 64x128:4 512x32:4 --repeats 2   # a smoke run
     python benchmarks/bench_estimators.py --shapes 8192x256:4 --repeats 9 --device cuda
 """
 import argparse
@@ -36,24 +22,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import otb  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
-from benchmarks.cli import at_least, device_option  # noqa: E402
+from benchmarks.machine import describe, machine  # noqa: E402
+from benchmarks.cli import at_least, command, device_option, parser, pick_device  # noqa: E402
 from tests.naive import loop_reference  # noqa: E402  (the per-group loop, checked by the tests)
 
 # rows x tokens : group size
 GRID = ["64x18:4", "128x68:16", "2048x512:2", "8192x256:4", "1024x4096:4", "4096x1024:8"]
-QUICK = ["64x128:4", "512x32:4", "128x64:2"]
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--device", default="auto", type=device_option,
                    help="where to run; auto picks cuda when available, else cpu")
     p.add_argument("--repeats", type=at_least(1), default=5, help="timed calls per measurement (median reported)")
-    p.add_argument("--shapes", nargs="+", type=parse_shape, default=None, metavar="ROWSxTOKENS:GROUP",
-                   help=f"subset of shapes to run, e.g. 8192x256:4 (default: {' '.join(GRID)})")
-    p.add_argument("--quick", action="store_true", help=f"tiny shapes ({' '.join(QUICK)}), 2 repeats")
+    p.add_argument("--shapes", nargs="+", type=parse_shape, default=[parse_shape(t) for t in GRID],
+                   metavar="ROWSxTOKENS:GROUP", help="shapes to run, e.g. 8192x256:4")
     p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
     return p.parse_args(argv)
 
@@ -71,9 +54,7 @@ def parse_shape(text):
     return shape
 
 
-# =====================================================================================
-# Inputs and the floor (the per-group loop is tests/naive.py's loop_reference)
-# =====================================================================================
+# ---- Inputs and the floor (the per-group loop is tests/naive.py's loop_reference)
 
 def make_inputs(rows, tokens, group_size, device, seed=0):
     """Outcome rewards, random lengths in [1, T], groups of `group_size` interleaved at random."""
@@ -98,16 +79,11 @@ def floor_pass(x):
     return torch.flip(torch.cumsum(torch.flip(x, [-1]), -1), [-1])
 
 
-# =====================================================================================
-# Timing
-# =====================================================================================
+# ---- Timing
 
 def timed(fns, device, repeats):
-    """Median wall time in seconds of each of `fns` over `repeats` rounds, after one warm-up.
-
-    The functions are interleaved within each round (a, b, c, a, b, c, ...), so a change in the
-    load of a shared machine hits all of them alike and their ratios stay meaningful.
-    """
+    """Median seconds of each of `fns` over `repeats` rounds after a warm-up round, interleaved
+    (a, b, c, a, b, c, ...) so that a change in a shared machine's load hits all of them alike."""
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -123,31 +99,18 @@ def timed(fns, device, repeats):
     return [statistics.median(b) for b in times]
 
 
-def machine_line(device):
-    m = machine()
-    line = (f"CPU: {m['cpu']} ({m['logical_cpus']} logical cores), torch threads: {m['torch_threads']}, "
-            f"OMP_NUM_THREADS={m['omp_num_threads']}, torch {m['torch']}, device: {device}")
-    if device.type == "cuda":
-        line += f" ({torch.cuda.get_device_name(device)})"
-    return line
-
-
 def main():
     args = parse_args()
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(args.device)
-    shapes = args.shapes or [parse_shape(t) for t in (QUICK if args.quick else GRID)]
-    repeats = 2 if args.quick and args.repeats == 5 else args.repeats
-    print("command: python " + " ".join(sys.argv))
-    print(machine_line(device))
-    print(f"float32 inputs, median of {repeats} interleaved rounds after a warm-up round\n")
+    device = pick_device(args.device)
+    print("command: " + command("bench_estimators.py"))
+    print(f"{describe(machine())}, device: {device}")
+    print(f"float32 inputs, median of {args.repeats} interleaved rounds after a warm-up round\n")
     header = (f"{'shape (rows x tokens : group)':>30} {'groups':>7} {'otb ms':>9} {'loop ms':>9} "
               f"{'floor ms':>9} {'loop/otb':>9} {'otb/floor':>10} {'max|diff|':>10}  faster")
     print(header)
     print("-" * len(header))
     all_agree = True
-    for rows, tokens, group in shapes:
+    for rows, tokens, group in args.shapes:
         x = make_inputs(rows, tokens, group, device, seed=args.seed)
         adv, ret = otb.optimal_token_baseline(**x)
         adv_loop, ret_loop = loop_reference(**x)
@@ -155,7 +118,7 @@ def main():
         agree = diff <= 1e-4 * (1 + ret_loop.abs().max().item())
         all_agree &= agree
         t_otb, t_loop, t_floor = timed([lambda: otb.optimal_token_baseline(**x), lambda: loop_reference(**x),
-                                        lambda: floor_pass(x["token_rewards"])], device, repeats)
+                                        lambda: floor_pass(x["token_rewards"])], device, args.repeats)
         n_groups = int(torch.unique(x["group_index"]).numel())
         faster = "otb" if t_otb < t_loop else "loop"
         print(f"{f'{rows} x {tokens} : {group}':>30} {n_groups:>7} {t_otb * 1e3:>9.2f} {t_loop * 1e3:>9.2f} "

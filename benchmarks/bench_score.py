@@ -1,24 +1,15 @@
-"""What does sum_k pi_k^2 cost inside the scoring pass?
+"""What does sum_k pi_k^2 cost inside the scoring pass? (docs/cost.md)
 
 OTB needs one extra number per token, sum_k pi_k^2, which ``rollout.score`` computes from the
-(B, T, V) logits it already holds (``otb.sum_pi_squared``: exp(logsumexp(2z) - 2 logsumexp(z))).
-At a real vocabulary (V = 49152, SmolLM2's) those logits are the largest tensor of the pass, so
-this is where the Logit-Gradient Proxy could cost time and memory. This script measures it.
-
-Variants (same model, same inputs):
-- ``with``: ``rollout.score`` as it is.
-- ``without`` (the baseline): the same function with ``otb.sum_pi_squared`` replaced by a stub that
-  returns zeros (no pass over the logits), i.e. the score pass a group baseline needs.
-
-Time: median of ``--repeats`` calls per variant, alternating variants in one process.
-Peak memory: each variant runs in a fresh subprocess; on the CPU the peak resident set during
-the call (VmHWM, reset just before through /proc/self/clear_refs) minus the resident set before
-it ("working memory" of the call); on CUDA torch.cuda.max_memory_allocated minus the allocation
-before. Goals: at most +5% time and +10% peak working memory.
-
-Model: a LlamaConfig with V = 49152, hidden 576 (SmolLM2-135M's width and heads) and only
-``--layers`` layers, random weights. Fewer layers than SmolLM2's 30 make the logits a larger
-share of the pass, so the measured overhead is an upper bound for the real model.
+(B, T, V) logits it already holds (``otb.sum_pi_squared``); at SmolLM2's vocabulary (V = 49152)
+those logits are the largest tensor of the pass. Variants on the same model and inputs: ``with``
+(``rollout.score`` as it is) and ``without`` (``otb.sum_pi_squared`` replaced by a stub returning
+zeros: the pass a group baseline needs). Time: median of ``--repeats`` calls, variants alternating
+in one process. Memory: each variant in a fresh subprocess, the peak during the call minus the
+memory before it (CPU: VmHWM reset through /proc/self/clear_refs; CUDA: max_memory_allocated).
+Goals: at most +5% time and +10% working memory. The model has SmolLM2-135M's width, heads and
+vocabulary, random weights and only ``--layers`` layers, so the logits weigh more than in the
+real model: an upper bound.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_score.py                   # CPU, ~2 min, writes runs/cost/
     python benchmarks/bench_score.py --batch 32 --response 512 --chunk-sizes 0,64   # on a GPU
@@ -33,14 +24,16 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
+from benchmarks.machine import describe, machine  # noqa: E402
 from benchmarks.bench_decode import model_options, smollm2_shaped  # noqa: E402
-from benchmarks.cli import RUNS, at_least, int_list, device_option, out_folder  # noqa: E402
+from benchmarks import cli  # noqa: E402
+from benchmarks.cli import RUNS, at_least, device_option, int_list, out_folder, parser  # noqa: E402
 
 REAL_SUM_PI_SQUARED = otb.sum_pi_squared
 
@@ -55,8 +48,7 @@ def use(variant):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--vocab", type=at_least(2), default=49152, help="vocabulary size V")
     model_options(p, layers=2, prompt=32)
     p.add_argument("--batch", type=at_least(1), default=8, help="B, responses scored in one pass")
@@ -128,7 +120,7 @@ def memory(args, variant, chunk):
 
 def main(argv=None):
     args = parse_args(argv)
-    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = cli.pick_device(args.device)
     if args.child:
         return child(args, device)
     info = machine()
@@ -140,7 +132,7 @@ def main(argv=None):
     a = call(model, inputs, 0)[1]
     assert torch.allclose(a, call(model, inputs, 32)[1]), "chunked and unchunked sum pi^2 differ"
     results = []
-    for chunk in [int(c) for c in args.chunk_sizes.split(",")]:
+    for chunk in tqdm([int(c) for c in args.chunk_sizes.split(",")], desc="chunk sizes"):
         times = {"with": [], "without": []}
         for r in range(args.repeats + 1):  # the first round warms up and is dropped
             for variant in (("with", "without") if r % 2 else ("without", "with")):
@@ -161,29 +153,18 @@ def main(argv=None):
         row["peak_ratio"] = mem["with"]["peak"] / mem["without"]["peak"]
         row["meets_goals"] = row["time_ratio"] <= 1.05 and row["work_mem_ratio"] <= 1.10
         results.append(row)
-        print(f"chunk {row['chunk_size']}: time {row['time_without_s']:.3f} -> {row['time_with_s']:.3f} s "
-              f"(x{row['time_ratio']:.3f}); working memory {row['work_mem_without_mb']:.0f} -> "
-              f"{row['work_mem_with_mb']:.0f} MB (x{row['work_mem_ratio']:.3f}); process peak "
-              f"x{row['peak_ratio']:.3f}; goals (<= x1.05 time, <= x1.10 memory) "
-              f"{'met' if row['meets_goals'] else 'NOT met'}", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/bench_score.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    tag = device.type
-    (out / f"bench_score_{tag}.json").write_text(json.dumps(dict(
-        command=command.strip(), shape=shape, model=dict(hidden=args.hidden, layers=args.layers, params=n_params),
-        device=str(device), machine=info, repeats=args.repeats, results=results), indent=1))
-    lines = [f"# sum pi^2 in rollout.score: cost ({tag})\n", f"`{command.strip()}`  ",
+    cmd, tag = cli.command("bench_score.py", argv), device.type
+    lines = [f"# sum pi^2 in rollout.score: cost ({tag})\n", f"`{cmd}`  ",
              f"{shape}; Llama hidden {args.hidden}, {args.layers} layers, {n_params / 1e6:.1f}M params; "
-             f"{info['cpu']}, {info['torch_threads']} thread(s), torch {info['torch']}"
-             + (f", {info['cuda']}" if device.type == "cuda" else "") + "\n",
+             f"{describe(info)}\n",
              "| chunk_size | time without (s) | time with (s) | time ratio | work mem without (MB) | "
              "work mem with (MB) | work mem ratio | process peak ratio | goals met |", "|" + "---|" * 9]
     lines += [f"| {r['chunk_size']} | {r['time_without_s']:.3f} | {r['time_with_s']:.3f} | {r['time_ratio']:.3f} | "
               f"{r['work_mem_without_mb']:.0f} | {r['work_mem_with_mb']:.0f} | {r['work_mem_ratio']:.3f} | "
               f"{r['peak_ratio']:.3f} | {'yes' if r['meets_goals'] else 'no'} |" for r in results]
-    (out / f"bench_score_{tag}.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out / f'bench_score_{tag}.md'} and .json")
+    cli.write_results(args.out, f"bench_score_{tag}", dict(
+        command=cmd, shape=shape, model=dict(hidden=args.hidden, layers=args.layers, params=n_params),
+        device=str(device), machine=info, repeats=args.repeats, results=results), "\n".join(lines) + "\n")
     return results
 
 

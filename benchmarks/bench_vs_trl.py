@@ -1,48 +1,26 @@
 """The project's training step beside TRL's GRPOTrainer: same model, prompts and configuration.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_vs_trl.py                 # 100 steps each, ~3-4 min
-    python benchmarks/bench_vs_trl.py --steps 20 --no-memory            # a quick look
+    OMP_NUM_THREADS=1 python benchmarks/bench_vs_trl.py                 # 100 steps each, ~3 min
+    python benchmarks/bench_vs_trl.py --steps 20                        # a quick look
     python benchmarks/bench_vs_trl.py --out benchmarks/results/trl      # the saved results
 
-Both sides start from the warmed-up tiny model (runs/_cache, built by models.py as train.py does)
-and run the matched configuration of issue 15: 16 prompts x N = 4, 18 new tokens, tau = 1, AdamW
-2e-4 at a constant rate, gradient clipping at 1.0, one update per batch, no KL term, fp32 on the
-CPU. The project runs ``group_mean`` (or ``grpo``); TRL runs ``scale_rewards="none"`` (or
-``"group"``) with ``loss_type="dapo"`` (a token mean over the batch, as in train.py). Step s of
-both sides uses the same 16 prompts (rollout.prompt_batch(seed, s)).
-
-Timing: one process, the two sides alternate step by step (TRL's step, then the project's; the
-project's step runs inside a TrainerCallback, outside TRL's timed window), and
-OMP_WAIT_POLICY=PASSIVE is set before torch starts, for both (spinning OpenMP threads made the
-per-step ratio range 0.45-3.2 on a shared 2-core machine). Medians over the steps after
-``--skip``; phases, the same for both sides:
-
-    rollout  sampling the responses (TRL: ``_generate``)
-    score    rewards, any scoring forward pass, advantages (TRL: the rest of
-             ``_generate_and_score_completions``)
-    update   loss forward, backward, clipping, optimizer step (TRL: the rest of its step)
-
-Neither side's logging is timed (train.py's diagnostics, TRL's ``log``).
-
-Also measured: peak memory (max RSS of a separate process per side running ``--memory-steps``
-steps; both import the same libraries), a learning sanity check (success over the first and
-last 10 steps of each side) and, on one rollout before training, the gradients of the two
-losses (relative difference and cosine), the project's from ``train.update`` and TRL's from
-its own training step.
-
-Results go to runs/bench_vs_trl/ (bench_vs_trl.json, bench_vs_trl.md); into the committed
-benchmarks/results/ only with an explicit ``--out``.
+Both sides start from train.py's warmed-up tiny model and run its configuration (docs/cost.md):
+the project's ``group_mean`` (or ``grpo``) against TRL's ``scale_rewards="none"`` (or
+``"group"``) with ``loss_type="dapo"``; step s of both uses rollout.prompt_batch(seed, s). One
+process, the sides alternate step by step (the project's step runs in a TrainerCallback, outside
+TRL's timed window), OMP_WAIT_POLICY=PASSIVE for both; medians over the steps after ``--skip`` of
+the phases rollout (TRL: ``_generate``), score (rewards, scoring pass, advantages: the rest of
+``_generate_and_score_completions``) and update (the rest of the step); neither side's logging
+is timed. Also: success over the first and last 10 steps of each side. That the two losses have
+the same gradient is tested (tests/test_e2e_trl.py). Results go to runs/bench_vs_trl/
+(bench_vs_trl.json, .md), into benchmarks/results/ only with ``--out``.
 """
 import os
 
 if __name__ == "__main__":  # run as a script: before torch (and its OpenMP runtime) starts
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -51,20 +29,19 @@ import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import otb  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
 import train_cli  # noqa: E402
-from benchmarks.cli import at_least  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
+from benchmarks import cli  # noqa: E402
+from benchmarks.cli import at_least, out_folder, parser  # noqa: E402
+from benchmarks.machine import describe, machine  # noqa: E402
 
 TRL_SCALE = {"group_mean": "none", "grpo": "group"}  # the project's estimator -> TRL's scale_rewards
 PHASES = ("rollout", "score", "update")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--steps", type=at_least(1), default=100, help="training steps per side (interleaved)")
     p.add_argument("--skip", type=at_least(0), default=3, help="first steps left out of the timing medians")
     p.add_argument("--estimator", default="group_mean", choices=sorted(TRL_SCALE),
@@ -77,16 +54,10 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=at_least(1), default=None,
                    help="response length limit (default: the task's, 18 for reverse)")
     p.add_argument("--seed", type=int, default=0, help="prompt stream and sampler seed (the tiny model's too)")
-    p.add_argument("--memory-steps", type=at_least(2), default=4,
-                   help="steps of each memory probe (the first sets the baseline)")
-    p.add_argument("--no-memory", action="store_true", help="skip the two memory probes (~30 s)")
-    p.add_argument("--out", default=str(ROOT / "runs" / "bench_vs_trl"), help="results folder")
-    p.add_argument("--memory-probe", choices=["project", "trl"], help=argparse.SUPPRESS)  # internal
+    p.add_argument("--out", type=out_folder, default=str(ROOT / "runs" / "bench_vs_trl"), help="results folder")
     args = p.parse_args(argv)
     if args.skip >= args.steps:
         p.error(f"argument --skip: must be smaller than --steps ({args.steps}), got {args.skip}")
-    if Path(args.out).is_file():
-        p.error(f"argument --out: {args.out} is a file, not a folder")
     try:
         import otb_trl  # noqa: F401
     except ImportError as e:
@@ -94,15 +65,7 @@ def parse_args(argv=None):
     return args
 
 
-# =====================================================================================
-# Shared setup: the tiny model, the configuration, the prompts of each step
-# =====================================================================================
-
-def task_args(args):
-    """The train.py options for --horizon and --max-new-tokens, when given."""
-    return ([] if args.horizon is None else ["--horizon", str(args.horizon)]) + \
-        ([] if args.max_new_tokens is None else ["--max-new-tokens", str(args.max_new_tokens)])
-
+# ---- Shared setup: the tiny model, the configuration, the prompts of each step
 
 def setup(args):
     """(model folder, tokenizer, task, cfg): train.py's tiny model and configuration."""
@@ -129,44 +92,19 @@ def prompt_rows(tok, task, cfg, steps):
     return Dataset.from_list(rows)
 
 
-# =====================================================================================
-# The project's side: one train.py step, through train.train_step itself
-# =====================================================================================
+# ---- The project's side: one train.py step, through train.train_step itself
 
 def project_step(model, opt, tok, task, cfg, step):
-    """One step exactly as train.train runs it (train.train_step: rollout, score, advantages,
-    update), without its logging. Returns the phase times (s) and the success rate."""
+    """One train.train_step, as train.train runs it without its logging: phase times (s), success."""
     s = train.train_step(cfg, model, model, opt, task, tok, train.make_estimator(cfg.estimator, cfg.zero_tail), step)
     rollout_s, score_s, update_s = s.seconds
     return dict(rollout=rollout_s, score=score_s, update=update_s, step=sum(s.seconds),
                 success=(s.R >= 1).float().mean().item())
 
 
-def project_gradient(model, tok, task, cfg, batch):
-    """The gradient train.update computes on TRL's rollout ``batch`` (groups consecutive), (D,)."""
-    m = batch["completion_mask"].float()  # (B, T)
-    B = m.shape[0]
-    ro = rollout.Rollout(prompt_ids=batch["prompt_ids"], prompt_mask=batch["prompt_mask"],
-                         response=batch["completion_ids"], response_mask=m,
-                         group_index=torch.arange(B) // cfg.group_size, logp=torch.zeros_like(m),
-                         finished=(batch["completion_ids"] == tok.eos_token_id).any(-1))
-    answers = batch["answers"][::cfg.group_size]  # one per prompt
-    _, token_rewards, _ = rollout.rewards(task, tok, ro, answers, cfg.group_size)  # the project's rewards
-    with torch.no_grad():
-        old_logp, spp, _ = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response, m, cfg.temperature)
-    adv, _ = otb.ESTIMATORS[cfg.estimator](token_rewards=token_rewards, response_mask=m,
-                                           group_index=ro.group_index, log_probs=old_logp, sum_pi_sq=spp)
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the step leaves the weights as they are
-    no_clip = dataclasses.replace(cfg, max_grad_norm=1e9)
-    train.update(model, opt, no_clip, ro, old_logp, adv, torch.Generator().manual_seed(0))
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+# ---- TRL's side: GRPOTrainer with its phases timed
 
-
-# =====================================================================================
-# TRL's side: GRPOTrainer with its phases timed
-# =====================================================================================
-
-def trl_trainer(folder, tok, task, cfg, data, out, steps, callbacks=(), **overrides):
+def trl_trainer(folder, tok, task, cfg, data, out, steps, callbacks=()):
     import otb_trl
     from trl import GRPOTrainer
 
@@ -197,42 +135,14 @@ def trl_trainer(folder, tok, task, cfg, data, out, steps, callbacks=(), **overri
 
     from transformers import PrinterCallback
     args = otb_trl.grpo_config(out, cfg, steps, cfg.prompts_per_step, cfg.max_new_tokens,
-                               scale_rewards=TRL_SCALE[cfg.estimator], **overrides)
+                               scale_rewards=TRL_SCALE[cfg.estimator])
     trainer = TimedGRPOTrainer(fresh_model(folder), reward_funcs=otb_trl.task_reward(task, tok.eos_token_id),
                                args=args, train_dataset=data, processing_class=tok, callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)  # TRL's per-step log dicts; the report has the numbers
     return trainer
 
 
-def trl_gradient(trainer):
-    """The gradient of TRL's first training step (before its optimizer step), (D,), and its batch."""
-    from transformers import TrainerCallback
-    grads = []
-
-    class Grab(TrainerCallback):
-        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
-            grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]))
-
-    trainer.add_callback(Grab())
-    trainer.train()
-    return grads[0], trainer.batch
-
-
-def gradient_check(folder, tok, task, cfg, out):
-    """Both losses' gradients on one rollout (TRL's first batch, before any update)."""
-    data = prompt_rows(tok, task, cfg, 1)
-    trainer = trl_trainer(folder, tok, task, cfg, data, out / "trl-gradient", 1, max_grad_norm=1e9)
-    g_trl, batch = trl_gradient(trainer)
-    g_ours = project_gradient(fresh_model(folder), tok, task, cfg, batch)
-    rel = ((g_ours - g_trl).norm() / g_trl.norm()).item()
-    cos = torch.nn.functional.cosine_similarity(g_ours.double(), g_trl.double(), dim=0).item()
-    return dict(relative_difference=rel, cosine=cos, grad_norm_trl=g_trl.norm().item(),
-                grad_norm_project=g_ours.norm().item(), tokens=int(batch["completion_mask"].sum()))
-
-
-# =====================================================================================
-# The interleaved run, the memory probes, the report
-# =====================================================================================
+# ---- The interleaved run and the report
 
 def interleaved(folder, tok, task, cfg, args, out):
     """args.steps steps of each side, alternating. Returns {side: [per-step dicts]}."""
@@ -272,64 +182,6 @@ def interleaved(folder, tok, task, cfg, args, out):
     return rows
 
 
-def rss_mib():
-    """Resident memory of this process now (MiB), from /proc (Linux)."""
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
-
-
-def memory_probe(args):
-    """Child process: --memory-steps steps of one side. Prints the resident memory after its first
-    step (libraries and lazy buffers in place) and the peak over the later steps, sampled every
-    millisecond by a thread, in MiB."""
-    import threading
-    from transformers import TrainerCallback
-    import otb_trl  # noqa: F401  (both probes import the same libraries)
-    folder, tok, task, cfg = setup(args)
-    peak, baseline, done = [0.0], [None], threading.Event()
-
-    def after_first_step():
-        baseline[0] = peak[0] = rss_mib()
-
-    def sample():
-        while not done.is_set():
-            peak[0] = max(peak[0], rss_mib())
-            time.sleep(0.001)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    if args.memory_probe == "project":
-        model = fresh_model(folder)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-        for s in range(args.memory_steps):
-            project_step(model, opt, tok, task, cfg, s)
-            if s == 0:
-                after_first_step()
-    else:
-        class First(TrainerCallback):
-            def on_step_end(self, targs, state, control, **kw):
-                if state.global_step == 1:
-                    after_first_step()
-
-        trl_trainer(folder, tok, task, cfg, prompt_rows(tok, task, cfg, args.memory_steps),
-                    Path(args.out) / "memory-trl", args.memory_steps, callbacks=[First()]).train()
-    done.set()
-    sampler.join()
-    print(json.dumps(dict(after_first_step_rss_mib=baseline[0], peak_rss_mib=max(peak[0], rss_mib()))))
-
-
-def memory(args):
-    result = {}
-    for side in ("project", "trl"):
-        cmd = [sys.executable, __file__, "--memory-probe", side, "--memory-steps", str(args.memory_steps),
-               "--out", args.out, "--estimator", args.estimator, "--seed", str(args.seed),
-               "--prompts-per-step", str(args.prompts_per_step), "--group-size", str(args.group_size),
-               "--task", args.task, *task_args(args)]
-        r = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        result[side] = json.loads(r.stdout.strip().splitlines()[-1])
-        result[side]["step_growth_mib"] = result[side]["peak_rss_mib"] - result[side]["after_first_step_rss_mib"]
-    return result
-
-
 def summarize(rows, skip):
     med = {side: {k: statistics.median(r[k] for r in rs[skip:]) for k in PHASES + ("step",)}
            for side, rs in rows.items()}
@@ -341,12 +193,11 @@ def summarize(rows, skip):
                 learning=learn)
 
 
-def report(args, cfg, command, info, summary, grad, mem):
+def report(args, cfg, command, info, summary):
     med, r = summary["median_s"], summary["ratio_project_over_trl"]
     trl_name = f'TRL GRPOTrainer (scale_rewards="{TRL_SCALE[args.estimator]}", loss_type="dapo")'
     lines = [f"# train.py's step vs {trl_name}\n", f"`{command}`  ",
-             f"{info['cpu']}, {info['torch_threads']} torch thread(s), torch {info['torch']}, "
-             f"trl {info['trl']}, transformers {info['transformers']}; OMP_WAIT_POLICY={info['omp_wait_policy']}; "
+             f"{describe(info)}, trl {info['trl']}, transformers {info['transformers']}; OMP_WAIT_POLICY={info['omp_wait_policy']}; "
              f"task {args.task}, {args.prompts_per_step} prompts x N={args.group_size}, {cfg.max_new_tokens} new tokens; "
              f"median of steps {args.skip + 1}-{args.steps}, the two sides interleaved\n",
              "| side | rollout (s) | score (s) | update (s) | step (s) |", "|---|---|---|---|---|"]
@@ -358,21 +209,12 @@ def report(args, cfg, command, info, summary, grad, mem):
     learn = summary["learning"]
     lines.append("Learning (success rate, first 10 -> last 10 steps): " + ", ".join(
         f"{side} {v['first10']:.3f} -> {v['last10']:.3f}" for side, v in learn.items()))
-    lines.append(f"\nGradient on one rollout ({grad['tokens']} tokens): relative difference "
-                 f"{grad['relative_difference']:.2e}, cosine {grad['cosine']:.8f}")
-    if mem:
-        lines.append(f"\nPeak memory (resident, a separate process per side running {args.memory_steps} steps): "
-                     + ", ".join(f"{side} {v['peak_rss_mib']:.0f} MiB ({v['step_growth_mib']:+.1f} MiB over its "
-                                 "resident memory after the first step)" for side, v in mem.items()))
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.memory_probe:
-        return memory_probe(args)
-    command = "python benchmarks/bench_vs_trl.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    command = command.strip()
+    command = cli.command("bench_vs_trl.py", argv)
     import transformers
     import trl
     info = dict(machine(), trl=trl.__version__, transformers=transformers.__version__,
@@ -380,19 +222,11 @@ def main(argv=None):
     print(command, info, sep="\n", flush=True)
     out = Path(args.out)
     folder, tok, task, cfg = setup(args)
-    grad = gradient_check(folder, tok, task, cfg, out)
-    print(f"gradient on one rollout: relative difference {grad['relative_difference']:.2e}, "
-          f"cosine {grad['cosine']:.8f}", flush=True)
     rows = interleaved(folder, tok, task, cfg, args, out)
-    mem = None if args.no_memory else memory(args)
     summary = summarize(rows, args.skip)
-    text = report(args, cfg, command, info, summary, grad, mem)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_vs_trl.json").write_text(json.dumps(dict(
-        command=command, machine=info, args={k: v for k, v in vars(args).items() if k != "memory_probe"},
-        summary=summary, gradient_check=grad, memory=mem, steps=rows), indent=1))
-    (out / "bench_vs_trl.md").write_text(text)
-    print(text + f"wrote {out / 'bench_vs_trl.md'} and .json")
+    text = report(args, cfg, command, info, summary)
+    cli.write_results(out, "bench_vs_trl", dict(command=command, machine=info, args=vars(args), summary=summary,
+                                                 steps=rows), text)
     return summary
 
 

@@ -1,56 +1,77 @@
-"""Argument types shared by the benchmark scripts: a bad value stops argparse with one line
-(`error: argument --steps: must be an integer >= 1, got '0'`, exit status 2) before anything
-is run or written.
-
-Output paths are checked the same way (a folder must not be a file, a file must not be a folder,
-and either must be creatable and writable), and by default the benchmarks write under ``runs/``
-(git-ignored): the committed ``benchmarks/results/`` change only when ``--out``/``--json`` names
-them.
+"""What the benchmark scripts share on their command line: argument types that stop argparse with
+one line (`error: argument --steps: must be an integer >= 1, got '0'`, exit status 2) before
+anything runs or is written, output paths checked the same way, the parser and the command line
+stored with the results. By default the benchmarks write under ``runs/`` (git-ignored); the
+committed ``benchmarks/results/`` change only when ``--out``/``--json`` names them.
 """
 import argparse
+import json
 import os
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs"  # the default home of every benchmark's output (git-ignored)
 
 
-def at_least(low):
-    """An int option that must be >= low."""
+def parser(doc):
+    """A parser described by the first paragraph of a script's docstring, defaults shown in --help."""
+    return argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+
+def command(script, argv=None):
+    """The command line that ran benchmarks/<script> (argv: main's, else the process's)."""
+    return f"python benchmarks/{script} {' '.join(sys.argv[1:] if argv is None else argv)}".strip()
+
+
+def write_results(out, stem, record, text):
+    """<out>/<stem>.json (the record) and <out>/<stem>.md (the text, also printed), the folder made if needed."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
+    (out / f"{stem}.md").write_text(text)
+    print(text + f"wrote {out / stem}.md and .json")
+
+
+def _checked(name, convert, ok, message, keep_text=False):
+    """An argparse type: convert(text), accepted when ok(value), else "<message>, got '<text>'"."""
     def parse(text):
         try:
-            value = int(text)
+            value = convert(text)
         except ValueError:
             value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
-        return value
-    parse.__name__ = f"integer >= {low}"
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"{message}, got {text!r}")
+        return text if keep_text else value
+    parse.__name__ = name
     return parse
 
 
-def positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    return value
+def at_least(low):
+    """An int option that must be >= low."""
+    return _checked(f"integer >= {low}", int, lambda v: v >= low, f"must be an integer >= {low}")
+
+
+def multiple_of(k, low):
+    """An int option that must be a multiple of k and >= low."""
+    return _checked(f"multiple of {k}", int, lambda v: v >= low and v % k == 0,
+                    f"must be a multiple of {k} (>= {low})")
+
+
+positive_float = _checked("number > 0", float, lambda v: v > 0, "must be a number > 0")
 
 
 def int_list(low):
     """A comma-separated list of ints, each >= low; the text is returned unchanged."""
-    def parse(text):
-        try:
-            values = [int(x) for x in text.split(",")]
-        except ValueError:
-            values = []
-        if not values or min(values) < low:
-            raise argparse.ArgumentTypeError(f"must be comma-separated integers >= {low}, got {text!r}")
-        return text
-    parse.__name__ = f"list of integers >= {low}"
-    return parse
+    return _checked(f"list of integers >= {low}", lambda t: [int(x) for x in t.split(",")],
+                    lambda v: min(v) >= low, f"must be comma-separated integers >= {low}", keep_text=True)
+
+
+def choice_list(choices):
+    """A comma-separated, non-empty list of names, each one of ``choices``; the text is returned unchanged."""
+    return _checked("list of " + "/".join(choices), lambda t: t.split(","), lambda v: set(v) <= set(choices),
+                    f"must be comma-separated names from {', '.join(choices)}", keep_text=True)
 
 
 def device_option(text):
@@ -63,17 +84,12 @@ def device_option(text):
     return text
 
 
-def choice_list(choices):
-    """A comma-separated, non-empty list of names, each one of ``choices``; the text is returned unchanged."""
-    def parse(text):
-        names = text.split(",")
-        bad = [n for n in names if n not in choices]
-        if bad or not text:
-            raise argparse.ArgumentTypeError(f"must be comma-separated names from {', '.join(choices)}, "
-                                             f"got {text!r}")
-        return text
-    parse.__name__ = "list of " + "/".join(choices)
-    return parse
+def pick_device(text):
+    """The torch device of a --device value (auto: cuda when there is one)."""
+    import torch
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(text)
 
 
 def _creatable(path):
@@ -91,9 +107,7 @@ def _creatable(path):
 def out_folder(text):
     """A folder to write results into: it may not exist yet, but must not be a file and must be creatable."""
     path = Path(text)
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
-    why = _creatable(path)
+    why = f"{text} is a file, not a folder" if path.exists() and not path.is_dir() else _creatable(path)
     if why:
         raise argparse.ArgumentTypeError(why)
     return text
@@ -102,25 +116,8 @@ def out_folder(text):
 def out_json(text):
     """A .json file to write: not a folder, its folder creatable."""
     path = Path(text)
-    if path.suffix != ".json":
-        raise argparse.ArgumentTypeError(f"must be a path ending in .json, got {text!r}")
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
-    why = _creatable(path)
+    why = (f"must be a path ending in .json, got {text!r}" if path.suffix != ".json" else
+           f"{text} is a folder, not a file" if path.is_dir() else _creatable(path))
     if why:
         raise argparse.ArgumentTypeError(why)
     return text
-
-
-def multiple_of(k, low):
-    """An int option that must be a multiple of k and >= low."""
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or value % k:
-            raise argparse.ArgumentTypeError(f"must be a multiple of {k} (>= {low}), got {text!r}")
-        return value
-    parse.__name__ = f"multiple of {k}"
-    return parse

@@ -1,58 +1,29 @@
-"""The true variance of the policy gradient on the tiny language model, estimator by estimator.
+"""The true variance of the policy gradient on the tiny language model, estimator by estimator,
+and how well train.py's forward-only proxies (total_power, pure_noise) track it (docs/variance.md).
 
-train.py logs forward-only proxies of gradient noise (``total_power``, ``pure_noise``, built on
-the Logit-Gradient Proxy w_t = 1 - 2 pi(y_t) + sum_k pi_k^2). This script measures the real
-thing with backward passes, at fixed weights, and checks how well the proxies track it.
+At fixed weights (the warmed-up tiny model train.py caches), P prompts x M responses are sampled
+once; for each N they are split into K = M / N disjoint groups, the same for every estimator.
+Each group's batch gradient, with advantages from ``otb.ESTIMATORS[e]`` on that group,
 
-Setup (common random numbers: every estimator sees the same responses)
-- Fixed checkpoint: the warmed-up tiny model that train.py caches under runs/_cache/tiny-*/
-  (loaded with from_pretrained; ~0.8M parameters, reversal task, ~15-20% success).
-- Pool: P prompts, M responses each, sampled once with ``rollout.sample``; rewards 0/1.
-- For each group size N, the M responses of a prompt are split into K = M / N disjoint groups
-  (``--partitions`` random splits). Each group is an independent draw of N responses, so its
-  batch gradient
+    g_k = (1 / N) sum_{i in group k} sum_t A_t^i grad_theta log pi(y_t^i)          (1)
 
-      g_k = (1 / N) sum_{i in group k} sum_t A_t^i grad_theta log pi(y_t^i)          (1)
+is an i.i.d. draw, so tr Var[g] = (1 / (K - 1)) sum_k ||g_k - mean_k g_k||^2 (2) is unbiased.
+Sequence-level advantages use S_i = grad log pi(tau_i), one backward per response; OTB's needs one
+backward per group (tests/test_naive_grad_variance.py checks both against a naive loop). Quality
+is scale-free (scale_free.py: nvar, gain over group_mean, alpha and cosine against a reference
+gradient from a separate pool, RLOO in 4 sub-pools), with paired bootstrap intervals over
+prompts; the raw tr Var is kept, labelled raw. The proxies are the functions train.py logs
+(diagnostics.py), per group, divided by group_mean's at the same N; the proxy W(tau) = sum_t w_t
+is also compared with the exact ||S(tau)||^2 per response (correlations and a scatter plot).
+(1) normalises by N per group; train.py's token mean rescales every estimator alike.
 
-  (advantages from ``otb.ESTIMATORS[e]`` computed on that group) is an i.i.d. sample, and
-
-      tr Var[g] = (1 / (K - 1)) sum_k ||g_k - mean_k g_k||^2                           (2)
-
-  is unbiased. It is averaged over prompts (and splits) and reported with its standard error.
-- Exact gradients: for estimators whose advantage is one number per response (reinforce,
-  group_mean, grpo, rloo), (1) is sum_i (A_i / N) S_i with S_i = grad log pi(tau_i), one backward
-  per response, stored for the prompt's M responses. OTB's advantage changes with t, so (1) is
-  one backward pass of the surrogate over the group's rows. tests/test_naive_grad_variance.py checks
-  both paths against a naive per-row loop.
-- Quality, scale-free (scale_free.py): a baseline that shrinks or rescales g must not look better
-  for it, so the headline is the normalised variance nvar = tr Var(g) / ||E g||^2 (noise within a
-  prompt per unit of signal), and alpha and the cosine against a reference gradient r_p per
-  prompt: an unbiased estimate from a separate pool of ``--ref-pool`` responses (RLOO inside 4
-  disjoint sub-pools). "gain" = nvar(group_mean) / nvar(estimator) at the same N. Prompts are the
-  sampled unit: every number carries a paired bootstrap interval over prompts (stats.py); where
-  E g is known (scale_free.FACTORS) alpha and cosine are exact and the gain is a ratio of raw
-  variances. The raw tr Var (2) is kept, labelled raw: it rewards shrinkage.
-- Proxies, per group, with the very functions train.py logs: total_power = mean_i sum_t w_t A_t^2
-  (``diagnostics.gradient_power``) and pure_noise = (total_power - ||mean g||^2_proxy) / (N - 1)
-  (``diagnostics.noise_diagnostics`` with ``diagnostics.mean_gradient_sq_norm``). pure_noise
-  targets the same quantity as (2) (the noise left in the group-mean gradient), but in logit
-  units, so only ratios between estimators are comparable; the table divides every column by
-  group_mean at the same N.
-- Proxy against the true norm, per response: W(tau) = sum_t w_t against ||S(tau)||^2 (exact);
-  Pearson and Spearman correlations and a log-log scatter plot.
-
-Departures: (1) normalises by N per group (the estimator's natural scale); train.py's loss is a
-token mean over the batch, which rescales every estimator alike and does not change ratios.
-
-    OMP_NUM_THREADS=1 python benchmarks/grad_variance.py --out benchmarks/results/grad_variance   # ~10 minutes, 5 GB
+    OMP_NUM_THREADS=1 python benchmarks/grad_variance.py --out benchmarks/results/grad_variance  # 10 min, 5GB
     python benchmarks/grad_variance.py --prompts 8 --pool 16 --group-sizes 2,4   # a smoke run
 """
-import argparse
 import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -65,60 +36,40 @@ import otb  # noqa: E402
 import scale_free  # noqa: E402
 import stats  # noqa: E402
 import rollout  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
-
-
-@dataclass
-class Args:
-    model_dir: str = field(default="", metadata={"help": "save_pretrained folder of the model; empty: the "
-                                                 "warmed-up tiny model cached by train.py under runs/_cache"})
-    prompts: int = field(default=48, metadata={"help": "P, prompts in the pool (the bootstrap's units)"})
-    pool: int = field(default=32, metadata={"help": "M, responses sampled once per prompt"})
-    group_sizes: str = field(default="2,4,8,16", metadata={"help": "N values, each must divide M"})
-    estimators: str = field(default=",".join(otb.ESTIMATORS), metadata={"help": "estimators to measure"})
-    ref_pool: int = field(default=32, metadata={"help": "responses per prompt of the separate reference pool "
-                                                "(RLOO in 4 sub-pools: the reference gradient of alpha/cosine)"})
-    partitions: int = field(default=1, metadata={"help": "random splits of each pool into groups"})
-    horizon: int = field(default=8, metadata={"help": "reversal task: max string length"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling and scoring temperature"})
-    seed: int = field(default=1234, metadata={"help": "seed of the prompts, the sampler and the splits"})
-    out: str = field(default=str(ROOT / "runs" / "grad_variance"),
-                     metadata={"help": "folder for table.md, results.json and proxy_vs_true.png "
-                               "(benchmarks/results/grad_variance updates the committed results)"})
+import train  # noqa: E402
+import train_cli  # noqa: E402
+from benchmarks.cli import at_least, command, parser  # noqa: E402
+from benchmarks.machine import describe, machine  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in fields(Args):
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                       help=f.metadata["help"])
-    args = Args(**vars(p.parse_args(argv)))
-    for flag, value, low in [("--prompts", args.prompts, 1), ("--pool", args.pool, 2),
-                             ("--partitions", args.partitions, 1), ("--horizon", args.horizon, 1)]:
-        if value < low:
-            p.error(f"argument {flag}: must be an integer >= {low}, got {value}")
-    return args
+    p = parser(__doc__)
+    p.add_argument("--model-dir", default="", help="save_pretrained folder of the model; empty: the "
+                   "default run's warmed-up tiny model (runs/_cache, built if missing)")
+    p.add_argument("--prompts", type=at_least(1), default=48, help="P, prompts (the bootstrap's units)")
+    p.add_argument("--pool", type=at_least(2), default=32, help="M, responses sampled once per prompt")
+    p.add_argument("--group-sizes", default="2,4,8,16", help="N values, each must divide M")
+    p.add_argument("--estimators", default=",".join(otb.ESTIMATORS), help="estimators to measure")
+    p.add_argument("--ref-pool", type=int, default=32, help="responses per prompt of the separate reference "
+                   "pool (RLOO in 4 sub-pools: the reference gradient of alpha/cosine)")
+    p.add_argument("--horizon", type=at_least(1), default=8, help="reversal task: max string length")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling and scoring temperature")
+    p.add_argument("--seed", type=int, default=1234, help="seed of the prompts, the sampler and the splits")
+    p.add_argument("--out", default=str(ROOT / "runs" / "grad_variance"), help="folder for table.md, "
+                   "results.json and proxy_vs_true.png (benchmarks/results/grad_variance: the committed)")
+    return p.parse_args(argv)
 
 
-# =====================================================================================
-# Model and pool
-# =====================================================================================
+# ---- Model and pool
 
-def find_cached_tiny(root=ROOT / "runs" / "_cache"):
-    """The newest runs/_cache/tiny-*/ folder that holds a saved model."""
-    dirs = sorted((d for d in Path(root).glob("tiny-*") if (d / "config.json").exists()),
-                  key=lambda d: d.stat().st_mtime)
-    if not dirs:
-        raise SystemExit(f"no cached tiny model under {root}: run `python train.py --estimator group_mean "
-                         f"--steps 1` once (it warms the model up and caches it), or pass --model-dir")
-    return dirs[-1]
-
-
-def load_model(model_dir):
+def load_model(model_dir=""):
+    """(model, tokenizer, folder) saved in model_dir; empty: the default run's warmed-up tiny model
+    (train_cli.load builds it and caches it under runs/_cache when it is not there yet)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    if not model_dir:
+        model_dir = train_cli.load(train.Config(out=str(ROOT / "runs")), torch.device("cpu"))[2]["path"]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()  # no dropout
-    return model, AutoTokenizer.from_pretrained(model_dir)
+    return model, AutoTokenizer.from_pretrained(model_dir), Path(model_dir)
 
 
 def subset(ro, rows):
@@ -131,20 +82,14 @@ def subset(ro, rows):
                            finished=ro.finished[rows])
 
 
-# =====================================================================================
-# Exact gradients and their variance
-# =====================================================================================
-
-def flat(grads):
-    return torch.cat([g.reshape(-1) for g in grads])  # (D,)
-
+# ---- Exact gradients and their variance
 
 def weighted_score_gradient(model, ro, weights, temperature):
     """grad_theta sum_i sum_t weights[i, t] log pi(y_t^i), flattened: (D,). One backward pass."""
     params = [p for p in model.parameters() if p.requires_grad]
     logp, _, _ = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response, ro.response_mask,
                                temperature)  # log pi(y_t), (B, T), keeps the graph
-    return flat(torch.autograd.grad((weights * logp).sum(), params))
+    return torch.cat([g.reshape(-1) for g in torch.autograd.grad((weights * logp).sum(), params)])  # (D,)
 
 
 def per_response_scores(model, ro, temperature):
@@ -160,11 +105,8 @@ def is_sequence_level(adv, mask):
 
 
 def group_gradients(model, ro, groups, adv, temperature, S=None):
-    """g_k = (1/N) sum_{i in group k} sum_t A_t^i grad log pi(y_t^i), eq. (1): (K, D).
-
-    groups: (K, N) row indices. With S (B, D) given and a sequence-level advantage, g_k is the
-    linear combination (1/N) sum_i A_i S_i; otherwise one backward pass per group.
-    """
+    """g_k of eq. (1) for the (K, N) row indices ``groups``: (K, D). With S (B, D) and a
+    sequence-level advantage, (1/N) sum_i A_i S_i; otherwise one backward pass per group."""
     N = groups.shape[1]
     if S is not None and is_sequence_level(adv, ro.response_mask):
         A = adv[:, 0]  # A_i, (B,)
@@ -190,11 +132,8 @@ def trace_variance(G):
 
 
 def reference_gradient(model, ro, token_rewards, rows, temperature, parts=4):
-    """An unbiased estimate of one prompt's policy gradient from a separate pool, and its variance.
-
-    The prompt's responses ``rows`` are split into ``parts`` disjoint sub-pools; RLOO inside each
-    gives ``parts`` i.i.d. unbiased estimates. Returns (their mean (D,), the variance of that mean).
-    """
+    """One prompt's policy gradient, unbiased, from its responses ``rows`` of a separate pool: RLOO
+    inside ``parts`` disjoint sub-pools. Returns (the mean of the parts (D,), its variance)."""
     sub = subset(ro, rows)
     r, m = token_rewards[rows, :sub.response.shape[1]], sub.response_mask  # (M, T)
     M = len(rows)
@@ -209,9 +148,7 @@ def reference_gradient(model, ro, token_rewards, rows, temperature, parts=4):
     return est.mean(0), ((est - est.mean(0)) ** 2).sum().item() / (parts - 1) / parts
 
 
-# =====================================================================================
-# The measurement
-# =====================================================================================
+# ---- The measurement
 
 def measure(model, tok, args, progress=True):
     """Returns (cells, scatter, R, refs): cells[(estimator, N)] -> lists of per-prompt values,
@@ -248,26 +185,23 @@ def measure(model, tok, args, progress=True):
         scatter["W"] += (otb.token_energy(logp, spp) * m).sum(-1).tolist()  # W(tau)
         scatter["S_sq"] += (S.double() ** 2).sum(-1).tolist()  # ||S(tau)||^2
         scatter["R"] += R[rows].tolist()
-        split_units = {key: [] for key in cells}
-        for _ in range(args.partitions):
-            perm = torch.randperm(args.pool, generator=split_gen)
-            for n in Ns:
-                groups = perm.view(-1, n)  # (K, N) disjoint groups
-                gid = group_ids_of(groups, args.pool)
-                for e in ests:
-                    adv, _ = otb.ESTIMATORS[e](token_rewards=r, response_mask=m, group_index=gid,
+        perm = torch.randperm(args.pool, generator=split_gen)  # one random split of the pool
+        for n in Ns:
+            groups = perm.view(-1, n)  # (K, N) disjoint groups
+            gid = group_ids_of(groups, args.pool)
+            for e in ests:
+                adv, _ = otb.ESTIMATORS[e](token_rewards=r, response_mask=m, group_index=gid,
                                            log_probs=logp, sum_pi_sq=spp)  # A_t, (M, T)
-                    G = group_gradients(model, sub, groups, adv, args.temperature, S=S)  # (K, D)
-                    power = diagnostics.gradient_power(adv, m, logp, spp)  # P_i, (M,)
-                    diag = [diagnostics.noise_diagnostics(power[g], diagnostics.mean_gradient_sq_norm(
-                        sub.response[g], m[g], gid[g], adv[g], logp[g], spp[g])) for g in groups]
-                    cells[(e, n)]["true"].append(trace_variance(G))
-                    split_units[(e, n)].append(scale_free.unit_summary(G))  # (m, V, K) of this split
-                    cells[(e, n)]["power"].append(sum(d["total_power"] for d in diag) / len(diag))
-                    cells[(e, n)]["noise"].append(sum(d["pure_noise"] for d in diag) / len(diag))
-        for key, us in split_units.items():  # one unit per prompt: the mean over its splits
-            cells[key]["units"].append((torch.stack([u[0] for u in us]).mean(0).float(),  # float32: P x cells x D in memory
-                                        sum(u[1] for u in us) / len(us)))
+                G = group_gradients(model, sub, groups, adv, args.temperature, S=S)  # (K, D)
+                power = diagnostics.gradient_power(adv, m, logp, spp)  # P_i, (M,)
+                diag = [diagnostics.noise_diagnostics(power[g], diagnostics.mean_gradient_sq_norm(
+                    sub.response[g], m[g], gid[g], adv[g], logp[g], spp[g])) for g in groups]
+                mean_g, V = scale_free.unit_summary(G)[:2]  # this prompt's unit
+                c = cells[(e, n)]
+                c["true"].append(trace_variance(G))
+                c["units"].append((mean_g.float(), V))  # float32: P x cells x D in memory
+                c["power"].append(sum(d["total_power"] for d in diag) / len(diag))
+                c["noise"].append(sum(d["pure_noise"] for d in diag) / len(diag))
     return cells, scatter, R, torch.stack(refs)
 
 
@@ -339,8 +273,7 @@ def plot(scatter, corr, path):
 def main(argv=None):
     args = parse_args(argv)
     torch.manual_seed(args.seed)
-    model_dir = Path(args.model_dir) if args.model_dir else find_cached_tiny()
-    model, tok = load_model(model_dir)
+    model, tok, model_dir = load_model(args.model_dir)
     info = machine()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model {model_dir} ({n_params / 1e6:.2f}M parameters); {info}", flush=True)
@@ -350,12 +283,11 @@ def main(argv=None):
     seconds = time.time() - t0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/grad_variance.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    table = table_md(rows)
-    text = (f"# True gradient variance vs the forward-only proxies\n\n`{command.strip()}`  \n"
+    cmd = command("grad_variance.py", argv)
+    text = (f"# True gradient variance vs the forward-only proxies\n\n`{cmd}`  \n"
             f"model: {model_dir.name} ({n_params} parameters), {args.prompts} prompts x {args.pool} responses, "
-            f"success rate of the pool {R.mean().item():.3f}, {args.partitions} split(s); {seconds:.0f} s on "
-            f"{info['cpu']} ({info['torch_threads']} thread(s)), torch {info['torch']}\n\n{table}\n\n"
+            f"success rate of the pool {R.mean().item():.3f}; {seconds:.0f} s on "
+            f"{describe(info)}\n\n{table_md(rows)}\n\n"
             f"Proxy W(tau) vs exact ||grad log pi(tau)||^2 over {corr['responses']} responses: "
             f"Pearson {corr['pearson']:.3f}, Spearman {corr['spearman']:.3f}, log-log Pearson "
             f"{corr['pearson_log']:.3f}.  \nAcross the table's cells, Spearman(true, pure_noise) = "
@@ -363,7 +295,7 @@ def main(argv=None):
             f"{across['spearman_true_vs_total_power']:.3f}.\n")
     (out / "table.md").write_text(text)
     (out / "results.json").write_text(json.dumps(dict(
-        command=command.strip(), args=asdict(args), model_dir=str(model_dir), parameters=n_params,
+        command=cmd, args=vars(args), model_dir=str(model_dir), parameters=n_params,
         machine=info, seconds=seconds, success_rate=R.mean().item(), rows=rows, proxy_correlation=corr,
         across_cells=across), indent=1))
     plot(scatter, corr, out / "proxy_vs_true.png")

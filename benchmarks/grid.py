@@ -1,17 +1,13 @@
 """Run a grid of train.py runs, a few at a time, with one restart rule (equal_tokens.py,
-lr_schedule_experiment.py).
+lr_schedule_experiment.py): ``grid.run([(command, folder, seed), ...], workers)``.
 
-    grid.run([(command, folder, seed), ...], workers)
-
-- A job whose folder holds train.py's DONE marker is finished and is not run again; any other
-  folder of a job is an interrupted attempt: it is removed and the run starts again from step 0.
-  So a grid that was stopped resumes where it stopped, and adding seeds runs only the new runs.
-- Runs of one seed share that seed's cached warm-up, so the first job of each seed runs before
-  the seed's other jobs start (two processes never warm up the same model); the first jobs of
-  different seeds go first and overlap.
-- Each run is a single-threaded ``python train.py ...`` process started in the repository root,
-  its output in ``<folder>.log`` beside its folder. A failed run does not stop the others; the
-  grid ends with SystemExit naming the failed runs.
+- A job whose folder holds train.py's DONE marker is not run again; any other folder of a job is
+  an interrupted attempt, removed and run again from step 0 (a stopped grid resumes; added seeds
+  run only the new runs).
+- The first job of each seed runs before that seed's other jobs start, so two processes never
+  warm up the same cached model; first jobs of different seeds overlap.
+- Each run is a single-threaded ``python train.py ...`` in the repository root, its output in
+  ``<folder>.log``. A failed run does not stop the others; the grid ends with SystemExit naming them.
 """
 import os
 import shutil

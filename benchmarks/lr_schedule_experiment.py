@@ -1,47 +1,23 @@
-"""Does the length-triggered learning-rate schedule keep an unstable run stable?
+"""Does the length-triggered learning-rate schedule keep an unstable run stable? (docs/lr_schedule.md)
 
-The second paper claims that, when RL training of a language model goes wrong, three things move
-together: the response length rises, the training-inference mismatch grows (log-probs of the
-rollout engine drift from those of the training forward pass), and the gradient gets noisier; the
-length rises *before* the collapse. Its remedy (lr_schedule.py) decays the learning rate once the
-mean response length L_i surges:
+Runs train.py on the grid {constant, length} schedule x {group_mean, otb} x seeds, in a setting
+chosen to be unstable (longer strings, a bfloat16 rollout copy, a high learning rate), one
+subprocess per run through benchmarks/grid.py (output in <out>/<run>.log, one warm-up per seed in
+<out>/_cache; a run folder with DONE is not run again, which is how seeds 3-5 were added). Then it
+writes lr_schedule.png (length, LR, mismatch, gradient norm, success and finished fraction per
+step: seed mean, band min..max) and summary.md/json, one row per run, by definitions fixed before
+the real run:
 
-    L0 = mean(L_1..L_W),   s = min{ i > W : L_i > r L0 },   eta_i = eta_0 max(d^k_i, f)
+* surge step: lr_schedule.py's rule applied to the logged lengths of every run, the first step
+  i > W with L_i > r mean(L_1..L_W) (under a constant LR, when the schedule would have fired);
+* collapsed: success over the last k = 10 steps below 0.5 x the first k, or finished fraction
+  (rows that emitted EOS) below 0.5; collapse step: the first step whose trailing k-step success
+  mean is below 0.5 x the first k ("length rose before collapse": surge step < collapse step).
 
-This script runs train.py (through its command line, one subprocess per run) on a grid
-
-    {constant, length} schedule  x  {group_mean, otb} estimator  x  seeds
-
-in a setting chosen to be unstable (longer strings, a bfloat16 rollout copy, a high learning rate),
-then aggregates the per-step metrics over seeds and writes
-
-    lr_schedule.png   response length, LR, mismatch mean |dlogp|, gradient norm, success and finished
-                      fraction against the step: one line per configuration (seed mean), the band is
-                      the seed min..max
-    summary.md/json   per configuration and seed: final success, max gradient norm, max length, the
-                      surge step, whether and when the run collapsed, and corr(mismatch, grad norm)
-
-Definitions fixed before the real run (so they cannot be tuned to its outcome):
-
-* surge step: the rule of lr_schedule.py applied to the logged lengths, for *every* run (under a
-  constant LR it only says when the schedule would have fired): the first step i > W whose mean
-  length exceeds r times the mean of steps 1..W. With the length schedule it is the step after
-  which the logged LR first drops.
-* collapsed: over the last k = 10 steps the mean success rate is below 0.5 x its mean over the
-  first k steps, or the mean finished fraction (rows that emitted EOS) is below 0.5.
-* collapse step: the first step at which the k-step trailing mean of success is below 0.5 x the
-  initial (first-k) mean; "length rose before collapse" means surge step < collapse step.
-
-    OMP_NUM_THREADS=1 python benchmarks/lr_schedule_experiment.py   # the real grid: 24 runs, 10-30 min on 2 cores
+    OMP_NUM_THREADS=1 python benchmarks/lr_schedule_experiment.py   # the real grid: 24 runs, 10-30 min, 2 cores
     python benchmarks/lr_schedule_experiment.py --aggregate-only    # re-plot finished runs
     python benchmarks/lr_schedule_experiment.py --quick             # smoke run into runs/lr_schedule_quick
-
-Each run is `python train.py --estimator E --lr-schedule S --seed K ...` (benchmarks/grid.py runs
-them single-threaded, output in <out>/<run>.log); the warm-up cache lives in <out>/_cache (one
-supervised warm-up per seed). A run folder with a DONE marker is not run again: that is how seeds
-3-5 were added after the first results (seeds 0-2), with nothing else changed.
 """
-import argparse
 import json
 import math
 import shlex
@@ -55,8 +31,9 @@ if str(ROOT) not in sys.path:
 import stats  # noqa: E402
 from benchmarks import grid  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
-from benchmarks.cli import at_least, int_list, positive_float  # noqa: E402
+from benchmarks.cli import at_least, int_list, parser, positive_float  # noqa: E402
 
+COLLAPSE_RATIO, MIN_FINISHED = 0.5, 0.5  # collapsed: final success < 0.5 x initial, or finished < 0.5
 PANELS = [  # (metric key, y label, log scale, floor: smaller values are drawn at the floor)
     ("response_len", "mean response length (tokens)", False, None),
     ("lr", "learning rate used", True, None),
@@ -68,8 +45,7 @@ PANELS = [  # (metric key, y label, log scale, floor: smaller values are drawn a
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--seeds", type=int_list(0), default="0,1,2,3,4,5", help="comma-separated seeds (model init, prompts, sampler)")
     p.add_argument("--steps", type=at_least(1), default=50, help="training steps per run")
     p.add_argument("--horizon", type=at_least(1), default=8, help="max string length of the reversal task")
@@ -86,10 +62,6 @@ def parse_args(argv=None):
     p.add_argument("--lr-decay-period-factor", type=float, default=1.8, help="c: decay period = c * s")
     p.add_argument("--lr-floor", type=float, default=0.1, help="f: the LR never goes below f * eta_0")
     p.add_argument("--window", type=at_least(1), default=10, help="k: steps averaged for initial/final success")
-    p.add_argument("--collapse-ratio", type=float, default=0.5,
-                   help="collapsed if final success < ratio * initial success ...")
-    p.add_argument("--collapse-finished", type=float, default=0.5,
-                   help="... or the final finished fraction is below this")
     p.add_argument("--train-args", default="", help="extra arguments passed to every train.py run")
     p.add_argument("--jobs", type=at_least(1), default=2, help="train.py processes in parallel")
     p.add_argument("--out", default=None,
@@ -126,22 +98,20 @@ def run_name(config, seed):
     return config.replace("/", "-") + f"-seed{seed}"
 
 
+SHARED = ["steps", "horizon", "max_new_tokens", "lr", "rollout_dtype", "lr_warmup_window", "lr_surge_ratio",
+          "lr_decay_factor", "lr_decay_period_factor", "lr_floor", "out"]  # train.py options every run shares
+
+
 def train_command(args, schedule, estimator, seed):
     """The train.py command line of one run (everything but the schedule and estimator is shared)."""
     cmd = [sys.executable, "train.py", "--estimator", estimator, "--lr-schedule", schedule,
-           "--seed", str(seed), "--steps", str(args.steps), "--horizon", str(args.horizon),
-           "--max-new-tokens", str(args.max_new_tokens), "--lr", str(args.lr),
-           "--rollout-dtype", args.rollout_dtype, "--lr-warmup-window", str(args.lr_warmup_window),
-           "--lr-surge-ratio", str(args.lr_surge_ratio), "--lr-decay-factor", str(args.lr_decay_factor),
-           "--lr-decay-period-factor", str(args.lr_decay_period_factor), "--lr-floor", str(args.lr_floor),
-           "--out", args.out, "--name", run_name(f"{schedule}/{estimator}", seed),
-           "--log-every", "10"]
+           "--seed", str(seed)]
+    cmd += [x for k in SHARED for x in ("--" + k.replace("_", "-"), str(getattr(args, k)))]
+    cmd += ["--name", run_name(f"{schedule}/{estimator}", seed), "--log-every", "10"]
     return cmd + shlex.split(args.train_args)
 
 
-# =====================================================================================
-# Running the grid
-# =====================================================================================
+# ---- Running the grid
 
 def run_grid(args):
     """All runs, at most args.jobs at a time (benchmarks/grid.py: a run with DONE is not run again)."""
@@ -150,9 +120,7 @@ def run_grid(args):
               for c, s, e in configs(args) for seed in seeds(args)], args.jobs)
 
 
-# =====================================================================================
-# Aggregation: pure functions of the per-step metrics (tested on synthetic histories)
-# =====================================================================================
+# ---- Aggregation: pure functions of the per-step metrics (tested on synthetic histories)
 
 def mean(xs):
     return sum(xs) / len(xs)
@@ -176,13 +144,9 @@ def collapse(history, k, ratio, min_finished):
     success = [r["success"] for r in history]
     initial, final = mean(success[:k]), mean(success[-k:])
     finished = mean([r["finished"] for r in history[-k:]])
-    collapsed = final < ratio * initial or finished < min_finished
-    step = None
-    for i in range(k, len(success) + 1):  # trailing k-step means from step k on
-        if mean(success[i - k:i]) < ratio * initial:
-            step = i
-            break
-    return collapsed, step
+    step = next((i for i in range(k, len(success) + 1)  # trailing k-step means from step k on
+                 if mean(success[i - k:i]) < ratio * initial), None)
+    return final < ratio * initial or finished < min_finished, step
 
 
 def correlation(xs, ys):
@@ -195,25 +159,18 @@ def summarize_run(history, args):
     """One row per run (seed)."""
     k = args.window
     lengths = [r["response_len"] for r in history]
-    collapsed, c_step = collapse(history, k, args.collapse_ratio, args.collapse_finished)
+    collapsed, c_step = collapse(history, k, COLLAPSE_RATIO, MIN_FINISHED)
     s = surge_step(lengths, args.lr_warmup_window, args.lr_surge_ratio)
     return dict(
-        steps=len(history),
-        initial_success=mean([r["success"] for r in history[:k]]),
+        steps=len(history), initial_success=mean([r["success"] for r in history[:k]]),
         final_success=mean([r["success"] for r in history[-k:]]),
         final_finished=mean([r["finished"] for r in history[-k:]]),
-        max_grad_norm=max(r["grad_norm"] for r in history),
-        max_len=max(lengths),
-        final_lr=history[-1]["lr"],
-        surge_step=s,
-        lr_drop_step=first_lr_drop([r["lr"] for r in history]),
-        collapsed=collapsed,
-        collapse_step=c_step,
-        len_before_collapse=None if c_step is None else (s is not None and s < c_step),
+        max_grad_norm=max(r["grad_norm"] for r in history), max_len=max(lengths), final_lr=history[-1]["lr"],
+        surge_step=s, lr_drop_step=first_lr_drop([r["lr"] for r in history]), collapsed=collapsed,
+        collapse_step=c_step, len_before_collapse=None if c_step is None else (s is not None and s < c_step),
         max_mismatch=max(r["mismatch_mean_abs"] for r in history),
         corr_mismatch_gradnorm=correlation([r["mismatch_mean_abs"] for r in history],
-                                           [r["grad_norm"] for r in history]),
-    )
+                                           [r["grad_norm"] for r in history]))
 
 
 def band(histories, key):
@@ -266,9 +223,9 @@ def markdown(summary, args, header=""):
     lines += ["", f"success / finished: means over the first / last {args.window} steps. surge_step: first step "
               f"i > {args.lr_warmup_window} with mean length > {args.lr_surge_ratio} x the mean of steps "
               f"1..{args.lr_warmup_window} (computed for every run; only the length schedule acts on it). "
-              f"collapsed: final success < {args.collapse_ratio} x initial, or final finished fraction < "
-              f"{args.collapse_finished}; collapse_step: first step whose trailing {args.window}-step success "
-              f"mean is below {args.collapse_ratio} x initial. corr: Pearson correlation over steps of "
+              f"collapsed: final success < {COLLAPSE_RATIO} x initial, or final finished fraction < "
+              f"{MIN_FINISHED}; collapse_step: first step whose trailing {args.window}-step success "
+              f"mean is below {COLLAPSE_RATIO} x initial. corr: Pearson correlation over steps of "
               f"mismatch_mean_abs and grad_norm within a run."]
     return "\n".join(lines) + "\n"
 
@@ -302,15 +259,14 @@ def plot(histories, args, path, title=""):
 
 
 def load_histories(args):
-    out = ROOT / args.out
     histories = {}
     for config, _, _ in configs(args):
         for seed in seeds(args):
-            path = out / run_name(config, seed) / "metrics.jsonl"
-            if path.exists():
-                rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-                if rows:
-                    histories.setdefault(config, {})[seed] = rows
+            path = ROOT / args.out / run_name(config, seed) / "metrics.jsonl"
+            rows = ([json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                    if path.exists() else [])
+            if rows:
+                histories.setdefault(config, {})[seed] = rows
     return histories
 
 
@@ -319,7 +275,8 @@ def main(argv=None):
     command = "python benchmarks/lr_schedule_experiment.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     info = machine()
     print(command, "\nmachine:", json.dumps(info), flush=True)
-    print("one run:", shlex.join(train_command(args, "length", "otb", seeds(args)[0])[1:]), flush=True)
+    one_run = shlex.join(train_command(args, "length", "otb", seeds(args)[0])[1:])
+    print("one run:", one_run, flush=True)
     t0 = time.time()
     if not args.aggregate_only:
         run_grid(args)
@@ -340,9 +297,7 @@ def main(argv=None):
     header = f"`{run['command']}` ({run['wall_seconds']} s wall)\n\n{title}"
     (results / "summary.md").write_text(markdown(summary, args, header))
     (results / "summary.json").write_text(json.dumps(dict(
-        run=run, aggregated_by=command, args=vars(args),
-        train_command=shlex.join(train_command(args, "length", "otb", seeds(args)[0])[1:]),
-        configs=summary), indent=1))
+        run=run, aggregated_by=command, args=vars(args), train_command=one_run, configs=summary), indent=1))
     print((results / "summary.md").read_text())
     print(f"wall {wall:.0f} s; plot {results / 'lr_schedule.png'}")
     return summary

@@ -13,12 +13,10 @@ import torch
 def cpu_model():
     """The CPU's model name (from /proc/cpuinfo on Linux), else what platform knows."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def machine():
@@ -27,3 +25,9 @@ def machine():
                 omp_num_threads=os.environ.get("OMP_NUM_THREADS", "unset"), torch=torch.__version__,
                 python=platform.python_version(), platform=platform.platform(),
                 cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+
+
+def describe(info):
+    """One line for a results file: CPU, torch threads and version (and the GPU if there is one)."""
+    return (f"{info['cpu']}, {info['torch_threads']} torch thread(s), torch {info['torch']}"
+            + (f", {info['cuda']}" if info.get("cuda") else ""))

@@ -200,6 +200,40 @@ def test_group_mean_gradient_equals_trl_none_dapo(setup):
 
 
 @needs_trl
+def test_train_update_gradient_equals_trl_none_dapo(setup):
+    """train.py's own loss (train.update with group_mean) has the gradient of TRL's
+    scale_rewards="none", loss_type="dapo" on TRL's rollout: benchmarks/bench_vs_trl.py times the
+    same computation on both sides."""
+    import dataclasses
+    import otb_trl
+    from trl import GRPOTrainer
+    from transformers import AutoModelForCausalLM
+    folder, tok, task, cfg, data, out = setup
+    answer_of = {row["prompt"]: row["answer"] for row in data}
+    args = otb_trl.grpo_config(out / "update", cfg, 1, PROMPTS, MAX_NEW, max_grad_norm=1e9, scale_rewards="none")
+    trainer = GRPOTrainer(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32),
+                          reward_funcs=otb_trl.task_reward(task, tok.eos_token_id), args=args, train_dataset=data,
+                          processing_class=tok)
+    g_trl, batch = one_step_gradient(trainer)
+    m = batch["completion_mask"].float()  # (B, T), the rows of a prompt consecutive
+    ro = rollout.Rollout(prompt_ids=batch["prompt_ids"], prompt_mask=batch["prompt_mask"],
+                         response=batch["completion_ids"], response_mask=m, group_index=torch.arange(len(m)) // N,
+                         logp=torch.zeros_like(m), finished=(batch["completion_ids"] == tok.eos_token_id).any(-1))
+    prompts = [tok.decode(r[k.bool()]) for r, k in zip(batch["prompt_ids"][::N], batch["prompt_mask"][::N])]
+    _, token_rewards, _ = rollout.rewards(task, tok, ro, [answer_of[q] for q in prompts], N)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        old_logp, spp, _ = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response, m, cfg.temperature)
+    adv, _ = otb.ESTIMATORS["group_mean"](token_rewards=token_rewards, response_mask=m, group_index=ro.group_index,
+                                          log_probs=old_logp, sum_pi_sq=spp)
+    train.update(model, torch.optim.SGD(model.parameters(), lr=0.0), dataclasses.replace(cfg, max_grad_norm=1e9),
+                 ro, old_logp, adv, torch.Generator().manual_seed(0))
+    ours = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+    assert (adv * m).abs().sum() > 0 and g_trl.norm() > 1e-6  # rewards that differ within a group
+    assert ((ours - g_trl).norm() / g_trl.norm()).item() < 1e-4
+
+
+@needs_trl
 def test_bad_arguments_are_one_line_errors(setup):
     import otb_trl
     with pytest.raises(ValueError, match=r"^estimator must be one of \[.*'otb'.*\], got 'otp'$"):
