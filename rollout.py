@@ -19,8 +19,9 @@ Three jobs, in the order a training step needs them:
    ``ReverseTask`` (the default, for a tiny character-level model), ``PeriodicTask`` (the
    long-horizon one: the response length is the ``horizon`` knob, 16 to 256 tokens),
    ``CalculatorTask`` (the multi-turn one: add ``horizon`` numbers through k - 1 calls of an
-   adding tool) and ``ArithmeticTask`` (for a pretrained instruct model, through its chat
-   template). Each task owns its defaults: ``horizon`` and ``max_new_tokens()``, the response
+   adding tool), ``ArithmeticTask`` (for a pretrained instruct model, through its chat
+   template) and ``CountTask`` (the long-horizon one for that model: list 55 numbers in order,
+   200+ tokens). Each task owns its defaults: ``horizon`` and ``max_new_tokens()``, the response
    length limit, and a task with a tool owns it too (``task.tool(tokenizer)``).
 
 Layout: prompts are left-padded (so every row's last prompt token sits in the same column),
@@ -410,8 +411,52 @@ class CalculatorTask:
                     max_calls=2 * self.horizon)
 
 
+@dataclass
+class CountTask:
+    """Count: list the ``horizon`` whole numbers from a to b = a + horizon - 1, through the chat
+    template. The long-horizon task for a pretrained instruct model (SmolLM2-135M-Instruct)::
+
+        prompt    (chat template) List the numbers from 7 to 61, separated by commas.
+        response  7, 8, 9, ..., 60, 61<|im_end|>
+
+    The start a is uniform in [1, ``start_max``]. SmolLM2's tokenizer writes every digit, comma
+    and space as its own token, so the correct response has as many tokens as characters (plus
+    EOS): 210 to 219 for the default horizon 55 (tests/test_e2e_smollm2.py measures it). The
+    reward is 1 if the row ended with EOS and the integers of its text are exactly a, a+1, ..., b,
+    optionally preceded by one restatement of the range (a and b, as in "The numbers from a to b
+    are: ..."); one skipped, repeated or extra number anywhere fails the whole response.
+    """
+    horizon: int = 55
+    start_max: int = 15
+
+    def sample(self, rng, n):
+        out = []
+        for _ in range(n):
+            a = rng.randint(1, self.start_max)
+            b = a + self.horizon - 1
+            out.append((f"List the numbers from {a} to {b}, separated by commas.",
+                        ", ".join(map(str, range(a, b + 1)))))
+        return out
+
+    prompt_text = ArithmeticTask.prompt_text  # the chat template, generation prompt opened
+
+    def target_text(self, answer):
+        return answer
+
+    def reward(self, text, answer, finished):
+        numbers = re.findall(r"\d+", text)
+        want = answer.split(", ")
+        restated = numbers[:2] == [want[0], want[-1]] and numbers[2:] == want
+        return float(bool(finished) and (numbers == want or restated))
+
+    def max_new_tokens(self):
+        """The longest correct list (start ``start_max``), EOS, and 48 tokens for a preamble."""
+        a = self.start_max
+        return len(", ".join(map(str, range(a, a + self.horizon)))) + 1 + 48
+
+
 TASKS = {"reverse": ReverseTask, "periodic": PeriodicTask, "arithmetic": ArithmeticTask,
-         "calculator": CalculatorTask}
+         "calculator": CalculatorTask, "count": CountTask}
 
 
 def step_seed(seed, step):

@@ -42,7 +42,7 @@ DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
 GROUP_BASELINES = ("group_mean", "grpo", "rloo", "otb", "otb_loo", "otb_zero_tail")  # need N >= 2
 RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device")  # options a resume may change
 AT_LEAST_1 = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "tiny_layers", "log_every",
-              "horizon", "max_new_tokens", "minibatch_size", "chunk_size", "lr_warmup_window")
+              "horizon", "max_new_tokens", "minibatch_size", "chunk_size", "lr_warmup_window", "token_budget")
 POSITIVE = ("lr", "temperature", "clip_eps", "max_grad_norm")
 NOT_NEGATIVE = ("weight_decay", "warmup_max_steps", "checkpoint_minutes")
 
@@ -99,6 +99,9 @@ def parse_config(argv, config, presets, epilog=None):
         argv, return_remaining_strings=True)
     if rest:
         raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
+    if cfg.estimator:  # a single run: the preset's comparison settings (--compare, --seeds) do not apply
+        preset_only = [k for k in ("compare", "seeds") if getattr(cfg, k) == presets[preset].get(k)]
+        cfg = replace(cfg, **dict.fromkeys(preset_only))
     return cfg
 
 
@@ -167,6 +170,14 @@ def runs_of(cfg):
     return runs
 
 
+def seed_list(cfg):
+    """The seeds of a --seeds comparison, as ints."""
+    items = [x.strip() for x in cfg.seeds.split(",")]
+    if not all(x.lstrip("-").isdigit() for x in items) or len(set(items)) < len(items):
+        raise UsageError(f"--seeds {cfg.seeds!r}: expected distinct integers separated by commas, e.g. 0,1,2")
+    return [int(x) for x in items]
+
+
 def make_task(cfg):
     name = cfg.task or ("reverse" if cfg.model == "tiny" else "arithmetic")
     return rollout.TASKS[name]() if cfg.horizon is None else rollout.TASKS[name](horizon=cfg.horizon)
@@ -213,6 +224,11 @@ def check(cfg):
         if cfg.minibatch_size and (cfg.prompts_per_step * n) % cfg.minibatch_size:
             raise UsageError(f"--minibatch-size {cfg.minibatch_size} does not divide the batch "
                              f"(prompts_per_step * group_size = {cfg.prompts_per_step * n})")
+    if cfg.seeds and (cfg.estimator or not cfg.token_budget):
+        raise UsageError(f"--seeds {cfg.seeds}: " + ("runs a comparison, not one --estimator" if cfg.estimator
+                         else "needs --token-budget (the budget B its endpoints are measured at)"))
+    if cfg.seeds:
+        seed_list(cfg)
     if cfg.zero_tail and "otb" not in [est for est, _ in runs_of(cfg)]:
         raise UsageError("--zero-tail applies to the estimator otb only (otb_loo is leave-one-out: no "
                          "row is alone in its own baseline)")
@@ -223,9 +239,9 @@ def check(cfg):
     if cfg.model == "tiny" and response_limit(cfg, make_task(cfg)) > 480:
         raise UsageError(f"--horizon {cfg.horizon}: responses of up to {response_limit(cfg, make_task(cfg))} "
                          "tokens do not fit the tiny model's 512 positions (prompt included)")
-    if cfg.model == "tiny" and cfg.task == "arithmetic":
-        raise UsageError("--task arithmetic needs a pretrained chat model (--model smollm2 or a folder); "
-                         "the tiny character model learns --task reverse or periodic")
+    if cfg.model == "tiny" and cfg.task in ("arithmetic", "count"):
+        raise UsageError(f"--task {cfg.task} needs a pretrained chat model (--model smollm2 or a folder); "
+                         "the tiny character model learns --task reverse, periodic or calculator")
     looks_like_path = cfg.model.startswith((".", "/", "~")) or os.sep + os.sep in cfg.model
     if cfg.model not in ("tiny", "smollm2") and looks_like_path and not Path(cfg.model).expanduser().is_dir():
         raise UsageError(f"--model: folder {cfg.model} does not exist")
