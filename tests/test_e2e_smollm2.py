@@ -3,7 +3,7 @@
 Load, the chat-template prompt, the arithmetic reward on known strings, two training steps of
 ``--preset gpu`` shrunk to a few prompts on the CPU (on arithmetic), and a resume that extends a
 finished run to the same metrics as an uninterrupted one. The preset's own task, counting: its
-correct responses measured in SmolLM2's tokenizer (>= 200 tokens), its reward on known strings, and
+correct responses measured in SmolLM2's tokenizer (>= 200 tokens: 270-279), its reward on known strings, and
 the preset's equal-token comparison shrunk to 2 seeds x 2 configurations of 1 prompt and 8 new
 tokens, with its paired table checked against endpoints computed by hand. The README's test command
 installs the extra
@@ -109,11 +109,11 @@ def test_count_task_correct_responses_are_at_least_200_smollm2_tokens(smollm2):
         assert tok.decode(ids, skip_special_tokens=True) == answer
         lengths[a] = len(ids)
         assert lengths[a] == len(answer) + 1  # one token per digit, comma and space, then EOS
-    # by hand: 1..55 is 9 + 46 * 2 digits and 54 ", " (209 characters), 15..69 is 55 * 2 + 108 (218); + EOS
-    assert min(lengths.values()) >= 200 and (min(lengths.values()), max(lengths.values())) == (210, 219)
+    # by hand: 1..70 is 9 + 61 * 2 digits and 69 ", " (269 characters), 15..84 is 70 * 2 + 138 (278); + EOS
+    assert min(lengths.values()) >= 200 and (min(lengths.values()), max(lengths.values())) == (270, 279)
     assert task.max_new_tokens() >= max(lengths.values())
     drawn = task.sample(random.Random(0), 50)
-    assert all(q.startswith("List the numbers from ") and len(ans.split(", ")) == 55 for q, ans in drawn)
+    assert all(q.startswith("List the numbers from ") and len(ans.split(", ")) == 70 for q, ans in drawn)
 
 
 def test_count_reward_on_known_strings():
@@ -123,8 +123,8 @@ def test_count_reward_on_known_strings():
     assert task.reward("1, 2, 3, 4, 5", answer, True) == 1.0
     assert task.reward("Sure: 1,2,3,4,5.", answer, True) == 1.0  # only the integers count
     assert task.reward("The numbers from 1 to 5 are 1, 2, 3, 4, 5", answer, True) == 1.0  # one restatement
-    assert task.reward("1, 2, 3, 4, 5", answer, False) == 0.0  # no EOS: cut off
-    for slip in ("1, 2, 4, 5", "1, 2, 3, 3, 4, 5", "1, 2, 3, 4, 5, 6", "0, 1, 2, 3, 4, 5",
+    assert task.reward("1, 2, 3, 4, 5, 6, 7", answer, False) == 1.0  # after b nothing is graded
+    for slip in ("1, 2, 4, 5", "1, 2, 3, 3, 4, 5", "1, 2, 3, 4", "0, 1, 2, 3, 4, 5",
                  "From 1 to 5 and 1 to 5: 1, 2, 3, 4, 5"):
         assert task.reward(slip, answer, True) == 0.0, slip
 
