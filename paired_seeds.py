@@ -50,9 +50,13 @@ def analyse(cfg, folder):
     names = [f"{est}:{n}" for est, n in configs]
     histories = {f"{est}:{n}": {s: read(folder / f"seed{s}" / f"{est}-n{n}" / "metrics.jsonl")
                                 for s in seeds} for est, n in configs}
-    per_run = {c: {s: equal_tokens.endpoints(h, cfg.steps, budget=B, window=B // 10,
+    per_run = {c: {s: equal_tokens.endpoints(h, cfg.steps, budget=B, window=max(1, B // 10),
                                              target=cfg.target_success)  # primary (final), auc, ...
                    for s, h in by_seed.items()} for c, by_seed in histories.items()}
+    empty = [f"{c} seed {s}" for c, by_seed in per_run.items() for s, e in by_seed.items() if e is None]
+    if empty:  # its first step alone sampled more than B
+        raise SystemExit(f"train.py: --token-budget {B} is smaller than one step's tokens of {empty[0]}; "
+                         "no step lies within the budget (raise --token-budget)")
     rows = [dict(config=c, stopped_short=[s for s in seeds if per_run[c][s]["stopped_short"]],
                  **{k: stats.mean_se([per_run[c][s][k] for s in seeds]) for k in ("primary", "auc")})
             for c in names]  # (mean, s.e.) over the seeds
@@ -108,12 +112,12 @@ def plot(histories, budget, path, title):
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     grid = np.linspace(0, budget, 60)
     for c, by_seed in histories.items():
-        curves = [equal_tokens.curve(h, budget, budget // 10) for h in by_seed.values()]
+        curves = [equal_tokens.curve(h, budget, max(1, budget // 10)) for h in by_seed.values()]
         ys = np.array([np.interp(grid, x, y, left=np.nan, right=np.nan)
                        for x, y in curves if x])  # (seeds, 60)
         if len(ys):  # nan where a seed has no step yet (or ran out of steps): matplotlib leaves a gap
             ax.plot(grid, ys.mean(0), label=c, lw=2.4 if c.startswith("otb") else 1.4)
-    ax.set(xlabel="response tokens sampled", ylabel=f"success (trailing {budget // 10:,} tokens)",
+    ax.set(xlabel="response tokens sampled", ylabel=f"success (trailing {max(1, budget // 10):,} tokens)",
            title=f"{title}: mean of the seeds")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -12,6 +12,7 @@ fails them. Cost, measured on a shared 2-core CPU: the comparison smoke check 34
 about 3 (163 s at 5-6), the 2-step + resume test 247 s at 5-6, the model load 15 s, the rest under
 a second.
 """
+import dataclasses
 import importlib.util
 import json
 import math
@@ -158,6 +159,8 @@ def test_paired_seeds_endpoints_and_differences_on_known_histories(tmp_path):
     assert final["auc"]["ci_high"] - mu == pytest.approx(4.302653 * sd / math.sqrt(3), rel=1e-5)  # t(.975, 2)
     assert (tmp_path / "compare.png").exists()
     assert "| group_mean:16 | AUC" in (tmp_path / "summary.md").read_text()
+    with pytest.raises(SystemExit, match="--token-budget 30 is smaller than one step"):  # 40 tokens > B
+        paired_seeds.analyse(dataclasses.replace(cfg, token_budget=30), tmp_path)
 
 
 @needs_smollm2
