@@ -1,6 +1,6 @@
 """Success of SmolLM2-135M-Instruct on the counting task before any RL: sampling only, on the CPU.
 
-    python benchmarks/smollm2_task_success.py                        # horizon 55, tau 0.7, 128 prompts
+    python benchmarks/smollm2_task_success.py                        # horizon 70, tau 0.7, 128 prompts
     python benchmarks/smollm2_task_success.py --horizon 45 --temperature 1.0 --prompts 32
     python benchmarks/smollm2_task_success.py --out benchmarks/results/smollm2_count
 
