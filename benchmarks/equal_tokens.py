@@ -83,41 +83,42 @@ def train(jobs, runs, workers):
 # Endpoints and analysis (as pre-registered, with Addendum 1 of the protocol)
 # =====================================================================================
 
-def within_budget(h):
-    """Steps whose cumulative tokens are <= BUDGET, as (cumulative tokens, the step's tokens, success)."""
+def within_budget(h, budget=BUDGET):
+    """Steps whose cumulative tokens are <= budget, as (cumulative tokens, the step's tokens, success)."""
     out, prev = [], 0
     for r in h:
-        if r["tokens"] > BUDGET:
+        if r["tokens"] > budget:
             break
         out.append((r["tokens"], r["tokens"] - prev, r["success"]))
         prev = r["tokens"]
     return out
 
 
-def endpoints(h, steps_given=None):
+def endpoints(h, steps_given=None, budget=BUDGET, window=WINDOW, target=TARGET_SUCCESS):
     """The protocol's endpoints of one run from its history ``h`` (dicts with tokens, success).
 
     ``h`` may be the whole run or only its steps within the budget; ``steps_given`` is the number of
     steps the run was given (default: len(h), i.e. ``h`` is the whole run). Addendum 1: a run stops
     short of B when all the steps it was given lie within B and the last is < B (it ran out of steps);
-    a run whose next step would cross B is not short.
+    a run whose next step would cross B is not short. ``budget``, ``window`` and ``target`` are the
+    protocol's B, trailing window and target success; train.py's --seeds comparison passes its own.
     """
-    steps = within_budget(h)
+    steps = within_budget(h, budget)
     if not steps:
         return None
     steps_given = len(h) if steps_given is None else steps_given
     used = steps[-1][0]
-    last = [(d, s) for c, d, s in steps if c > 0.75 * BUDGET]
+    last = [(d, s) for c, d, s in steps if c > 0.75 * budget]
     primary = sum(d * s for d, s in last) / sum(d for d, _ in last) if last else float("nan")
-    auc = sum(d * s for _, d, s in steps) / BUDGET  # endpoint 2: area over B (tokens not sampled count 0)
+    auc = sum(d * s for _, d, s in steps) / budget  # endpoint 2: area over B (tokens not sampled count 0)
     to_target = None
-    for c, y in zip(*curve(h)):
-        if c >= WINDOW and y >= TARGET_SUCCESS:  # a full trailing window only (Addendum 1)
+    for c, y in zip(*curve(h, budget, window)):
+        if c >= window and y >= target:  # a full trailing window only (Addendum 1)
             to_target = c
             break
     return dict(primary=primary, auc=auc, tokens_to_target=to_target,
-                tokens_to_target_censored=BUDGET if to_target is None else to_target, tokens_used=used,
-                stopped_short=len(steps) >= steps_given and used < BUDGET, steps=len(steps))
+                tokens_to_target_censored=budget if to_target is None else to_target, tokens_used=used,
+                stopped_short=len(steps) >= steps_given and used < budget, steps=len(steps))
 
 
 def median_censored(values):
@@ -240,14 +241,14 @@ def rerun_check(job, rerun, saved):
 # Where the histories come from: the run folders, or the curves saved in results.json
 # =====================================================================================
 
-def curve(h):
-    """Trailing-window (WINDOW tokens) success against tokens, within the budget."""
-    steps = within_budget(h)
+def curve(h, budget=BUDGET, window=WINDOW):
+    """Trailing-window (``window`` tokens) success against tokens, within the budget."""
+    steps = within_budget(h, budget)
     xs, ys = [], []
     for i, (c, _, _) in enumerate(steps):
-        window = [(d, s) for c2, d, s in steps[:i + 1] if c2 > c - WINDOW]
+        inside = [(d, s) for c2, d, s in steps[:i + 1] if c2 > c - window]
         xs.append(c)
-        ys.append(sum(d * s for d, s in window) / sum(d for d, _ in window))
+        ys.append(sum(d * s for d, s in inside) / sum(d for d, _ in inside))
     return xs, ys
 
 

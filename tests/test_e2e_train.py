@@ -93,7 +93,11 @@ def test_preset_sets_defaults_that_explicit_flags_override():
     gpu = parse(["--preset", "gpu"])
     help_text = " ".join(train_cli.make_parser(train.Config, train.PRESETS).format_help().split())
     assert "GB of memory" in help_text  # the preset states its needs
-    assert (gpu.model, gpu.task, gpu.lr, gpu.prompts_per_step) == ("smollm2", "arithmetic", 1e-5, 32)
+    assert (gpu.model, gpu.task, gpu.lr, gpu.prompts_per_step) == ("smollm2", "count", 1e-5, 8)
+    configs = "otb:4,group_mean:4,rloo:4,reinforce:4,group_mean:16"  # the equal-token comparison
+    assert (gpu.token_budget, gpu.seeds, gpu.compare) == (320_000, "0,1,2", configs)
+    one = parse(["--preset", "gpu", "--estimator", "otb"])  # a single run: the comparison settings drop out
+    assert (one.compare, one.seeds, one.token_budget) == (None, None, 320_000)
     assert {k: getattr(gpu, k) for k in train.PRESETS["gpu"]} == train.PRESETS["gpu"]
     mine = parse(["--steps", "2", "--preset", "gpu", "--lr", "3e-5"])  # any order
     assert (mine.steps, mine.lr, mine.model) == (2, 3e-5, "smollm2")

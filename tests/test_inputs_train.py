@@ -41,6 +41,12 @@ BAD = [
     (["--estimator", "otb", "--task", "periodic", "--horizon", "600"], "--horizon"),
     (["--resume", "/no/such/run"], "--resume"),
     (["--estimator", "otb", "--task", "arithmetic"], "--task"),
+    (["--estimator", "otb", "--task", "count"], "--task"),
+    (["--compare", "otb:4,group_mean:4", "--seeds", "0,1"], "--seeds"),  # no --token-budget
+    (["--compare", "otb:4,group_mean:4", "--seeds", "0,x", "--token-budget", "100"], "--seeds"),
+    (["--compare", "otb:4,group_mean:4", "--seeds", "0,0", "--token-budget", "100"], "--seeds"),
+    (["--estimator", "otb", "--seeds", "0,1", "--token-budget", "100"], "--seeds"),
+    (["--estimator", "otb", "--token-budget", "0"], "--token-budget"),
     (["--estimator", "otb", "--task", "auto"], "--task"),
     (["--estimator", "otb", "--device", "tpu"], "--device"),
     (["--estimator", "otb", "--device", "xla"], "--device"),  # a torch device type we do not support
