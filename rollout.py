@@ -251,8 +251,21 @@ def response_texts(tokenizer, response, response_mask):
 # Tasks with verifiable rewards
 # =====================================================================================
 
+class Task:
+    """What the tasks share: a batch of prompts is n independent draws, and the warm-up's target
+    is the answer itself. A task adds ``draw``, ``prompt_text``, ``reward`` and ``max_new_tokens``."""
+
+    def sample(self, rng, n):
+        """n (question, answer) pairs drawn from ``rng`` (a random.Random), one ``draw`` each."""
+        return [self.draw(rng) for _ in range(n)]
+
+    def target_text(self, answer):
+        """The supervised target for the warm-up (the tokenizer appends nothing; EOS is added)."""
+        return answer
+
+
 @dataclass
-class ReverseTask:
+class ReverseTask(Task):
     """Reverse a random string: prompt ``<bos>cabd=``, correct response ``dbac<eos>``.
 
     The string length is uniform in [horizon // 2, horizon] (at least 1), so responses have
@@ -262,21 +275,13 @@ class ReverseTask:
     horizon: int = 8
     alphabet: str = "abcdefgh"
 
-    def sample(self, rng, n):
-        """n (question, answer) pairs drawn from ``rng`` (a random.Random)."""
-        out = []
-        for _ in range(n):
-            length = rng.randint(max(1, self.horizon // 2), self.horizon)
-            s = "".join(rng.choice(self.alphabet) for _ in range(length))
-            out.append((s, s[::-1]))
-        return out
+    def draw(self, rng):
+        length = rng.randint(max(1, self.horizon // 2), self.horizon)
+        s = "".join(rng.choice(self.alphabet) for _ in range(length))
+        return s, s[::-1]
 
     def prompt_text(self, tokenizer, question):
         return f"{tokenizer.bos_token}{question}="
-
-    def target_text(self, answer):
-        """The supervised target for the warm-up (the tokenizer appends nothing; EOS is added)."""
-        return answer
 
     def reward(self, text, answer, finished):
         return float(bool(finished) and text == answer)
@@ -287,7 +292,7 @@ class ReverseTask:
 
 
 @dataclass
-class PeriodicTask:
+class PeriodicTask(Task):
     """Copy a pattern periodically: prompt ``<bos>cabhd:``, correct response the pattern repeated
     to exactly ``horizon`` characters (``cabhdcabhdcabhdc<eos>`` for horizon 16).
 
@@ -301,17 +306,13 @@ class PeriodicTask:
     period: int = 5
     alphabet: str = "abcdefgh"
 
-    def sample(self, rng, n):
-        out = []
-        for _ in range(n):
-            pattern = "".join(rng.choice(self.alphabet) for _ in range(self.period))
-            out.append((pattern, (pattern * (self.horizon // self.period + 1))[:self.horizon]))
-        return out
+    def draw(self, rng):
+        pattern = "".join(rng.choice(self.alphabet) for _ in range(self.period))
+        return pattern, (pattern * (self.horizon // self.period + 1))[:self.horizon]
 
     def prompt_text(self, tokenizer, question):
         return f"{tokenizer.bos_token}{question}:"
 
-    target_text = ReverseTask.target_text  # the answer itself, then EOS
     reward = ReverseTask.reward  # 1 on an exact match after EOS, else 0
 
     def max_new_tokens(self):
@@ -320,27 +321,21 @@ class PeriodicTask:
 
 
 @dataclass
-class ArithmeticTask:
+class ArithmeticTask(Task):
     """Add two random numbers with ``horizon`` digits each; the chat template frames the question.
 
     The reward is 1 if the last integer in the response equals the sum exactly.
     """
     horizon: int = 2
 
-    def sample(self, rng, n):
+    def draw(self, rng):
         lo, hi = 10 ** (self.horizon - 1) if self.horizon > 1 else 0, 10 ** self.horizon - 1
-        out = []
-        for _ in range(n):
-            a, b = rng.randint(lo, hi), rng.randint(lo, hi)
-            out.append((f"What is {a} + {b}? Reply with the number only.", str(a + b)))
-        return out
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        return f"What is {a} + {b}? Reply with the number only.", str(a + b)
 
     def prompt_text(self, tokenizer, question):
         return tokenizer.apply_chat_template([{"role": "user", "content": question}],
                                              add_generation_prompt=True, tokenize=False)
-
-    def target_text(self, answer):
-        return answer
 
     def reward(self, text, answer, finished):
         numbers = re.findall(r"-?\d+", text.replace(",", ""))
@@ -351,7 +346,7 @@ class ArithmeticTask:
 
 
 @dataclass
-class CalculatorTask:
+class CalculatorTask(Task):
     """Add ``horizon`` = k numbers of ``digits`` digits with a calculator that adds two numbers.
 
     The multi-turn task, for the tiny character-level model. A correct transcript for k = 3::
@@ -378,19 +373,12 @@ class CalculatorTask:
             total += x
         return text + str(total)
 
-    def sample(self, rng, n):
-        lo, hi = 10 ** (self.digits - 1), 10 ** self.digits - 1
-        out = []
-        for _ in range(n):
-            numbers = [rng.randint(lo, hi) for _ in range(self.horizon)]
-            out.append(("+".join(map(str, numbers)), self.transcript(numbers)))
-        return out
+    def draw(self, rng):
+        numbers = [rng.randint(10 ** (self.digits - 1), 10 ** self.digits - 1) for _ in range(self.horizon)]
+        return "+".join(map(str, numbers)), self.transcript(numbers)
 
     def prompt_text(self, tokenizer, question):
         return f"{tokenizer.bos_token}{question}?"
-
-    def target_text(self, answer):
-        return answer
 
     def reward(self, text, answer, finished):
         return float(bool(finished) and text.rsplit(",", 1)[-1] == answer.rsplit(",", 1)[-1])
@@ -416,7 +404,7 @@ class CalculatorTask:
 
 
 @dataclass
-class CountTask:
+class CountTask(Task):
     """Count: list the ``horizon`` whole numbers from a to b = a + horizon - 1, through the chat
     template. The long-horizon task for a pretrained instruct model (SmolLM2-135M-Instruct)::
 
@@ -435,19 +423,12 @@ class CountTask:
     horizon: int = 70
     start_max: int = 15
 
-    def sample(self, rng, n):
-        out = []
-        for _ in range(n):
-            a = rng.randint(1, self.start_max)
-            b = a + self.horizon - 1
-            out.append((f"List the numbers from {a} to {b}, separated by commas.",
-                        ", ".join(map(str, range(a, b + 1)))))
-        return out
+    def draw(self, rng):
+        a = rng.randint(1, self.start_max)
+        b = a + self.horizon - 1
+        return f"List the numbers from {a} to {b}, separated by commas.", ", ".join(map(str, range(a, b + 1)))
 
     prompt_text = ArithmeticTask.prompt_text  # the chat template, generation prompt opened
-
-    def target_text(self, answer):
-        return answer
 
     def reward(self, text, answer, finished):
         numbers, want = re.findall(r"\d+", text), answer.split(", ")
