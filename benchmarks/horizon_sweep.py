@@ -245,6 +245,27 @@ def pooled(rows):
             for (e, N), xs in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
 
 
+def head_to_head(grams_by_cell, a="otb_tir", b="otb", replicates=2000):
+    """nvar(b) / nvar(a) per (n, N): paired bootstrap over prompts per seed, seeds on the log scale.
+    Neither has a known factor, so a cell is unresolved where b's signal is. [] without both."""
+    cells = {}
+    for (n, seed), grams in sorted(grams_by_cell.items()):
+        for N in sorted({N for e, N in grams if e == a and (b, N) in grams}):
+            out = scale_free.bootstrap({a: grams[(a, N)], b: grams[(b, N)]}, baseline=b,
+                                       replicates=replicates, seed=1000 * n + seed)
+            cells.setdefault((n, N), []).append(out[a]["gain"])
+    return [dict(n=n, N=N, gain=list(stats.geometric_mean([g[0] for g in gs])),
+                 per_seed=[list(g) for g in gs]) for (n, N), gs in sorted(cells.items())]
+
+
+def head_to_head_md(rows, a="otb_tir", b="otb"):
+    lines = [f"| n | N | nvar({b}) / nvar({a}) [95% t over seeds] | per seed [95% bootstrap] |",
+             "|---|---|---|---|"]
+    return "\n".join(lines + [f"| {r['n']} | {r['N']} | {stats.fmt(*r['gain'], low=0.0, suffix='x')} | "
+                              + "; ".join(stats.fmt(*g, low=0.0) for g in r["per_seed"]) + " |"
+                              for r in rows])
+
+
 def table_md(rows, summary):
     """The table: gains with seed intervals, per-seed bootstrap intervals, alpha, cosine, raw variance."""
     lines = ["| n | N | estimator | gain over group_mean: geometric mean over seeds [95% t] | per seed [95% bootstrap "
@@ -257,6 +278,9 @@ def table_md(rows, summary):
                      f"{per_seed} | {scale_free.cell('alpha', s['alpha'], s['factor'])} | "
                      f"{scale_free.cell('cosine', s['cosine'], s['factor'])} | {s['raw_var_ratio']:.2f} |")
     return "\n".join(lines)
+
+
+TOOL_ROWS = ("reinforce", "rloo", "otb", "otb_tir")  # docs/tool_use.md's columns (--task calculator)
 
 
 def compact_md(summary, pool, estimators=("otb", "otb_zero_tail", "otb_loo", "reinforce", "grpo")):
@@ -331,9 +355,11 @@ def plot(summary, path=None, task="periodic"):
 def write(out, command, args, seconds, checkpoints, grams_by_cell):
     """Analyse and write results.json, table.md, gain_vs_horizon.png (and stats.npz when measured)."""
     rows, summary, pool = analyse(grams_by_cell, args.replicates)
+    versus = head_to_head(grams_by_cell, replicates=args.replicates)
     (out / "results.json").write_text(json.dumps(dict(
         command=command, args=vars(args), machine=machine(), seconds=seconds, checkpoints=checkpoints,
-        sufficient_statistics="stats.npz", rows=rows, gains=summary, pooled=pool), indent=1))
+        sufficient_statistics="stats.npz", rows=rows, gains=summary, pooled=pool, otb_tir_over_otb=versus),
+        indent=1))
     seeds = sorted({s for _, s in grams_by_cell})
     prompts = next(iter(next(iter(grams_by_cell.values())).values()))["V"].shape[0]
     text = (f"# Normalised gradient variance against the horizon\n\n`{command}`  \n"
@@ -342,7 +368,8 @@ def write(out, command, args, seconds, checkpoints, grams_by_cell):
             f"combined on the log scale (t with {len(seeds) - 1} degrees of freedom). \"unresolved\": the "
             f"denominator's interval covers 0. alpha and cosine are exact where E g is known "
             f"(scale_free.FACTORS).\n\n" + table_md(rows, summary) + "\n\n## Pooled over n\n\n" + pooled_md(pool)
-            + "\n" + checkpoints_md(checkpoints))
+            + "\n" + ("\n## Action-aligned against position-aligned OTB, paired\n\n" + head_to_head_md(versus)
+                       + "\n" if versus else "") + checkpoints_md(checkpoints))
     (out / "table.md").write_text(text)
     import matplotlib
     matplotlib.use("Agg")  # files only

@@ -131,6 +131,24 @@ def test_calculator_sweep_samples_with_the_tool_and_saves_otb_tir(tmp_path, monk
     assert all(0 <= c["warmup_success"] <= 1 for c in saved["checkpoints"])
     table = (tmp_path / "out" / "table.md").read_text()
     assert "## Checkpoints" in table and "| 2 | 0 |" in table and "| 2 | 1 |" in table
+    assert [(r["n"], r["N"], len(r["per_seed"])) for r in saved["otb_tir_over_otb"]] == [(2, 4, 2)]
     assert all(math.isfinite(g["gain"][0]) for g in saved["gains"] if g["estimator"] == "reinforce")
     with pytest.raises(SystemExit):
         hs.parse_args(["--estimators", "otb,rloo"])  # no group_mean, no reinforce
+
+
+def test_committed_calculator_sweep_is_its_statistics_reanalysed_and_docs_tool_use_shows_it():
+    # benchmarks/results/calculator_sweep (horizon_sweep.py --task calculator): the gains are what
+    # analyse() makes of its stats.npz, and docs/tool_use.md shows compact_md() of them.
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    folder = root / "benchmarks" / "results" / "calculator_sweep"
+    saved = json.loads((folder / "results.json").read_text())
+    assert saved["args"]["task"] == "calculator"
+    _, gains, _ = hs.analyse(hs.load_grams(folder / "stats.npz"), saved["args"]["replicates"])
+    for mine, theirs in zip(gains, saved["gains"], strict=True):
+        assert (mine["estimator"], mine["N"], mine["n"]) == (theirs["estimator"], theirs["N"], theirs["n"])
+        assert mine["gain"] == pytest.approx(theirs["gain"], rel=1e-9, nan_ok=True)
+    table = hs.compact_md(saved["gains"], saved["pooled"], estimators=hs.TOOL_ROWS)
+    assert table in (root / "docs" / "tool_use.md").read_text()
