@@ -73,9 +73,10 @@ def load_model(model_dir=""):
 
 
 def subset(ro, rows):
-    """The rows ``rows`` of a Rollout, responses trimmed to their longest valid length."""
+    """The rows ``rows`` of a Rollout, responses trimmed after their last valid token (a tool's
+    output inside a response is kept: it is context for the tokens after it)."""
     rows = torch.as_tensor(rows)
-    T = max(int(ro.response_mask[rows].sum(-1).max()), 1)
+    T = int(rollout.last_valid(ro.response_mask[rows]).max()) + 1
     return rollout.Rollout(prompt_ids=ro.prompt_ids[rows], prompt_mask=ro.prompt_mask[rows],
                            response=ro.response[rows, :T], response_mask=ro.response_mask[rows, :T],
                            group_index=ro.group_index[rows], logp=ro.logp[rows, :T],

@@ -31,6 +31,13 @@ references, within-prompt variances) are saved in stats.npz, so that anyone can 
     python benchmarks/horizon_sweep.py --from-saved benchmarks/results/horizon_sweep --out /tmp/re
     python benchmarks/horizon_sweep.py --horizons 16,64,128,256 --resume --out DIR   # add n = 256 to DIR
 
+With tool use (``--task calculator``, rollout.CalculatorTask) the horizon is k, the number of
+numbers to add with k - 1 tool calls; the responses hold the tool's output as holes (mask 0), the
+sampler forces it in, and every gradient sees it as context. There the sweep compares
+position-aligned otb with action-aligned otb_tir (docs/tool_use.md):
+
+    python benchmarks/horizon_sweep.py --task calculator --estimators reinforce,group_mean,rloo,otb,otb_tir
+
 Writes runs/horizon_sweep/ by default; ``--out benchmarks/results/horizon_sweep`` updates the
 committed results (results.json, stats.npz, table.md, gain_vs_horizon.png).
 """
@@ -63,7 +70,12 @@ from benchmarks.machine import machine  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--horizons", default="16,64,128", help="answer lengths n of the periodic task")
+    p.add_argument("--task", default="periodic", choices=("periodic", "calculator"),
+                   help="periodic: n = answer length; calculator: n = k, numbers added with k - 1 tool calls")
+    p.add_argument("--horizons", default=None,
+                   help="the task's horizons n (periodic: 16,64,128; calculator: 2,4,8)")
+    p.add_argument("--estimators", default=",".join(otb.ESTIMATORS), help="names in otb.ESTIMATORS "
+                   "(reinforce and group_mean are always needed)")
     p.add_argument("--seeds", default="0,1,2", help="one warm-up checkpoint per (seed, n)")
     p.add_argument("--group-sizes", default="4,16", help="N values; each must divide --pool at least twice")
     p.add_argument("--prompts", type=int, default=48, help="prompts per checkpoint (the bootstrap's units)")
@@ -79,6 +91,11 @@ def parse_args(argv=None):
                    "(results.json, stats.npz, same pool settings) and measure only the missing ones")
     p.add_argument("--out", default=str(ROOT / "runs" / "horizon_sweep"), help="output folder")
     args = p.parse_args(argv)
+    args.horizons = args.horizons or ("2,4,8" if args.task == "calculator" else "16,64,128")
+    args.estimators = args.estimators.split(",")
+    if not {"reinforce", "group_mean"} <= set(args.estimators) <= set(otb.ESTIMATORS):
+        p.error(f"--estimators {args.estimators}: names in {list(otb.ESTIMATORS)}, "
+                "with reinforce and group_mean")
     try:
         args.horizons = [int(x) for x in args.horizons.split(",")]
         args.seeds = [int(x) for x in args.seeds.split(",")]
@@ -108,7 +125,7 @@ def parse_args(argv=None):
 
 def checkpoint(n, seed, args):
     """The warmed-up tiny model for (n, seed), through train.py's cached warm-up."""
-    cfg = train.Config(task="periodic", horizon=n, seed=seed, warmup_target=args.warmup_target,
+    cfg = train.Config(task=args.task, horizon=n, seed=seed, warmup_target=args.warmup_target,
                        out=args.cache)
     torch.manual_seed(seed)
     model, tok, source = train_cli.load(cfg, torch.device("cpu"))
@@ -121,11 +138,12 @@ def measure_checkpoint(model, tok, task, cfg, args, seed):
     prompts, answers = rollout.prompt_batch(task, tok, 10_000 + seed, 0, args.prompts)  # unseen by RL
     draw = lambda s, m: rollout.sample(model, prompts, group_size=m, max_new_tokens=limit,  # noqa: E731
                                        temperature=cfg.temperature, eos_id=tok.eos_token_id,
-                                       pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(s))
+                                       pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(s),
+                                       tool=rollout.tool_for(task, tok))
     pool, ref_pool = draw(seed, args.pool), draw(seed + 7919, args.ref_pool)
     R, token_rewards, _ = rollout.rewards(task, tok, pool, answers, args.pool)
     R_ref, ref_rewards, _ = rollout.rewards(task, tok, ref_pool, answers, args.ref_pool)
-    units = {(e, N): [] for e in otb.ESTIMATORS for N in args.group_sizes}  # per prompt: (m_p, V_p, K)
+    units = {(e, N): [] for e in args.estimators for N in args.group_sizes}  # per prompt: (m_p, V_p, K)
     refs, lengths = [], []
     split = torch.Generator().manual_seed(seed + 1)
     for p in tqdm(range(args.prompts), desc=f"n={task.horizon} seed={seed}", leave=False):
@@ -144,8 +162,9 @@ def measure_checkpoint(model, tok, task, cfg, args, seed):
         for N in args.group_sizes:
             groups = perm.view(-1, N)  # (K, N) disjoint groups
             gid = group_ids_of(groups, args.pool)
-            for name, fn in otb.ESTIMATORS.items():
-                adv, _ = fn(token_rewards=r, response_mask=m, group_index=gid, log_probs=logp, sum_pi_sq=spp)
+            for name in args.estimators:
+                adv, _ = otb.ESTIMATORS[name](token_rewards=r, response_mask=m, group_index=gid,
+                                              log_probs=logp, sum_pi_sq=spp)
                 G = group_gradients(model, sub, groups, adv, cfg.temperature, S=S).double()  # (K, D)
                 mean, var, K = scale_free.unit_summary(G)
                 units[(name, N)].append((mean.float(), var, K))  # float32 keeps 15 x P x D in memory
@@ -195,7 +214,7 @@ def analyse(grams_by_cell, replicates=2000):
             raw_gm = units["group_mean"]["V"].mean().item()
             for e, metrics in out.items():
                 rows.append(dict(n=n, seed=seed, estimator=e, N=N, factor=factors.get(e),
-                                 raw_var_ratio=units[e]["V"].mean().item() / raw_gm,
+                                 raw_var_ratio=units[e]["V"].mean().item() / raw_gm if raw_gm else math.nan,
                                  **{k: list(v) for k, v in metrics.items()}))
     return rows, gains(rows), pooled(rows)
 
@@ -226,6 +245,27 @@ def pooled(rows):
             for (e, N), xs in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
 
 
+def head_to_head(grams_by_cell, a="otb_tir", b="otb", replicates=2000):
+    """nvar(b) / nvar(a) per (n, N): paired bootstrap over prompts per seed, seeds on the log scale.
+    Neither has a known factor, so a cell is unresolved where b's signal is. [] without both."""
+    cells = {}
+    for (n, seed), grams in sorted(grams_by_cell.items()):
+        for N in sorted({N for e, N in grams if e == a and (b, N) in grams}):
+            out = scale_free.bootstrap({a: grams[(a, N)], b: grams[(b, N)]}, baseline=b,
+                                       replicates=replicates, seed=1000 * n + seed)
+            cells.setdefault((n, N), []).append(out[a]["gain"])
+    return [dict(n=n, N=N, gain=list(stats.geometric_mean([g[0] for g in gs])),
+                 per_seed=[list(g) for g in gs]) for (n, N), gs in sorted(cells.items())]
+
+
+def head_to_head_md(rows, a="otb_tir", b="otb"):
+    lines = [f"| n | N | nvar({b}) / nvar({a}) [95% t over seeds] | per seed [95% bootstrap] |",
+             "|---|---|---|---|"]
+    return "\n".join(lines + [f"| {r['n']} | {r['N']} | {stats.fmt(*r['gain'], low=0.0, suffix='x')} | "
+                              + "; ".join(stats.fmt(*g, low=0.0) for g in r["per_seed"]) + " |"
+                              for r in rows])
+
+
 def table_md(rows, summary):
     """The table: gains with seed intervals, per-seed bootstrap intervals, alpha, cosine, raw variance."""
     lines = ["| n | N | estimator | gain over group_mean: geometric mean over seeds [95% t] | per seed [95% bootstrap "
@@ -238,6 +278,9 @@ def table_md(rows, summary):
                      f"{per_seed} | {scale_free.cell('alpha', s['alpha'], s['factor'])} | "
                      f"{scale_free.cell('cosine', s['cosine'], s['factor'])} | {s['raw_var_ratio']:.2f} |")
     return "\n".join(lines)
+
+
+TOOL_ROWS = ("reinforce", "rloo", "otb", "otb_tir")  # docs/tool_use.md's columns (--task calculator)
 
 
 def compact_md(summary, pool, estimators=("otb", "otb_zero_tail", "otb_loo", "reinforce", "grpo")):
@@ -254,6 +297,17 @@ def compact_md(summary, pool, estimators=("otb", "otb_zero_tail", "otb_loo", "re
     return "\n".join(lines)
 
 
+def checkpoints_md(checkpoints):
+    """Each checkpoint's warm-up success and its pool's (sweeps that saved the warm-up's only)."""
+    if not all("warmup_success" in c for c in checkpoints):
+        return ""
+    rows = [f"| {c['n']} | {c['seed']} | {c['warmup_success']:.3f} | {c['success']:.3f} | "
+            f"{c['mean_length']:.1f} |"
+            for c in sorted(checkpoints, key=lambda c: (c["n"], c["seed"]))]
+    return "\n".join(["\n## Checkpoints\n", "| n | seed | warm-up's last sampled success | pool success | "
+                      "mean actions |", "|---|---|---|---|---|", *rows, ""])
+
+
 def pooled_md(pool):
     lines = ["| N | estimator | gain over group_mean pooled over n and seeds [95% t] | cells |", "|---|---|---|---|"]
     lines += [f"| {p['N']} | {p['estimator']} | {stats.fmt(*p['gain'], low=0.0, suffix='x')} | {p['cells']} |"
@@ -261,7 +315,7 @@ def pooled_md(pool):
     return "\n".join(lines)
 
 
-def plot(summary, path=None):
+def plot(summary, path=None, task="periodic"):
     """Gain over group_mean against n (geometric mean over seeds, 95% t interval), one panel per N;
     unresolved cells are left out. Returns the figure."""
     import matplotlib.pyplot as plt
@@ -269,7 +323,7 @@ def plot(summary, path=None):
     fig, axes = plt.subplots(1, len(Ns), figsize=(5.2 * len(Ns), 4.2), squeeze=False)
     style = {"otb": dict(lw=2.6, marker="o", zorder=5), "otb_zero_tail": dict(ls="--", marker="s"),
              "otb_loo": dict(ls=":", marker="D"), "reinforce": dict(marker="^"), "rloo": dict(marker="v"),
-             "grpo": dict(marker="x")}
+             "grpo": dict(marker="x"), "otb_tir": dict(lw=2.6, marker="*", ms=10, zorder=6)}
     ns = sorted({s["n"] for s in summary})
     for ax, N in zip(axes[0], Ns):
         for i, (e, st) in enumerate(style.items()):
@@ -282,7 +336,8 @@ def plot(summary, path=None):
                        [max(b - a, 0) if not math.isnan(b) else 0 for a, b in zip(g, hi)]]
                 ax.errorbar(shift, g, yerr=err, capsize=3, label=e, **st)
         ax.axhline(1.0, color="k", lw=0.8, label="group_mean")
-        ax.set(xscale="log", yscale="log", xlabel="answer length n (periodic copy)",
+        ax.set(xscale="log", yscale="log", xlabel="answer length n (periodic copy)" if task == "periodic"
+               else "k, numbers added with k - 1 calculator calls",
                ylabel="nvar(group_mean) / nvar(estimator)", title=f"N = {N}: gain over the group mean\n"
                "(> 1 is better; geometric mean over seeds, 95% t interval)")
         ax.title.set_fontsize(9)
@@ -300,9 +355,11 @@ def plot(summary, path=None):
 def write(out, command, args, seconds, checkpoints, grams_by_cell):
     """Analyse and write results.json, table.md, gain_vs_horizon.png (and stats.npz when measured)."""
     rows, summary, pool = analyse(grams_by_cell, args.replicates)
+    versus = head_to_head(grams_by_cell, replicates=args.replicates)
     (out / "results.json").write_text(json.dumps(dict(
         command=command, args=vars(args), machine=machine(), seconds=seconds, checkpoints=checkpoints,
-        sufficient_statistics="stats.npz", rows=rows, gains=summary, pooled=pool), indent=1))
+        sufficient_statistics="stats.npz", rows=rows, gains=summary, pooled=pool, otb_tir_over_otb=versus),
+        indent=1))
     seeds = sorted({s for _, s in grams_by_cell})
     prompts = next(iter(next(iter(grams_by_cell.values())).values()))["V"].shape[0]
     text = (f"# Normalised gradient variance against the horizon\n\n`{command}`  \n"
@@ -310,12 +367,14 @@ def write(out, command, args, seconds, checkpoints, grams_by_cell):
             f"{seconds:.0f} s; intervals: {args.replicates} bootstrap draws of prompts per seed, seeds "
             f"combined on the log scale (t with {len(seeds) - 1} degrees of freedom). \"unresolved\": the "
             f"denominator's interval covers 0. alpha and cosine are exact where E g is known "
-            f"(scale_free.FACTORS).\n\n" + table_md(rows, summary) + "\n\n## Pooled over n\n\n" + pooled_md(pool) + "\n")
+            f"(scale_free.FACTORS).\n\n" + table_md(rows, summary) + "\n\n## Pooled over n\n\n" + pooled_md(pool)
+            + "\n" + ("\n## Action-aligned against position-aligned OTB, paired\n\n" + head_to_head_md(versus)
+                       + "\n" if versus else "") + checkpoints_md(checkpoints))
     (out / "table.md").write_text(text)
     import matplotlib
     matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt
-    plt.close(plot(summary, out / "gain_vs_horizon.png"))
+    plt.close(plot(summary, out / "gain_vs_horizon.png", getattr(args, "task", "periodic")))
     print(text)
     print(f"wrote {out}/results.json, table.md, gain_vs_horizon.png")
     return rows, summary
@@ -324,7 +383,8 @@ def write(out, command, args, seconds, checkpoints, grams_by_cell):
 def resumed(out, args, t0):
     """The cells a finished earlier run saved in ``out``, its checkpoints, and t0 moved back by its time."""
     saved = json.loads((out / "results.json").read_text())
-    same = ("prompts", "pool", "ref_pool", "group_sizes", "warmup_target")
+    same = ("prompts", "pool", "ref_pool", "group_sizes", "warmup_target", "task", "estimators")
+    saved["args"] = {"task": "periodic", "estimators": args.estimators, **saved["args"]}  # older sweeps
     if any(saved["args"][k] != getattr(args, k) for k in same):
         raise SystemExit(f"--resume: {out} was measured with other settings "
                          f"({ {k: saved['args'][k] for k in same} }); use another --out")
@@ -347,16 +407,18 @@ def main(argv=None):
     grams_by_cell, checkpoints, t0 = {}, [], time.time()
     if args.resume:
         grams_by_cell, checkpoints, t0 = resumed(out, args, t0)
-    for n in args.horizons:
-        for seed in args.seeds:
-            if (n, seed) in grams_by_cell:
-                continue  # measured by the run that is resumed
-            model, tok, task, cfg, source = checkpoint(n, seed, args)
-            grams_by_cell[(n, seed)], info = measure_checkpoint(model, tok, task, cfg, args, seed)
-            checkpoints.append(dict(n=n, seed=seed, model=source["path"], **info))
-            print(f"n={n} seed={seed}: pool success {info['success']:.2f}, mean length "
-                  f"{info['mean_length']:.1f}", flush=True)
-            save_grams(out / "stats.npz", grams_by_cell)  # after every checkpoint: nothing measured is lost
+    todo = [(n, seed) for seed in args.seeds for n in args.horizons if (n, seed) not in grams_by_cell]
+    for i, (n, seed) in enumerate(todo):  # seed by seed: a partial sweep has every n
+        model, tok, task, cfg, source = checkpoint(n, seed, args)
+        grams_by_cell[(n, seed)], info = measure_checkpoint(model, tok, task, cfg, args, seed)
+        warm = json.loads((Path(source["path"]) / "warmup.json").read_text())["history"]
+        checkpoints.append(dict(n=n, seed=seed, model=source["path"],
+                                warmup_success=warm[-1][1] if warm else None, **info))
+        print(f"n={n} seed={seed}: pool success {info['success']:.2f}, mean length "
+              f"{info['mean_length']:.1f}", flush=True)
+        save_grams(out / "stats.npz", grams_by_cell)  # after every checkpoint: nothing measured is lost,
+        if i + 1 < len(todo):  # and a results.json that --resume continues from
+            write(out, command + "  # partial", args, time.time() - t0, checkpoints, grams_by_cell)
     return write(out, command, args, time.time() - t0, checkpoints, grams_by_cell)
 
 

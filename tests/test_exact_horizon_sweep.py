@@ -84,3 +84,71 @@ def test_committed_results_are_the_saved_statistics_reanalysed_and_the_docs_show
         assert (mine["estimator"], mine["N"], mine["n"]) == (theirs["estimator"], theirs["N"], theirs["n"])
         assert mine["gain"] == pytest.approx(theirs["gain"], rel=1e-9, nan_ok=True)
     assert hs.compact_md(saved["gains"], saved["pooled"]) in (root / "docs" / "variance.md").read_text()
+
+
+def test_subset_keeps_a_tool_output_inside_a_response():
+    # grad_variance.subset trims after the last valid token, not after sum(m) tokens: a response
+    # with a hole keeps the hole (context) and the action after it.
+    import rollout
+    from benchmarks.grad_variance import subset
+    m = torch.tensor([[1, 0, 0, 1, 0], [1, 1, 0, 0, 0]])
+    ro = rollout.Rollout(prompt_ids=torch.ones(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1),
+                         response=torch.arange(10).view(2, 5), response_mask=m, group_index=torch.zeros(2),
+                         logp=torch.zeros(2, 5), finished=torch.ones(2, dtype=torch.bool))
+    assert subset(ro, [0]).response.tolist() == [[0, 1, 2, 3]]
+    assert subset(ro, [1]).response.tolist() == [[5, 6]]
+    assert subset(ro, [0, 1]).response_mask.tolist() == [[1, 0, 0, 1], [1, 1, 0, 0]]
+
+
+def test_calculator_sweep_samples_with_the_tool_and_saves_otb_tir(tmp_path, monkeypatch):
+    """--task calculator on tiny sizes (a 1-layer model, 60 warm-up steps, k = 2, 2 prompts): the
+    sampler gets the calculator, the saved rows hold the chosen estimators, every checkpoint its
+    warm-up success, and a partial sweep (one checkpoint of two) is resumed to the whole."""
+    import json
+    import rollout
+    import train
+    import train_cli
+    tools, real_sample = [], rollout.sample
+    monkeypatch.setattr(rollout, "sample", lambda *a, **k: tools.append(k["tool"]) or real_sample(*a, **k))
+
+    def checkpoint(n, seed, args):  # hs.checkpoint with a smaller model and warm-up
+        cfg = train.Config(task=args.task, horizon=n, seed=seed, tiny_hidden=32, tiny_layers=1,
+                           warmup_max_steps=60, out=str(tmp_path / "cache"))
+        model, tok, source = train_cli.load(cfg, torch.device("cpu"))
+        return model, tok, train_cli.make_task(cfg), cfg, source
+    monkeypatch.setattr(hs, "checkpoint", checkpoint)
+    # 60 warm-up steps never solve k = 2: a stand-in reward (text length odd) gives the estimators signal
+    monkeypatch.setattr(rollout.CalculatorTask, "reward", lambda self, text, answer, finished: len(text) % 2)
+    argv = ["--task", "calculator", "--horizons", "2", "--prompts", "2", "--pool", "8", "--ref-pool", "8",
+            "--group-sizes", "4", "--estimators", "reinforce,group_mean,otb,otb_tir", "--replicates", "100",
+            "--out", str(tmp_path / "out")]
+    hs.main(argv + ["--seeds", "0"])
+    assert tools and all(isinstance(t, rollout.Tool) for t in tools)
+    hs.main(argv + ["--seeds", "0,1", "--resume"])
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert {r["estimator"] for r in saved["rows"]} == {"reinforce", "group_mean", "otb", "otb_tir"}
+    assert [(c["n"], c["seed"]) for c in saved["checkpoints"]] == [(2, 0), (2, 1)]
+    assert all(0 <= c["warmup_success"] <= 1 for c in saved["checkpoints"])
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "## Checkpoints" in table and "| 2 | 0 |" in table and "| 2 | 1 |" in table
+    assert [(r["n"], r["N"], len(r["per_seed"])) for r in saved["otb_tir_over_otb"]] == [(2, 4, 2)]
+    assert all(math.isfinite(g["gain"][0]) for g in saved["gains"] if g["estimator"] == "reinforce")
+    with pytest.raises(SystemExit):
+        hs.parse_args(["--estimators", "otb,rloo"])  # no group_mean, no reinforce
+
+
+def test_committed_calculator_sweep_is_its_statistics_reanalysed_and_docs_tool_use_shows_it():
+    # benchmarks/results/calculator_sweep (horizon_sweep.py --task calculator): the gains are what
+    # analyse() makes of its stats.npz, and docs/tool_use.md shows compact_md() of them.
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    folder = root / "benchmarks" / "results" / "calculator_sweep"
+    saved = json.loads((folder / "results.json").read_text())
+    assert saved["args"]["task"] == "calculator"
+    _, gains, _ = hs.analyse(hs.load_grams(folder / "stats.npz"), saved["args"]["replicates"])
+    for mine, theirs in zip(gains, saved["gains"], strict=True):
+        assert (mine["estimator"], mine["N"], mine["n"]) == (theirs["estimator"], theirs["N"], theirs["n"])
+        assert mine["gain"] == pytest.approx(theirs["gain"], rel=1e-9, nan_ok=True)
+    table = hs.compact_md(saved["gains"], saved["pooled"], estimators=hs.TOOL_ROWS)
+    assert table in (root / "docs" / "tool_use.md").read_text()

@@ -39,8 +39,8 @@ def _check_outputs(nb):
 # 1. The stored notebooks
 # =====================================================================================
 
-def test_four_exercises_in_order():
-    assert [n[:3] for n in NAMES] == ["01_", "02_", "03_", "04_"]
+def test_five_exercises_in_order():
+    assert [n[:3] for n in NAMES] == ["01_", "02_", "03_", "04_", "05_"]
     assert sorted(p.name for p in EXERCISES.glob("*.ipynb")) == NAMES
 
 
@@ -117,6 +117,7 @@ def test_checks_accept_the_project_functions(capsys):
     assert _verdict(capsys, check.ex2c_rloo, _group(otb.rloo))[0]
     assert _verdict(capsys, check.ex3c_optimal_token_baseline, _otb())[0]
     assert _verdict(capsys, check.ex3c_optimal_token_baseline, _otb(), leave_one_out=True)[0]
+    assert _verdict(capsys, check.ex5c_action_aligned_otb, lambda *a, **k: otb.action_aligned_otb(*a, **k)[0])[0]
 
 
 def _naive_group_mean(r, m, g):
@@ -151,7 +152,27 @@ MISTAKES = [  # (check, wrong implementation, words the message must contain)
      lambda r, m, g, lp, s, **k: _otb()(r, torch.ones_like(m), g, lp, s) * m, ["padding", "active"]),
     (check.ex3c_optimal_token_baseline, lambda r, m, g, lp, s, **k: _otb()(r, m, list(range(len(r))), lp, s),
      ["one group of 4"]),
+    (check.ex5a_action_index, lambda m: torch.where(m.bool(), torch.arange(m.shape[1]), -1), ["position t"]),
+    (check.ex5a_action_index, lambda m: torch.where(m.bool(), m.long().cumsum(-1), -1), ["starts at 1"]),
+    (check.ex5c_action_aligned_otb, _otb(), ["by position", "to_actions"]),
+    (check.ex5c_action_aligned_otb, lambda *a, **k: otb.action_aligned_otb(*a)[0], ["leave_one_out"]),
 ]
+
+
+def test_compaction_check_names_a_lost_order_and_a_hole_that_is_not_zero(capsys):
+    def to_actions(x, m):  # unstable: the actions' order is lost
+        idx = torch.argsort((m == 0).float() + 1e-3 * torch.rand(m.shape), dim=-1)
+        return x.gather(-1, idx), m.gather(-1, idx)
+
+    def from_actions(y_k, m):
+        idx = torch.argsort(m == 0, dim=-1, stable=True)
+        return torch.zeros_like(y_k).scatter(-1, idx, y_k) * m
+    ok, out = _verdict(capsys, check.ex5b_compaction, to_actions, from_actions)
+    assert not ok and "stable=True" in out
+    ok, out = _verdict(capsys, check.ex5b_compaction, lambda x, m: (x.gather(-1, torch.argsort(m == 0, dim=-1,
+                       stable=True)), m.gather(-1, torch.argsort(m == 0, dim=-1, stable=True))),
+                       lambda y, m: from_actions(y, m) / m.clamp(min=1) + (1 - m))  # holes hold 1
+    assert not ok and "must be 0" in out
 
 
 @pytest.mark.parametrize("k", range(len(MISTAKES)))

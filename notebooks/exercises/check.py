@@ -476,3 +476,126 @@ def ex4c_measure(student_fn, en, Ns=(2, 4, 8), groups=4000, seed=0):
         return ("Your measurements match toy_harness.measure, the variance ratio is ((N-1)/N)^2 and the squared "
                 "biases agree with ||grad J||^2 / N^2 (group mean) and 0 (RLOO) within 4 standard errors.")
     return _verdict("Exercise 4c (measure two estimators)", body)
+
+
+# =====================================================================================
+# Exercise 5: align a baseline by the policy's own tokens (responses with tool output)
+# =====================================================================================
+
+def _tool_batch(masks, seed=0, junk=7.0):
+    """A batch whose masks have holes (tool output, mask 0, inside a response): masks are strings such
+    as '1100111000' (one per row). Outcome reward at the last valid token; junk in every masked
+    position of the rewards, log-probs and sum pi^2 (only the mask says what is an action)."""
+    mask = torch.tensor([[float(c) for c in s] for s in masks])  # (B, T)
+    b = _batch([len(s) for s in masks], seed=seed)
+    last = (mask * torch.arange(mask.shape[1])).argmax(-1)  # the last valid position, (B,)
+    rewards = torch.zeros_like(mask)
+    outcome = torch.randint(0, 2, (len(masks),), generator=torch.Generator().manual_seed(seed))  # R in {0, 1}
+    rewards[torch.arange(len(masks)), last] = outcome.float()
+    out = dict(token_rewards=rewards, log_probs=b["log_probs"], sum_pi_sq=b["sum_pi_sq"])
+    out = {k: torch.where(mask.bool(), v, junk) for k, v in out.items()}
+    return dict(out, response_mask=mask)
+
+
+def _naive_action_index(mask):
+    """k_t = (number of valid tokens up to and including t) - 1 on valid positions, -1 elsewhere."""
+    k = torch.full(mask.shape, -1, dtype=torch.long)
+    for i, row in enumerate(mask.tolist()):
+        seen = 0
+        for t, m in enumerate(row):
+            if m:
+                k[i, t], seen = seen, seen + 1
+    return k
+
+
+_HOLES = ["1110011100", "1111111111", "1001110000", "0000000000"]  # a hole, none, an early hole, empty
+
+
+def ex5a_action_index(student_fn):
+    """student_fn(response_mask) -> k_t (B, T), integer, -1 on masked positions."""
+    cases = [("no holes, right padding", ["1111100", "1110000"]),
+             ("tool output inside the responses", _HOLES)]
+
+    def body():
+        for case, masks in cases:
+            m = torch.tensor([[float(c) for c in s] for s in masks])
+            want = _naive_action_index(m)
+            got = _call(student_fn, case, m.clone())
+            if isinstance(got, torch.Tensor) and got.shape == want.shape:
+                positions = (torch.arange(m.shape[1]) * m).long()  # t on valid positions
+                if torch.equal(got.long() * m.long(), positions) and not torch.equal(got.long(), want):
+                    raise NotYet(f"on the case '{case}' your k_t is the position t",
+                                 "count only the policy's tokens: k_t = cumsum(m) - 1, so a hole does not "
+                                 "advance k")
+                if torch.equal(got.long() * m.long(), (want + 1) * m.long()):
+                    raise NotYet(f"on the case '{case}' your k_t starts at 1", "the first action has k = 0: "
+                                 "subtract 1 from the cumulative sum")
+            _compare(got.double() if isinstance(got, torch.Tensor) else got, want.double(), case,
+                     "k_t = m.cumsum(-1) - 1 on valid positions, and -1 where m_t = 0 (torch.where)", atol=0)
+        return "k_t counts the policy's own tokens and skips the tool's output."
+    return _verdict("Exercise 5a (the action index k_t)", body)
+
+
+def ex5b_compaction(to_actions, from_actions):
+    """to_actions(x, m) -> (x_k, m_k): valid entries moved left in order, 0 after them; m_k right-padded.
+    from_actions(y_k, m) -> y_t, the inverse on valid positions, 0 on masked ones."""
+    def body():
+        b = _tool_batch(_HOLES, seed=50)
+        x, m = b["log_probs"], b["response_mask"]
+        case = "tool output inside the responses (junk 7.0 in the holes)"
+        out = _call(to_actions, case, x.clone(), m.clone())
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise NotYet(f"on the case '{case}' to_actions returned {type(out).__name__}, not a pair",
+                         "return (x_k, m_k)")
+        n = m.sum(-1, keepdim=True)  # actions per row, (B, 1)
+        m_k = (torch.arange(m.shape[1]) < n).float()  # (B, T)
+        x_k = torch.zeros_like(x)
+        for i in range(len(x)):
+            x_k[i, :int(n[i])] = x[i][m[i].bool()]
+        _compare(out[1], m_k, case + ": m_k", "m_k is 1 on the first n_i positions of row i "
+                 "(n_i = its number of actions) and 0 after: right padding, no holes", atol=0)
+        _compare(out[0] * m_k, x_k, case + ": x_k", "keep the order of the valid entries: "
+                 "idx = torch.argsort(m == 0, dim=-1, stable=True) lists them first; then x.gather(-1, idx)",
+                 atol=0)
+        y_k = torch.randn(x.shape, generator=torch.Generator().manual_seed(51)) * m_k
+        want = torch.zeros_like(x)
+        for i in range(len(x)):
+            want[i][m[i].bool()] = y_k[i, :int(n[i])]
+        case = "scattering values over k back to the positions t"
+        _compare(_call(from_actions, case, y_k.clone(), m.clone()), want, case,
+                 "the inverse of the gather: torch.zeros_like(y_k).scatter(-1, idx, y_k) with the same idx; "
+                 "masked positions (holes, padding) must be 0", atol=0)
+        return "to_actions gathers each row's actions to the left in order, and from_actions puts them back."
+    return _verdict("Exercise 5b (gather the actions, scatter back)", body)
+
+
+def ex5c_action_aligned_otb(student_fn):
+    """student_fn(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, leave_one_out=False)
+    -> A (B, T), compared with otb.action_aligned_otb (the 'otb_tir' estimator)."""
+    cases = [("no holes: the position-aligned OTB", ["1111100", "1111110", "1110000", "1111111"],
+              [0, 0, 0, 0], {}, "without holes k_t = t: you should get otb.optimal_token_baseline exactly"),
+             ("tool output inside the responses", ["1110011100", "1111111100", "1100001110", "1111000000"],
+              [0, 0, 0, 0], {}, None),
+             ("two interleaved groups", _HOLES + ["1011011000", "1111001110"], [0, 1, 0, 1, 0, 1], {},
+              "pass group_index through unchanged: otb.optimal_token_baseline groups the rows itself"),
+             ("leave-one-out", ["1110011100", "1111111100", "1100001110"], ["a", "a", "a"],
+              {"leave_one_out": True}, "pass leave_one_out on to otb.optimal_token_baseline")]
+
+    def body():
+        for k, (case, masks, gi, extra, hint) in enumerate(cases):
+            b = _tool_batch(masks, seed=60 + k)
+            args = (b["token_rewards"], b["response_mask"], gi, b["log_probs"], b["sum_pi_sq"])
+            want = otb.action_aligned_otb(*args, **extra)[0]
+            got = _call(student_fn, case, *(a.clone() if isinstance(a, torch.Tensor) else a for a in args),
+                        **extra)
+            by_position = otb.optimal_token_baseline(*args, **extra)[0]
+            if isinstance(got, torch.Tensor) and got.shape == want.shape and \
+                    not torch.allclose(by_position, want) and torch.allclose(got, by_position, atol=1e-5):
+                raise NotYet(f"on the case '{case}' you aligned the rows by position t",
+                             "gather the actions to the left first (to_actions), run OTB over k, "
+                             "scatter back")
+            _compare(got, want, case, hint or "to_actions on token_rewards, log_probs and sum_pi_sq (same "
+                     "idx), otb.optimal_token_baseline on (x_k, m_k), then from_actions on its advantages",
+                     atol=1e-5, rtol=1e-5)
+        return "Matches otb.action_aligned_otb (otb_tir) with holes, junk in them, groups and leave-one-out."
+    return _verdict("Exercise 5c (OTB aligned by action)", body)
