@@ -7,24 +7,13 @@ for one group of N responses,
     g = (1 / N) sum_i sum_t A_t^i grad_theta log pi(y_t^i)                          (1)
 
 is computed exactly by backward passes (benchmarks/grad_variance.py: one backward per response
-for sequence-level advantages, one per group for OTB's token-level ones). For each prompt its M
-pooled responses are split into M / N disjoint groups: i.i.d. samples of (1). The quality of an
-estimator is scale-free (scale_free.py): the normalised variance
-
-    nvar = tr Var(g) / ||E g||^2                                                      (2)
-
-(noise within a prompt per unit of signal; a baseline that shrinks g does not look better for
-it), plus alpha and the cosine against a reference gradient r_p per prompt from a separate pool
-of responses (RLOO within 4 sub-pools: unbiased). The headline is the gain over the group mean
-at the same N and n, nvar(group_mean) / nvar(estimator).
-
-Statistics (stats.py). Prompts are the sampled unit: per checkpoint, every number gets a paired
-bootstrap interval over prompts. Where E g is known (reinforce, rloo, otb_loo: grad J; group_mean:
-(1 - 1/N) grad J) the gain is a ratio of raw variances times the known factor, with no estimated
-signal in it; otherwise it needs the estimated ||E g||^2 and is "unresolved" when the group
-mean's signal is not resolved. Seeds are combined on the log scale (geometric mean, t interval).
-The per-prompt sufficient statistics (Gram matrices of the per-prompt mean gradients and
-references, within-prompt variances) are saved in stats.npz, so that anyone can re-bootstrap:
+for sequence-level advantages, one per group for OTB's token-level ones). Per prompt,
+M pooled responses are split into M / N disjoint groups (i.i.d. samples of (1)); quality is the
+scale-free normalised variance nvar = tr Var(g) / ||E g||^2 (scale_free.py), with alpha and the
+cosine against a separate reference pool, and the headline is the gain over the group mean,
+nvar(group_mean) / nvar(estimator). Prompts are the bootstrap's unit, seeds are combined on the
+log scale (stats.py; how and why: docs/variance.md); the per-prompt sufficient statistics are
+saved in stats.npz, so --from-saved re-bootstraps without a model:
 
     python benchmarks/horizon_sweep.py                               # n = 16, 64, 128; 3 seeds
     python benchmarks/horizon_sweep.py --horizons 16 --seeds 0 --prompts 4 --pool 16   # smoke run
@@ -63,13 +52,12 @@ import train  # noqa: E402
 import train_cli  # noqa: E402
 from benchmarks.grad_variance import (group_gradients, group_ids_of,  # noqa: E402
                                       per_response_scores, reference_gradient, subset)
+from benchmarks import cli  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 
 
-
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.parser(__doc__)
     p.add_argument("--task", default="periodic", choices=("periodic", "calculator"),
                    help="periodic: n = answer length; calculator: n = k, numbers added with k - 1 tool calls")
     p.add_argument("--horizons", default=None,
@@ -78,13 +66,15 @@ def parse_args(argv=None):
                    "(reinforce and group_mean are always needed)")
     p.add_argument("--seeds", default="0,1,2", help="one warm-up checkpoint per (seed, n)")
     p.add_argument("--group-sizes", default="4,16", help="N values; each must divide --pool at least twice")
-    p.add_argument("--prompts", type=int, default=48, help="prompts per checkpoint (the bootstrap's units)")
+    p.add_argument("--prompts", type=cli.at_least(2), default=48,
+                   help="prompts per checkpoint (the bootstrap's units)")
     p.add_argument("--pool", type=int, default=32, help="M, responses per prompt split into groups")
-    p.add_argument("--ref-pool", type=int, default=32, help="responses per prompt of the separate "
-                   "reference pool (RLOO in 4 sub-pools)")
+    p.add_argument("--ref-pool", type=cli.multiple_of(4, 8), default=32, help="responses per prompt of the "
+                   "separate reference pool (RLOO in 4 sub-pools)")
     p.add_argument("--warmup-target", type=float, default=0.25, help="warm-up stops at this sampled success")
     p.add_argument("--cache", default=str(ROOT / "runs"), help="folder of train.py's warm-up cache")
-    p.add_argument("--replicates", type=int, default=2000, help="bootstrap draws of prompts per checkpoint")
+    p.add_argument("--replicates", type=cli.at_least(100), default=2000,
+                   help="bootstrap draws of prompts per checkpoint")
     p.add_argument("--from-saved", default="", help="a folder with a saved sweep (results.json, stats.npz): "
                    "re-analyse it into --out without measuring anything")
     p.add_argument("--resume", action="store_true", help="keep the (n, seed) cells already saved in --out "
@@ -106,12 +96,6 @@ def parse_args(argv=None):
         p.error(f"--horizons {args.horizons}: each n must be in 1..400 (the tiny model has 512 positions)")
     if any(args.pool % n or args.pool // n < 2 for n in args.group_sizes):
         p.error(f"--group-sizes {args.group_sizes}: each N must divide --pool {args.pool} at least twice")
-    if args.ref_pool < 8 or args.ref_pool % 4:
-        p.error(f"--ref-pool {args.ref_pool} must be a multiple of 4, at least 8")
-    if args.prompts < 2:
-        p.error(f"--prompts {args.prompts} must be >= 2 (the bootstrap needs two units)")
-    if args.replicates < 100:
-        p.error(f"--replicates {args.replicates} must be >= 100")
     if args.resume and not all((Path(args.out) / f).is_file() for f in ("results.json", "stats.npz")):
         p.error(f"--resume: {args.out} holds no finished sweep (results.json and stats.npz)")
     if args.from_saved and not (Path(args.from_saved) / "stats.npz").is_file():
