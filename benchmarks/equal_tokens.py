@@ -1,30 +1,19 @@
 """The equal-token study: OTB at N = 4 against group baselines, at the same budget of sampled tokens.
 
-Runs exactly the pre-registered protocol of docs/equal_tokens_protocol.md and its dated addenda (read
-it first): a learning-rate pilot on seed 100, then 5 configurations x 6 paired seeds of ``train.py``
-on the periodic-copy task at n = 64, then the analysis (endpoints per run, paired differences of OTB
-at N = 4 against each comparator with 95% intervals, one figure). Addenda 2 and 3 add OTB and its
-N = 4 comparators at the common learning rates 3e-4 and 1e-4, analysed in their own sections; a
-post-hoc section (labelled so) compares every N = 4 configuration with group_mean at N = 16.
+Runs the pre-registered protocol of docs/equal_tokens_protocol.md (read it first; its Addendum 1
+fixes the endpoints' rules and the saved data, Addenda 2-5 the common-learning-rate runs): a
+learning-rate pilot on seed 100, 5 configurations x 6 paired seeds of ``train.py`` (each a
+subprocess in its folder under --runs; benchmarks/grid.py: finished runs are kept, so a study
+resumes), then endpoints, OTB's paired differences with 95% t intervals, a labelled post-hoc
+section and one figure. summary.md, results.json and success_vs_tokens.png go to --out. The
+45 runs' metrics files were not kept: --from-saved recovers each step from the curves in
+results.json (``history_from_curve``). Results and commands: docs/reproduction.md.
 
     python benchmarks/equal_tokens.py                  # everything (about an hour on 2 CPU cores)
     python benchmarks/equal_tokens.py --analyse-only   # recompute the tables from finished runs
     python benchmarks/equal_tokens.py --from-saved benchmarks/results/equal_tokens/results.json \
-        --out benchmarks/results/equal_tokens          # re-analyse the saved per-step data (Addendum 1)
-
-Endpoints (Addendum 1 states the rules the protocol left open): AUC is the area under success
-against tokens divided by the budget B; a seed that never reaches the target counts as B in the
-median (a median that involves it is a lower bound); a run "stops short of B" when it ran out of
-its steps below B, not when the step granularity cut it.
-
-Each training run is a ``python train.py ...`` subprocess writing its own folder under ``--runs``
-(benchmarks/grid.py: a finished run is not run again, so an interrupted study resumes where it
-stopped). The per-step metrics of the study's 45 runs were not kept; results.json keeps every
-run's cumulative tokens and trailing-window success within B, from which ``history_from_curve``
-recovers each step's success exactly, so ``--from-saved`` needs no run folders. Results
-(summary.md, results.json, success_vs_tokens.png) go to --out, written only by this script.
+        --out benchmarks/results/equal_tokens          # re-analyse the saved per-step data (1 s)
 """
-import argparse
 import json
 import math
 import sys
@@ -34,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks import grid  # noqa: E402
+from benchmarks.cli import at_least, out_folder, parser  # noqa: E402
 from stats import mean_se  # noqa: E402
 
 # ---- the protocol (docs/equal_tokens_protocol.md); change only by an addendum there
@@ -69,13 +59,8 @@ def history(runs, est, n, seed, lr):
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def finished(runs, est, n, seed, lr):
-    h = history(runs, est, n, seed, lr)
-    return bool(h) and h[-1]["step"] >= STEPS[n]
-
-
 def train(jobs, runs, workers):
-    """Every (est, n, seed, lr) job as a train.py run in its folder under ``runs`` (benchmarks/grid.py)."""
+    """Every (est, n, seed, lr) job as a train.py run in its folder under ``runs``."""
     grid.run([(command(*j, runs), Path(runs) / run_name(*j), j[2]) for j in jobs], workers)
 
 
@@ -95,14 +80,9 @@ def within_budget(h, budget=BUDGET):
 
 
 def endpoints(h, steps_given=None, budget=BUDGET, window=WINDOW, target=TARGET_SUCCESS):
-    """The protocol's endpoints of one run from its history ``h`` (dicts with tokens, success).
-
-    ``h`` may be the whole run or only its steps within the budget; ``steps_given`` is the number of
-    steps the run was given (default: len(h), i.e. ``h`` is the whole run). Addendum 1: a run stops
-    short of B when all the steps it was given lie within B and the last is < B (it ran out of steps);
-    a run whose next step would cross B is not short. ``budget``, ``window`` and ``target`` are the
-    protocol's B, trailing window and target success; train.py's --seeds comparison passes its own.
-    """
+    """The protocol's endpoints (Addendum 1) of one run from its history ``h`` (dicts with tokens,
+    success): the whole run, or its steps within B with ``steps_given`` the steps it was given.
+    ``budget``, ``window``, ``target``: B, trailing window, target (paired_seeds.py passes its own)."""
     steps = within_budget(h, budget)
     if not steps:
         return None
@@ -403,31 +383,21 @@ def report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--runs", default=str(ROOT / "runs" / "equal_tokens"), help="folder of the training runs")
-    p.add_argument("--out", default=str(ROOT / "runs" / "equal_tokens"), help="folder for summary.md, "
-                   "results.json and success_vs_tokens.png (benchmarks/results/equal_tokens to update the "
-                   "committed results)")
-    p.add_argument("--jobs", type=int, default=2, help="training runs at a time (one thread each)")
+    p = parser(__doc__)
+    p.add_argument("--runs", type=out_folder, default=str(ROOT / "runs" / "equal_tokens"),
+                   help="folder of the training runs")
+    p.add_argument("--out", type=out_folder, default=str(ROOT / "runs" / "equal_tokens"), help="folder for "
+                   "summary.md, results.json and success_vs_tokens.png (benchmarks/results/equal_tokens to "
+                   "update the committed results)")
+    p.add_argument("--jobs", type=at_least(1), default=2, help="training runs at a time (one thread each)")
     p.add_argument("--analyse-only", action="store_true", help="no training: analyse the finished runs")
     p.add_argument("--from-saved", default=None, metavar="RESULTS_JSON",
                    help="no training: take each run's per-step data from the curves saved in this results.json "
                    "(Addendum 1), and from --runs only for runs it does not hold (Addendum 2's)")
     args = p.parse_args(argv)
-    if args.jobs < 1:
-        p.error(f"--jobs {args.jobs} must be >= 1")
-    for flag in ("runs", "out"):
-        if Path(getattr(args, flag)).is_file():
-            p.error(f"--{flag} {getattr(args, flag)} is a file, not a folder")
     if args.from_saved is not None and not Path(args.from_saved).is_file():
         p.error(f"--from-saved {args.from_saved}: no such file")
     return args
-
-
-def rel(path):
-    path = Path(path).resolve()
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def main(argv=None):
@@ -436,10 +406,10 @@ def main(argv=None):
     runs.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    train = not (args.analyse_only or args.from_saved)
+    training = not (args.analyse_only or args.from_saved)
     saved = saved_curves(args.from_saved) if args.from_saved else {}
     load = make_loader(runs, saved)
-    if train:
+    if training:
         print(f"pilot: {len(CONFIGS) * len(LR_GRID)} runs on seed {PILOT_SEED}", flush=True)
         train([(e, n, PILOT_SEED, lr) for e, n in CONFIGS for lr in LR_GRID], runs, args.jobs)
     if args.from_saved:
@@ -449,7 +419,7 @@ def main(argv=None):
                  for e, n in CONFIGS for lr in LR_GRID]
     lrs = choose_lrs(pilot)
     print("chosen learning rates: " + ", ".join(f"{e}:{n} {lr:g}" for (e, n), lr in lrs.items()), flush=True)
-    if train:
+    if training:
         print(f"main: {len(CONFIGS) * len(SEEDS)} runs, then those of Addenda 2 and 3", flush=True)
         train([(e, n, s, lrs[(e, n)]) for s in SEEDS for e, n in CONFIGS], runs, args.jobs)
         train([(e, n, s, lr) for lr in COMMON_LRS for e, n in CONFIGS if n == 4 and lrs[(e, n)] != lr
@@ -459,12 +429,15 @@ def main(argv=None):
     reruns = []
     for job in RERUN_CHECKS:
         check = "rerun:" + run_name(*job)
-        if check not in saved and run_name(*job) in saved and finished(runs, *job):
-            saved[check] = curve(history(runs, *job))
+        h = history(runs, *job)
+        if check not in saved and run_name(*job) in saved and h and h[-1]["step"] >= STEPS[job[1]]:
+            saved[check] = curve(h)
         if check in saved:
             reruns.append(rerun_check(job, history_from_curve(*saved[check], job[1]), load(*job)[0]))
+    saved_json = Path(args.from_saved or ".").resolve()
     source = "python benchmarks/equal_tokens.py" + (" --analyse-only" if args.analyse_only else "") + (
-        f" --from-saved {rel(args.from_saved)}" if args.from_saved else "")
+        f" --from-saved {saved_json.relative_to(ROOT) if saved_json.is_relative_to(ROOT) else saved_json}"
+        if args.from_saved else "")
     post_hoc = post_hoc_vs_n16(per_run)
     text = report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source)
     curves = curves_of(load, lrs)
