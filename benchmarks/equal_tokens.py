@@ -64,9 +64,7 @@ def train(jobs, runs, workers):
     grid.run([(command(*j, runs), Path(runs) / run_name(*j), j[2]) for j in jobs], workers)
 
 
-# =====================================================================================
-# Endpoints and analysis (as pre-registered, with Addendum 1 of the protocol)
-# =====================================================================================
+# ---- Endpoints and analysis (as pre-registered, with Addendum 1 of the protocol)
 
 def within_budget(h, budget=BUDGET):
     """Steps whose cumulative tokens are <= budget, as (cumulative tokens, the step's tokens, success)."""
@@ -159,7 +157,8 @@ def post_hoc_vs_n16(per_run):
     out = [paired_diff(per_run[(est, n)], per_run[("group_mean", 16)], k, f"{est}:{n}")
            for est, n in CONFIGS if n == 4 for k in ("primary", "auc")]
     for p in out:
-        p["verdict"] = verdict(p).replace("OTB at N=4", p["comparator"]) if p["endpoint"] == "primary" else None
+        primary = p["endpoint"] == "primary"
+        p["verdict"] = verdict(p).replace("OTB at N=4", p["comparator"]) if primary else None
     return out
 
 
@@ -203,8 +202,8 @@ def analyse_common_lr(load, lr):
               for k in ("primary", "auc")] if otb else []
     for p in paired:
         p["verdict"] = verdict(p) if p["endpoint"] == "primary" else None
-    return dict(lr=lr, addendum=COMMON_LRS[lr], rows=[config_row(*c, lr, by_seed) for c, by_seed in runs.items()],
-                paired=paired, not_run=missing)
+    rows = [config_row(*c, lr, by_seed) for c, by_seed in runs.items()]
+    return dict(lr=lr, addendum=COMMON_LRS[lr], rows=rows, paired=paired, not_run=missing)
 
 
 def rerun_check(job, rerun, saved):
@@ -217,9 +216,7 @@ def rerun_check(job, rerun, saved):
                 primary_rerun=endpoints(rerun)["primary"], primary_saved=endpoints(saved)["primary"])
 
 
-# =====================================================================================
-# Where the histories come from: the run folders, or the curves saved in results.json
-# =====================================================================================
+# ---- Where the histories come from: the run folders, or the curves saved in results.json
 
 def curve(h, budget=BUDGET, window=WINDOW):
     """Trailing-window (``window`` tokens) success against tokens, within the budget."""
@@ -249,9 +246,8 @@ def history_from_curve(xs, ys, n):
     return h
 
 
-def saved_curves(path):
-    """{run name: (xs, ys)} of every run whose curve is stored in a results.json."""
-    d = json.loads(Path(path).read_text())
+def saved_curves(d):
+    """{run name: (xs, ys)} of every run whose curve is stored in ``d``, a loaded results.json."""
     out = {}
     for cfg, by_seed in d["curves"].items():
         est, n = cfg.split(":")
@@ -261,16 +257,12 @@ def saved_curves(path):
     return out
 
 
-def saved_pilot(path):
-    return [dict(config=p["config"], lr=p["lr"], primary=p["primary"]) for p in json.loads(Path(path).read_text())["pilot"]]
-
-
 def make_loader(runs, saved):
     """load(est, n, seed, lr) -> (history, steps given): the saved curve if there is one (the record of
     the study), else the run folder's metrics (which must be finished)."""
-    def load(est, n, seed, lr, prefer_runs=False):
+    def load(est, n, seed, lr):
         name = run_name(est, n, seed, lr)
-        if name in saved and not prefer_runs:
+        if name in saved:
             return history_from_curve(*saved[name], n), STEPS[n]
         h = history(runs, est, n, seed, lr)
         if not h or h[-1]["step"] < STEPS[n]:
@@ -281,14 +273,8 @@ def make_loader(runs, saved):
     return load
 
 
-def curves_of(load, lrs):
-    """{"est:n": {seed: (tokens, trailing-window success)}} for the figure (stored in results.json)."""
-    return {f"{est}:{n}": {str(s): curve(load(est, n, s, lrs[(est, n)])[0]) for s in SEEDS}
-            for est, n in CONFIGS}
-
-
 def plot(curves, lrs, path=None):
-    """Success against tokens, mean of the seeds ± 1 s.e.; ``curves`` from curves_of. Returns the figure."""
+    """Success against tokens, mean of the seeds ± 1 s.e.; ``curves``: {"est:n": {seed: curve}}."""
     import matplotlib.pyplot as plt
     import numpy as np
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
@@ -328,9 +314,14 @@ def paired_line(p):
             f"[{p['ci_low']:+.3f}, {p['ci_high']:+.3f}] | {p['otb_better_seeds']}/6 |")
 
 
+CONFIG_HEAD = ["| config | lr | primary: success, last quarter | AUC: success over B | seeds reaching "
+               f"{TARGET_SUCCESS} | median tokens to {TARGET_SUCCESS} (censored at B) | stopped short of B |",
+               "|---|---|---|---|---|---|---|"]
+PAIRED_HEAD = ["| comparator | endpoint | mean difference | 95% interval | seeds where OTB is higher |",
+               "|---|---|---|---|---|"]
+
+
 def report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source):
-    header = ("| config | lr | primary: success, last quarter | AUC: success over B | seeds reaching "
-              f"{TARGET_SUCCESS} | median tokens to {TARGET_SUCCESS} (censored at B) | stopped short of B |")
     lines = ["# Equal-token study: results", "",
              "Protocol: docs/equal_tokens_protocol.md (pre-registered, with its dated addenda). Written by "
              f"`{source}`.", "",
@@ -341,30 +332,30 @@ def report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source):
         cells = [number(next(p["primary"] for p in pilot if p["config"] == f"{est}:{n}" and p["lr"] == lr))
                  for lr in LR_GRID]
         lines.append(f"| {est}:{n} | " + " | ".join(cells) + f" | {lrs[(est, n)]:g} |")
-    lines += ["", "## Endpoints per configuration (mean ± s.e. over 6 seeds)", "", header, "|---|---|---|---|---|---|---|"]
+    lines += ["", "## Endpoints per configuration (mean ± s.e. over 6 seeds)", "", *CONFIG_HEAD]
     lines += [config_line(c) for c in configs]
     lines += ["", "A run stops short of B when it ran out of its steps before B (Addendum 1); the tokens "
               "to target of a seed that never reached it count as B.",
               "", "## Paired differences, OTB N=4 minus comparator (95% interval, t with 5 df)", "",
-              "| comparator | endpoint | mean difference | 95% interval | seeds where OTB is higher |",
-              "|---|---|---|---|---|"]
+              *PAIRED_HEAD]
     lines += [paired_line(p) for p in paired]
     lines += ["", "## Verdicts (primary endpoint, as pre-registered)", ""]
     lines += [f"- {v['comparator']}: {v['verdict']}" for v in verdicts(paired)]
     lines += ["", "## Post hoc (not pre-registered): each N=4 configuration minus group_mean:16", "",
-              "Same paired t interval; a reading made after the results, not a test the protocol planned.", "",
+              "Same paired t interval; a reading made after the results, not a test the protocol planned.",
+              "",
               "| N=4 configuration | endpoint | mean difference | 95% interval | seeds where N=4 is higher |",
-              "|---|---|---|---|---|"]
+              PAIRED_HEAD[1]]
     lines += [paired_line(p) for p in post_hoc]
-    lines += [""] + [f"- {p['comparator']} vs group_mean:16: {p['verdict']}" for p in post_hoc if p["verdict"]]
+    lines += [""] + [f"- {p['comparator']} vs group_mean:16: {p['verdict']}"
+                     for p in post_hoc if p["verdict"]]
     for c in common:
-        lines += ["", f"## {c['addendum']}: OTB and the comparators at a common learning rate ({c['lr']:g})", "",
-                  f"Not the pre-registered analysis: every configuration below at lr {c['lr']:g} on the same 6 "
-                  f"seeds ({c['addendum']} of the protocol, committed before its runs), OTB N=4 paired with each "
-                  "comparator at the same rate.", "", header, "|---|---|---|---|---|---|---|"]
-        lines += [config_line(r) for r in c["rows"]]
-        lines += ["", "| comparator | endpoint | mean difference | 95% interval | seeds where OTB is higher |",
-                  "|---|---|---|---|---|"]
+        lr, add = c["lr"], c["addendum"]
+        lines += ["", f"## {add}: OTB and the comparators at a common learning rate ({lr:g})", "",
+                  f"Not the pre-registered analysis: every configuration below at lr {lr:g} on the same 6 "
+                  f"seeds ({add} of the protocol, committed before its runs), OTB N=4 paired with each "
+                  "comparator at the same rate.", "", *CONFIG_HEAD]
+        lines += [config_line(r) for r in c["rows"]] + ["", *PAIRED_HEAD]
         lines += [paired_line(p) for p in c["paired"]]
         lines += [""] + [f"- {p['comparator']}: {p['verdict']}" for p in c["paired"] if p["verdict"]]
         if c["not_run"]:
@@ -392,8 +383,8 @@ def parse_args(argv=None):
     p.add_argument("--jobs", type=at_least(1), default=2, help="training runs at a time (one thread each)")
     p.add_argument("--analyse-only", action="store_true", help="no training: analyse the finished runs")
     p.add_argument("--from-saved", default=None, metavar="RESULTS_JSON",
-                   help="no training: take each run's per-step data from the curves saved in this results.json "
-                   "(Addendum 1), and from --runs only for runs it does not hold (Addendum 2's)")
+                   help="no training: take each run's per-step data from the curves saved in this "
+                   "results.json (Addendum 1), and from --runs only for runs it does not hold (Addendum 2's)")
     args = p.parse_args(argv)
     if args.from_saved is not None and not Path(args.from_saved).is_file():
         p.error(f"--from-saved {args.from_saved}: no such file")
@@ -407,16 +398,15 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     training = not (args.analyse_only or args.from_saved)
-    saved = saved_curves(args.from_saved) if args.from_saved else {}
+    saved_json = json.loads(Path(args.from_saved).read_text()) if args.from_saved else {}
+    saved = saved_curves(saved_json) if args.from_saved else {}
     load = make_loader(runs, saved)
     if training:
         print(f"pilot: {len(CONFIGS) * len(LR_GRID)} runs on seed {PILOT_SEED}", flush=True)
         train([(e, n, PILOT_SEED, lr) for e, n in CONFIGS for lr in LR_GRID], runs, args.jobs)
-    if args.from_saved:
-        pilot = saved_pilot(args.from_saved)  # only the pilot's primary endpoint was saved
-    else:
-        pilot = [dict(config=f"{e}:{n}", lr=lr, primary=endpoints(*load(e, n, PILOT_SEED, lr))["primary"])
-                 for e, n in CONFIGS for lr in LR_GRID]
+    pilot = saved_json["pilot"] if args.from_saved else [  # saved: config, lr and primary only
+        dict(config=f"{e}:{n}", lr=lr, primary=endpoints(*load(e, n, PILOT_SEED, lr))["primary"])
+        for e, n in CONFIGS for lr in LR_GRID]
     lrs = choose_lrs(pilot)
     print("chosen learning rates: " + ", ".join(f"{e}:{n} {lr:g}" for (e, n), lr in lrs.items()), flush=True)
     if training:
@@ -434,13 +424,13 @@ def main(argv=None):
             saved[check] = curve(h)
         if check in saved:
             reruns.append(rerun_check(job, history_from_curve(*saved[check], job[1]), load(*job)[0]))
-    saved_json = Path(args.from_saved or ".").resolve()
+    path = Path(args.from_saved or ".").resolve()
+    path = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     source = "python benchmarks/equal_tokens.py" + (" --analyse-only" if args.analyse_only else "") + (
-        f" --from-saved {saved_json.relative_to(ROOT) if saved_json.is_relative_to(ROOT) else saved_json}"
-        if args.from_saved else "")
+        f" --from-saved {path}" if args.from_saved else "")
     post_hoc = post_hoc_vs_n16(per_run)
     text = report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source)
-    curves = curves_of(load, lrs)
+    curves = {f"{e}:{n}": {str(s): curve(load(e, n, s, lrs[(e, n)])[0]) for s in SEEDS} for e, n in CONFIGS}
     main_runs = {run_name(e, n, s, lrs[(e, n)]) for e, n in CONFIGS for s in SEEDS}
     extra = {k: v for k, v in {**saved, **load.from_runs}.items() if k not in main_runs}
     (out / "results.json").write_text(json.dumps(dict(
@@ -448,7 +438,8 @@ def main(argv=None):
         pilot_seed=PILOT_SEED, lr_grid=LR_GRID, chosen_lr={f"{e}:{n}": lr for (e, n), lr in lrs.items()},
         pilot=pilot, per_run={f"{e}:{n}": {str(s): v for s, v in d.items()} for (e, n), d in per_run.items()},
         configs=configs, paired=paired, verdicts=verdicts(paired), post_hoc_vs_group_mean16=post_hoc,
-        common_lr=common, rerun_checks=reruns, seconds=time.time() - t0, curves=curves, extra_curves=extra), indent=1))
+        common_lr=common, rerun_checks=reruns, seconds=time.time() - t0, curves=curves,
+        extra_curves=extra), indent=1))
     import matplotlib
     matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt
