@@ -119,13 +119,9 @@ def paired_diff(a, b, endpoint, comparator):
 
 def choose_lrs(pilot):
     """The pilot's rule: the LR with the highest primary endpoint, ties to the smaller LR."""
-    chosen = {}
-    for est, n in CONFIGS:
-        scores = [(p["primary"], p["lr"]) for p in pilot if p["config"] == f"{est}:{n}"
-                  and p["primary"] is not None and not math.isnan(p["primary"])]
-        best = max(s for s, _ in scores)
-        chosen[(est, n)] = min(lr for s, lr in scores if s == best)
-    return chosen
+    return {(est, n): -max((p["primary"], -p["lr"]) for p in pilot if p["config"] == f"{est}:{n}"
+                           and p["primary"] is not None and not math.isnan(p["primary"]))[1]  # ties: -lr
+            for est, n in CONFIGS}
 
 
 def config_row(est, n, lr, by_seed):
@@ -139,16 +135,37 @@ def config_row(est, n, lr, by_seed):
     return row
 
 
-def analyse(load, lrs):
-    """Endpoints of every main run, per-configuration rows and OTB's paired differences.
+def analyse(load, lrs, optional=False):
+    """Endpoints of each configuration's 6 runs at ``lrs[(est, n)]``, its table row, and OTB N=4 minus
+    each comparator. ``load(est, n, seed, lr)`` returns (history, steps given) of one run; with
+    ``optional`` a configuration not run is named and left out (Addendum 3), else it stops the script."""
+    per_run, missing = {}, []
+    for est, n in CONFIGS:
+        try:
+            per_run[(est, n)] = {s: endpoints(*load(est, n, s, lrs[(est, n)])) for s in SEEDS}
+        except SystemExit:
+            if not optional:
+                raise
+            missing.append(f"{est}:{n}")
+    rows = [config_row(est, n, lrs[(est, n)], by_seed) for (est, n), by_seed in per_run.items()]
+    otb4 = per_run.get(("otb", 4))
+    paired = [paired_diff(otb4, per_run[(est, n)], k, f"{est}:{n}") for est, n in per_run
+              if (est, n) != ("otb", 4) for k in ("primary", "auc")] if otb4 else []
+    return per_run, rows, paired, missing
 
-    ``load(est, n, seed, lr)`` returns (history, steps given) of one run."""
-    per_run = {(est, n): {s: endpoints(*load(est, n, s, lrs[(est, n)])) for s in SEEDS} for est, n in CONFIGS}
-    configs = [config_row(est, n, lrs[(est, n)], by_seed) for (est, n), by_seed in per_run.items()]
-    otb4 = per_run[("otb", 4)]
-    paired = [paired_diff(otb4, per_run[(est, n)], k, f"{est}:{n}") for est, n in CONFIGS[1:]
-              for k in ("primary", "auc")]
-    return per_run, configs, paired
+
+def verdict(p, who="OTB at N=4"):
+    return (f"{who} is better (interval above 0)" if p["ci_low"] > 0 else f"{who} is worse (interval below 0)"
+            if p["ci_high"] < 0 else "no difference shown (interval contains 0)")
+
+
+def verdicts(paired):
+    """The pre-registered verdicts (primary endpoint); against group_mean:16 also non-inferiority."""
+    def margin(p):  # the non-inferiority test, against group_mean:16 only
+        ok = "supported" if p["ci_low"] > -MARGIN else "NOT supported"
+        return f"; non-inferiority at margin {MARGIN} {ok}" if p["comparator"] == "group_mean:16" else ""
+    return [dict(comparator=p["comparator"], verdict=verdict(p) + margin(p))
+            for p in paired if p["endpoint"] == "primary"]
 
 
 def post_hoc_vs_n16(per_run):
@@ -157,29 +174,7 @@ def post_hoc_vs_n16(per_run):
     out = [paired_diff(per_run[(est, n)], per_run[("group_mean", 16)], k, f"{est}:{n}")
            for est, n in CONFIGS if n == 4 for k in ("primary", "auc")]
     for p in out:
-        primary = p["endpoint"] == "primary"
-        p["verdict"] = verdict(p).replace("OTB at N=4", p["comparator"]) if primary else None
-    return out
-
-
-def verdict(p):
-    if p["ci_low"] > 0:
-        return "OTB at N=4 is better (interval above 0)"
-    if p["ci_high"] < 0:
-        return "OTB at N=4 is worse (interval below 0)"
-    return "no difference shown (interval contains 0)"
-
-
-def verdicts(paired):
-    out = []
-    for p in paired:
-        if p["endpoint"] != "primary":
-            continue
-        v = verdict(p)
-        if p["comparator"] == "group_mean:16":
-            v += ("; non-inferiority at margin 0.05 supported" if p["ci_low"] > -MARGIN
-                  else "; non-inferiority at margin 0.05 NOT supported")
-        out.append(dict(comparator=p["comparator"], verdict=v))
+        p["verdict"] = verdict(p, p["comparator"]) if p["endpoint"] == "primary" else None
     return out
 
 
@@ -191,18 +186,9 @@ RERUN_CHECKS = [("group_mean", 4, s, 3e-4) for s in SEEDS]
 
 def analyse_common_lr(load, lr):
     """otb:4 against every comparator with all 6 seeds run at ``lr``: rows and paired differences."""
-    runs, missing = {}, []
-    for est, n in CONFIGS:
-        try:
-            runs[(est, n)] = {s: endpoints(*load(est, n, s, lr)) for s in SEEDS}
-        except SystemExit:  # not run (Addendum 3: only comparators with all 6 seeds are analysed)
-            missing.append(f"{est}:{n}")
-    otb = runs.get(("otb", 4))
-    paired = [paired_diff(otb, runs[c], k, f"{c[0]}:{c[1]}") for c in runs if c != ("otb", 4)
-              for k in ("primary", "auc")] if otb else []
+    _, rows, paired, missing = analyse(load, dict.fromkeys(CONFIGS, lr), optional=True)
     for p in paired:
         p["verdict"] = verdict(p) if p["endpoint"] == "primary" else None
-    rows = [config_row(*c, lr, by_seed) for c, by_seed in runs.items()]
     return dict(lr=lr, addendum=COMMON_LRS[lr], rows=rows, paired=paired, not_run=missing)
 
 
@@ -414,7 +400,7 @@ def main(argv=None):
         train([(e, n, s, lrs[(e, n)]) for s in SEEDS for e, n in CONFIGS], runs, args.jobs)
         train([(e, n, s, lr) for lr in COMMON_LRS for e, n in CONFIGS if n == 4 and lrs[(e, n)] != lr
                for s in SEEDS], runs, args.jobs)  # Addenda 2 and 3
-    per_run, configs, paired = analyse(load, lrs)
+    per_run, configs, paired, _ = analyse(load, lrs)
     common = [analyse_common_lr(load, lr) for lr in COMMON_LRS]
     reruns = []
     for job in RERUN_CHECKS:
