@@ -89,11 +89,8 @@ def endpoints(h, steps_given=None, budget=BUDGET, window=WINDOW, target=TARGET_S
     last = [(d, s) for c, d, s in steps if c > 0.75 * budget]
     primary = sum(d * s for d, s in last) / sum(d for d, _ in last) if last else float("nan")
     auc = sum(d * s for _, d, s in steps) / budget  # endpoint 2: area over B (tokens not sampled count 0)
-    to_target = None
-    for c, y in zip(*curve(h, budget, window)):
-        if c >= window and y >= target:  # a full trailing window only (Addendum 1)
-            to_target = c
-            break
+    to_target = next((c for c, y in zip(*curve(h, budget, window))
+                      if c >= window and y >= target), None)  # a full trailing window only (Addendum 1)
     return dict(primary=primary, auc=auc, tokens_to_target=to_target,
                 tokens_to_target_censored=budget if to_target is None else to_target, tokens_used=used,
                 stopped_short=len(steps) >= steps_given and used < budget, steps=len(steps))
@@ -380,12 +377,12 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     runs, out = Path(args.runs), Path(args.out)
-    runs.mkdir(parents=True, exist_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+    for folder in (runs, out):
+        folder.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     training = not (args.analyse_only or args.from_saved)
     saved_json = json.loads(Path(args.from_saved).read_text()) if args.from_saved else {}
-    saved = saved_curves(saved_json) if args.from_saved else {}
+    saved = saved_curves(saved_json) if saved_json else {}
     load = make_loader(runs, saved)
     if training:
         print(f"pilot: {len(CONFIGS) * len(LR_GRID)} runs on seed {PILOT_SEED}", flush=True)
