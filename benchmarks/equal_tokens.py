@@ -1,13 +1,12 @@
 """The equal-token study: OTB at N = 4 against group baselines, at the same budget of sampled tokens.
 
-Runs the pre-registered protocol of docs/equal_tokens_protocol.md (read it first; its Addendum 1
-fixes the endpoints' rules and the saved data, Addenda 2-5 the common-learning-rate runs): a
-learning-rate pilot on seed 100, 5 configurations x 6 paired seeds of ``train.py`` (each a
-subprocess in its folder under --runs; benchmarks/grid.py: finished runs are kept, so a study
-resumes), then endpoints, OTB's paired differences with 95% t intervals, a labelled post-hoc
-section and one figure. summary.md, results.json and success_vs_tokens.png go to --out. The
-45 runs' metrics files were not kept: --from-saved recovers each step from the curves in
-results.json (``history_from_curve``). Results and commands: docs/reproduction.md.
+Runs the pre-registered protocol of docs/equal_tokens_protocol.md (read it first: Addendum 1 fixes
+the endpoints' rules and the saved data, Addenda 2-5 the common-learning-rate runs): a pilot on
+seed 100 picks each learning rate, then 5 configurations x 6 paired seeds of ``train.py`` (one
+subprocess and folder each under --runs; benchmarks/grid.py keeps finished runs, so a study
+resumes), endpoints, OTB's paired differences (95% t intervals), a labelled post-hoc section and a
+figure, into --out. The runs' metrics files were not kept: --from-saved recovers every step from
+the curves in results.json. Results and commands: docs/reproduction.md.
 
     python benchmarks/equal_tokens.py                  # everything (about an hour on 2 CPU cores)
     python benchmarks/equal_tokens.py --analyse-only   # recompute the tables from finished runs
@@ -97,10 +96,8 @@ def endpoints(h, steps_given=None, budget=BUDGET, window=WINDOW, target=TARGET_S
 
 
 def median_censored(values):
-    """Median of per-seed tokens to target, a seed that never reached it counted as BUDGET (censored).
-
-    Returns (median, lower_bound): lower_bound is True when a censored value enters the median, so
-    the true median is at least the number returned."""
+    """(median, lower_bound) of per-seed tokens to target, a seed that never reached it counted as
+    BUDGET (censored); lower_bound: a censored value enters the median, so the true one is at least it."""
     xs = sorted((BUDGET, True) if v is None else (v, False) for v in values)
     mid = xs[(len(xs) - 1) // 2:len(xs) // 2 + 1]  # the middle one, or the middle two
     return sum(v for v, _ in mid) / len(mid), any(c for _, c in mid)
@@ -213,12 +210,9 @@ def curve(h, budget=BUDGET, window=WINDOW):
 
 
 def history_from_curve(xs, ys, n):
-    """Invert ``curve``: each step's success from the trailing-window means (Addendum 1).
-
-    The window of step i holds step i and earlier steps, so step i's success is what its window's
-    token-weighted sum leaves after the earlier steps; a batch of 8N responses has success k/(8N),
-    so the value is rounded to that grid (the rounding removes only float error)."""
-    h, succ, prev = [], [], 0
+    """Invert ``curve`` (Addendum 1): step i's success is what its window's token-weighted sum leaves
+    after the earlier steps in it, rounded to the grid k/(8N) of a batch of 8N (removing float error)."""
+    h, succ = [], []
     for i, (c, y) in enumerate(zip(xs, ys)):
         window = [j for j in range(i + 1) if xs[j] > c - WINDOW]
         d = [xs[j] - (xs[j - 1] if j else 0) for j in window]
