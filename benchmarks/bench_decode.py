@@ -78,8 +78,7 @@ def time_sampling(model, B, args, draws, decodes=("plain",)):
     The decoders take turns in every round, so a change in the machine's load hits them alike."""
     device = next(model.parameters()).device
     prompts = torch.randint(3, 49152, (B, args.prompt), generator=torch.Generator().manual_seed(0)).tolist()
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                else torch.autocast("cpu", enabled=False))
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     seconds, same = {d: [] for d in decodes}, {d: True for d in decodes}
     for r in range(args.repeats + 1):  # round 0 warms up (allocator, kernels, compiling): reported apart
