@@ -8,8 +8,7 @@ resumes), endpoints, OTB's paired differences (95% t intervals), a labelled post
 figure, into --out. The runs' metrics files were not kept: --from-saved recovers every step from
 the curves in results.json. Results and commands: docs/reproduction.md.
 
-    python benchmarks/equal_tokens.py                  # everything (about an hour on 2 CPU cores)
-    python benchmarks/equal_tokens.py --analyse-only   # recompute the tables from finished runs
+    python benchmarks/equal_tokens.py                  # everything (about an hour; finished runs kept)
     python benchmarks/equal_tokens.py --from-saved benchmarks/results/equal_tokens/results.json \
         --out benchmarks/results/equal_tokens          # re-analyse the saved per-step data (1 s)
 """
@@ -358,7 +357,6 @@ def parse_args(argv=None):
                    "summary.md, results.json and success_vs_tokens.png (benchmarks/results/equal_tokens to "
                    "update the committed results)")
     p.add_argument("--jobs", type=at_least(1), default=2, help="training runs at a time (one thread each)")
-    p.add_argument("--analyse-only", action="store_true", help="no training: analyse the finished runs")
     p.add_argument("--from-saved", default=None, metavar="RESULTS_JSON",
                    help="no training: take each run's per-step data from the curves saved in this "
                    "results.json (Addendum 1), and from --runs only for runs it does not hold (Addendum 2's)")
@@ -374,11 +372,10 @@ def main(argv=None):
     for folder in (runs, out):
         folder.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    training = not (args.analyse_only or args.from_saved)
     saved_json = json.loads(Path(args.from_saved).read_text()) if args.from_saved else {}
     saved = saved_curves(saved_json) if saved_json else {}
     load = make_loader(runs, saved)
-    if training:
+    if not args.from_saved:
         print(f"pilot: {len(CONFIGS) * len(LR_GRID)} runs on seed {PILOT_SEED}", flush=True)
         train([(e, n, PILOT_SEED, lr) for e, n in CONFIGS for lr in LR_GRID], runs, args.jobs)
     pilot = saved_json["pilot"] if args.from_saved else [  # saved: config, lr and primary only
@@ -386,7 +383,7 @@ def main(argv=None):
         for e, n in CONFIGS for lr in LR_GRID]
     lrs = choose_lrs(pilot)
     print("chosen learning rates: " + ", ".join(f"{e}:{n} {lr:g}" for (e, n), lr in lrs.items()), flush=True)
-    if training:
+    if not args.from_saved:
         print(f"main: {len(CONFIGS) * len(SEEDS)} runs, then those of Addenda 2 and 3", flush=True)
         train([(e, n, s, lrs[(e, n)]) for s in SEEDS for e, n in CONFIGS], runs, args.jobs)
         train([(e, n, s, lr) for lr in COMMON_LRS for e, n in CONFIGS if n == 4 and lrs[(e, n)] != lr
@@ -403,8 +400,7 @@ def main(argv=None):
             reruns.append(rerun_check(job, history_from_curve(*saved[check], job[1]), load(*job)[0]))
     path = Path(args.from_saved or ".").resolve()
     path = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
-    source = "python benchmarks/equal_tokens.py" + (" --analyse-only" if args.analyse_only else "") + (
-        f" --from-saved {path}" if args.from_saved else "")
+    source = "python benchmarks/equal_tokens.py" + (f" --from-saved {path}" if args.from_saved else "")
     post_hoc = post_hoc_vs_n16(per_run)
     text = report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source)
     curves = {f"{e}:{n}": {str(s): curve(load(e, n, s, lrs[(e, n)])[0]) for s in SEEDS} for e, n in CONFIGS}
