@@ -254,13 +254,13 @@ def plot(curves, lrs, path=None):
     import matplotlib.pyplot as plt
     import numpy as np
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    grid = np.linspace(WINDOW, BUDGET, 60)
+    at = np.linspace(WINDOW, BUDGET, 60)  # tokens where the seeds are averaged
     for est, n in CONFIGS:
-        ys = np.array([np.interp(grid, x, y) for x, y in curves[f"{est}:{n}"].values()])  # (seeds, grid)
+        ys = np.array([np.interp(at, x, y) for x, y in curves[f"{est}:{n}"].values()])  # (seeds, 60)
         mu, se = ys.mean(0), ys.std(0, ddof=1) / np.sqrt(len(ys))
         style = dict(lw=2.6, zorder=5) if est == "otb" else dict(lw=1.4, ls="--" if n == 16 else "-")
-        ax.plot(grid, mu, label=f"{est} N={n} (lr {lrs[(est, n)]:g})", **style)
-        ax.fill_between(grid, mu - se, mu + se, alpha=0.15)
+        ax.plot(at, mu, label=f"{est} N={n} (lr {lrs[(est, n)]:g})", **style)
+        ax.fill_between(at, mu - se, mu + se, alpha=0.15)
     ax.set(xlabel="response tokens sampled", ylabel=f"success (trailing {WINDOW:,} tokens)",
            title=f"periodic copy n={HORIZON}: mean of {len(SEEDS)} seeds (band: ± 1 s.e.)")
     ax.grid(alpha=0.3)
