@@ -113,8 +113,8 @@ def paired_diff(a, b, endpoint, comparator):
 def choose_lrs(pilot):
     """The pilot's rule: the LR with the highest primary endpoint, ties to the smaller LR."""
     return {(est, n): -max((p["primary"], -p["lr"]) for p in pilot if p["config"] == f"{est}:{n}"
-                           and p["primary"] is not None and not math.isnan(p["primary"]))[1]  # ties: -lr
-            for est, n in CONFIGS}
+                           and p["primary"] is not None and not math.isnan(p["primary"]))[1]
+            for est, n in CONFIGS}  # max of (primary, -lr): on a tie the larger -lr, the smaller lr
 
 
 def config_row(est, n, lr, by_seed):
