@@ -1,13 +1,10 @@
-"""How long does one sampled token take? The rollout's decode loop, timed.
+"""How long does one sampled token take? The rollout's decode loop, timed (docs/cost.md).
 
-Sampling is one small forward pass per new token (30 layers of little kernels launched from
-Python), which on a GPU, not the arithmetic, sets the time of a ``--preset gpu`` step. This times
-``rollout.sample`` (train.py's code) on a SmolLM2-135M-shaped model with random weights; no row
-ever ends (EOS id -1), so each call runs exactly ``--tokens`` decode steps. Reported: ms per sampled
-position (one decode step of the whole batch), median of ``--repeats`` calls after a dropped warm-up
-call. ``--hidden 72`` keeps the depth and leaves only the launch cost; ``--draws cpu`` samples on
-the CPU (train.py draws on the model's device); ``--decode`` times fast_decode.py's decoders in
-turns and checks they sample the same tokens. What it measured: docs/cost.md.
+Times ``rollout.sample`` on a SmolLM2-135M-shaped model with random weights; no row ever ends (EOS
+id -1), so a call runs exactly ``--tokens`` decode steps. Reported: ms per sampled position (one
+decode step of the batch), median of ``--repeats`` calls after a warm-up call. ``--hidden 72``
+leaves only the cost of launching the layers; ``--draws cpu`` samples on the CPU instead of the
+model's device; ``--decode`` times fast_decode.py's decoders in turns and checks their tokens agree.
 
     python benchmarks/bench_decode.py                                    # CPU, ~1 min
     python benchmarks/bench_decode.py --batch 1,128,512 --draws device,cpu   # on a GPU
