@@ -1,31 +1,14 @@
-"""How long does one sampled token take? The rollout's decode loop, timed.
+"""How long does one sampled token take? The rollout's decode loop, timed (docs/cost.md).
 
-In ``train.py --preset gpu`` (SmolLM2-135M, 32 prompts x N, up to 32 new tokens) almost all
-compute-heavy work (scoring, the update) is a few large batched passes, but sampling is one small
-forward pass per new token: 30 layers of little kernels, each launched from Python. On a GPU
-that loop, not the arithmetic, sets the time of a step, so it is what this script measures.
-
-It times ``rollout.sample`` itself (the code train.py runs) on a model with SmolLM2-135M's
-shape (30 layers, hidden 576, 9 heads, 3 key/value heads, V = 49152) and random weights: the
-weights do not change the time. No row ever ends (the EOS id is one the model cannot emit), so
-every call runs exactly ``--tokens`` decode steps. Reported: milliseconds per sampled position
-(one decode step for the whole batch), median of ``--repeats`` calls.
-
-``--hidden 72`` keeps the depth and shrinks the width: the arithmetic vanishes and what is left
-is the per-layer cost of launching work from Python, the floor of a decode step on any device.
-
-Where the draw happens (``--draws``): ``device`` samples with a generator on the model's device
-(what train.py does); ``cpu`` copies the (B, V) probabilities to the CPU at every token and
-samples there (what it did before). On a CPU-only machine the two are the same thing.
+Times ``rollout.sample`` on a SmolLM2-135M-shaped model with random weights; no row ever ends (EOS
+id -1), so a call runs exactly ``--tokens`` decode steps. Reported: ms per sampled position (one
+decode step of the batch), median of ``--repeats`` calls after a warm-up call. ``--hidden 72``
+leaves only the cost of launching the layers; ``--draws cpu`` samples on the CPU instead of the
+model's device; ``--decode`` times fast_decode.py's decoders in turns and checks their tokens agree.
 
     python benchmarks/bench_decode.py                                    # CPU, ~1 min
     python benchmarks/bench_decode.py --batch 1,128,512 --draws device,cpu   # on a GPU
-
-``--decode plain,static,compiled`` times the decoders of fast_decode.py in turns (each round calls
-each once, same seed; the first round, with the compilation, is reported apart and dropped) and
-checks that they sample the same tokens.
 """
-import argparse
 import json
 import statistics
 import sys
@@ -37,23 +20,25 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import rollout  # noqa: E402
-from benchmarks.cli import at_least, int_list, device_option, multiple_of, out_json  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
+from benchmarks.cli import (at_least, device_option, int_list, multiple_of, out_json,  # noqa: E402
+                            parser, pick_device)
+from benchmarks.machine import describe, machine  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--batch", type=int_list(1), default="1,32",
                    help="B values, rows sampled together (the GPU preset: 128 at N = 4, 512 at N = 16)")
     model_options(p, layers=30, prompt=48)  # the preset's chat prompt: 47 tokens
     p.add_argument("--tokens", type=at_least(1), default=16, help="decode steps per call")
     p.add_argument("--repeats", type=at_least(1), default=3, help="timed calls per setting (median reported)")
-    p.add_argument("--draws", default="device", help="comma-separated: device and/or cpu (where the multinomial runs)")
+    p.add_argument("--draws", default="device",
+                   help="comma-separated: device and/or cpu (where the multinomial runs)")
     p.add_argument("--decode", default="plain",
                    help="comma-separated, timed in turns: plain (the default loop), static (a static KV "
                         "cache) and/or compiled (static + torch.compile; fast_decode.py)")
-    p.add_argument("--device", default="auto", type=device_option, help="where the model runs: auto (cuda if present), cpu or cuda")
+    p.add_argument("--device", default="auto", type=device_option,
+                   help="where the model runs: auto (cuda if present), cpu or cuda")
     p.add_argument("--json", type=out_json, default=None,
                    help="also write the results to this .json file (default: print only; the saved results "
                         "are benchmarks/results/cost/decode_cpu_*.json, rewritten only when named here)")
@@ -85,43 +70,36 @@ def smollm2_shaped(hidden=576, layers=30, device="cpu", vocab=49152):
 
 
 def time_sampling(model, B, args, draws, decodes=("plain",)):
-    """{decode: (median seconds per decode step of ``rollout.sample`` over ``args.repeats`` calls,
-    seconds of the first call (for "compiled": the compilation), tokens equal to the first decode's,
-    the seconds of every round)}.
+    """{decode: (median seconds per decode step over ``args.repeats`` calls, seconds of the first call
+    (with any compiling), tokens equal to the first decode's, seconds per step of every round)}.
     The decoders take turns in every round, so a change in the machine's load hits them alike."""
     device = next(model.parameters()).device
     prompts = torch.randint(3, 49152, (B, args.prompt), generator=torch.Generator().manual_seed(0)).tolist()
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
-    times, first, same = {d: [] for d in decodes}, {}, {d: True for d in decodes}
-    for r in range(args.repeats + 1):  # the first call warms up (allocator, kernels, compiling): dropped
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    seconds, same = {d: [] for d in decodes}, {d: True for d in decodes}
+    for r in range(args.repeats + 1):  # round 0 warms up (allocator, kernels, compiling): reported apart
         for decode in decodes:
             gen = torch.Generator(device if draws == "device" else "cpu").manual_seed(r)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            sync()
             t = time.perf_counter()
             with autocast:
                 ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=args.tokens, temperature=1.0,
                                     eos_id=-1, pad_id=0, generator=gen, decode=decode)  # -1: never ends
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            sync()
+            seconds[decode].append(time.perf_counter() - t)
             assert ro.response.shape == (B, args.tokens)
-            if r:
-                times[decode].append((time.perf_counter() - t) / args.tokens)
-            else:
-                first[decode] = time.perf_counter() - t
             if decode == decodes[0]:
                 reference = ro.response  # (B, tokens), the same seed for every decoder of the round
             same[decode] &= torch.equal(ro.response, reference)
-    return {d: (statistics.median(times[d]), first[d], same[d], times[d]) for d in decodes}
-
+    per_step = {d: [x / args.tokens for x in s[1:]] for d, s in seconds.items()}
+    return {d: (statistics.median(per_step[d]), seconds[d][0], same[d], per_step[d]) for d in decodes}
 
 def main(argv=None):
     args = parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
-    info = machine()
-    print(f"machine: {info}\nmodel: SmolLM2-135M shape, hidden {args.hidden}, {args.layers} layers, "
-          f"on {device}; prompt {args.prompt}, {args.tokens} decode steps per call")
+    device, info = pick_device(args.device), machine()
+    print(f"machine: {describe(info)}\nmodel: SmolLM2-135M shape, hidden {args.hidden}, "
+          f"{args.layers} layers, on {device}; prompt {args.prompt}, {args.tokens} decode steps per call")
     draws = ["device"] if device.type == "cpu" else args.draws.split(",")
     model = smollm2_shaped(args.hidden, args.layers, device)
     rows, decodes = [], args.decode.split(",")

@@ -1,12 +1,9 @@
 """How fast is the vectorised Optimal Token Baseline? (docs/cost.md)
 
-Times ``otb.optimal_token_baseline`` (one tensor expression per equation over the whole (B, T)
-batch) on a grid of shapes, random lengths and interleaved groups, against the per-group Python
-loop of the widely used implementation (tests/naive.py's ``loop_reference``, slowest with many
-short groups) and against a floor, one reverse cumulative sum over the same (B, T) (the one pass
-G_t alone needs). It checks that OTB and the loop agree, then prints per shape the medians of
-interleaved rounds, both ratios and which of OTB and the loop was faster. The grid starts at the
-shapes train.py runs (64 x 18 and 128 x 68) and goes up to 4M tokens. Nothing here is a goal.
+Times ``otb.optimal_token_baseline`` on a grid of shapes (random lengths, interleaved groups, from
+train.py's 64 x 18 up to 4M tokens) against the per-group loop of tests/naive.py and a floor (one
+reverse cumulative sum over (B, T), the pass G_t alone needs); checks that OTB and the loop agree,
+then prints the medians of interleaved rounds and both ratios. Nothing here is a goal.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_estimators.py            # the full grid, CPU
     python benchmarks/bench_estimators.py --shapes 64x128:4 512x32:4 --repeats 2   # a smoke run

@@ -1,15 +1,10 @@
 """What does sum_k pi_k^2 cost inside the scoring pass? (docs/cost.md)
 
-OTB needs one extra number per token, sum_k pi_k^2, which ``rollout.score`` computes from the
-(B, T, V) logits it already holds (``otb.sum_pi_squared``); at SmolLM2's vocabulary (V = 49152)
-those logits are the largest tensor of the pass. Variants on the same model and inputs: ``with``
-(``rollout.score`` as it is) and ``without`` (``otb.sum_pi_squared`` replaced by a stub returning
-zeros: the pass a group baseline needs). Time: median of ``--repeats`` calls, variants alternating
-in one process. Memory: each variant in a fresh subprocess, the peak during the call minus the
-memory before it (CPU: VmHWM reset through /proc/self/clear_refs; CUDA: max_memory_allocated).
-Goals: at most +5% time and +10% working memory. The model has SmolLM2-135M's width, heads and
-vocabulary, random weights and only ``--layers`` layers, so the logits weigh more than in the
-real model: an upper bound.
+Times ``rollout.score`` as it is (``with``) against the same pass with ``otb.sum_pi_squared``
+stubbed to zeros (``without``: what a group baseline needs), on one model and batch: median of
+``--repeats`` calls, variants alternating in one process; working memory of each in a fresh
+subprocess (peak during the call minus before it). The model has SmolLM2-135M's width, heads and
+vocabulary, random weights and only ``--layers`` layers: an upper bound. Goals: +5% time, +10% memory.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_score.py                   # CPU, ~2 min, writes runs/cost/
     python benchmarks/bench_score.py --batch 32 --response 512 --chunk-sizes 0,64   # on a GPU

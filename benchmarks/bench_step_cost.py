@@ -1,14 +1,10 @@
 """How much slower is a training step with OTB than with a group baseline? (docs/cost.md)
 
-OTB's extra work in ``train.train_step`` (rollout, score, estimate, update) is sum_k pi_k^2 in
-the scoring pass and the ``otb.optimal_token_baseline`` call. Variants, on identical batches:
-``group_mean`` with ``otb.sum_pi_squared`` stubbed out (what a group-baseline trainer computes;
-the ratio's baseline), ``otb``, and ``group_mean+spp`` (sum pi^2 computed, then unused). One
-process; model and optimizer are restored to one snapshot before every timed step, so every
-variant samples the same responses and updates from the same weights; variants alternate; the
-logged diagnostics are not timed. Goal: OTB at most 3% slower. Models: ``tiny`` (train.py's
-cached warmed-up model) and ``v49k`` (random Llama, SmolLM2's width and vocabulary, 2 layers,
-the character tokenizer: rewards are 0, which does not change the cost).
+Times ``train.train_step`` on identical batches in one process (model and optimizer restored to one
+snapshot before every timed step; variants alternate; logging not timed): ``group_mean`` with
+``otb.sum_pi_squared`` stubbed out (the ratio's baseline), ``otb``, and ``group_mean+spp`` (sum pi^2
+computed, then unused). Goal: OTB at most 3% slower. Models: ``tiny`` (train.py's cached model) and
+``v49k`` (random Llama, SmolLM2's width and vocabulary, 2 layers, character tokenizer: rewards 0).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_step_cost.py   # both models, ~3 min, writes runs/cost/
 """

@@ -1,19 +1,14 @@
 """The project's training step beside TRL's GRPOTrainer: same model, prompts and configuration.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_vs_trl.py                 # 100 steps each, ~3 min
-    python benchmarks/bench_vs_trl.py --steps 20                        # a quick look
     python benchmarks/bench_vs_trl.py --out benchmarks/results/trl      # the saved results
 
-Both sides start from train.py's warmed-up tiny model and run its configuration (docs/cost.md):
-the project's ``group_mean`` (or ``grpo``) against TRL's ``scale_rewards="none"`` (or
-``"group"``) with ``loss_type="dapo"``; step s of both uses rollout.prompt_batch(seed, s). One
-process, the sides alternate step by step (the project's step runs in a TrainerCallback, outside
-TRL's timed window), OMP_WAIT_POLICY=PASSIVE for both; medians over the steps after ``--skip`` of
-the phases rollout (TRL: ``_generate``), score (rewards, scoring pass, advantages: the rest of
-``_generate_and_score_completions``) and update (the rest of the step); neither side's logging
-is timed. Also: success over the first and last 10 steps of each side. That the two losses have
-the same gradient is tested (tests/test_e2e_trl.py). Results go to runs/bench_vs_trl/
-(bench_vs_trl.json, .md), into benchmarks/results/ only with ``--out``.
+Both sides start from train.py's warmed-up tiny model in its configuration (docs/cost.md) and see
+rollout.prompt_batch(seed, s) at step s. One process: the project's step runs in a TrainerCallback,
+outside TRL's timed window, so the sides alternate step by step; neither side's logging is timed.
+Medians over the steps after ``--skip`` of rollout (TRL: ``_generate``), score (the rest of
+``_generate_and_score_completions``) and update (the rest of the step), and success over the first
+and last 10 steps. Results go to runs/bench_vs_trl/ (.json, .md), into benchmarks/results/ only with --out.
 """
 import os
 

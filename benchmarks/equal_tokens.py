@@ -1,30 +1,17 @@
 """The equal-token study: OTB at N = 4 against group baselines, at the same budget of sampled tokens.
 
-Runs exactly the pre-registered protocol of docs/equal_tokens_protocol.md and its dated addenda (read
-it first): a learning-rate pilot on seed 100, then 5 configurations x 6 paired seeds of ``train.py``
-on the periodic-copy task at n = 64, then the analysis (endpoints per run, paired differences of OTB
-at N = 4 against each comparator with 95% intervals, one figure). Addenda 2 and 3 add OTB and its
-N = 4 comparators at the common learning rates 3e-4 and 1e-4, analysed in their own sections; a
-post-hoc section (labelled so) compares every N = 4 configuration with group_mean at N = 16.
+Runs the pre-registered protocol of docs/equal_tokens_protocol.md (read it first: Addendum 1 fixes
+the endpoints' rules and the saved data, Addenda 2-5 the common-learning-rate runs): a pilot on
+seed 100 picks each learning rate, then 5 configurations x 6 paired seeds of ``train.py`` (one
+subprocess and folder each under --runs; benchmarks/grid.py keeps finished runs, so a study
+resumes), endpoints, OTB's paired differences (95% t intervals), a labelled post-hoc section and a
+figure, into --out. The runs' metrics files were not kept: --from-saved recovers every step from
+the curves in results.json. Results and commands: docs/reproduction.md.
 
-    python benchmarks/equal_tokens.py                  # everything (about an hour on 2 CPU cores)
-    python benchmarks/equal_tokens.py --analyse-only   # recompute the tables from finished runs
+    python benchmarks/equal_tokens.py                  # everything (about an hour; finished runs kept)
     python benchmarks/equal_tokens.py --from-saved benchmarks/results/equal_tokens/results.json \
-        --out benchmarks/results/equal_tokens          # re-analyse the saved per-step data (Addendum 1)
-
-Endpoints (Addendum 1 states the rules the protocol left open): AUC is the area under success
-against tokens divided by the budget B; a seed that never reaches the target counts as B in the
-median (a median that involves it is a lower bound); a run "stops short of B" when it ran out of
-its steps below B, not when the step granularity cut it.
-
-Each training run is a ``python train.py ...`` subprocess writing its own folder under ``--runs``
-(benchmarks/grid.py: a finished run is not run again, so an interrupted study resumes where it
-stopped). The per-step metrics of the study's 45 runs were not kept; results.json keeps every
-run's cumulative tokens and trailing-window success within B, from which ``history_from_curve``
-recovers each step's success exactly, so ``--from-saved`` needs no run folders. Results
-(summary.md, results.json, success_vs_tokens.png) go to --out, written only by this script.
+        --out benchmarks/results/equal_tokens          # re-analyse the saved per-step data (1 s)
 """
-import argparse
 import json
 import math
 import sys
@@ -34,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks import grid  # noqa: E402
+from benchmarks.cli import at_least, out_folder, parser  # noqa: E402
 from stats import mean_se  # noqa: E402
 
 # ---- the protocol (docs/equal_tokens_protocol.md); change only by an addendum there
@@ -69,19 +57,12 @@ def history(runs, est, n, seed, lr):
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def finished(runs, est, n, seed, lr):
-    h = history(runs, est, n, seed, lr)
-    return bool(h) and h[-1]["step"] >= STEPS[n]
-
-
 def train(jobs, runs, workers):
-    """Every (est, n, seed, lr) job as a train.py run in its folder under ``runs`` (benchmarks/grid.py)."""
+    """Every (est, n, seed, lr) job as a train.py run in its folder under ``runs``."""
     grid.run([(command(*j, runs), Path(runs) / run_name(*j), j[2]) for j in jobs], workers)
 
 
-# =====================================================================================
-# Endpoints and analysis (as pre-registered, with Addendum 1 of the protocol)
-# =====================================================================================
+# ---- Endpoints and analysis (as pre-registered, with Addendum 1 of the protocol)
 
 def within_budget(h, budget=BUDGET):
     """Steps whose cumulative tokens are <= budget, as (cumulative tokens, the step's tokens, success)."""
@@ -95,14 +76,9 @@ def within_budget(h, budget=BUDGET):
 
 
 def endpoints(h, steps_given=None, budget=BUDGET, window=WINDOW, target=TARGET_SUCCESS):
-    """The protocol's endpoints of one run from its history ``h`` (dicts with tokens, success).
-
-    ``h`` may be the whole run or only its steps within the budget; ``steps_given`` is the number of
-    steps the run was given (default: len(h), i.e. ``h`` is the whole run). Addendum 1: a run stops
-    short of B when all the steps it was given lie within B and the last is < B (it ran out of steps);
-    a run whose next step would cross B is not short. ``budget``, ``window`` and ``target`` are the
-    protocol's B, trailing window and target success; train.py's --seeds comparison passes its own.
-    """
+    """The protocol's endpoints (Addendum 1) of one run from its history ``h`` (dicts with tokens,
+    success): the whole run, or its steps within B with ``steps_given`` the steps it was given.
+    ``budget``, ``window``, ``target``: B, trailing window, target (paired_seeds.py passes its own)."""
     steps = within_budget(h, budget)
     if not steps:
         return None
@@ -111,21 +87,16 @@ def endpoints(h, steps_given=None, budget=BUDGET, window=WINDOW, target=TARGET_S
     last = [(d, s) for c, d, s in steps if c > 0.75 * budget]
     primary = sum(d * s for d, s in last) / sum(d for d, _ in last) if last else float("nan")
     auc = sum(d * s for _, d, s in steps) / budget  # endpoint 2: area over B (tokens not sampled count 0)
-    to_target = None
-    for c, y in zip(*curve(h, budget, window)):
-        if c >= window and y >= target:  # a full trailing window only (Addendum 1)
-            to_target = c
-            break
+    to_target = next((c for c, y in zip(*curve(h, budget, window))
+                      if c >= window and y >= target), None)  # a full trailing window only (Addendum 1)
     return dict(primary=primary, auc=auc, tokens_to_target=to_target,
                 tokens_to_target_censored=budget if to_target is None else to_target, tokens_used=used,
                 stopped_short=len(steps) >= steps_given and used < budget, steps=len(steps))
 
 
 def median_censored(values):
-    """Median of per-seed tokens to target, a seed that never reached it counted as BUDGET (censored).
-
-    Returns (median, lower_bound): lower_bound is True when a censored value enters the median, so
-    the true median is at least the number returned."""
+    """(median, lower_bound) of per-seed tokens to target, a seed that never reached it counted as
+    BUDGET (censored); lower_bound: a censored value enters the median, so the true one is at least it."""
     xs = sorted((BUDGET, True) if v is None else (v, False) for v in values)
     mid = xs[(len(xs) - 1) // 2:len(xs) // 2 + 1]  # the middle one, or the middle two
     return sum(v for v, _ in mid) / len(mid), any(c for _, c in mid)
@@ -141,13 +112,9 @@ def paired_diff(a, b, endpoint, comparator):
 
 def choose_lrs(pilot):
     """The pilot's rule: the LR with the highest primary endpoint, ties to the smaller LR."""
-    chosen = {}
-    for est, n in CONFIGS:
-        scores = [(p["primary"], p["lr"]) for p in pilot if p["config"] == f"{est}:{n}"
-                  and p["primary"] is not None and not math.isnan(p["primary"])]
-        best = max(s for s, _ in scores)
-        chosen[(est, n)] = min(lr for s, lr in scores if s == best)
-    return chosen
+    return {(est, n): -max((p["primary"], -p["lr"]) for p in pilot if p["config"] == f"{est}:{n}"
+                           and p["primary"] is not None and not math.isnan(p["primary"]))[1]
+            for est, n in CONFIGS}  # max of (primary, -lr): on a tie the larger -lr, the smaller lr
 
 
 def config_row(est, n, lr, by_seed):
@@ -161,16 +128,37 @@ def config_row(est, n, lr, by_seed):
     return row
 
 
-def analyse(load, lrs):
-    """Endpoints of every main run, per-configuration rows and OTB's paired differences.
+def analyse(load, lrs, optional=False):
+    """Endpoints of each configuration's 6 runs at ``lrs[(est, n)]``, its table row, and OTB N=4 minus
+    each comparator. ``load(est, n, seed, lr)`` returns (history, steps given) of one run; with
+    ``optional`` a configuration not run is named and left out (Addendum 3), else it stops the script."""
+    per_run, missing = {}, []
+    for est, n in CONFIGS:
+        try:
+            per_run[(est, n)] = {s: endpoints(*load(est, n, s, lrs[(est, n)])) for s in SEEDS}
+        except SystemExit:
+            if not optional:
+                raise
+            missing.append(f"{est}:{n}")
+    rows = [config_row(est, n, lrs[(est, n)], by_seed) for (est, n), by_seed in per_run.items()]
+    otb4 = per_run.get(("otb", 4))
+    paired = [paired_diff(otb4, per_run[(est, n)], k, f"{est}:{n}") for est, n in per_run
+              if (est, n) != ("otb", 4) for k in ("primary", "auc")] if otb4 else []
+    return per_run, rows, paired, missing
 
-    ``load(est, n, seed, lr)`` returns (history, steps given) of one run."""
-    per_run = {(est, n): {s: endpoints(*load(est, n, s, lrs[(est, n)])) for s in SEEDS} for est, n in CONFIGS}
-    configs = [config_row(est, n, lrs[(est, n)], by_seed) for (est, n), by_seed in per_run.items()]
-    otb4 = per_run[("otb", 4)]
-    paired = [paired_diff(otb4, per_run[(est, n)], k, f"{est}:{n}") for est, n in CONFIGS[1:]
-              for k in ("primary", "auc")]
-    return per_run, configs, paired
+
+def verdict(p, who="OTB at N=4"):
+    return (f"{who} is better (interval above 0)" if p["ci_low"] > 0 else f"{who} is worse (interval below 0)"
+            if p["ci_high"] < 0 else "no difference shown (interval contains 0)")
+
+
+def verdicts(paired):
+    """The pre-registered verdicts (primary endpoint); against group_mean:16 also non-inferiority."""
+    def margin(p):  # the non-inferiority test, against group_mean:16 only
+        ok = "supported" if p["ci_low"] > -MARGIN else "NOT supported"
+        return f"; non-inferiority at margin {MARGIN} {ok}" if p["comparator"] == "group_mean:16" else ""
+    return [dict(comparator=p["comparator"], verdict=verdict(p) + margin(p))
+            for p in paired if p["endpoint"] == "primary"]
 
 
 def post_hoc_vs_n16(per_run):
@@ -179,28 +167,7 @@ def post_hoc_vs_n16(per_run):
     out = [paired_diff(per_run[(est, n)], per_run[("group_mean", 16)], k, f"{est}:{n}")
            for est, n in CONFIGS if n == 4 for k in ("primary", "auc")]
     for p in out:
-        p["verdict"] = verdict(p).replace("OTB at N=4", p["comparator"]) if p["endpoint"] == "primary" else None
-    return out
-
-
-def verdict(p):
-    if p["ci_low"] > 0:
-        return "OTB at N=4 is better (interval above 0)"
-    if p["ci_high"] < 0:
-        return "OTB at N=4 is worse (interval below 0)"
-    return "no difference shown (interval contains 0)"
-
-
-def verdicts(paired):
-    out = []
-    for p in paired:
-        if p["endpoint"] != "primary":
-            continue
-        v = verdict(p)
-        if p["comparator"] == "group_mean:16":
-            v += ("; non-inferiority at margin 0.05 supported" if p["ci_low"] > -MARGIN
-                  else "; non-inferiority at margin 0.05 NOT supported")
-        out.append(dict(comparator=p["comparator"], verdict=v))
+        p["verdict"] = verdict(p, p["comparator"]) if p["endpoint"] == "primary" else None
     return out
 
 
@@ -212,19 +179,10 @@ RERUN_CHECKS = [("group_mean", 4, s, 3e-4) for s in SEEDS]
 
 def analyse_common_lr(load, lr):
     """otb:4 against every comparator with all 6 seeds run at ``lr``: rows and paired differences."""
-    runs, missing = {}, []
-    for est, n in CONFIGS:
-        try:
-            runs[(est, n)] = {s: endpoints(*load(est, n, s, lr)) for s in SEEDS}
-        except SystemExit:  # not run (Addendum 3: only comparators with all 6 seeds are analysed)
-            missing.append(f"{est}:{n}")
-    otb = runs.get(("otb", 4))
-    paired = [paired_diff(otb, runs[c], k, f"{c[0]}:{c[1]}") for c in runs if c != ("otb", 4)
-              for k in ("primary", "auc")] if otb else []
+    _, rows, paired, missing = analyse(load, dict.fromkeys(CONFIGS, lr), optional=True)
     for p in paired:
         p["verdict"] = verdict(p) if p["endpoint"] == "primary" else None
-    return dict(lr=lr, addendum=COMMON_LRS[lr], rows=[config_row(*c, lr, by_seed) for c, by_seed in runs.items()],
-                paired=paired, not_run=missing)
+    return dict(lr=lr, addendum=COMMON_LRS[lr], rows=rows, paired=paired, not_run=missing)
 
 
 def rerun_check(job, rerun, saved):
@@ -237,9 +195,7 @@ def rerun_check(job, rerun, saved):
                 primary_rerun=endpoints(rerun)["primary"], primary_saved=endpoints(saved)["primary"])
 
 
-# =====================================================================================
-# Where the histories come from: the run folders, or the curves saved in results.json
-# =====================================================================================
+# ---- Where the histories come from: the run folders, or the curves saved in results.json
 
 def curve(h, budget=BUDGET, window=WINDOW):
     """Trailing-window (``window`` tokens) success against tokens, within the budget."""
@@ -253,12 +209,9 @@ def curve(h, budget=BUDGET, window=WINDOW):
 
 
 def history_from_curve(xs, ys, n):
-    """Invert ``curve``: each step's success from the trailing-window means (Addendum 1).
-
-    The window of step i holds step i and earlier steps, so step i's success is what its window's
-    token-weighted sum leaves after the earlier steps; a batch of 8N responses has success k/(8N),
-    so the value is rounded to that grid (the rounding removes only float error)."""
-    h, succ, prev = [], [], 0
+    """Invert ``curve`` (Addendum 1): step i's success is what its window's token-weighted sum leaves
+    after the earlier steps in it, rounded to the grid k/(8N) of a batch of 8N (removing float error)."""
+    h, succ = [], []
     for i, (c, y) in enumerate(zip(xs, ys)):
         window = [j for j in range(i + 1) if xs[j] > c - WINDOW]
         d = [xs[j] - (xs[j - 1] if j else 0) for j in window]
@@ -269,9 +222,8 @@ def history_from_curve(xs, ys, n):
     return h
 
 
-def saved_curves(path):
-    """{run name: (xs, ys)} of every run whose curve is stored in a results.json."""
-    d = json.loads(Path(path).read_text())
+def saved_curves(d):
+    """{run name: (xs, ys)} of every run whose curve is stored in ``d``, a loaded results.json."""
     out = {}
     for cfg, by_seed in d["curves"].items():
         est, n = cfg.split(":")
@@ -281,16 +233,12 @@ def saved_curves(path):
     return out
 
 
-def saved_pilot(path):
-    return [dict(config=p["config"], lr=p["lr"], primary=p["primary"]) for p in json.loads(Path(path).read_text())["pilot"]]
-
-
 def make_loader(runs, saved):
     """load(est, n, seed, lr) -> (history, steps given): the saved curve if there is one (the record of
     the study), else the run folder's metrics (which must be finished)."""
-    def load(est, n, seed, lr, prefer_runs=False):
+    def load(est, n, seed, lr):
         name = run_name(est, n, seed, lr)
-        if name in saved and not prefer_runs:
+        if name in saved:
             return history_from_curve(*saved[name], n), STEPS[n]
         h = history(runs, est, n, seed, lr)
         if not h or h[-1]["step"] < STEPS[n]:
@@ -301,24 +249,18 @@ def make_loader(runs, saved):
     return load
 
 
-def curves_of(load, lrs):
-    """{"est:n": {seed: (tokens, trailing-window success)}} for the figure (stored in results.json)."""
-    return {f"{est}:{n}": {str(s): curve(load(est, n, s, lrs[(est, n)])[0]) for s in SEEDS}
-            for est, n in CONFIGS}
-
-
 def plot(curves, lrs, path=None):
-    """Success against tokens, mean of the seeds ± 1 s.e.; ``curves`` from curves_of. Returns the figure."""
+    """Success against tokens, mean of the seeds ± 1 s.e.; ``curves``: {"est:n": {seed: curve}}."""
     import matplotlib.pyplot as plt
     import numpy as np
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    grid = np.linspace(WINDOW, BUDGET, 60)
+    at = np.linspace(WINDOW, BUDGET, 60)  # tokens where the seeds are averaged
     for est, n in CONFIGS:
-        ys = np.array([np.interp(grid, x, y) for x, y in curves[f"{est}:{n}"].values()])  # (seeds, grid)
+        ys = np.array([np.interp(at, x, y) for x, y in curves[f"{est}:{n}"].values()])  # (seeds, 60)
         mu, se = ys.mean(0), ys.std(0, ddof=1) / np.sqrt(len(ys))
         style = dict(lw=2.6, zorder=5) if est == "otb" else dict(lw=1.4, ls="--" if n == 16 else "-")
-        ax.plot(grid, mu, label=f"{est} N={n} (lr {lrs[(est, n)]:g})", **style)
-        ax.fill_between(grid, mu - se, mu + se, alpha=0.15)
+        ax.plot(at, mu, label=f"{est} N={n} (lr {lrs[(est, n)]:g})", **style)
+        ax.fill_between(at, mu - se, mu + se, alpha=0.15)
     ax.set(xlabel="response tokens sampled", ylabel=f"success (trailing {WINDOW:,} tokens)",
            title=f"periodic copy n={HORIZON}: mean of {len(SEEDS)} seeds (band: ± 1 s.e.)")
     ax.grid(alpha=0.3)
@@ -348,9 +290,14 @@ def paired_line(p):
             f"[{p['ci_low']:+.3f}, {p['ci_high']:+.3f}] | {p['otb_better_seeds']}/6 |")
 
 
+CONFIG_HEAD = ["| config | lr | primary: success, last quarter | AUC: success over B | seeds reaching "
+               f"{TARGET_SUCCESS} | median tokens to {TARGET_SUCCESS} (censored at B) | stopped short of B |",
+               "|---|---|---|---|---|---|---|"]
+PAIRED_HEAD = ["| comparator | endpoint | mean difference | 95% interval | seeds where OTB is higher |",
+               "|---|---|---|---|---|"]
+
+
 def report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source):
-    header = ("| config | lr | primary: success, last quarter | AUC: success over B | seeds reaching "
-              f"{TARGET_SUCCESS} | median tokens to {TARGET_SUCCESS} (censored at B) | stopped short of B |")
     lines = ["# Equal-token study: results", "",
              "Protocol: docs/equal_tokens_protocol.md (pre-registered, with its dated addenda). Written by "
              f"`{source}`.", "",
@@ -361,30 +308,30 @@ def report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source):
         cells = [number(next(p["primary"] for p in pilot if p["config"] == f"{est}:{n}" and p["lr"] == lr))
                  for lr in LR_GRID]
         lines.append(f"| {est}:{n} | " + " | ".join(cells) + f" | {lrs[(est, n)]:g} |")
-    lines += ["", "## Endpoints per configuration (mean ± s.e. over 6 seeds)", "", header, "|---|---|---|---|---|---|---|"]
+    lines += ["", "## Endpoints per configuration (mean ± s.e. over 6 seeds)", "", *CONFIG_HEAD]
     lines += [config_line(c) for c in configs]
     lines += ["", "A run stops short of B when it ran out of its steps before B (Addendum 1); the tokens "
               "to target of a seed that never reached it count as B.",
               "", "## Paired differences, OTB N=4 minus comparator (95% interval, t with 5 df)", "",
-              "| comparator | endpoint | mean difference | 95% interval | seeds where OTB is higher |",
-              "|---|---|---|---|---|"]
+              *PAIRED_HEAD]
     lines += [paired_line(p) for p in paired]
     lines += ["", "## Verdicts (primary endpoint, as pre-registered)", ""]
     lines += [f"- {v['comparator']}: {v['verdict']}" for v in verdicts(paired)]
     lines += ["", "## Post hoc (not pre-registered): each N=4 configuration minus group_mean:16", "",
-              "Same paired t interval; a reading made after the results, not a test the protocol planned.", "",
+              "Same paired t interval; a reading made after the results, not a test the protocol planned.",
+              "",
               "| N=4 configuration | endpoint | mean difference | 95% interval | seeds where N=4 is higher |",
-              "|---|---|---|---|---|"]
+              PAIRED_HEAD[1]]
     lines += [paired_line(p) for p in post_hoc]
-    lines += [""] + [f"- {p['comparator']} vs group_mean:16: {p['verdict']}" for p in post_hoc if p["verdict"]]
+    lines += [""] + [f"- {p['comparator']} vs group_mean:16: {p['verdict']}"
+                     for p in post_hoc if p["verdict"]]
     for c in common:
-        lines += ["", f"## {c['addendum']}: OTB and the comparators at a common learning rate ({c['lr']:g})", "",
-                  f"Not the pre-registered analysis: every configuration below at lr {c['lr']:g} on the same 6 "
-                  f"seeds ({c['addendum']} of the protocol, committed before its runs), OTB N=4 paired with each "
-                  "comparator at the same rate.", "", header, "|---|---|---|---|---|---|---|"]
-        lines += [config_line(r) for r in c["rows"]]
-        lines += ["", "| comparator | endpoint | mean difference | 95% interval | seeds where OTB is higher |",
-                  "|---|---|---|---|---|"]
+        lr, add = c["lr"], c["addendum"]
+        lines += ["", f"## {add}: OTB and the comparators at a common learning rate ({lr:g})", "",
+                  f"Not the pre-registered analysis: every configuration below at lr {lr:g} on the same 6 "
+                  f"seeds ({add} of the protocol, committed before its runs), OTB N=4 paired with each "
+                  "comparator at the same rate.", "", *CONFIG_HEAD]
+        lines += [config_line(r) for r in c["rows"]] + ["", *PAIRED_HEAD]
         lines += [paired_line(p) for p in c["paired"]]
         lines += [""] + [f"- {p['comparator']}: {p['verdict']}" for p in c["paired"] if p["verdict"]]
         if c["not_run"]:
@@ -403,71 +350,60 @@ def report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--runs", default=str(ROOT / "runs" / "equal_tokens"), help="folder of the training runs")
-    p.add_argument("--out", default=str(ROOT / "runs" / "equal_tokens"), help="folder for summary.md, "
-                   "results.json and success_vs_tokens.png (benchmarks/results/equal_tokens to update the "
-                   "committed results)")
-    p.add_argument("--jobs", type=int, default=2, help="training runs at a time (one thread each)")
-    p.add_argument("--analyse-only", action="store_true", help="no training: analyse the finished runs")
+    p = parser(__doc__)
+    p.add_argument("--runs", type=out_folder, default=str(ROOT / "runs" / "equal_tokens"),
+                   help="folder of the training runs")
+    p.add_argument("--out", type=out_folder, default=str(ROOT / "runs" / "equal_tokens"), help="folder for "
+                   "summary.md, results.json and success_vs_tokens.png (benchmarks/results/equal_tokens to "
+                   "update the committed results)")
+    p.add_argument("--jobs", type=at_least(1), default=2, help="training runs at a time (one thread each)")
     p.add_argument("--from-saved", default=None, metavar="RESULTS_JSON",
-                   help="no training: take each run's per-step data from the curves saved in this results.json "
-                   "(Addendum 1), and from --runs only for runs it does not hold (Addendum 2's)")
+                   help="no training: take each run's per-step data from the curves saved in this "
+                   "results.json (Addendum 1), and from --runs only for runs it does not hold (Addendum 2's)")
     args = p.parse_args(argv)
-    if args.jobs < 1:
-        p.error(f"--jobs {args.jobs} must be >= 1")
-    for flag in ("runs", "out"):
-        if Path(getattr(args, flag)).is_file():
-            p.error(f"--{flag} {getattr(args, flag)} is a file, not a folder")
     if args.from_saved is not None and not Path(args.from_saved).is_file():
         p.error(f"--from-saved {args.from_saved}: no such file")
     return args
 
 
-def rel(path):
-    path = Path(path).resolve()
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-
-
 def main(argv=None):
     args = parse_args(argv)
     runs, out = Path(args.runs), Path(args.out)
-    runs.mkdir(parents=True, exist_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+    for folder in (runs, out):
+        folder.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    train = not (args.analyse_only or args.from_saved)
-    saved = saved_curves(args.from_saved) if args.from_saved else {}
+    saved_json = json.loads(Path(args.from_saved).read_text()) if args.from_saved else {}
+    saved = saved_curves(saved_json) if saved_json else {}
     load = make_loader(runs, saved)
-    if train:
+    if not args.from_saved:
         print(f"pilot: {len(CONFIGS) * len(LR_GRID)} runs on seed {PILOT_SEED}", flush=True)
         train([(e, n, PILOT_SEED, lr) for e, n in CONFIGS for lr in LR_GRID], runs, args.jobs)
-    if args.from_saved:
-        pilot = saved_pilot(args.from_saved)  # only the pilot's primary endpoint was saved
-    else:
-        pilot = [dict(config=f"{e}:{n}", lr=lr, primary=endpoints(*load(e, n, PILOT_SEED, lr))["primary"])
-                 for e, n in CONFIGS for lr in LR_GRID]
+    pilot = saved_json["pilot"] if args.from_saved else [  # saved: config, lr and primary only
+        dict(config=f"{e}:{n}", lr=lr, primary=endpoints(*load(e, n, PILOT_SEED, lr))["primary"])
+        for e, n in CONFIGS for lr in LR_GRID]
     lrs = choose_lrs(pilot)
     print("chosen learning rates: " + ", ".join(f"{e}:{n} {lr:g}" for (e, n), lr in lrs.items()), flush=True)
-    if train:
+    if not args.from_saved:
         print(f"main: {len(CONFIGS) * len(SEEDS)} runs, then those of Addenda 2 and 3", flush=True)
         train([(e, n, s, lrs[(e, n)]) for s in SEEDS for e, n in CONFIGS], runs, args.jobs)
         train([(e, n, s, lr) for lr in COMMON_LRS for e, n in CONFIGS if n == 4 and lrs[(e, n)] != lr
                for s in SEEDS], runs, args.jobs)  # Addenda 2 and 3
-    per_run, configs, paired = analyse(load, lrs)
+    per_run, configs, paired, _ = analyse(load, lrs)
     common = [analyse_common_lr(load, lr) for lr in COMMON_LRS]
     reruns = []
     for job in RERUN_CHECKS:
         check = "rerun:" + run_name(*job)
-        if check not in saved and run_name(*job) in saved and finished(runs, *job):
-            saved[check] = curve(history(runs, *job))
+        h = history(runs, *job)
+        if check not in saved and run_name(*job) in saved and h and h[-1]["step"] >= STEPS[job[1]]:
+            saved[check] = curve(h)
         if check in saved:
             reruns.append(rerun_check(job, history_from_curve(*saved[check], job[1]), load(*job)[0]))
-    source = "python benchmarks/equal_tokens.py" + (" --analyse-only" if args.analyse_only else "") + (
-        f" --from-saved {rel(args.from_saved)}" if args.from_saved else "")
+    path = Path(args.from_saved or ".").resolve()
+    path = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    source = "python benchmarks/equal_tokens.py" + (f" --from-saved {path}" if args.from_saved else "")
     post_hoc = post_hoc_vs_n16(per_run)
     text = report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source)
-    curves = curves_of(load, lrs)
+    curves = {f"{e}:{n}": {str(s): curve(load(e, n, s, lrs[(e, n)])[0]) for s in SEEDS} for e, n in CONFIGS}
     main_runs = {run_name(e, n, s, lrs[(e, n)]) for e, n in CONFIGS for s in SEEDS}
     extra = {k: v for k, v in {**saved, **load.from_runs}.items() if k not in main_runs}
     (out / "results.json").write_text(json.dumps(dict(
@@ -475,7 +411,8 @@ def main(argv=None):
         pilot_seed=PILOT_SEED, lr_grid=LR_GRID, chosen_lr={f"{e}:{n}": lr for (e, n), lr in lrs.items()},
         pilot=pilot, per_run={f"{e}:{n}": {str(s): v for s, v in d.items()} for (e, n), d in per_run.items()},
         configs=configs, paired=paired, verdicts=verdicts(paired), post_hoc_vs_group_mean16=post_hoc,
-        common_lr=common, rerun_checks=reruns, seconds=time.time() - t0, curves=curves, extra_curves=extra), indent=1))
+        common_lr=common, rerun_checks=reruns, seconds=time.time() - t0, curves=curves,
+        extra_curves=extra), indent=1))
     import matplotlib
     matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt

@@ -1,12 +1,10 @@
 """Does the length-triggered learning-rate schedule keep an unstable run stable? (docs/lr_schedule.md)
 
-Runs train.py on the grid {constant, length} schedule x {group_mean, otb} x seeds, in a setting
-chosen to be unstable (longer strings, a bfloat16 rollout copy, a high learning rate), one
-subprocess per run through benchmarks/grid.py (output in <out>/<run>.log, one warm-up per seed in
-<out>/_cache; a run folder with DONE is not run again, which is how seeds 3-5 were added). Then it
-writes lr_schedule.png (length, LR, mismatch, gradient norm, success and finished fraction per
-step: seed mean, band min..max) and summary.md/json, one row per run, by definitions fixed before
-the real run:
+Runs train.py on {constant, length} schedule x {group_mean, otb} x seeds in a setting chosen to be
+unstable (longer strings, a bfloat16 rollout copy, a high learning rate) through benchmarks/grid.py
+(logs in <out>/<run>.log, one warm-up per seed in <out>/_cache, finished runs kept). Writes
+lr_schedule.png (six metrics per step, seed mean and min..max band) and summary.md/json, one row
+per run, by definitions fixed before the real run:
 
 * surge step: lr_schedule.py's rule applied to the logged lengths of every run, the first step
   i > W with L_i > r mean(L_1..L_W) (under a constant LR, when the schedule would have fired);
@@ -26,8 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))
 import stats  # noqa: E402
 from benchmarks import grid  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402

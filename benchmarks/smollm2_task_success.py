@@ -1,17 +1,13 @@
 """Success of SmolLM2-135M-Instruct on the counting task before any RL: sampling only, on the CPU.
 
     python benchmarks/smollm2_task_success.py                        # horizon 70, tau 0.7, 128 prompts
-    python benchmarks/smollm2_task_success.py --horizon 45 --temperature 1.0 --prompts 32
     python benchmarks/smollm2_task_success.py --out benchmarks/results/smollm2_count
 
-One response per prompt (``rollout.CountTask``, through the chat template, the task's own response
-limit), drawn at the given temperature with a seeded generator; the prompts come from
-``rollout.prompt_batch`` with a seed no training run uses. The success rate's 95% interval is
-Wilson's score interval for a binomial proportion: each prompt is one independent trial. Also
-reported: the token count of the correct responses in SmolLM2's own tokenizer (EOS included).
-Writes success.json into --out only when --out is given.
+One response per prompt of ``rollout.CountTask`` (chat template, the task's response limit,
+prompts from ``rollout.prompt_batch`` on a seed no training run uses); the success rate with
+Wilson's 95% score interval (each prompt one trial), and the token count of correct responses in
+SmolLM2's tokenizer (EOS included). Writes success.json into --out only when --out is given.
 """
-import argparse
 import json
 import math
 import random
@@ -26,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import models  # noqa: E402
 import rollout  # noqa: E402
+from benchmarks.cli import at_least, command, out_folder, parser, positive_float  # noqa: E402
 
 
 def wilson(k, n, z=1.959964):
@@ -36,20 +33,15 @@ def wilson(k, n, z=1.959964):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--horizon", type=int, default=rollout.CountTask.horizon, help="numbers to list")
-    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature tau")
-    p.add_argument("--prompts", type=int, default=128, help="prompts, one response each")
-    p.add_argument("--batch", type=int, default=16, help="prompts sampled together")
+    p = parser(__doc__)
+    p.add_argument("--horizon", type=at_least(1), default=rollout.CountTask.horizon, help="numbers to list")
+    p.add_argument("--temperature", type=positive_float, default=0.7, help="sampling temperature tau")
+    p.add_argument("--prompts", type=at_least(1), default=128, help="prompts, one response each")
+    p.add_argument("--batch", type=at_least(1), default=16, help="prompts sampled together")
     p.add_argument("--seed", type=int, default=12345, help="prompt stream and sampler seed")
-    p.add_argument("--out", default=None, help="folder for success.json (not written without it)")
+    p.add_argument("--out", type=out_folder, default=None,
+                   help="folder for success.json (not written without it)")
     a = p.parse_args(argv)
-    for name in ("horizon", "prompts", "batch"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name} {getattr(a, name)}: must be >= 1")
-    if not a.temperature > 0:
-        p.error(f"--temperature {a.temperature}: must be > 0")
     task = rollout.CountTask(horizon=a.horizon)
     model, tok, _ = models.load_model("smollm2", task, "cpu", max_new=task.max_new_tokens(), cache_dir=None)
     t0, wins, lengths = time.time(), [], []
@@ -66,8 +58,8 @@ def main(argv=None):
     lo, hi = wilson(k, n)
     correct = [len(tok(task.target_text(ans), add_special_tokens=False)["input_ids"]) + 1
                for _, ans in task.sample(random.Random(0), 200)]
-    result = dict(command="python benchmarks/smollm2_task_success.py " + " ".join(argv or sys.argv[1:]),
-                  horizon=a.horizon, temperature=a.temperature, prompts=n, successes=k, success=k / n,
+    result = dict(command=command("smollm2_task_success.py", argv), horizon=a.horizon,
+                  temperature=a.temperature, prompts=n, successes=k, success=k / n,
                   wilson_95=[lo, hi], mean_response_tokens=sum(lengths) / n,
                   correct_response_tokens=[min(correct), max(correct)], max_new_tokens=task.max_new_tokens(),
                   seconds=round(time.time() - t0, 1), torch_threads=torch.get_num_threads())
