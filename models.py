@@ -129,8 +129,8 @@ def tiny_model_folder(cache_dir, task, *, max_new, hidden=128, layers=4, seed=0,
     key = dict(v=2, hidden=hidden, layers=layers, task=type(task).__name__,
                horizon=task.horizon, seed=seed, temperature=temperature,
                steps=warmup_max_steps, target=warmup_target, max_new=max_new)  # all it depends on
-    if hasattr(task, "digits"):  # the calculator's second knob (only there, so other keys stay)
-        key["digits"] = task.digits
+    if hasattr(task, "digits"):  # the calculator's own knob and warm-up rate (only there, so other keys stay)
+        key.update(digits=task.digits, lr=task.warmup_lr)
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     folder = Path(cache_dir) / f"tiny-{digest}"
     if not (folder / "warmup.json").exists():
@@ -155,8 +155,8 @@ def build_tiny_model(task, key, folder):
     torch.set_num_threads(1)
     try:
         history = warm_up(model, tok, task, temperature=key["temperature"], max_new=key["max_new"],
-                          max_steps=key["steps"], target=key["target"], seed=key["seed"]
-                          ) if key["steps"] else []
+                          max_steps=key["steps"], target=key["target"], seed=key["seed"],
+                          lr=task.warmup_lr) if key["steps"] else []
     finally:
         torch.set_num_threads(threads)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
