@@ -22,7 +22,8 @@ Fairness by construction: the prompts of step s and the sampler's generator are 
 (seed, s) only (rollout.step_seed), every configuration starts from the same weights, uses the
 same optimizer and the same loss aggregation (a token mean over all valid tokens of the batch).
 The number of prompts per step is fixed, so N = 16 samples 4x the tokens of N = 4: the
-comparison's x-axis is "tokens sampled", the cost that OTB claims to cut.
+comparison's x-axis is "tokens sampled", the cost that OTB claims to cut, and ``--token-budget``
+ends every run at the same cost (with ``--seeds``, the paired equal-token table: paired_seeds.py).
 
 The default model is a ~1M-parameter Llama with a character tokenizer; a supervised warm-up (cached
 under <out>/_cache) brings it to about ``--warmup-target`` success so RL has signal (models.py).
@@ -58,9 +59,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 SCHEDULES = lr_schedule.SCHEDULES  # (a Config field is named lr_schedule)
 
 
-# =====================================================================================
-# Configuration: one dataclass, every field has its help; parsed from the command line
-# =====================================================================================
+# ===== Configuration: one dataclass, every field has its help; parsed from the command line =================
 
 def arg(default, help):  # a field with its --help text
     return field(default=default, metadata={"help": help})
@@ -150,9 +149,7 @@ PRESETS = {
 }
 
 
-# =====================================================================================
-# One training step: rollout -> score -> estimate -> update
-# =====================================================================================
+# ===== One training step: rollout -> score -> estimate -> update ============================================
 
 def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     """One step: rollout -> score -> estimate -> update. Everything but ``estimator`` is identical
@@ -264,9 +261,7 @@ def masked_mean(x, m):
     return ((x * m).sum() / m.sum().clamp(min=1)).item()
 
 
-# =====================================================================================
-# Log: one JSON line of metrics per step, a readable line every --log-every steps
-# =====================================================================================
+# ===== Log: one JSON line of metrics per step, a readable line every --log-every steps ======================
 
 TIME_KEYS = ("t_rollout", "t_score", "t_update", "t_log")  # wall-clock metrics: never identical twice
 
@@ -303,9 +298,7 @@ def log(run_dir, cfg, bar, r):
                    f"| s {r['t_rollout']:.2f}/{r['t_score']:.2f}/{r['t_update']:.2f}/{r['t_log']:.2f}")
 
 
-# =====================================================================================
-# The training loop (checkpoints, Ctrl-C and --resume are in train_cli.py)
-# =====================================================================================
+# ===== The training loop (checkpoints, Ctrl-C and --resume are in train_cli.py) =============================
 
 def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
     """Run one configuration in run_dir (metrics.jsonl, checkpoint.pt, DONE); returns the metrics. resume:
@@ -351,9 +344,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
     return history
 
 
-# =====================================================================================
-# Comparison: plot and summary table
-# =====================================================================================
+# ===== Comparison: every configuration from the same weights; plot and table (seeds: paired_seeds.py) =======
 
 def run_comparison(cfg, out, model, tok, command, source):
     """Every configuration from the same initial weights; a finished one (DONE) is kept on resume."""
@@ -425,9 +416,7 @@ def write_summary(out, cfg, histories):
     return rows
 
 
-# =====================================================================================
-# Entry point
-# =====================================================================================
+# ===== Entry point ==========================================================================================
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
