@@ -365,9 +365,8 @@ class CalculatorTask(Task):
     """
     horizon: int = 3
     digits: int = 2
-    # The warm-up's rate (3e-3 for the other tasks). At 3e-3 the k = 3
-    # warm-up of seed 0 stalled near 5% sampled success for all 1,500 steps; at 1e-3 it reached 26% by step
-    # 150 (docs/tool_use.md has the measurements).
+    # The warm-up's rate (3e-3 for the other tasks). At 3e-3 the k = 3 warm-up of seed 0 stalled near 5%
+    # sampled success for all 1,500 steps; at 1e-3 it reached 26% by step 150 (docs/tool_use.md).
     warmup_lr: float = 1e-3
 
     def transcript(self, numbers):

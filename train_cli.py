@@ -47,7 +47,7 @@ AT_LEAST_1 = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "tiny_lay
 POSITIVE = ("lr", "temperature", "clip_eps", "max_grad_norm")
 NOT_NEGATIVE = ("weight_decay", "warmup_max_steps", "checkpoint_minutes")
 
-# The columns of train.log's line (printed before a run and under --help).
+# What each column of train.py's log line means (printed before every run and under --help).
 LOG_COLUMNS = """columns of the log line, [estimator N=group size] step k, then:
   success  fraction of the step's responses with reward 1    len     mean response length (tokens)
   tokens   response tokens sampled so far                    gnorm   gradient norm before clipping
@@ -307,7 +307,8 @@ def load(cfg, device):
                 warmup_max_steps=cfg.warmup_max_steps, warmup_target=cfg.warmup_target)
     if cfg.preset == "gpu" and device.type != "cuda":
         print(f"note: --preset gpu is sized for one CUDA GPU; on {device} a step takes minutes, not "
-              "seconds (docs/training.md gives a smoke check that runs in minutes)", file=sys.stderr, flush=True)
+              "seconds (docs/training.md gives a smoke check that runs in minutes)",
+              file=sys.stderr, flush=True)
     try:
         return models.load_model(cfg.model, task, device, max_new=response_limit(cfg, task),
                                  cache_dir=Path(cfg.out) / "_cache", tiny=tiny)
