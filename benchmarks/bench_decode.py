@@ -2,17 +2,17 @@
 
 Times ``rollout.sample`` on a SmolLM2-135M-shaped model with random weights; no row ever ends (EOS
 id -1), so a call runs exactly ``--tokens`` decode steps. Reported: ms per sampled position (one
-decode step of the batch), median of ``--repeats`` calls after a warm-up call. ``--hidden 72``
-leaves only the cost of launching the layers; ``--draws cpu`` samples on the CPU instead of the
-model's device; ``--decode`` times fast_decode.py's decoders in turns and checks their tokens agree.
+decode step of the batch), median of ``--repeats`` calls after a warm-up call; the draws on the
+model's device, as train.py makes them. ``--hidden 72`` leaves only the cost of launching the
+layers; ``--decode`` times fast_decode.py's decoders in turns and checks their tokens agree.
 
-    python benchmarks/bench_decode.py                                    # CPU, ~1 min
-    python benchmarks/bench_decode.py --batch 1,128,512 --draws device,cpu   # on a GPU
+    python benchmarks/bench_decode.py                            # CPU, ~1 min
+    python benchmarks/bench_decode.py --batch 1,128,512          # on a GPU
 """
 import json
+import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 import rollout  # noqa: E402
 from benchmarks.cli import (at_least, device_option, int_list, multiple_of, out_json,  # noqa: E402
                             parser, pick_device)
-from benchmarks.machine import describe, machine  # noqa: E402
+from benchmarks.machine import describe, interleaved_rounds, machine  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -32,8 +32,6 @@ def parse_args(argv=None):
     model_options(p, layers=30, prompt=48)  # the preset's chat prompt: 47 tokens
     p.add_argument("--tokens", type=at_least(1), default=16, help="decode steps per call")
     p.add_argument("--repeats", type=at_least(1), default=3, help="timed calls per setting (median reported)")
-    p.add_argument("--draws", default="device",
-                   help="comma-separated: device and/or cpu (where the multinomial runs)")
     p.add_argument("--decode", default="plain",
                    help="comma-separated, timed in turns: plain (the default loop), static (a static KV "
                         "cache) and/or compiled (static + torch.compile; fast_decode.py)")
@@ -43,8 +41,6 @@ def parse_args(argv=None):
                    help="also write the results to this .json file (default: print only; the saved results "
                         "are benchmarks/results/cost/decode_cpu_*.json, rewritten only when named here)")
     args = p.parse_args(argv)
-    if not set(args.draws.split(",")) <= {"device", "cpu"}:
-        p.error(f"argument --draws: must be device and/or cpu, got {args.draws!r}")
     if not set(args.decode.split(",")) <= {"plain", "static", "compiled"}:
         p.error(f"argument --decode: must be plain, static and/or compiled, got {args.decode!r}")
     return args
@@ -69,52 +65,48 @@ def smollm2_shaped(hidden=576, layers=30, device="cpu", vocab=49152):
     return LlamaForCausalLM(cfg).to(device).eval()
 
 
-def time_sampling(model, B, args, draws, decodes=("plain",)):
-    """{decode: (median seconds per decode step over ``args.repeats`` calls, seconds of the first call
-    (with any compiling), tokens equal to the first decode's, seconds per step of every round)}.
-    The decoders take turns in every round, so a change in the machine's load hits them alike."""
+def time_sampling(model, B, args, decodes=("plain",)):
+    """One row per decoder: ms per sampled position (median of ``args.repeats`` calls, and every
+    call's), plain's time over its, the first call's seconds (with any compiling) and whether its tokens
+    equal the first decoder's. The decoders take turns in every round on that round's seed, so a
+    change in the machine's load hits them alike."""
     device = next(model.parameters()).device
     prompts = torch.randint(3, 49152, (B, args.prompt), generator=torch.Generator().manual_seed(0)).tolist()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    seconds, same = {d: [] for d in decodes}, {d: True for d in decodes}
-    for r in range(args.repeats + 1):  # round 0 warms up (allocator, kernels, compiling): reported apart
-        for decode in decodes:
-            gen = torch.Generator(device if draws == "device" else "cpu").manual_seed(r)
-            sync()
-            t = time.perf_counter()
-            with autocast:
-                ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=args.tokens, temperature=1.0,
-                                    eos_id=-1, pad_id=0, generator=gen, decode=decode)  # -1: never ends
-            sync()
-            seconds[decode].append(time.perf_counter() - t)
-            assert ro.response.shape == (B, args.tokens)
-            if decode == decodes[0]:
-                reference = ro.response  # (B, tokens), the same seed for every decoder of the round
-            same[decode] &= torch.equal(ro.response, reference)
-    per_step = {d: [x / args.tokens for x in s[1:]] for d, s in seconds.items()}
-    return {d: (statistics.median(per_step[d]), seconds[d][0], same[d], per_step[d]) for d in decodes}
+
+    def sample(r, decode):  # the draws on the model's device, as train.py makes them
+        with autocast:
+            ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=args.tokens, temperature=1.0,
+                                eos_id=-1, pad_id=0, generator=torch.Generator(device).manual_seed(r),
+                                decode=decode)  # eos_id -1: no row ever ends
+        assert ro.response.shape == (B, args.tokens)
+        return ro.response  # (B, tokens)
+    # round 0 warms up (allocator, kernels, compiling): reported apart
+    seconds, tokens = interleaved_rounds([lambda r, d=d: sample(r, d) for d in decodes], args.repeats,
+                                         device=device)
+    ms = {d: [1000 * x / args.tokens for x in s[1:]] for d, s in zip(decodes, seconds)}  # timed rounds
+    plain = statistics.median(ms["plain"]) if "plain" in ms else None
+    return [dict(batch=B, decode=d, ms_per_position=statistics.median(ms[d]),
+                 plain_over_this=plain / statistics.median(ms[d]) if plain else None, first_call_s=s[0],
+                 same_tokens_as_first=all(map(torch.equal, t, tokens[0])), ms_rounds=ms[d])
+            for d, s, t in zip(decodes, seconds, tokens)]
+
 
 def main(argv=None):
     args = parse_args(argv)
     device, info = pick_device(args.device), machine()
     print(f"machine: {describe(info)}\nmodel: SmolLM2-135M shape, hidden {args.hidden}, "
           f"{args.layers} layers, on {device}; prompt {args.prompt}, {args.tokens} decode steps per call")
-    draws = ["device"] if device.type == "cpu" else args.draws.split(",")
     model = smollm2_shaped(args.hidden, args.layers, device)
-    rows, decodes = [], args.decode.split(",")
-    print(f"{'B':>5} {'draws on':>9} {'decode':>9} {'ms / sampled position':>22} {'plain / this':>12} "
-          f"{'first call s':>12} {'same tokens':>11}")
+    print(f"{'B':>5} {'decode':>9} {'ms / sampled position':>22} {'plain / this':>12} {'first call s':>12} "
+          f"{'same tokens':>11}")
+    rows = []
     for B in (int(b) for b in args.batch.split(",")):
-        for d in draws:
-            timed = time_sampling(model, B, args, d, decodes)
-            for decode, (seconds, first, same, rounds) in timed.items():
-                ratio = timed["plain"][0] / seconds if "plain" in timed else None
-                rows.append(dict(batch=B, draws=d, decode=decode, ms_per_position=1000 * seconds,
-                                 plain_over_this=ratio, first_call_s=first, same_tokens_as_first=same,
-                                 ms_rounds=[1000 * t for t in rounds]))
-                print(f"{B:>5} {d:>9} {decode:>9} {1000 * seconds:>22.1f} {ratio or float('nan'):>12.2f} "
-                      f"{first:>12.1f} {str(same):>11}")
+        for r in time_sampling(model, B, args, args.decode.split(",")):
+            rows.append(r)
+            print(f"{B:>5} {r['decode']:>9} {r['ms_per_position']:>22.1f} "
+                  f"{r['plain_over_this'] or math.nan:>12.2f} {r['first_call_s']:>12.1f} "
+                  f"{str(r['same_tokens_as_first']):>11}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(dict(machine=info, device=str(device), args=vars(args),

@@ -12,14 +12,13 @@ then prints the medians of interleaved rounds and both ratios. Nothing here is a
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import otb  # noqa: E402
-from benchmarks.machine import describe, machine  # noqa: E402
+from benchmarks.machine import describe, interleaved_rounds, machine  # noqa: E402
 from benchmarks.cli import at_least, command, device_option, parser, pick_device  # noqa: E402
 from tests.naive import loop_reference  # noqa: E402  (the per-group loop, checked by the tests)
 
@@ -76,26 +75,6 @@ def floor_pass(x):
     return torch.flip(torch.cumsum(torch.flip(x, [-1]), -1), [-1])
 
 
-# ---- Timing
-
-def timed(fns, device, repeats):
-    """Median seconds of each of `fns` over `repeats` rounds after a warm-up round, interleaved
-    (a, b, c, a, b, c, ...) so that a change in a shared machine's load hits all of them alike."""
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    times = [[] for _ in fns]
-    for k in range(repeats + 1):
-        for fn, bucket in zip(fns, times):
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            if k > 0:  # round 0 is the warm-up
-                bucket.append(time.perf_counter() - t0)
-    return [statistics.median(b) for b in times]
-
-
 def main():
     args = parse_args()
     device = pick_device(args.device)
@@ -114,8 +93,10 @@ def main():
         diff = max((adv - adv_loop).abs().max().item(), (ret - ret_loop).abs().max().item())
         agree = diff <= 1e-4 * (1 + ret_loop.abs().max().item())
         all_agree &= agree
-        t_otb, t_loop, t_floor = timed([lambda: otb.optimal_token_baseline(**x), lambda: loop_reference(**x),
-                                        lambda: floor_pass(x["token_rewards"])], device, args.repeats)
+        variants = [lambda r: otb.optimal_token_baseline(**x), lambda r: loop_reference(**x),
+                    lambda r: floor_pass(x["token_rewards"])]
+        seconds, _ = interleaved_rounds(variants, args.repeats, device=device)
+        t_otb, t_loop, t_floor = (statistics.median(s[1:]) for s in seconds)  # round 0 warmed up
         n_groups = int(torch.unique(x["group_index"]).numel())
         faster = "otb" if t_otb < t_loop else "loop"
         print(f"{f'{rows} x {tokens} : {group}':>30} {n_groups:>7} {t_otb * 1e3:>9.2f} {t_loop * 1e3:>9.2f} "

@@ -15,7 +15,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,12 +24,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
-from benchmarks.machine import describe, machine  # noqa: E402
+from benchmarks.machine import describe, interleaved_rounds, machine  # noqa: E402
 from benchmarks.bench_decode import model_options, smollm2_shaped  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.cli import RUNS, at_least, device_option, int_list, out_folder, parser  # noqa: E402
 
 REAL_SUM_PI_SQUARED = otb.sum_pi_squared
+VARIANTS = ("without", "with")  # sum pi^2 stubbed out (a group baseline's scoring pass), computed
 
 
 def stub_sum_pi_squared(logits, chunk_size=None):
@@ -71,7 +71,9 @@ def build(args, device):
     return model, {k: v.to(device) for k, v in inputs.items()}
 
 
-def call(model, inputs, chunk):
+def call(model, inputs, chunk, variant="with"):
+    """One scoring pass, sum pi^2 computed (``with``) or stubbed out (``without``; left so)."""
+    use(variant)
     with torch.no_grad():  # the scoring pass of a training step (train.py: old_logp, sum_pi_sq)
         out = rollout.score(model, **inputs, temperature=1.0, chunk_size=chunk or None)
     if out[0].is_cuda:
@@ -87,20 +89,19 @@ def rss_kb(field):
 def child(args, device):
     """One variant in a fresh process: the working memory of one call, printed as JSON."""
     variant, chunk = args.child.split(":")
-    use(variant)
     model, inputs = build(args, device)
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        call(model, inputs, int(chunk))
+        call(model, inputs, int(chunk), variant)
         peak = torch.cuda.max_memory_allocated()
     else:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the peak resident set (VmHWM) to the current one
         before = rss_kb("VmRSS") * 1024
-        call(model, inputs, int(chunk))
+        call(model, inputs, int(chunk), variant)
         peak = rss_kb("VmHWM") * 1024
     print(json.dumps(dict(before=before, peak=peak)))
 
@@ -123,21 +124,15 @@ def main(argv=None):
     n_params = sum(p.numel() for p in model.parameters())
     shape = f"B={args.batch}, prompt {args.prompt}, T={args.response}, V={args.vocab}"
     print(f"{shape}; Llama hidden {args.hidden}, {args.layers} layers ({n_params / 1e6:.1f}M params) on {device}\n{info}")
-    use("with")
     a = call(model, inputs, 0)[1]
     assert torch.allclose(a, call(model, inputs, 32)[1]), "chunked and unchunked sum pi^2 differ"
     results = []
     for chunk in tqdm([int(c) for c in args.chunk_sizes.split(",")], desc="chunk sizes"):
-        times = {"with": [], "without": []}
-        for r in range(args.repeats + 1):  # the first round warms up and is dropped
-            for variant in (("with", "without") if r % 2 else ("without", "with")):
-                use(variant)
-                t0 = time.perf_counter()
-                call(model, inputs, chunk)
-                if r:
-                    times[variant].append(time.perf_counter() - t0)
+        variants = [lambda r, v=v: call(model, inputs, chunk, v) for v in VARIANTS]
+        seconds, _ = interleaved_rounds(variants, args.repeats, rotate=True)  # without first in even rounds
+        times = dict(zip(VARIANTS, (s[1:] for s in seconds)))  # round 0 warmed up
         use("with")
-        mem = {v: memory(args, v, chunk) for v in ("without", "with")}
+        mem = {v: memory(args, v, chunk) for v in VARIANTS}
         work = {v: mem[v]["peak"] - mem[v]["before"] for v in mem}
         row = dict(chunk_size=chunk or None,
                    time_without_s=statistics.median(times["without"]), time_with_s=statistics.median(times["with"]),

@@ -11,11 +11,9 @@ computed, then unused). Goal: OTB at most 3% slower. Models: ``tiny`` (train.py'
 import copy
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -25,7 +23,7 @@ import train  # noqa: E402
 from benchmarks.bench_decode import smollm2_shaped  # noqa: E402
 from benchmarks.bench_score import use  # noqa: E402
 from benchmarks.grad_variance import load_model  # noqa: E402
-from benchmarks.machine import describe, machine  # noqa: E402
+from benchmarks.machine import describe, interleaved_rounds, machine  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.cli import RUNS, at_least, choice_list, out_folder, parser  # noqa: E402
 
@@ -69,23 +67,19 @@ def time_model(name, args):
     task = rollout.ReverseTask()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     snap = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
-    names = list(VARIANTS)
-    times, tokens = {v: [] for v in names}, {v: [] for v in names}
-    for s in tqdm(range(args.steps + 1), desc=name):  # step 0 warms up and is dropped
-        order = names[s % len(names):] + names[:s % len(names)]  # rotate the order every step
-        for v in order:
-            model.load_state_dict(snap[0])
-            opt.load_state_dict(snap[1])
-            t0 = time.perf_counter()
-            n_tok = step(model, opt, tok, cfg, task, *VARIANTS[v], s)
-            if s:
-                times[v].append(time.perf_counter() - t0)
-                tokens[v].append(n_tok)
-    assert len({tuple(t) for t in tokens.values()}) == 1, "variants did not see identical batches"
-    med = {v: statistics.median(times[v]) for v in names}
+
+    def restore():  # before every step, untimed: every variant steps from the same weights and state
+        model.load_state_dict(snap[0])
+        opt.load_state_dict(snap[1])
+    variants = [lambda s, v=v: step(model, opt, tok, cfg, task, *VARIANTS[v], s) for v in VARIANTS]
+    # step 0 warms up; the order of the variants rotates every step
+    seconds, n_tok = interleaved_rounds(variants, args.steps, rotate=True, setup=restore, desc=name)
+    assert len({tuple(t) for t in n_tok}) == 1, "variants did not see identical batches"
+    med = {v: statistics.median(t[1:]) for v, t in zip(VARIANTS, seconds)}
+    tokens = n_tok[0][1:]  # the same for every variant (checked above)
     row = dict(model=name, vocab=model.config.vocab_size, params=sum(p.numel() for p in model.parameters()),
                prompts_per_step=prompts, group_size=args.group_size, max_new_tokens=limit,
-               mean_tokens=sum(tokens["otb"]) / len(tokens["otb"]), median_step_s=med,
+               mean_tokens=sum(tokens) / len(tokens), median_step_s=med,
                ratio_otb_vs_group_mean=med["otb"] / med["group_mean"],
                ratio_group_mean_spp_vs_group_mean=med["group_mean+spp"] / med["group_mean"])
     row["meets_goal"] = row["ratio_otb_vs_group_mean"] <= 1.03

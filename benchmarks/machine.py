@@ -1,13 +1,17 @@
-"""What a benchmark ran on: one description shared by every script in benchmarks/.
+"""What a benchmark ran on, and how it times: shared by every script in benchmarks/.
 
-Timings mean little without the machine, so every benchmark prints this and stores it with its
-results.
+Timings mean little without the machine, so every benchmark prints ``machine()`` and stores it with
+its results. The timing benchmarks (bench_estimators, bench_score, bench_step_cost, bench_decode)
+compare variants with ``interleaved_rounds``: one call of each variant per round, in turns, so a
+change in a shared machine's load hits all of them alike; round 0 warms up and is not in medians.
 """
 import os
 import platform
+import time
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 
 def cpu_model():
@@ -31,3 +35,26 @@ def describe(info):
     """One line for a results file: CPU, torch threads and version (and the GPU if there is one)."""
     return (f"{info['cpu']}, {info['torch_threads']} torch thread(s), torch {info['torch']}"
             + (f", {info['cuda']}" if info.get("cuda") else ""))
+
+
+def interleaved_rounds(fns, repeats, rotate=False, device=None, setup=None, desc=None):
+    """Call each of ``fns`` once per round, for 1 + ``repeats`` rounds, in turns (a, b, c, a, b, c,
+    ...; with ``rotate`` the order turns by one each round: a, b, c, then b, c, a, ...). Each fn takes
+    the round number r. Untimed before each call: ``setup()`` if given, and waiting for a CUDA
+    ``device`` (waited for again at the end of the call). ``desc``: a progress bar over the rounds.
+    Returns (seconds, values): per fn, its wall time and what it returned in every round, round 0
+    (the warm-up: allocator, kernels, compiling; left out of the medians) first."""
+    cuda = device is not None and device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    seconds, values = [[] for _ in fns], [[] for _ in fns]
+    for r in tqdm(range(repeats + 1), desc=desc, disable=desc is None):
+        start = r % len(fns) if rotate else 0
+        for i in [*range(start, len(fns)), *range(start)]:
+            if setup is not None:
+                setup()
+            sync()
+            t0 = time.perf_counter()
+            values[i].append(fns[i](r))
+            sync()
+            seconds[i].append(time.perf_counter() - t0)
+    return seconds, values

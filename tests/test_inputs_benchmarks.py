@@ -18,7 +18,6 @@ CASES = [
     ("bench_score", ["--hidden", "100"], "--hidden: must be a multiple of 18"),
     ("bench_step_cost", ["--models", "bogus"], "--models: must be comma-separated names from tiny, v49k"),
     ("bench_step_cost", ["--models", "tiny,"], "--models: must be comma-separated names from tiny, v49k"),
-    ("bench_decode", ["--draws", "gpu"], "--draws: must be device and/or cpu"),
     ("bench_decode", ["--decode", "fast"], "--decode: must be plain, static and/or compiled"),
     ("bench_decode", ["--device", "tpu"], "--device: must be auto, cpu or cuda"),
     ("bench_score", ["--device", "gpu"], "--device: must be auto, cpu or cuda"),
@@ -56,7 +55,7 @@ def test_bench_decode_times_every_batch_size(tmp_path):
     out = tmp_path / "decode.json"
     rows = bd.main(["--hidden", "18", "--layers", "1", "--prompt", "3", "--batch", "1,3", "--tokens", "2",
                     "--repeats", "1", "--json", str(out)])
-    assert [(r["batch"], r["draws"]) for r in rows] == [(1, "device"), (3, "device")]  # CPU: one variant
+    assert [(r["batch"], r["decode"]) for r in rows] == [(1, "plain"), (3, "plain")]
     assert all(r["ms_per_position"] > 0 for r in rows)
     assert json.loads(out.read_text())["results"] == rows
 
@@ -138,3 +137,16 @@ def test_bench_decode_json_path_checked_before_any_work(tmp_path, capsys, monkey
             bd.main(["--json", text])
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 2 and "--json" in err[-1] and message in err[-1], (text, err)
+
+
+def test_interleaved_rounds_takes_turns_and_keeps_the_warm_up_apart():
+    from benchmarks.machine import interleaved_rounds
+    calls, setups = [], []
+    fns = [lambda r, name=name: calls.append((r, name)) or f"{name}{r}" for name in "abc"]
+    seconds, values = interleaved_rounds(fns, repeats=2, rotate=True, setup=lambda: setups.append(1))
+    assert calls == [(0, "a"), (0, "b"), (0, "c"), (1, "b"), (1, "c"), (1, "a"), (2, "c"), (2, "a"), (2, "b")]
+    assert values == [["a0", "a1", "a2"], ["b0", "b1", "b2"], ["c0", "c1", "c2"]]  # round 0 first
+    assert len(setups) == 9 and all(len(s) == 3 and min(s) >= 0 for s in seconds)
+    calls.clear()
+    interleaved_rounds(fns[:2], repeats=1)
+    assert calls == [(0, "a"), (0, "b"), (1, "a"), (1, "b")]  # without rotate: the same order every round
