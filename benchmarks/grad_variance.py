@@ -85,18 +85,21 @@ def subset(ro, rows):
 
 # ---- Exact gradients and their variance
 
-def weighted_score_gradient(model, ro, weights, temperature):
-    """grad_theta sum_i sum_t weights[i, t] log pi(y_t^i), flattened: (D,). One backward pass."""
+def weighted_score_gradient(model, ro, rows, weights, temperature):
+    """grad_theta sum_{i in rows} sum_t weights[i, t] log pi(y_t^i), flattened: (D,). One backward pass
+    over the rows ``rows`` of ``ro`` alone; ``weights`` (B, T) covers all of ro's rows."""
+    sub = subset(ro, rows)
     params = [p for p in model.parameters() if p.requires_grad]
-    logp, _, _ = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response, ro.response_mask,
-                               temperature)  # log pi(y_t), (B, T), keeps the graph
-    return torch.cat([g.reshape(-1) for g in torch.autograd.grad((weights * logp).sum(), params)])  # (D,)
+    logp, _, _ = rollout.score(model, sub.prompt_ids, sub.prompt_mask, sub.response, sub.response_mask,
+                               temperature)  # log pi(y_t), (b, T'), keeps the graph
+    w = weights[torch.as_tensor(rows), :sub.response.shape[1]]  # (b, T')
+    return torch.cat([g.reshape(-1) for g in torch.autograd.grad((w * logp).sum(), params)])  # (D,)
 
 
 def per_response_scores(model, ro, temperature):
     """S_i = grad_theta log pi(tau_i) = grad sum_t log pi(y_t^i) for every row: (B, D)."""
-    return torch.stack([weighted_score_gradient(model, subset(ro, [i]), subset(ro, [i]).response_mask,
-                                                temperature) for i in range(len(ro.response))])
+    return torch.stack([weighted_score_gradient(model, ro, [i], ro.response_mask, temperature)
+                        for i in range(len(ro.response))])
 
 
 def is_sequence_level(adv, mask):
@@ -112,11 +115,8 @@ def group_gradients(model, ro, groups, adv, temperature, S=None):
     if S is not None and is_sequence_level(adv, ro.response_mask):
         A = adv[:, 0]  # A_i, (B,)
         return torch.stack([(A[g, None] * S[g]).sum(0) / N for g in groups])  # (K, D)
-    out = []
-    for g in groups:
-        sub = subset(ro, g)
-        out.append(weighted_score_gradient(model, sub, adv[g, :sub.response.shape[1]] / N, temperature))
-    return torch.stack(out)  # (K, D)
+    w = adv / N  # the weights of eq. (1), (B, T)
+    return torch.stack([weighted_score_gradient(model, ro, g, w, temperature) for g in groups])  # (K, D)
 
 
 def group_ids_of(groups, M):
@@ -140,12 +140,9 @@ def reference_gradient(model, ro, token_rewards, rows, temperature, parts=4):
     M = len(rows)
     part = torch.arange(parts).repeat_interleave(M // parts)  # sub-pool of each row, (M,)
     adv, _ = otb.rloo(r, m, part)  # A_i, (M, T)
-    est = []
-    for k in range(parts):
-        idx = (part == k).nonzero()[:, 0]
-        piece = subset(sub, idx)
-        est.append(weighted_score_gradient(model, piece, adv[idx, :piece.response.shape[1]] * parts / M, temperature))
-    est = torch.stack(est).double()  # (parts, D)
+    w = adv * parts / M  # a part's gradient: the mean of A_i S_i over its M / parts rows
+    est = torch.stack([weighted_score_gradient(model, sub, (part == k).nonzero()[:, 0], w, temperature)
+                       for k in range(parts)]).double()  # (parts, D)
     return est.mean(0), ((est - est.mean(0)) ** 2).sum().item() / (parts - 1) / parts
 
 
@@ -156,15 +153,14 @@ def measure(model, tok, args, progress=True):
     refs (P, D) the reference gradient of each prompt."""
     task = rollout.ReverseTask(horizon=args.horizon)
     prompts, answers = rollout.prompt_batch(task, tok, args.seed, 0, args.prompts)
-    gen = torch.Generator().manual_seed(args.seed)
-    ro = rollout.sample(model, prompts, group_size=args.pool, max_new_tokens=2 * args.horizon + 2,
-                        temperature=args.temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                        generator=gen)
-    R, token_rewards, _ = rollout.rewards(task, tok, ro, answers, args.pool)
-    ref_ro = rollout.sample(model, prompts, group_size=args.ref_pool, max_new_tokens=2 * args.horizon + 2,
+
+    def pool(size, seed):  # size responses to every prompt, and (R, token rewards, _) of them
+        ro = rollout.sample(model, prompts, group_size=size, max_new_tokens=2 * args.horizon + 2,
                             temperature=args.temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                            generator=torch.Generator().manual_seed(args.seed + 7919))  # independent of the pool
-    _, ref_rewards, _ = rollout.rewards(task, tok, ref_ro, answers, args.ref_pool)
+                            generator=torch.Generator().manual_seed(seed))
+        return ro, rollout.rewards(task, tok, ro, answers, size)
+    ro, (R, token_rewards, _) = pool(args.pool, args.seed)
+    ref_ro, (_, ref_rewards, _) = pool(args.ref_pool, args.seed + 7919)  # independent of the pool
     refs = []
     Ns = [int(n) for n in args.group_sizes.split(",")]
     ests = args.estimators.split(",")
@@ -175,8 +171,8 @@ def measure(model, tok, args, progress=True):
     split_gen = torch.Generator().manual_seed(args.seed + 1)
     for p in tqdm(range(args.prompts), desc="prompts", disable=not progress):
         rows = torch.arange(p * args.pool, (p + 1) * args.pool)
-        refs.append(reference_gradient(model, ref_ro, ref_rewards, torch.arange(p * args.ref_pool, (p + 1) * args.ref_pool),
-                                       args.temperature)[0].float())  # r_p, (D,)
+        ref_rows = torch.arange(p * args.ref_pool, (p + 1) * args.ref_pool)  # for r_p, (D,)
+        refs.append(reference_gradient(model, ref_ro, ref_rewards, ref_rows, args.temperature)[0].float())
         sub = subset(ro, rows)  # this prompt's M responses
         m, r = sub.response_mask, token_rewards[rows, :sub.response.shape[1]]  # (M, T)
         with torch.no_grad():

@@ -16,6 +16,7 @@ per run, by definitions fixed before the real run:
     python benchmarks/lr_schedule_experiment.py --aggregate-only    # re-plot finished runs
     python benchmarks/lr_schedule_experiment.py --quick             # smoke run into runs/lr_schedule_quick
 """
+import itertools
 import json
 import math
 import shlex
@@ -26,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import stats  # noqa: E402
-from benchmarks import grid  # noqa: E402
+from benchmarks import cli, grid  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 from benchmarks.cli import at_least, int_list, parser, positive_float  # noqa: E402
 
@@ -108,15 +109,6 @@ def train_command(args, schedule, estimator, seed):
     return cmd + shlex.split(args.train_args)
 
 
-# ---- Running the grid
-
-def run_grid(args):
-    """All runs, at most args.jobs at a time (benchmarks/grid.py: a run with DONE is not run again)."""
-    out = ROOT / args.out
-    grid.run([(train_command(args, s, e, seed), out / run_name(c, seed), seed)
-              for c, s, e in configs(args) for seed in seeds(args)], args.jobs)
-
-
 # ---- Aggregation: pure functions of the per-step metrics (tested on synthetic histories)
 
 def mean(xs):
@@ -154,20 +146,17 @@ def correlation(xs, ys):
 
 def summarize_run(history, args):
     """One row per run (seed)."""
-    k = args.window
-    lengths = [r["response_len"] for r in history]
+    k, m = args.window, {key: [r[key] for r in history] for key in history[0]}  # m[metric]: per step
     collapsed, c_step = collapse(history, k, COLLAPSE_RATIO, MIN_FINISHED)
-    s = surge_step(lengths, args.lr_warmup_window, args.lr_surge_ratio)
+    s = surge_step(m["response_len"], args.lr_warmup_window, args.lr_surge_ratio)
     return dict(
-        steps=len(history), initial_success=mean([r["success"] for r in history[:k]]),
-        final_success=mean([r["success"] for r in history[-k:]]),
-        final_finished=mean([r["finished"] for r in history[-k:]]),
-        max_grad_norm=max(r["grad_norm"] for r in history), max_len=max(lengths), final_lr=history[-1]["lr"],
-        surge_step=s, lr_drop_step=first_lr_drop([r["lr"] for r in history]), collapsed=collapsed,
-        collapse_step=c_step, len_before_collapse=None if c_step is None else (s is not None and s < c_step),
-        max_mismatch=max(r["mismatch_mean_abs"] for r in history),
-        corr_mismatch_gradnorm=correlation([r["mismatch_mean_abs"] for r in history],
-                                           [r["grad_norm"] for r in history]))
+        steps=len(history), initial_success=mean(m["success"][:k]), final_success=mean(m["success"][-k:]),
+        final_finished=mean(m["finished"][-k:]), max_grad_norm=max(m["grad_norm"]),
+        max_len=max(m["response_len"]), final_lr=m["lr"][-1], surge_step=s,
+        lr_drop_step=first_lr_drop(m["lr"]), collapsed=collapsed, collapse_step=c_step,
+        len_before_collapse=None if c_step is None else (s is not None and s < c_step),
+        max_mismatch=max(m["mismatch_mean_abs"]),
+        corr_mismatch_gradnorm=correlation(m["mismatch_mean_abs"], m["grad_norm"]))
 
 
 def band(histories, key):
@@ -256,14 +245,13 @@ def plot(histories, args, path, title=""):
 
 
 def load_histories(args):
+    """{config: {seed: metrics rows}} of every run that has logged a step."""
     histories = {}
-    for config, _, _ in configs(args):
-        for seed in seeds(args):
-            path = ROOT / args.out / run_name(config, seed) / "metrics.jsonl"
-            rows = ([json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-                    if path.exists() else [])
-            if rows:
-                histories.setdefault(config, {})[seed] = rows
+    for (config, _, _), seed in itertools.product(configs(args), seeds(args)):
+        path = ROOT / args.out / run_name(config, seed) / "metrics.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+        if rows:
+            histories.setdefault(config, {})[seed] = rows
     return histories
 
 
@@ -275,8 +263,9 @@ def main(argv=None):
     one_run = shlex.join(train_command(args, "length", "otb", seeds(args)[0])[1:])
     print("one run:", one_run, flush=True)
     t0 = time.time()
-    if not args.aggregate_only:
-        run_grid(args)
+    if not args.aggregate_only:  # at most --jobs runs at a time; a run with DONE is not run again
+        grid.run([(train_command(args, s, e, seed), ROOT / args.out / run_name(c, seed), seed)
+                  for c, s, e in configs(args) for seed in seeds(args)], args.jobs)
     wall = time.time() - t0
     histories = load_histories(args)
     if not histories:
@@ -292,10 +281,8 @@ def main(argv=None):
     if args.aggregate_only and (results / "summary.json").exists():  # re-plotting keeps that record
         run = json.loads((results / "summary.json").read_text()).get("run", run)
     header = f"`{run['command']}` ({run['wall_seconds']} s wall)\n\n{title}"
-    (results / "summary.md").write_text(markdown(summary, args, header))
-    (results / "summary.json").write_text(json.dumps(dict(
-        run=run, aggregated_by=command, args=vars(args), train_command=one_run, configs=summary), indent=1))
-    print((results / "summary.md").read_text())
+    record = dict(run=run, aggregated_by=command, args=vars(args), train_command=one_run, configs=summary)
+    cli.write_results(results, "summary", record, markdown(summary, args, header))
     print(f"wall {wall:.0f} s; plot {results / 'lr_schedule.png'}")
     return summary
 
