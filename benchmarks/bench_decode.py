@@ -20,8 +20,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import rollout  # noqa: E402
-from benchmarks.cli import (at_least, device_option, int_list, multiple_of, out_json,  # noqa: E402
-                            parser, pick_device)
+from benchmarks.cli import (at_least, choice_list, device_option, int_list, multiple_of,  # noqa: E402
+                            out_json, parser, pick_device)
 from benchmarks.machine import describe, interleaved_rounds, machine  # noqa: E402
 
 
@@ -32,7 +32,7 @@ def parse_args(argv=None):
     model_options(p, layers=30, prompt=48)  # the preset's chat prompt: 47 tokens
     p.add_argument("--tokens", type=at_least(1), default=16, help="decode steps per call")
     p.add_argument("--repeats", type=at_least(1), default=3, help="timed calls per setting (median reported)")
-    p.add_argument("--decode", default="plain",
+    p.add_argument("--decode", type=choice_list(["plain", "static", "compiled"]), default="plain",
                    help="comma-separated, timed in turns: plain (the default loop), static (a static KV "
                         "cache) and/or compiled (static + torch.compile; fast_decode.py)")
     p.add_argument("--device", default="auto", type=device_option,
@@ -40,10 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--json", type=out_json, default=None,
                    help="also write the results to this .json file (default: print only; the saved results "
                         "are benchmarks/results/cost/decode_cpu_*.json, rewritten only when named here)")
-    args = p.parse_args(argv)
-    if not set(args.decode.split(",")) <= {"plain", "static", "compiled"}:
-        p.error(f"argument --decode: must be plain, static and/or compiled, got {args.decode!r}")
-    return args
+    return p.parse_args(argv)
 
 
 def model_options(p, layers, prompt):

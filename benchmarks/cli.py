@@ -25,13 +25,14 @@ def command(script, argv=None):
     return f"python benchmarks/{script} {' '.join(sys.argv[1:] if argv is None else argv)}".strip()
 
 
-def write_results(out, stem, record, text):
-    """<out>/<stem>.json (the record) and <out>/<stem>.md (the text, also printed), the folder made if needed."""
-    out = Path(out)
+def write_results(out, stem, record, text, md_stem=None):
+    """<out>/<stem>.json (the record) and <out>/<md_stem or stem>.md (the text, also printed), the
+    folder made if needed."""
+    out, md_stem = Path(out), md_stem or stem
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
-    (out / f"{stem}.md").write_text(text)
-    print(text + f"wrote {out / stem}.md and .json")
+    (out / f"{md_stem}.md").write_text(text)
+    print(text + f"wrote {out / md_stem}.md and {stem}.json")
 
 
 def _checked(name, convert, ok, message, keep_text=False):

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks import grid  # noqa: E402
-from benchmarks.cli import at_least, out_folder, parser  # noqa: E402
+from benchmarks.cli import at_least, out_folder, parser, write_results  # noqa: E402
 from stats import mean_se  # noqa: E402
 
 # ---- the protocol (docs/equal_tokens_protocol.md); change only by an addendum there
@@ -297,7 +297,7 @@ PAIRED_HEAD = ["| comparator | endpoint | mean difference | 95% interval | seeds
                "|---|---|---|---|---|"]
 
 
-def report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source):
+def report(lrs, pilot, configs, paired, post_hoc, common, reruns, source):
     lines = ["# Equal-token study: results", "",
              "Protocol: docs/equal_tokens_protocol.md (pre-registered, with its dated addenda). Written by "
              f"`{source}`.", "",
@@ -345,7 +345,6 @@ def report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source):
                   f"{number(r['max_abs_tokens_diff'], ',.0f')} | "
                   f"{r['primary_rerun']:.4f} ({r['primary_saved']:.4f}) |" for r in reruns]
     lines += ["", f"Budget {BUDGET:,} tokens per run.", ""]
-    (out / "summary.md").write_text("\n".join(lines))
     return "\n".join(lines)
 
 
@@ -369,8 +368,6 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     runs, out = Path(args.runs), Path(args.out)
-    for folder in (runs, out):
-        folder.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     saved_json = json.loads(Path(args.from_saved).read_text()) if args.from_saved else {}
     saved = saved_curves(saved_json) if saved_json else {}
@@ -402,23 +399,21 @@ def main(argv=None):
     path = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     source = "python benchmarks/equal_tokens.py" + (f" --from-saved {path}" if args.from_saved else "")
     post_hoc = post_hoc_vs_n16(per_run)
-    text = report(out, lrs, pilot, configs, paired, post_hoc, common, reruns, source)
+    text = report(lrs, pilot, configs, paired, post_hoc, common, reruns, source)
     curves = {f"{e}:{n}": {str(s): curve(load(e, n, s, lrs[(e, n)])[0]) for s in SEEDS} for e, n in CONFIGS}
     main_runs = {run_name(e, n, s, lrs[(e, n)]) for e, n in CONFIGS for s in SEEDS}
     extra = {k: v for k, v in {**saved, **load.from_runs}.items() if k not in main_runs}
-    (out / "results.json").write_text(json.dumps(dict(
+    write_results(out, "results", dict(
         protocol="docs/equal_tokens_protocol.md", command=source, budget=BUDGET, seeds=SEEDS,
         pilot_seed=PILOT_SEED, lr_grid=LR_GRID, chosen_lr={f"{e}:{n}": lr for (e, n), lr in lrs.items()},
         pilot=pilot, per_run={f"{e}:{n}": {str(s): v for s, v in d.items()} for (e, n), d in per_run.items()},
         configs=configs, paired=paired, verdicts=verdicts(paired), post_hoc_vs_group_mean16=post_hoc,
         common_lr=common, rerun_checks=reruns, seconds=time.time() - t0, curves=curves,
-        extra_curves=extra), indent=1))
+        extra_curves=extra), text, md_stem="summary")
     import matplotlib
     matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt
     plt.close(plot(curves, lrs, out / "success_vs_tokens.png"))
-    print(text)
-    print(f"wrote {out}/summary.md, results.json, success_vs_tokens.png")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ is also compared with the exact ||S(tau)||^2 per response (correlations and a sc
     OMP_NUM_THREADS=1 python benchmarks/grad_variance.py --out benchmarks/results/grad_variance  # 10 min, 5GB
     python benchmarks/grad_variance.py --prompts 8 --pool 16 --group-sizes 2,4   # a smoke run
 """
-import json
 import math
 import sys
 import time
@@ -38,7 +37,7 @@ import stats  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
 import train_cli  # noqa: E402
-from benchmarks.cli import at_least, command, parser  # noqa: E402
+from benchmarks.cli import at_least, choice_list, command, int_list, parser, write_results  # noqa: E402
 from benchmarks.machine import describe, machine  # noqa: E402
 
 
@@ -48,8 +47,10 @@ def parse_args(argv=None):
                    "default run's warmed-up tiny model (runs/_cache, built if missing)")
     p.add_argument("--prompts", type=at_least(1), default=48, help="P, prompts (the bootstrap's units)")
     p.add_argument("--pool", type=at_least(2), default=32, help="M, responses sampled once per prompt")
-    p.add_argument("--group-sizes", default="2,4,8,16", help="N values, each must divide M")
-    p.add_argument("--estimators", default=",".join(otb.ESTIMATORS), help="estimators to measure")
+    p.add_argument("--group-sizes", type=int_list(1), default="2,4,8,16",
+                   help="N values, each must divide M at least twice (K = M / N >= 2 groups)")
+    p.add_argument("--estimators", type=choice_list(list(otb.ESTIMATORS)), default=",".join(otb.ESTIMATORS),
+                   help="estimators to measure")
     p.add_argument("--ref-pool", type=int, default=32, help="responses per prompt of the separate reference "
                    "pool (RLOO in 4 sub-pools: the reference gradient of alpha/cosine)")
     p.add_argument("--horizon", type=at_least(1), default=8, help="reversal task: max string length")
@@ -57,7 +58,11 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1234, help="seed of the prompts, the sampler and the splits")
     p.add_argument("--out", default=str(ROOT / "runs" / "grad_variance"), help="folder for table.md, "
                    "results.json and proxy_vs_true.png (benchmarks/results/grad_variance: the committed)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if any(args.pool % n or args.pool // n < 2 for n in map(int, args.group_sizes.split(","))):
+        p.error(f"argument --group-sizes: every N must divide --pool {args.pool} at least twice (K >= 2 "
+                f"groups), got {args.group_sizes!r}")
+    return args
 
 
 # ---- Model and pool
@@ -164,8 +169,6 @@ def measure(model, tok, args, progress=True):
     refs = []
     Ns = [int(n) for n in args.group_sizes.split(",")]
     ests = args.estimators.split(",")
-    if not all(args.pool % n == 0 and args.pool // n >= 2 for n in Ns):
-        raise SystemExit(f"every N in --group-sizes must divide --pool {args.pool} at least twice (K >= 2 groups)")
     cells = {(e, n): dict(true=[], power=[], noise=[], units=[]) for e in ests for n in Ns}
     scatter = dict(W=[], S_sq=[], R=[])
     split_gen = torch.Generator().manual_seed(args.seed + 1)
@@ -278,8 +281,6 @@ def main(argv=None):
     cells, scatter, R, refs = measure(model, tok, args)
     rows, corr, across = summarize(cells, scatter, refs)
     seconds = time.time() - t0
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     cmd = command("grad_variance.py", argv)
     text = (f"# True gradient variance vs the forward-only proxies\n\n`{cmd}`  \n"
             f"model: {model_dir.name} ({n_params} parameters), {args.prompts} prompts x {args.pool} responses, "
@@ -290,14 +291,11 @@ def main(argv=None):
             f"{corr['pearson_log']:.3f}.  \nAcross the table's cells, Spearman(true, pure_noise) = "
             f"{across['spearman_true_vs_pure_noise']:.3f}, Spearman(true, total_power) = "
             f"{across['spearman_true_vs_total_power']:.3f}.\n")
-    (out / "table.md").write_text(text)
-    (out / "results.json").write_text(json.dumps(dict(
+    write_results(args.out, "results", dict(
         command=cmd, args=vars(args), model_dir=str(model_dir), parameters=n_params,
         machine=info, seconds=seconds, success_rate=R.mean().item(), rows=rows, proxy_correlation=corr,
-        across_cells=across), indent=1))
-    plot(scatter, corr, out / "proxy_vs_true.png")
-    print(text)
-    print(f"wrote {out / 'table.md'}, results.json, proxy_vs_true.png")
+        across_cells=across), text, md_stem="table")
+    plot(scatter, corr, Path(args.out) / "proxy_vs_true.png")
     return rows, corr, across
 
 
