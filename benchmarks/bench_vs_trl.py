@@ -91,10 +91,9 @@ def prompt_rows(tok, task, cfg, steps):
 
 def project_step(model, opt, tok, task, cfg, step):
     """One train.train_step, as train.train runs it without its logging: phase times (s), success."""
-    s = train.train_step(cfg, model, model, opt, task, tok, train.make_estimator(cfg.estimator, cfg.zero_tail), step)
-    rollout_s, score_s, update_s = s.seconds
-    return dict(rollout=rollout_s, score=score_s, update=update_s, step=sum(s.seconds),
-                success=(s.R >= 1).float().mean().item())
+    estimator = train.make_estimator(cfg.estimator, cfg.zero_tail)
+    s = train.train_step(cfg, model, model, opt, task, tok, estimator, step)
+    return dict(zip(PHASES, s.seconds), step=sum(s.seconds), success=(s.R >= 1).float().mean().item())
 
 
 # ---- TRL's side: GRPOTrainer with its phases timed
@@ -120,7 +119,7 @@ def trl_trainer(folder, tok, task, cfg, data, out, steps, callbacks=()):
             t0 = time.perf_counter()
             out = super()._generate_and_score_completions(inputs)
             self.times["generate_and_score"] = time.perf_counter() - t0
-            self.batch = dict(out, answers=[x["answer"] for x in inputs])
+            self.batch = out  # its prompt_ids: checked against the project's prompts
             return out
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

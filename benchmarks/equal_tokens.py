@@ -308,32 +308,28 @@ def report(lrs, pilot, configs, paired, post_hoc, common, reruns, source):
         cells = [number(next(p["primary"] for p in pilot if p["config"] == f"{est}:{n}" and p["lr"] == lr))
                  for lr in LR_GRID]
         lines.append(f"| {est}:{n} | " + " | ".join(cells) + f" | {lrs[(est, n)]:g} |")
-    lines += ["", "## Endpoints per configuration (mean ± s.e. over 6 seeds)", "", *CONFIG_HEAD]
-    lines += [config_line(c) for c in configs]
-    lines += ["", "A run stops short of B when it ran out of its steps before B (Addendum 1); the tokens "
+    lines += ["", "## Endpoints per configuration (mean ± s.e. over 6 seeds)", "", *CONFIG_HEAD,
+              *map(config_line, configs), "",
+              "A run stops short of B when it ran out of its steps before B (Addendum 1); the tokens "
               "to target of a seed that never reached it count as B.",
               "", "## Paired differences, OTB N=4 minus comparator (95% interval, t with 5 df)", "",
-              *PAIRED_HEAD]
-    lines += [paired_line(p) for p in paired]
-    lines += ["", "## Verdicts (primary endpoint, as pre-registered)", ""]
+              *PAIRED_HEAD, *map(paired_line, paired),
+              "", "## Verdicts (primary endpoint, as pre-registered)", ""]
     lines += [f"- {v['comparator']}: {v['verdict']}" for v in verdicts(paired)]
     lines += ["", "## Post hoc (not pre-registered): each N=4 configuration minus group_mean:16", "",
               "Same paired t interval; a reading made after the results, not a test the protocol planned.",
               "",
               "| N=4 configuration | endpoint | mean difference | 95% interval | seeds where N=4 is higher |",
-              PAIRED_HEAD[1]]
-    lines += [paired_line(p) for p in post_hoc]
-    lines += [""] + [f"- {p['comparator']} vs group_mean:16: {p['verdict']}"
-                     for p in post_hoc if p["verdict"]]
+              PAIRED_HEAD[1], *map(paired_line, post_hoc), ""]
+    lines += [f"- {p['comparator']} vs group_mean:16: {p['verdict']}" for p in post_hoc if p["verdict"]]
     for c in common:
         lr, add = c["lr"], c["addendum"]
         lines += ["", f"## {add}: OTB and the comparators at a common learning rate ({lr:g})", "",
                   f"Not the pre-registered analysis: every configuration below at lr {lr:g} on the same 6 "
                   f"seeds ({add} of the protocol, committed before its runs), OTB N=4 paired with each "
-                  "comparator at the same rate.", "", *CONFIG_HEAD]
-        lines += [config_line(r) for r in c["rows"]] + ["", *PAIRED_HEAD]
-        lines += [paired_line(p) for p in c["paired"]]
-        lines += [""] + [f"- {p['comparator']}: {p['verdict']}" for p in c["paired"] if p["verdict"]]
+                  "comparator at the same rate.", "", *CONFIG_HEAD, *map(config_line, c["rows"]), "",
+                  *PAIRED_HEAD, *map(paired_line, c["paired"]), ""]
+        lines += [f"- {p['comparator']}: {p['verdict']}" for p in c["paired"] if p["verdict"]]
         if c["not_run"]:
             lines += [f"- not run at lr {c['lr']:g} (all 6 seeds needed): " + ", ".join(c["not_run"])]
     if reruns:

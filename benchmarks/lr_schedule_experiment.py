@@ -196,16 +196,14 @@ def markdown(summary, args, header=""):
     cols = ["initial_success", "final_success", "final_finished", "max_grad_norm", "max_len",
             "final_lr", "surge_step", "collapsed", "collapse_step", "corr_mismatch_gradnorm"]
     lines = [header, "", "| config | seed | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 2)]
-    for config, agg in summary.items():
-        for seed, r in agg["runs"].items():
-            lines.append(f"| {config} | {seed} | " + " | ".join(cell(r[c]) for c in cols) + " |")
+    lines += [f"| {config} | {seed} | " + " | ".join(cell(r[c]) for c in cols) + " |"
+              for config, agg in summary.items() for seed, r in agg["runs"].items()]
     lines += ["", "| config | final success (mean ± sd over seeds) | collapsed | surged | max grad norm "
               "| max length | mean corr(mismatch, grad norm) |", "|---|---|---|---|---|---|---|"]
-    for config, a in summary.items():
-        lines.append(f"| {config} | {a['final_success_mean']:.3f} ± {a['final_success_sd']:.3f} | "
-                     f"{a['collapsed']}/{a['n_seeds']} | {a['surged']}/{a['n_seeds']} | "
-                     f"{a['max_grad_norm']:.3g} | {a['max_len']:.3g} | "
-                     f"{cell(a['corr_mismatch_gradnorm_mean'])} |")
+    lines += [f"| {config} | {a['final_success_mean']:.3f} ± {a['final_success_sd']:.3f} | "
+              f"{a['collapsed']}/{a['n_seeds']} | {a['surged']}/{a['n_seeds']} | "
+              f"{a['max_grad_norm']:.3g} | {a['max_len']:.3g} | {cell(a['corr_mismatch_gradnorm_mean'])} |"
+              for config, a in summary.items()]
     lines += ["", f"success / finished: means over the first / last {args.window} steps. surge_step: first step "
               f"i > {args.lr_warmup_window} with mean length > {args.lr_surge_ratio} x the mean of steps "
               f"1..{args.lr_warmup_window} (computed for every run; only the length schedule acts on it). "
