@@ -10,6 +10,7 @@ then prints the medians of interleaved rounds and both ratios. Nothing here is a
     python benchmarks/bench_estimators.py --shapes 8192x256:4 --repeats 9 --device cuda
 """
 import argparse
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -39,15 +40,10 @@ def parse_args(argv=None):
 
 def parse_shape(text):
     """'ROWSxTOKENS:GROUP' -> (rows, tokens, group), each a positive integer."""
-    try:
-        size, group = text.split(":")
-        rows, tokens = size.lower().split("x")
-        shape = int(rows), int(tokens), int(group)
-    except ValueError:
-        shape = (0,)
-    if min(shape) < 1:
+    match = re.fullmatch(r"(\d+)[xX](\d+):(\d+)", text)
+    if not match or min(map(int, match.groups())) < 1:
         raise argparse.ArgumentTypeError(f"must look like ROWSxTOKENS:GROUP, e.g. 8192x256:4, got {text!r}")
-    return shape
+    return tuple(map(int, match.groups()))
 
 
 # ---- Inputs and the floor (the per-group loop is tests/naive.py's loop_reference)

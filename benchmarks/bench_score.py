@@ -130,17 +130,15 @@ def main(argv=None):
     for chunk in tqdm([int(c) for c in args.chunk_sizes.split(",")], desc="chunk sizes"):
         variants = [lambda r, v=v: call(model, inputs, chunk, v) for v in VARIANTS]
         seconds, _ = interleaved_rounds(variants, args.repeats, rotate=True)  # without first in even rounds
-        times = dict(zip(VARIANTS, (s[1:] for s in seconds)))  # round 0 warmed up
+        t = {v: statistics.median(s[1:]) for v, s in zip(VARIANTS, seconds)}  # round 0 warmed up
         use("with")
-        mem = {v: memory(args, v, chunk) for v in VARIANTS}
-        work = {v: mem[v]["peak"] - mem[v]["before"] for v in mem}
-        row = dict(chunk_size=chunk or None,
-                   time_without_s=statistics.median(times["without"]), time_with_s=statistics.median(times["with"]),
+        mem = {v: memory(args, v, chunk) for v in VARIANTS}  # bytes before the call and at its peak
+        work = {v: mem[v]["peak"] - mem[v]["before"] for v in VARIANTS}
+        row = dict(chunk_size=chunk or None, time_without_s=t["without"], time_with_s=t["with"],
                    work_mem_without_mb=work["without"] / 2**20, work_mem_with_mb=work["with"] / 2**20,
-                   peak_without_mb=mem["without"]["peak"] / 2**20, peak_with_mb=mem["with"]["peak"] / 2**20)
-        row["time_ratio"] = row["time_with_s"] / row["time_without_s"]
-        row["work_mem_ratio"] = work["with"] / work["without"]
-        row["peak_ratio"] = mem["with"]["peak"] / mem["without"]["peak"]
+                   peak_without_mb=mem["without"]["peak"] / 2**20, peak_with_mb=mem["with"]["peak"] / 2**20,
+                   time_ratio=t["with"] / t["without"], work_mem_ratio=work["with"] / work["without"],
+                   peak_ratio=mem["with"]["peak"] / mem["without"]["peak"])
         row["meets_goals"] = row["time_ratio"] <= 1.05 and row["work_mem_ratio"] <= 1.10
         results.append(row)
     cmd, tag = cli.command("bench_score.py", argv), device.type

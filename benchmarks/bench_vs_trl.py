@@ -195,8 +195,8 @@ def report(args, cfg, command, info, summary):
              f"task {args.task}, {args.prompts_per_step} prompts x N={args.group_size}, {cfg.max_new_tokens} new tokens; "
              f"median of steps {args.skip + 1}-{args.steps}, the two sides interleaved\n",
              "| side | rollout (s) | score (s) | update (s) | step (s) |", "|---|---|---|---|---|"]
-    for side, name in (("project", f"project ({args.estimator})"), ("trl", "TRL")):
-        lines.append(f"| {name} | " + " | ".join(f"{med[side][k]:.3f}" for k in PHASES + ("step",)) + " |")
+    lines += [f"| {name} | " + " | ".join(f"{med[side][k]:.3f}" for k in PHASES + ("step",)) + " |"
+              for side, name in (("project", f"project ({args.estimator})"), ("trl", "TRL"))]
     q = summary["per_step_ratio_quartiles"]
     lines += ["", f"**project / TRL time per step: {r:.2f}x** (ratio of the medians"
               + (f"; per-step ratios, quartiles {q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f})" if q else ")"), ""]

@@ -242,11 +242,11 @@ def table_md(rows):
     cols = ["estimator", "N", "nvar = tr Var / ||E g||^2 [95%]", "gain over group_mean (nvar ratio) [95%]",
             "alpha", "cosine", "raw tr Var / group_mean's", "raw pure_noise / group_mean's", "pure_noise / raw tr Var"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in sorted(rows, key=lambda r: (r["N"], r["estimator"])):
-        lines.append(f"| {r['estimator']} | {r['N']} | {stats.fmt(*r['nvar'], low=0.0, digits=3)} | "
-                     f"{stats.fmt(*r['gain'], low=0.0)} | {scale_free.cell('alpha', r['alpha'], r['factor'])} | "
-                     f"{scale_free.cell('cosine', r['cosine'], r['factor'])} | {r['true_var_rel']:.3f} | "
-                     f"{r['pure_noise_rel']:.3f} | {r['pure_noise_over_true']:.3g} |")
+    lines += [f"| {r['estimator']} | {r['N']} | {stats.fmt(*r['nvar'], low=0.0, digits=3)} | "
+              f"{stats.fmt(*r['gain'], low=0.0)} | {scale_free.cell('alpha', r['alpha'], r['factor'])} | "
+              f"{scale_free.cell('cosine', r['cosine'], r['factor'])} | {r['true_var_rel']:.3f} | "
+              f"{r['pure_noise_rel']:.3f} | {r['pure_noise_over_true']:.3g} |"
+              for r in sorted(rows, key=lambda r: (r["N"], r["estimator"]))]
     return "\n".join(lines)
 
 
