@@ -29,6 +29,7 @@ import train  # noqa: E402
 import train_cli  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.cli import at_least, out_folder, parser  # noqa: E402
+from benchmarks.grad_variance import load_model  # noqa: E402  (float32, eval mode)
 from benchmarks.machine import describe, machine  # noqa: E402
 
 TRL_SCALE = {"group_mean": "none", "grpo": "group"}  # the project's estimator -> TRL's scale_rewards
@@ -70,11 +71,6 @@ def setup(args):
     cfg.max_new_tokens = train_cli.response_limit(cfg, train_cli.make_task(cfg))  # explicit for TRL's config
     _, tok, source = train_cli.load(cfg, torch.device("cpu"))  # builds and caches the warm-up if needed
     return source["path"], tok, train_cli.make_task(cfg), cfg
-
-
-def fresh_model(folder):
-    from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()  # as models.load_model
 
 
 def prompt_rows(tok, task, cfg, steps):
@@ -130,7 +126,7 @@ def trl_trainer(folder, tok, task, cfg, data, out, steps, callbacks=()):
     from transformers import PrinterCallback
     args = otb_trl.grpo_config(out, cfg, steps, cfg.prompts_per_step, cfg.max_new_tokens,
                                scale_rewards=TRL_SCALE[cfg.estimator])
-    trainer = TimedGRPOTrainer(fresh_model(folder), reward_funcs=otb_trl.task_reward(task, tok.eos_token_id),
+    trainer = TimedGRPOTrainer(load_model(folder)[0], reward_funcs=otb_trl.task_reward(task, tok.eos_token_id),
                                args=args, train_dataset=data, processing_class=tok, callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)  # TRL's per-step log dicts; the report has the numbers
     return trainer
@@ -142,7 +138,7 @@ def interleaved(folder, tok, task, cfg, args, out):
     """args.steps steps of each side, alternating. Returns {side: [per-step dicts]}."""
     from tqdm.auto import tqdm
     from transformers import TrainerCallback
-    model = fresh_model(folder)
+    model = load_model(folder)[0]  # a fresh copy for each side
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)  # as train.train
     rows, same_prompts = {"project": [], "trl": []}, []
     bar = tqdm(total=args.steps, desc="interleaved steps (TRL, project)")
