@@ -80,7 +80,7 @@ def time_sampling(model, B, args, decodes=("plain",)):
         return ro.response  # (B, tokens)
     # round 0 warms up (allocator, kernels, compiling): reported apart
     seconds, tokens = interleaved_rounds([lambda r, d=d: sample(r, d) for d in decodes], args.repeats,
-                                         device=device)
+                                         device=device, keep=True)
     ms = {d: [1000 * x / args.tokens for x in s[1:]] for d, s in zip(decodes, seconds)}  # timed rounds
     plain = statistics.median(ms["plain"]) if "plain" in ms else None
     return [dict(batch=B, decode=d, ms_per_position=statistics.median(ms[d]),

@@ -72,8 +72,9 @@ def time_model(name, args):
         model.load_state_dict(snap[0])
         opt.load_state_dict(snap[1])
     variants = [lambda s, v=v: step(model, opt, tok, cfg, task, *VARIANTS[v], s) for v in VARIANTS]
-    # step 0 warms up; the order of the variants rotates every step
-    seconds, n_tok = interleaved_rounds(variants, args.steps, rotate=True, setup=restore, desc=name)
+    # step 0 warms up; the order of the variants rotates every step; keep: each step's token count
+    seconds, n_tok = interleaved_rounds(variants, args.steps, rotate=True, setup=restore, desc=name,
+                                        keep=True)
     assert len({tuple(t) for t in n_tok}) == 1, "variants did not see identical batches"
     med = {v: statistics.median(t[1:]) for v, t in zip(VARIANTS, seconds)}
     tokens = n_tok[0][1:]  # the same for every variant (checked above)

@@ -37,13 +37,14 @@ def describe(info):
             + (f", {info['cuda']}" if info.get("cuda") else ""))
 
 
-def interleaved_rounds(fns, repeats, rotate=False, device=None, setup=None, desc=None):
+def interleaved_rounds(fns, repeats, rotate=False, device=None, setup=None, desc=None, keep=False):
     """Call each of ``fns`` once per round, for 1 + ``repeats`` rounds, in turns (a, b, c, a, b, c,
     ...; with ``rotate`` the order turns by one each round: a, b, c, then b, c, a, ...). Each fn takes
     the round number r. Untimed before each call: ``setup()`` if given, and waiting for a CUDA
     ``device`` (waited for again at the end of the call). ``desc``: a progress bar over the rounds.
-    Returns (seconds, values): per fn, its wall time and what it returned in every round, round 0
-    (the warm-up: allocator, kernels, compiling; left out of the medians) first."""
+    Returns (seconds, values): per fn, in every round, its wall time and, with ``keep``, what it
+    returned (else None: an output is freed at once, as in a training loop); round 0 (the warm-up:
+    allocator, kernels, compiling; left out of the medians) first."""
     cuda = device is not None and device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     seconds, values = [[] for _ in fns], [[] for _ in fns]
@@ -54,7 +55,9 @@ def interleaved_rounds(fns, repeats, rotate=False, device=None, setup=None, desc
                 setup()
             sync()
             t0 = time.perf_counter()
-            values[i].append(fns[i](r))
+            out = fns[i](r)
             sync()
             seconds[i].append(time.perf_counter() - t0)
+            values[i].append(out if keep else None)
+            del out
     return seconds, values

@@ -23,7 +23,7 @@ CASES = [
     ("bench_score", ["--device", "gpu"], "--device: must be auto, cpu or cuda"),
     ("bench_estimators", ["--device", "mps"], "--device: must be auto, cpu or cuda"),
     ("grad_variance", ["--pool", "1"], "--pool: must be an integer >= 2"),
-    ("grad_variance", ["--group-sizes", "2,3"], "--group-sizes: every N must divide --pool 32 at least twice"),
+    ("grad_variance", ["--group-sizes", "2,3"], "--group-sizes: every N must divide --pool 32"),
     ("grad_variance", ["--estimators", "otb,ppo"], "--estimators: must be comma-separated names from"),
     ("lr_schedule_experiment", ["--steps", "0"], "--steps: must be an integer >= 1"),
     ("lr_schedule_experiment", ["--lr", "-1"], "--lr: must be a number > 0"),
@@ -145,10 +145,11 @@ def test_interleaved_rounds_takes_turns_and_keeps_the_warm_up_apart():
     from benchmarks.machine import interleaved_rounds
     calls, setups = [], []
     fns = [lambda r, name=name: calls.append((r, name)) or f"{name}{r}" for name in "abc"]
-    seconds, values = interleaved_rounds(fns, repeats=2, rotate=True, setup=lambda: setups.append(1))
+    seconds, values = interleaved_rounds(fns, 2, rotate=True, setup=lambda: setups.append(1), keep=True)
     assert calls == [(0, "a"), (0, "b"), (0, "c"), (1, "b"), (1, "c"), (1, "a"), (2, "c"), (2, "a"), (2, "b")]
     assert values == [["a0", "a1", "a2"], ["b0", "b1", "b2"], ["c0", "c1", "c2"]]  # round 0 first
     assert len(setups) == 9 and all(len(s) == 3 and min(s) >= 0 for s in seconds)
     calls.clear()
-    interleaved_rounds(fns[:2], repeats=1)
+    _, values = interleaved_rounds(fns[:2], repeats=1)
     assert calls == [(0, "a"), (0, "b"), (1, "a"), (1, "b")]  # without rotate: the same order every round
+    assert values == [[None, None], [None, None]]  # without keep, every output is dropped at once
