@@ -15,6 +15,7 @@ import json
 import statistics
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -38,8 +39,14 @@ def stub_sum_pi_squared(logits, chunk_size=None):
     return logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
 
 
-def use(variant):
+@contextmanager
+def sum_pi_squared(variant):
+    """Inside the block, otb.sum_pi_squared as it is (``with``) or stubbed to zeros (``without``)."""
     otb.sum_pi_squared = REAL_SUM_PI_SQUARED if variant == "with" else stub_sum_pi_squared
+    try:
+        yield
+    finally:
+        otb.sum_pi_squared = REAL_SUM_PI_SQUARED
 
 
 def parse_args(argv=None):
@@ -72,9 +79,8 @@ def build(args, device):
 
 
 def call(model, inputs, chunk, variant="with"):
-    """One scoring pass, sum pi^2 computed (``with``) or stubbed out (``without``; left so)."""
-    use(variant)
-    with torch.no_grad():  # the scoring pass of a training step (train.py: old_logp, sum_pi_sq)
+    """One scoring pass, sum pi^2 computed (``with``) or stubbed out (``without``)."""
+    with sum_pi_squared(variant), torch.no_grad():  # the scoring pass of train.py: old_logp, sum_pi_sq
         out = rollout.score(model, **inputs, temperature=1.0, chunk_size=chunk or None)
     if out[0].is_cuda:
         torch.cuda.synchronize()
@@ -131,7 +137,6 @@ def main(argv=None):
         variants = [lambda r, v=v: call(model, inputs, chunk, v) for v in VARIANTS]
         seconds, _ = interleaved_rounds(variants, args.repeats, rotate=True)  # without first in even rounds
         t = {v: statistics.median(s[1:]) for v, s in zip(VARIANTS, seconds)}  # round 0 warmed up
-        use("with")
         mem = {v: memory(args, v, chunk) for v in VARIANTS}  # bytes before the call and at its peak
         work = {v: mem[v]["peak"] - mem[v]["before"] for v in VARIANTS}
         row = dict(chunk_size=chunk or None, time_without_s=t["without"], time_with_s=t["with"],

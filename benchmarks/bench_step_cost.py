@@ -21,7 +21,7 @@ import otb  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
 from benchmarks.bench_decode import smollm2_shaped  # noqa: E402
-from benchmarks.bench_score import use  # noqa: E402
+from benchmarks.bench_score import sum_pi_squared  # noqa: E402
 from benchmarks.grad_variance import load_model  # noqa: E402
 from benchmarks.machine import describe, interleaved_rounds, machine  # noqa: E402
 from benchmarks import cli  # noqa: E402
@@ -53,12 +53,9 @@ def build(name):
 
 def step(model, opt, tok, cfg, task, estimator, spp_on, s):
     """One train.train_step, sum pi^2 stubbed out unless spp_on. Returns its number of tokens."""
-    use("with" if spp_on else "without")
-    try:
+    with sum_pi_squared("with" if spp_on else "without"):
         out = train.train_step(cfg, model, model, opt, task, tok, otb.ESTIMATORS[estimator], s)
-        return int(out.ro.response_mask.sum())
-    finally:
-        use("with")
+    return int(out.ro.response_mask.sum())
 
 
 def time_model(name, args):
