@@ -37,7 +37,8 @@ import stats  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
 import train_cli  # noqa: E402
-from benchmarks.cli import at_least, choice_list, command, int_list, parser, write_results  # noqa: E402
+from benchmarks.cli import (RUNS, at_least, choice_list, command, int_list, out_folder, parser,  # noqa: E402
+                            write_results)
 from benchmarks.machine import describe, machine  # noqa: E402
 
 
@@ -56,7 +57,7 @@ def parse_args(argv=None):
     p.add_argument("--horizon", type=at_least(1), default=8, help="reversal task: max string length")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling and scoring temperature")
     p.add_argument("--seed", type=int, default=1234, help="seed of the prompts, the sampler and the splits")
-    p.add_argument("--out", default=str(ROOT / "runs" / "grad_variance"), help="folder for table.md, "
+    p.add_argument("--out", type=out_folder, default=str(RUNS / "grad_variance"), help="folder for table.md, "
                    "results.json and proxy_vs_true.png (benchmarks/results/grad_variance: the committed)")
     args = p.parse_args(argv)
     if any(args.pool % n or args.pool // n < 2 for n in map(int, args.group_sizes.split(","))):
