@@ -132,12 +132,6 @@ def group_ids_of(groups, M):
     return gid
 
 
-def trace_variance(G):
-    """Unbiased tr Var of i.i.d. vectors, eq. (2): sum_k ||g_k - mean||^2 / (K - 1). G: (K, D)."""
-    G = G.double()
-    return ((G - G.mean(0)) ** 2).sum().item() / (G.shape[0] - 1)
-
-
 def reference_gradient(model, ro, token_rewards, rows, temperature, parts=4):
     """One prompt's policy gradient, unbiased, from its responses ``rows`` of a separate pool: RLOO
     inside ``parts`` disjoint sub-pools. Returns (the mean of the parts (D,), its variance)."""
@@ -148,8 +142,9 @@ def reference_gradient(model, ro, token_rewards, rows, temperature, parts=4):
     adv, _ = otb.rloo(r, m, part)  # A_i, (M, T)
     w = adv * parts / M  # a part's gradient: the mean of A_i S_i over its M / parts rows
     est = torch.stack([weighted_score_gradient(model, sub, (part == k).nonzero()[:, 0], w, temperature)
-                       for k in range(parts)]).double()  # (parts, D)
-    return est.mean(0), ((est - est.mean(0)) ** 2).sum().item() / (parts - 1) / parts
+                       for k in range(parts)])  # (parts, D)
+    mean, var, _ = scale_free.unit_summary(est)  # var: tr Var of one part, eq. (2)
+    return mean, var / parts
 
 
 # ---- The measurement
@@ -197,9 +192,9 @@ def measure(model, tok, args, progress=True):
                 power = diagnostics.gradient_power(adv, m, logp, spp)  # P_i, (M,)
                 diag = [diagnostics.noise_diagnostics(power[g], diagnostics.mean_gradient_sq_norm(
                     sub.response[g], m[g], gid[g], adv[g], logp[g], spp[g])) for g in groups]
-                mean_g, V = scale_free.unit_summary(G)[:2]  # this prompt's unit
+                mean_g, V = scale_free.unit_summary(G)[:2]  # this prompt's unit; V: tr Var, eq. (2)
                 c = cells[(e, n)]
-                c["true"].append(trace_variance(G))
+                c["true"].append(V)
                 c["units"].append((mean_g.float(), V))  # float32: P x cells x D in memory
                 c["power"].append(sum(d["total_power"] for d in diag) / len(diag))
                 c["noise"].append(sum(d["pure_noise"] for d in diag) / len(diag))

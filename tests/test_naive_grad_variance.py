@@ -11,6 +11,7 @@ import torch
 
 import otb
 import rollout
+import scale_free
 import stats
 from benchmarks import grad_variance as gv
 
@@ -101,12 +102,15 @@ def test_sequence_level_detection(tiny):
 
 
 def test_trace_variance_by_hand():
+    # eq. (2) as measure() takes it from scale_free.unit_summary: sum_k ||g_k - mean||^2 / (K - 1)
+    def trace_variance(G):
+        return scale_free.unit_summary(G)[1]
     # two vectors +-(1, 0): mean 0, squared deviations 1 + 1, divided by K - 1 = 1
-    assert gv.trace_variance(torch.tensor([[1.0, 0.0], [-1.0, 0.0]])) == pytest.approx(2.0)
+    assert trace_variance(torch.tensor([[1.0, 0.0], [-1.0, 0.0]])) == pytest.approx(2.0)
     # three scalars 0, 1, 2: deviations 1, 0, 1 -> 2 / (3 - 1) = 1; a constant extra coordinate adds 0
-    assert gv.trace_variance(torch.tensor([[0.0, 5.0], [1.0, 5.0], [2.0, 5.0]])) == pytest.approx(1.0)
+    assert trace_variance(torch.tensor([[0.0, 5.0], [1.0, 5.0], [2.0, 5.0]])) == pytest.approx(1.0)
     G = torch.randn(7, 11, generator=torch.Generator().manual_seed(0))
-    assert gv.trace_variance(G) == pytest.approx(G.double().var(0, unbiased=True).sum().item())
+    assert trace_variance(G) == pytest.approx(G.double().var(0, unbiased=True).sum().item())
 
 
 def test_correlations():
