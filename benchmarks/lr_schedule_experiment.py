@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import stats  # noqa: E402
+from lr_schedule import surge_step  # noqa: E402  (the rule train.py runs: first i > W with L_i > r L0)
 from benchmarks import cli, grid  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 from benchmarks.cli import at_least, int_list, parser, positive_float  # noqa: E402
@@ -113,14 +114,6 @@ def train_command(args, schedule, estimator, seed):
 
 def mean(xs):
     return sum(xs) / len(xs)
-
-
-def surge_step(lengths, window, ratio):
-    """First step i > W (steps numbered from 1) with L_i > r * mean(L_1..L_W); None if none."""
-    if len(lengths) <= window:
-        return None
-    L0 = mean(lengths[:window])
-    return next((i for i, L in enumerate(lengths, start=1) if i > window and L > ratio * L0), None)
 
 
 def first_lr_drop(lrs):
