@@ -140,7 +140,7 @@ def interleaved(folder, tok, task, cfg, args, out):
     from transformers import TrainerCallback
     model = load_model(folder)[0]  # a fresh copy for each side
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)  # as train.train
-    rows, same_prompts = {"project": [], "trl": []}, []
+    rows = {"project": [], "trl": []}
     bar = tqdm(total=args.steps, desc="interleaved steps (TRL, project)")
 
     class Interleave(TrainerCallback):
@@ -158,7 +158,8 @@ def interleaved(folder, tok, task, cfg, args, out):
             step = state.global_step - 1
             ids, _ = rollout.left_pad(rollout.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)[0],
                                       tok.pad_token_id)  # the project's prompts of this step, (P, L)
-            same_prompts.append(torch.equal(ids, trainer.batch["prompt_ids"][::cfg.group_size]))
+            if not torch.equal(ids, trainer.batch["prompt_ids"][::cfg.group_size]):
+                raise RuntimeError(f"TRL and the project saw different prompts at step {step}")
             rows["project"].append(project_step(model, opt, tok, task, cfg, step))
             bar.update(1)
 
@@ -166,9 +167,6 @@ def interleaved(folder, tok, task, cfg, args, out):
                           args.steps, callbacks=[Interleave()])
     trainer.train()
     bar.close()
-    if not all(same_prompts):
-        raise RuntimeError(f"TRL and the project saw different prompts at steps "
-                           f"{[i for i, ok in enumerate(same_prompts) if not ok]}")
     return rows
 
 
