@@ -37,8 +37,8 @@ import stats  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
 import train_cli  # noqa: E402
-from benchmarks.cli import (RUNS, at_least, choice_list, command, int_list, out_folder, parser,  # noqa: E402
-                            write_results)
+from benchmarks.cli import (RUNS, at_least, choice_list, command, int_list, multiple_of,  # noqa: E402
+                            out_folder, parser, write_results)
 from benchmarks.machine import describe, machine  # noqa: E402
 
 
@@ -52,8 +52,8 @@ def parse_args(argv=None):
                    help="N values, each must divide M at least twice (K = M / N >= 2 groups)")
     p.add_argument("--estimators", type=choice_list(list(otb.ESTIMATORS)), default=",".join(otb.ESTIMATORS),
                    help="estimators to measure")
-    p.add_argument("--ref-pool", type=int, default=32, help="responses per prompt of the separate reference "
-                   "pool (RLOO in 4 sub-pools: the reference gradient of alpha/cosine)")
+    p.add_argument("--ref-pool", type=multiple_of(4, 8), default=32, help="responses per prompt of the "
+                   "separate reference pool (RLOO in 4 sub-pools: the reference gradient of alpha/cosine)")
     p.add_argument("--horizon", type=at_least(1), default=8, help="reversal task: max string length")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling and scoring temperature")
     p.add_argument("--seed", type=int, default=1234, help="seed of the prompts, the sampler and the splits")

@@ -23,6 +23,7 @@ CASES = [
     ("bench_score", ["--device", "gpu"], "--device: must be auto, cpu or cuda"),
     ("bench_estimators", ["--device", "mps"], "--device: must be auto, cpu or cuda"),
     ("grad_variance", ["--pool", "1"], "--pool: must be an integer >= 2"),
+    ("grad_variance", ["--ref-pool", "6"], "--ref-pool: must be a multiple of 4 (>= 8)"),
     ("grad_variance", ["--group-sizes", "2,3"], "--group-sizes: every N must divide --pool 32"),
     ("grad_variance", ["--estimators", "otb,ppo"], "--estimators: must be comma-separated names from"),
     ("lr_schedule_experiment", ["--steps", "0"], "--steps: must be an integer >= 1"),
