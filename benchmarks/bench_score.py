@@ -97,18 +97,16 @@ def child(args, device):
     variant, chunk = args.child.split(":")
     model, inputs = build(args, device)
     gc.collect()
-    if device.type == "cuda":
+    cuda = device.type == "cuda"
+    if cuda:
         torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        call(model, inputs, int(chunk), variant)
-        peak = torch.cuda.max_memory_allocated()
     else:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the peak resident set (VmHWM) to the current one
-        before = rss_kb("VmRSS") * 1024
-        call(model, inputs, int(chunk), variant)
-        peak = rss_kb("VmHWM") * 1024
+    before = torch.cuda.memory_allocated() if cuda else rss_kb("VmRSS") * 1024
+    call(model, inputs, int(chunk), variant)
+    peak = torch.cuda.max_memory_allocated() if cuda else rss_kb("VmHWM") * 1024
     print(json.dumps(dict(before=before, peak=peak)))
 
 

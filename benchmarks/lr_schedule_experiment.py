@@ -263,17 +263,16 @@ def main(argv=None):
         sys.exit("no metrics found under " + args.out)
     summary = summarize(histories, args)
     results = ROOT / args.results
-    results.mkdir(parents=True, exist_ok=True)
     title = (f"reverse, horizon {args.horizon}, rollout {args.rollout_dtype}, lr {args.lr}, "
              f"{len(seeds(args))} seeds (band: min..max); length rule W={args.lr_warmup_window} "
              f"r={args.lr_surge_ratio} d={args.lr_decay_factor} c={args.lr_decay_period_factor} f={args.lr_floor}")
-    plot(histories, args, results / "lr_schedule.png", title)
     run = dict(command=command, machine=info, wall_seconds=round(wall))  # the run that trained
     if args.aggregate_only and (results / "summary.json").exists():  # re-plotting keeps that record
         run = json.loads((results / "summary.json").read_text()).get("run", run)
     header = f"`{run['command']}` ({run['wall_seconds']} s wall)\n\n{title}"
     record = dict(run=run, aggregated_by=command, args=vars(args), train_command=one_run, configs=summary)
     cli.write_results(results, "summary", record, markdown(summary, args, header))
+    plot(histories, args, results / "lr_schedule.png", title)
     print(f"wall {wall:.0f} s; plot {results / 'lr_schedule.png'}")
     return summary
 
