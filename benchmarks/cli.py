@@ -7,6 +7,7 @@ committed ``benchmarks/results/`` change only when ``--out``/``--json`` names th
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -21,8 +22,8 @@ def parser(doc):
 
 
 def command(script, argv=None):
-    """The command line that ran benchmarks/<script> (argv: main's, else the process's)."""
-    return f"python benchmarks/{script} {' '.join(sys.argv[1:] if argv is None else argv)}".strip()
+    """The command line that ran benchmarks/<script> (argv: main's, else the process's), shell-quoted."""
+    return f"python benchmarks/{script} {shlex.join(sys.argv[1:] if argv is None else argv)}".strip()
 
 
 def write_results(out, stem, record, text, md_stem=None):

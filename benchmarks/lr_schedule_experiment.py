@@ -248,7 +248,7 @@ def load_histories(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    command = "python benchmarks/lr_schedule_experiment.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = cli.command("lr_schedule_experiment.py", argv)
     info = machine()
     print(command, "\nmachine:", json.dumps(info), flush=True)
     one_run = shlex.join(train_command(args, "length", "otb", seeds(args)[0])[1:])
