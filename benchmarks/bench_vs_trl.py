@@ -126,8 +126,9 @@ def trl_trainer(folder, tok, task, cfg, data, out, steps, callbacks=()):
     from transformers import PrinterCallback
     args = otb_trl.grpo_config(out, cfg, steps, cfg.prompts_per_step, cfg.max_new_tokens,
                                scale_rewards=TRL_SCALE[cfg.estimator])
-    trainer = TimedGRPOTrainer(load_model(folder)[0], reward_funcs=otb_trl.task_reward(task, tok.eos_token_id),
-                               args=args, train_dataset=data, processing_class=tok, callbacks=list(callbacks))
+    reward = otb_trl.task_reward(task, tok.eos_token_id)
+    trainer = TimedGRPOTrainer(load_model(folder)[0], reward_funcs=reward, args=args, train_dataset=data,
+                               processing_class=tok, callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)  # TRL's per-step log dicts; the report has the numbers
     return trainer
 
