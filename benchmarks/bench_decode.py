@@ -98,8 +98,8 @@ def main(argv=None):
     print(f"{'B':>5} {'decode':>9} {'ms / sampled position':>22} {'plain / this':>12} {'first call s':>12} "
           f"{'same tokens':>11}")
     rows = []
-    for B in (int(b) for b in args.batch.split(",")):
-        for r in time_sampling(model, B, args, args.decode.split(",")):
+    for B in args.batch:
+        for r in time_sampling(model, B, args, args.decode):
             rows.append(r)
             print(f"{B:>5} {r['decode']:>9} {r['ms_per_position']:>22.1f} "
                   f"{r['plain_over_this'] or math.nan:>12.2f} {r['first_call_s']:>12.1f} "

@@ -131,7 +131,7 @@ def main(argv=None):
     a = call(model, inputs, 0)[1]
     assert torch.allclose(a, call(model, inputs, 32)[1]), "chunked and unchunked sum pi^2 differ"
     results = []
-    for chunk in tqdm([int(c) for c in args.chunk_sizes.split(",")], desc="chunk sizes"):
+    for chunk in tqdm(args.chunk_sizes, desc="chunk sizes"):
         variants = [lambda r, v=v: call(model, inputs, chunk, v) for v in VARIANTS]
         seconds, _ = interleaved_rounds(variants, args.repeats, rotate=True)  # without first in even rounds
         t = {v: statistics.median(s[1:]) for v, s in zip(VARIANTS, seconds)}  # round 0 warmed up

@@ -88,7 +88,7 @@ def main(argv=None):
     args = parse_args(argv)
     info = machine()
     print(info)
-    rows = [time_model(name, args) for name in args.models.split(",")]
+    rows = [time_model(name, args) for name in args.models]
     cmd = cli.command("bench_step_cost.py", argv)
     lines = ["# Time per training step: OTB vs group_mean (same process, identical batches)\n", f"`{cmd}`  ",
              f"{describe(info)}; median of {args.steps} steps per variant\n",

@@ -36,7 +36,7 @@ def write_results(out, stem, record, text, md_stem=None):
     print(text + f"wrote {out / md_stem}.md and {stem}.json")
 
 
-def _checked(name, convert, ok, message, keep_text=False):
+def _checked(name, convert, ok, message):
     """An argparse type: convert(text), accepted when ok(value), else "<message>, got '<text>'"."""
     def parse(text):
         try:
@@ -45,7 +45,7 @@ def _checked(name, convert, ok, message, keep_text=False):
             value = None
         if value is None or not ok(value):
             raise argparse.ArgumentTypeError(f"{message}, got {text!r}")
-        return text if keep_text else value
+        return value
     parse.__name__ = name
     return parse
 
@@ -65,15 +65,15 @@ positive_float = _checked("number > 0", float, lambda v: v > 0, "must be a numbe
 
 
 def int_list(low):
-    """A comma-separated list of ints, each >= low; the text is returned unchanged."""
+    """A comma-separated list of ints, each >= low: the list."""
     return _checked(f"list of integers >= {low}", lambda t: [int(x) for x in t.split(",")],
-                    lambda v: min(v) >= low, f"must be comma-separated integers >= {low}", keep_text=True)
+                    lambda v: min(v) >= low, f"must be comma-separated integers >= {low}")
 
 
 def choice_list(choices):
-    """A comma-separated, non-empty list of names, each one of ``choices``; the text is returned unchanged."""
+    """A comma-separated, non-empty list of names, each one of ``choices``: the list."""
     return _checked("list of " + "/".join(choices), lambda t: t.split(","), lambda v: set(v) <= set(choices),
-                    f"must be comma-separated names from {', '.join(choices)}", keep_text=True)
+                    f"must be comma-separated names from {', '.join(choices)}")
 
 
 def device_option(text):

@@ -60,9 +60,9 @@ def parse_args(argv=None):
     p.add_argument("--out", type=out_folder, default=str(RUNS / "grad_variance"), help="folder for table.md, "
                    "results.json and proxy_vs_true.png (benchmarks/results/grad_variance: the committed)")
     args = p.parse_args(argv)
-    if any(args.pool % n or args.pool // n < 2 for n in map(int, args.group_sizes.split(","))):
+    if any(args.pool % n or args.pool // n < 2 for n in args.group_sizes):
         p.error(f"argument --group-sizes: every N must divide --pool {args.pool} at least twice (K >= 2 "
-                f"groups), got {args.group_sizes!r}")
+                f"groups), got {','.join(map(str, args.group_sizes))!r}")
     return args
 
 
@@ -163,9 +163,8 @@ def measure(model, tok, args, progress=True):
     ro, (R, token_rewards, _) = pool(args.pool, args.seed)
     ref_ro, (_, ref_rewards, _) = pool(args.ref_pool, args.seed + 7919)  # independent of the pool
     refs = []
-    Ns = [int(n) for n in args.group_sizes.split(",")]
-    ests = args.estimators.split(",")
-    cells = {(e, n): dict(true=[], power=[], noise=[], units=[]) for e in ests for n in Ns}
+    cells = {(e, n): dict(true=[], power=[], noise=[], units=[])
+             for e in args.estimators for n in args.group_sizes}
     scatter = dict(W=[], S_sq=[], R=[])
     split_gen = torch.Generator().manual_seed(args.seed + 1)
     for p in tqdm(range(args.prompts), desc="prompts", disable=not progress):
@@ -182,10 +181,10 @@ def measure(model, tok, args, progress=True):
         scatter["S_sq"] += (S.double() ** 2).sum(-1).tolist()  # ||S(tau)||^2
         scatter["R"] += R[rows].tolist()
         perm = torch.randperm(args.pool, generator=split_gen)  # one random split of the pool
-        for n in Ns:
+        for n in args.group_sizes:
             groups = perm.view(-1, n)  # (K, N) disjoint groups
             gid = group_ids_of(groups, args.pool)
-            for e in ests:
+            for e in args.estimators:
                 adv, _ = otb.ESTIMATORS[e](token_rewards=r, response_mask=m, group_index=gid,
                                            log_probs=logp, sum_pi_sq=spp)  # A_t, (M, T)
                 G = group_gradients(model, sub, groups, adv, args.temperature, S=S)  # (K, D)

@@ -60,12 +60,13 @@ def parse_args(argv=None):
     p = cli.parser(__doc__)
     p.add_argument("--task", default="periodic", choices=("periodic", "calculator"),
                    help="periodic: n = answer length; calculator: n = k, numbers added with k - 1 tool calls")
-    p.add_argument("--horizons", default=None,
+    p.add_argument("--horizons", type=cli.int_list(1), default=None,
                    help="the task's horizons n (periodic: 16,64,128; calculator: 2,4,8)")
-    p.add_argument("--estimators", default=",".join(otb.ESTIMATORS), help="names in otb.ESTIMATORS "
-                   "(reinforce and group_mean are always needed)")
-    p.add_argument("--seeds", default="0,1,2", help="one warm-up checkpoint per (seed, n)")
-    p.add_argument("--group-sizes", default="4,16", help="N values; each must divide --pool at least twice")
+    p.add_argument("--estimators", type=cli.choice_list(list(otb.ESTIMATORS)),
+                   default=",".join(otb.ESTIMATORS), help="reinforce and group_mean are always needed")
+    p.add_argument("--seeds", type=cli.int_list(0), default="0,1,2", help="a warmed-up model per (seed, n)")
+    p.add_argument("--group-sizes", type=cli.int_list(1), default="4,16",
+                   help="N values; each must divide --pool at least twice")
     p.add_argument("--prompts", type=cli.at_least(2), default=48,
                    help="prompts per checkpoint (the bootstrap's units)")
     p.add_argument("--pool", type=int, default=32, help="M, responses per prompt split into groups")
@@ -79,31 +80,22 @@ def parse_args(argv=None):
                    "re-analyse it into --out without measuring anything")
     p.add_argument("--resume", action="store_true", help="keep the (n, seed) cells already saved in --out "
                    "(results.json, stats.npz, same pool settings) and measure only the missing ones")
-    p.add_argument("--out", default=str(ROOT / "runs" / "horizon_sweep"), help="output folder")
+    p.add_argument("--out", type=cli.out_folder, default=str(cli.RUNS / "horizon_sweep"), help="the results")
     args = p.parse_args(argv)
-    args.horizons = args.horizons or ("2,4,8" if args.task == "calculator" else "16,64,128")
-    args.estimators = args.estimators.split(",")
-    if not {"reinforce", "group_mean"} <= set(args.estimators) <= set(otb.ESTIMATORS):
-        p.error(f"--estimators {args.estimators}: names in {list(otb.ESTIMATORS)}, "
-                "with reinforce and group_mean")
-    try:
-        args.horizons = [int(x) for x in args.horizons.split(",")]
-        args.seeds = [int(x) for x in args.seeds.split(",")]
-        args.group_sizes = [int(x) for x in args.group_sizes.split(",")]
-    except ValueError as e:
-        p.error(f"--horizons/--seeds/--group-sizes take comma-separated integers ({e})")
-    if any(not 1 <= n <= 400 for n in args.horizons):
-        p.error(f"--horizons {args.horizons}: each n must be in 1..400 (the tiny model has 512 positions)")
+    args.horizons = args.horizons or ([2, 4, 8] if args.task == "calculator" else [16, 64, 128])
+    if not {"reinforce", "group_mean"} <= set(args.estimators):
+        p.error(f"--estimators {','.join(args.estimators)}: reinforce and group_mean are always needed")
+    if any(n > 400 for n in args.horizons):
+        p.error(f"--horizons {max(args.horizons)}: n must be at most 400 (the tiny model has 512 positions)")
     if any(args.pool % n or args.pool // n < 2 for n in args.group_sizes):
-        p.error(f"--group-sizes {args.group_sizes}: each N must divide --pool {args.pool} at least twice")
+        p.error(f"--group-sizes {','.join(map(str, args.group_sizes))}: each N must divide --pool {args.pool} "
+                "at least twice")
     if args.resume and not all((Path(args.out) / f).is_file() for f in ("results.json", "stats.npz")):
         p.error(f"--resume: {args.out} holds no finished sweep (results.json and stats.npz)")
     if args.from_saved and not (Path(args.from_saved) / "stats.npz").is_file():
         p.error(f"--from-saved {args.from_saved}: no stats.npz there (a sweep saved by this script)")
     if not 0 < args.warmup_target < 1:
         p.error(f"--warmup-target {args.warmup_target} must be in (0, 1)")
-    if Path(args.out).is_file():
-        p.error(f"--out {args.out} is a file, not a folder")
     return args
 
 

@@ -23,14 +23,16 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from statistics import fmean as mean, stdev
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import stats  # noqa: E402
-from lr_schedule import surge_step  # noqa: E402  (the rule train.py runs: first i > W with L_i > r L0)
+import otb  # noqa: E402
+from lr_schedule import SCHEDULES, surge_step  # noqa: E402  (the rule train.py runs: first i > W with L_i > r L0)
 from benchmarks import cli, grid  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
-from benchmarks.cli import at_least, int_list, parser, positive_float  # noqa: E402
+from benchmarks.cli import at_least, choice_list, int_list, parser, positive_float  # noqa: E402
 
 COLLAPSE_RATIO, MIN_FINISHED = 0.5, 0.5  # collapsed: final success < 0.5 x initial, or finished < 0.5
 PANELS = [  # (metric key, y label, log scale, floor: smaller values are drawn at the floor)
@@ -53,8 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=positive_float, default=1e-3, help="initial AdamW learning rate eta_0")
     p.add_argument("--rollout-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
                    help="dtype of the sampling copy of the model (training stays float32)")
-    p.add_argument("--estimators", default="group_mean,otb", help="advantage estimators to compare")
-    p.add_argument("--schedules", default="constant,length", help="LR schedules to compare")
+    p.add_argument("--estimators", type=choice_list(list(otb.ESTIMATORS)), default="group_mean,otb",
+                   help="advantage estimators to compare")
+    p.add_argument("--schedules", type=choice_list(SCHEDULES), default="constant,length", help="LR schedules")
     p.add_argument("--lr-warmup-window", type=int, default=10, help="W: steps whose mean length is L0")
     p.add_argument("--lr-surge-ratio", type=float, default=1.5, help="r: a surge is L_i > r * L0")
     p.add_argument("--lr-decay-factor", type=float, default=0.5, help="d: LR multiplier per decay")
@@ -74,7 +77,7 @@ def parse_args(argv=None):
                    help="smoke run: 1 seed, 6 steps, a 1-layer model without warm-up, W = 2")
     args = p.parse_args(argv)
     if args.quick:
-        args.seeds, args.steps, args.horizon, args.max_new_tokens, args.lr_warmup_window = "0", 6, 4, 12, 2
+        args.seeds, args.steps, args.horizon, args.max_new_tokens, args.lr_warmup_window = [0], 6, 4, 12, 2
         args.window = 2
         args.train_args = ("--tiny-hidden 32 --tiny-layers 1 --warmup-max-steps 0 --prompts-per-step 2 "
                            "--group-size 2 " + args.train_args)
@@ -86,11 +89,7 @@ def parse_args(argv=None):
 
 def configs(args):
     """The grid: list of (config name, schedule, estimator)."""
-    return [(f"{s}/{e}", s, e) for s in args.schedules.split(",") for e in args.estimators.split(",")]
-
-
-def seeds(args):
-    return [int(s) for s in args.seeds.split(",")]
+    return [(f"{s}/{e}", s, e) for s in args.schedules for e in args.estimators]
 
 
 def run_name(config, seed):
@@ -111,10 +110,6 @@ def train_command(args, schedule, estimator, seed):
 
 
 # ---- Aggregation: pure functions of the per-step metrics (tested on synthetic histories)
-
-def mean(xs):
-    return sum(xs) / len(xs)
-
 
 def first_lr_drop(lrs):
     """Step after which the logged LR first falls below the initial one (lr of step i + 1 < lr_1)."""
@@ -165,7 +160,7 @@ def summarize(histories, args):
     for config, by_seed in histories.items():
         runs = {seed: summarize_run(h, args) for seed, h in sorted(by_seed.items())}
         finals = [r["final_success"] for r in runs.values()]
-        sd = math.sqrt(sum((x - mean(finals)) ** 2 for x in finals) / (len(finals) - 1)) if len(finals) > 1 else 0.0
+        sd = stdev(finals) if len(finals) > 1 else 0.0
         corrs = [r["corr_mismatch_gradnorm"] for r in runs.values() if r["corr_mismatch_gradnorm"] is not None]
         out[config] = dict(runs=runs, final_success_mean=mean(finals), final_success_sd=sd,
                            collapsed=sum(r["collapsed"] for r in runs.values()), n_seeds=len(runs),
@@ -238,7 +233,7 @@ def plot(histories, args, path, title=""):
 def load_histories(args):
     """{config: {seed: metrics rows}} of every run that has logged a step."""
     histories = {}
-    for (config, _, _), seed in itertools.product(configs(args), seeds(args)):
+    for (config, _, _), seed in itertools.product(configs(args), args.seeds):
         path = ROOT / args.out / run_name(config, seed) / "metrics.jsonl"
         rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
         if rows:
@@ -251,12 +246,12 @@ def main(argv=None):
     command = cli.command("lr_schedule_experiment.py", argv)
     info = machine()
     print(command, "\nmachine:", json.dumps(info), flush=True)
-    one_run = shlex.join(train_command(args, "length", "otb", seeds(args)[0])[1:])
+    one_run = shlex.join(train_command(args, "length", "otb", args.seeds[0])[1:])
     print("one run:", one_run, flush=True)
     t0 = time.time()
     if not args.aggregate_only:  # at most --jobs runs at a time; a run with DONE is not run again
         grid.run([(train_command(args, s, e, seed), ROOT / args.out / run_name(c, seed), seed)
-                  for c, s, e in configs(args) for seed in seeds(args)], args.jobs)
+                  for c, s, e in configs(args) for seed in args.seeds], args.jobs)
     wall = time.time() - t0
     histories = load_histories(args)
     if not histories:
@@ -264,7 +259,7 @@ def main(argv=None):
     summary = summarize(histories, args)
     results = ROOT / args.results
     title = (f"reverse, horizon {args.horizon}, rollout {args.rollout_dtype}, lr {args.lr}, "
-             f"{len(seeds(args))} seeds (band: min..max); length rule W={args.lr_warmup_window} "
+             f"{len(args.seeds)} seeds (band: min..max); length rule W={args.lr_warmup_window} "
              f"r={args.lr_surge_ratio} d={args.lr_decay_factor} c={args.lr_decay_period_factor} f={args.lr_floor}")
     run = dict(command=command, machine=info, wall_seconds=round(wall))  # the run that trained
     if args.aggregate_only and (results / "summary.json").exists():  # re-plotting keeps that record

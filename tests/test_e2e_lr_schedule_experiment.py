@@ -116,7 +116,7 @@ def test_aggregate_only_writes_plot_and_summary_from_run_folders(tmp_path, capsy
     args = exp.parse_args(argv)
     rng = random.Random(4)
     for config, _, _ in exp.configs(args):
-        for seed in exp.seeds(args):
+        for seed in args.seeds:
             folder = out / exp.run_name(config, seed)
             folder.mkdir(parents=True)
             rows = fake_history(30, rng, surge_at=12 if "constant" in config else None)
