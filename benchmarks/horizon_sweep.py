@@ -292,8 +292,8 @@ def pooled_md(pool):
 
 
 def plot(summary, path=None, task="periodic"):
-    """Gain over group_mean against n (geometric mean over seeds, 95% t interval), one panel per N;
-    unresolved cells are left out. Returns the figure."""
+    """Gain over group_mean against n (geometric mean over seeds, 95% t interval), one panel per N, and
+    each resolved seed's own gain as a hollow marker; unresolved values are left out. Returns the figure."""
     import matplotlib.pyplot as plt
     Ns = sorted({s["N"] for s in summary})
     fig, axes = plt.subplots(1, len(Ns), figsize=(5.2 * len(Ns), 4.2), squeeze=False)
@@ -305,17 +305,22 @@ def plot(summary, path=None, task="periodic"):
         for i, (e, st) in enumerate(style.items()):
             pts = sorted((s["n"], *s["gain"]) for s in summary if s["estimator"] == e and s["N"] == N
                          and not math.isnan(s["gain"][0]))
+            shift = 1.03 ** (i - 2.5)  # side by side, not on top of each other
             if pts:
                 n, g, lo, hi = zip(*pts)
-                shift = [x * 1.03 ** (i - 2.5) for x in n]  # side by side, not on top of each other
                 err = [[max(a - b, 0) if not math.isnan(b) else 0 for a, b in zip(g, lo)],
                        [max(b - a, 0) if not math.isnan(b) else 0 for a, b in zip(g, hi)]]
-                ax.errorbar(shift, g, yerr=err, capsize=3, label=e, **st)
+                ax.errorbar([x * shift for x in n], g, yerr=err, capsize=3, label=e, color=f"C{i}", **st)
+            seeds = [(s["n"] * shift, g[0]) for s in summary if s["estimator"] == e and s["N"] == N
+                     for g in s["per_seed"] if not math.isnan(g[0])]
+            if seeds:  # hollow: each seed's own gain, drawn also where the seeds together are unresolved
+                ax.plot(*zip(*seeds), ls="none", marker=st["marker"], mfc="none", color=f"C{i}", alpha=0.6,
+                        label=None if pts else f"{e} (single seeds only)")
         ax.axhline(1.0, color="k", lw=0.8, label="group_mean")
         ax.set(xscale="log", yscale="log", xlabel="answer length n (periodic copy)" if task == "periodic"
                else "k, numbers added with k - 1 calculator calls",
-               ylabel="nvar(group_mean) / nvar(estimator)", title=f"N = {N}: gain over the group mean\n"
-               "(> 1 is better; geometric mean over seeds, 95% t interval)")
+               ylabel="nvar(group_mean) / nvar(estimator)", title=f"N = {N}: gain over the group mean (> 1 is "
+               "better)\nfilled: geometric mean over seeds, 95% t interval; hollow: one seed")
         ax.title.set_fontsize(9)
         ax.xaxis.set_minor_locator(plt.NullLocator())  # only the measured n are labelled
         ax.set_xticks(ns)
