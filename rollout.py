@@ -106,9 +106,9 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
 
     Returns a ``Rollout`` on the model's device. ``generator`` (a torch.Generator) makes the
     draws reproducible, and the draws happen on its device: a CPU generator with a model on a GPU
-    copies the (B, V) probabilities to the CPU at every token, which for a 49k-token vocabulary
-    costs more than the model's forward pass, so train.py gives the sampler a generator on the
-    GPU there (and a CPU one, the default, everywhere else).
+    would copy the (B, V) probabilities to the CPU at every token (a copy and a wait per token; not
+    timed here), so train.py gives the sampler a generator on the GPU there (and a CPU one, the
+    default, everywhere else).
 
     ``tool`` (a ``Tool``, or None) makes the responses multi-turn. Each row keeps a queue of
     forced tokens: while it is not empty, the row's next token is taken from it instead of the
