@@ -19,6 +19,7 @@ path is the one exercised:
 Problems a user can fix (a missing package, a folder that does not load) raise ``ModelError``
 with a one-line message; train.py prints it as a usage error.
 """
+import copy
 import hashlib
 import json
 import os
@@ -71,17 +72,32 @@ def tiny_model(tokenizer, hidden=128, layers=4, seed=0):
 
 
 def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, batch=64, lr=3e-3,
-            check_every=10, n_eval=200):
+            check_every=10, n_eval=200, ceiling=None):
     """Supervised warm-up (teacher forcing on correct responses) for at most ``max_steps`` steps,
     until the *sampled* success rate reaches ``target``. Returns the history of (step, success rate).
 
     For a task with a tool the correct response contains the tool's output; those tokens are left
     out of the loss (``rollout.action_mask``), as they are out of the RL loss: the model learns to
-    write calls and answers, and reads the tool's output as context."""
+    write calls and answers, and reads the tool's output as context.
+
+    Success is checked every ``check_every`` steps. Where it can jump between two checks (the
+    calculator: from 0.08 to 0.45 in 10 steps), a ``ceiling`` sends a check above it back to the
+    state of the check before, and the same batches are replayed with a check after each step: the
+    warm-up then stops at the first step at or above ``target``, as if it had checked every step."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     rng = random.Random(-1 - seed)  # a prompt stream disjoint from the RL one
     tool = rollout.tool_for(task, tok)
     history = []
+    snapshot = copy.deepcopy((model.state_dict(), opt.state_dict())) if ceiling is not None else None
+    since = []  # the batches since the last check (replayed after a jump over the ceiling)
+
+    def update(ids, lab, attn):
+        loss = model(input_ids=ids, attention_mask=attn, labels=lab).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
     # No ETA: the warm-up usually stops long before max_steps; at the stop the bar's total becomes the step.
     bar = tqdm(range(1, max_steps + 1), desc=f"warm-up to success {target} (at most {max_steps} steps)",
                bar_format="{desc}: step {n_fmt} [{elapsed}{postfix}]", dynamic_ncols=True)
@@ -97,16 +113,28 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
         ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])  # (B, L)
         lab = torch.tensor([r + [-100] * (width - len(r)) for r in labels])  # (B, L)
         attn = (torch.arange(width)[None] < torch.tensor([len(r) for r in rows])[:, None]).long()
-        loss = model(input_ids=ids, attention_mask=attn, labels=lab).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % check_every == 0:
-            success = evaluate(model, tok, task, temperature, max_new, n_eval, seed=step)
-            history.append((step, success))
-            bar.set_postfix(loss=f"{loss.item():.3f}", success=f"{success:.2f}")
-            if success >= target:
-                break
+        since.append((ids, lab, attn))
+        loss = update(ids, lab, attn)
+        if step % check_every:
+            continue
+        success = evaluate(model, tok, task, temperature, max_new, n_eval, seed=step)
+        if ceiling is not None and success > ceiling and len(since) > 1:  # jumped over the band: replay
+            model.load_state_dict(snapshot[0])
+            opt.load_state_dict(snapshot[1])
+            end = step
+            for step, b in enumerate(since, start=end - len(since) + 1):
+                loss = update(*b)
+                success = evaluate(model, tok, task, temperature, max_new, n_eval, seed=step)
+                if success >= target or step == end:
+                    break
+                history.append((step, success))
+        history.append((step, success))
+        bar.set_postfix(loss=f"{loss.item():.3f}", success=f"{success:.2f}")
+        if success >= target:
+            break
+        since = []
+        if ceiling is not None:
+            snapshot = copy.deepcopy((model.state_dict(), opt.state_dict()))
     bar.close()
     return history
 
@@ -129,8 +157,8 @@ def tiny_model_folder(cache_dir, task, *, max_new, hidden=128, layers=4, seed=0,
     key = dict(v=2, hidden=hidden, layers=layers, task=type(task).__name__,
                horizon=task.horizon, seed=seed, temperature=temperature,
                steps=warmup_max_steps, target=warmup_target, max_new=max_new)  # all it depends on
-    if hasattr(task, "digits"):  # the calculator's own knob and warm-up rate (only there, so other keys stay)
-        key.update(digits=task.digits, lr=task.warmup_lr)
+    if hasattr(task, "digits"):  # the calculator's knob, warm-up rate and ceiling (only there: other keys stay)
+        key.update(digits=task.digits, lr=task.warmup_lr, ceiling=task.warmup_ceiling)
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     folder = Path(cache_dir) / f"tiny-{digest}"
     if not (folder / "warmup.json").exists():
@@ -156,7 +184,7 @@ def build_tiny_model(task, key, folder):
     try:
         history = warm_up(model, tok, task, temperature=key["temperature"], max_new=key["max_new"],
                           max_steps=key["steps"], target=key["target"], seed=key["seed"],
-                          lr=task.warmup_lr) if key["steps"] else []
+                          lr=task.warmup_lr, ceiling=task.warmup_ceiling) if key["steps"] else []
     finally:
         torch.set_num_threads(threads)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")

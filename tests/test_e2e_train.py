@@ -196,6 +196,25 @@ def test_warm_up_cache_is_keyed_by_every_setting_it_depends_on(tmp_path):
     assert models.tiny_model_folder(tmp_path, task, max_new=10, **kw) == short  # the same settings reuse it
 
 
+def test_a_warm_up_check_above_the_ceiling_is_replayed_step_by_step(monkeypatch):
+    """A check over the ceiling goes back to the check before and replays the same batches with a
+    check after each step: the model equals one that checked every step, and stops where it would."""
+    monkeypatch.setattr(models, "evaluate", lambda *a, seed, **kw: 0.9 if seed >= 8 else 0.0)  # success by step
+    tok, task = models.char_tokenizer(), rollout.ReverseTask(horizon=2)
+    runs = {}
+    for name, kw in [("replayed", dict(check_every=5, ceiling=0.5)), ("every step", dict(check_every=1)),
+                     ("no ceiling", dict(check_every=5))]:
+        model = models.tiny_model(tok, hidden=16, layers=1, seed=0)
+        history = models.warm_up(model, tok, task, temperature=1.0, max_new=6, max_steps=20, target=0.3,
+                                 seed=0, batch=4, **kw)
+        runs[name] = history, model.state_dict()
+    assert runs["replayed"][0] == [(5, 0.0), (6, 0.0), (7, 0.0), (8, 0.9)]
+    assert runs["every step"][0][-1] == (8, 0.9) and runs["no ceiling"][0] == [(5, 0.0), (10, 0.9)]
+    replayed, straight = runs["replayed"][1], runs["every step"][1]
+    assert all(torch.equal(replayed[k], straight[k]) for k in straight)
+    assert not all(torch.equal(runs["no ceiling"][1][k], straight[k]) for k in straight)  # 10 steps, not 8
+
+
 def test_a_warm_up_that_misses_its_target_says_so_even_from_the_cache(tmp_path, capsys):
     kw = dict(hidden=16, layers=1, warmup_max_steps=50, warmup_target=0.99)
     task = rollout.ReverseTask(horizon=2)
