@@ -157,8 +157,11 @@ def tiny_model_folder(cache_dir, task, *, max_new, hidden=128, layers=4, seed=0,
     key = dict(v=2, hidden=hidden, layers=layers, task=type(task).__name__,
                horizon=task.horizon, seed=seed, temperature=temperature,
                steps=warmup_max_steps, target=warmup_target, max_new=max_new)  # all it depends on
-    if hasattr(task, "digits"):  # the calculator's knob, warm-up rate and ceiling (only there: other keys stay)
-        key.update(digits=task.digits, lr=task.warmup_lr, ceiling=task.warmup_ceiling)
+    if hasattr(task, "digits"):  # the calculator's second knob (only there, so other keys stay)
+        key["digits"] = task.digits
+    for name in ("lr", "ceiling"):  # a task's own warm-up settings, where they differ from rollout.Task's
+        if getattr(task, f"warmup_{name}") != getattr(rollout.Task, f"warmup_{name}"):
+            key[name] = getattr(task, f"warmup_{name}")
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     folder = Path(cache_dir) / f"tiny-{digest}"
     if not (folder / "warmup.json").exists():

@@ -194,6 +194,9 @@ def test_warm_up_cache_is_keyed_by_every_setting_it_depends_on(tmp_path):
     short, long_ = (models.tiny_model_folder(tmp_path, task, max_new=n, **kw) for n in (10, 40))
     assert short != long_ and (short / "warmup.json").exists() and (long_ / "warmup.json").exists()
     assert models.tiny_model_folder(tmp_path, task, max_new=10, **kw) == short  # the same settings reuse it
+    own = rollout.ReverseTask()
+    own.warmup_ceiling = 0.5  # a task's own warm-up setting is part of the key too
+    assert models.tiny_model_folder(tmp_path, own, max_new=10, **kw) not in (short, long_)
 
 
 def test_a_warm_up_check_above_the_ceiling_is_replayed_step_by_step(monkeypatch):
