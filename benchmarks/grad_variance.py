@@ -89,6 +89,15 @@ def subset(ro, rows):
                            finished=ro.finished[rows])
 
 
+def draw_pool(model, tok, task, prompts, answers, size, seed, max_new, temperature):
+    """``size`` responses to every prompt (the sampler's generator seeded with ``seed``, the task's
+    tool if it has one) and their rewards: (Rollout, rollout.rewards(...))."""
+    ro = rollout.sample(model, prompts, group_size=size, max_new_tokens=max_new, temperature=temperature,
+                        eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                        generator=torch.Generator().manual_seed(seed), tool=rollout.tool_for(task, tok))
+    return ro, rollout.rewards(task, tok, ro, answers, size)
+
+
 # ---- Exact gradients and their variance
 
 def weighted_score_gradient(model, ro, rows, weights, temperature):
@@ -154,12 +163,8 @@ def measure(model, tok, args, progress=True):
     refs (P, D) the reference gradient of each prompt."""
     task = rollout.ReverseTask(horizon=args.horizon)
     prompts, answers = rollout.prompt_batch(task, tok, args.seed, 0, args.prompts)
-
-    def pool(size, seed):  # size responses to every prompt, and (R, token rewards, _) of them
-        ro = rollout.sample(model, prompts, group_size=size, max_new_tokens=2 * args.horizon + 2,
-                            temperature=args.temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                            generator=torch.Generator().manual_seed(seed))
-        return ro, rollout.rewards(task, tok, ro, answers, size)
+    pool = lambda size, seed: draw_pool(model, tok, task, prompts, answers, size, seed,  # noqa: E731
+                                        2 * args.horizon + 2, args.temperature)
     ro, (R, token_rewards, _) = pool(args.pool, args.seed)
     ref_ro, (_, ref_rewards, _) = pool(args.ref_pool, args.seed + 7919)  # independent of the pool
     refs = []

@@ -50,7 +50,7 @@ import scale_free  # noqa: E402
 import stats  # noqa: E402
 import train  # noqa: E402
 import train_cli  # noqa: E402
-from benchmarks.grad_variance import (group_gradients, group_ids_of,  # noqa: E402
+from benchmarks.grad_variance import (draw_pool, group_gradients, group_ids_of,  # noqa: E402
                                       per_response_scores, reference_gradient, subset)
 from benchmarks import cli  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
@@ -88,8 +88,8 @@ def parse_args(argv=None):
     if any(n > 400 for n in args.horizons):
         p.error(f"--horizons {max(args.horizons)}: n must be at most 400 (the tiny model has 512 positions)")
     if any(args.pool % n or args.pool // n < 2 for n in args.group_sizes):
-        p.error(f"--group-sizes {','.join(map(str, args.group_sizes))}: each N must divide --pool {args.pool} "
-                "at least twice")
+        p.error(f"--group-sizes {','.join(map(str, args.group_sizes))}: each N must divide "
+                f"--pool {args.pool} at least twice")
     if args.resume and not all((Path(args.out) / f).is_file() for f in ("results.json", "stats.npz")):
         p.error(f"--resume: {args.out} holds no finished sweep (results.json and stats.npz)")
     if args.from_saved and not (Path(args.from_saved) / "stats.npz").is_file():
@@ -112,13 +112,10 @@ def measure_checkpoint(model, tok, task, cfg, args, seed):
     """Per estimator and N, the sufficient statistics over prompts (scale_free.gram_stats); info."""
     limit = train_cli.response_limit(cfg, task)
     prompts, answers = rollout.prompt_batch(task, tok, 10_000 + seed, 0, args.prompts)  # unseen by RL
-    draw = lambda s, m: rollout.sample(model, prompts, group_size=m, max_new_tokens=limit,  # noqa: E731
-                                       temperature=cfg.temperature, eos_id=tok.eos_token_id,
-                                       pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(s),
-                                       tool=rollout.tool_for(task, tok))
-    pool, ref_pool = draw(seed, args.pool), draw(seed + 7919, args.ref_pool)
-    R, token_rewards, _ = rollout.rewards(task, tok, pool, answers, args.pool)
-    R_ref, ref_rewards, _ = rollout.rewards(task, tok, ref_pool, answers, args.ref_pool)
+    draw = lambda m, s: draw_pool(model, tok, task, prompts, answers, m, s, limit,  # noqa: E731
+                                  cfg.temperature)
+    pool, (R, token_rewards, _) = draw(args.pool, seed)
+    ref_pool, (R_ref, ref_rewards, _) = draw(args.ref_pool, seed + 7919)  # independent of the pool
     units = {(e, N): [] for e in args.estimators for N in args.group_sizes}  # per prompt: (m_p, V_p, K)
     refs, lengths = [], []
     split = torch.Generator().manual_seed(seed + 1)
