@@ -111,8 +111,8 @@ def kaplan_meier(times, events, z=Z):
 
 
 def survival_at(curve, t):
-    """S(t) and its interval read off a Kaplan-Meier curve (1, 1, 1 before the first event)."""
-    last = (1.0, 1.0, 1.0)
+    """F(t) and its interval read off a Kaplan-Meier curve (1 and no interval before the first event)."""
+    last = (1.0, math.nan, math.nan)
     for u, _, _, s, lo, hi in curve:
         if u > t:
             break
@@ -289,6 +289,7 @@ def cell_summary(runs):
     rises_ok = [runs[s]["power_rise"] for s in seeds if not runs[s]["collapsed"] and runs[s]["power_rise"] is not None]
     gn = [runs[s]["max_grad_norm"] for s in seeds]
     return dict(seeds=seeds, collapsed=k, rate=rate[0], rate_lo=rate[1], rate_hi=rate[2],
+                last_step=max(runs[s]["time_steps"] for s in seeds), last_tokens=max(runs[s]["time_tokens"] for s in seeds),
                 median_steps=km_median(km_steps), median_tokens=km_median(km_tokens) if k else None,
                 survival={t: survival_at(km_steps, t) for t in SURVIVAL_AT},
                 km_steps=km_steps, km_tokens=km_tokens,
@@ -319,6 +320,9 @@ def num(x, spec=".2f"):
 
 
 def interval(v, lo, hi, spec=".2f"):
+    """'v [lo, hi]', or 'v' alone where the interval does not exist."""
+    if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+        return num(v, spec)
     return f"{num(v, spec)} [{num(lo, spec)}, {num(hi, spec)}]"
 
 
@@ -356,8 +360,9 @@ def report(cells, primary_test, secondary, source, primary=PRIMARY_LR):
         lines += [f"Shortfall: {primary_test['pairs']} paired seeds, fewer than the 8 the protocol requires.", ""]
     lines += ["## Secondary: otb against the other estimators, and at the other rungs (no multiplicity "
               "correction)", ""] + PAIR_HEAD + [pair_line(p) for p in secondary]
-    lines += ["", f"## Secondary: survival S(t) over steps (Kaplan-Meier, 95% log-log interval), lr {primary:g}", "",
-              "| estimator | " + " | ".join(f"S({t})" for t in SURVIVAL_AT) + " |",
+    lines += ["", f"## Secondary: survival F(t) over steps (Kaplan-Meier, 95% log-log interval), lr {primary:g}", "",
+              "The fraction of seeds not collapsed by step t; the log-log interval does not exist where F is 0 or 1.",
+              "", "| estimator | " + " | ".join(f"F({t})" for t in SURVIVAL_AT) + " |",
               "|---|" + "---|" * len(SURVIVAL_AT)]
     for (est, lr), c in cells.items():
         if lr == primary:
@@ -374,7 +379,21 @@ def report(cells, primary_test, secondary, source, primary=PRIMARY_LR):
     return "\n".join(lines) + "\n"
 
 
+COLORS = dict(zip(ESTIMATORS, ["tab:blue", "tab:orange", "tab:cyan", "tab:green", "tab:red", "tab:gray"]))
+
+
+def km_line(curve, last):
+    """The step function of a Kaplan-Meier curve from (0, 1) to ``last``: (xs, ys)."""
+    xs, ys = [0], [1.0]
+    for t, _, _, f, _, _ in curve:
+        xs += [t, t]
+        ys += [ys[-1], f]
+    return xs + [max(last, xs[-1])], ys + [ys[-1]]
+
+
 def plot(cells, path, primary=PRIMARY_LR):
+    """Survival by estimator over steps and over sampled tokens at the primary rate; collapse rate
+    against the learning rate for otb and group_mean."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -382,24 +401,17 @@ def plot(cells, path, primary=PRIMARY_LR):
     for (est, lr), c in cells.items():
         if lr != primary:
             continue
-        last_step = max(STEPS, max(t for t, *_ in c["km_steps"]) if c["km_steps"] else 0)
-        xs, ys = [0], [1.0]
-        for t, _, _, s, _, _ in c["km_steps"]:
-            xs += [t, t]
-            ys += [ys[-1], s]
-        axes[0].plot(xs + [last_step], ys + [ys[-1]], label=f"{est} ({c['collapsed']}/{len(c['seeds'])})",
-                     lw=2.5 if est in ("otb", "group_mean") else 1.2)
-        xs, ys = [0], [1.0]
-        for t, _, _, s, _, _ in c["km_tokens"]:
-            xs += [t, t]
-            ys += [ys[-1], s]
-        axes[1].plot(xs, ys, lw=2.5 if est in ("otb", "group_mean") else 1.2, label=est)
-    for est in ("otb", "group_mean"):
+        style = dict(color=COLORS.get(est), lw=2.5 if est in ("otb", "group_mean") else 1.2)
+        axes[0].plot(*km_line(c["km_steps"], c["last_step"]), label=f"{est} ({c['collapsed']}/{len(c['seeds'])})",
+                     **style)
+        axes[1].plot(*km_line(c["km_tokens"], c["last_tokens"]), label=est, **style)
+    for shift, est in zip((0.98, 1.02), ("otb", "group_mean")):
         pts = sorted((lr, c) for (e, lr), c in cells.items() if e == est)
         if pts:
-            axes[2].errorbar([lr for lr, _ in pts], [c["rate"] for _, c in pts],
+            axes[2].errorbar([lr * shift for lr, _ in pts], [c["rate"] for _, c in pts],
                              yerr=[[c["rate"] - c["rate_lo"] for _, c in pts], [c["rate_hi"] - c["rate"] for _, c in pts]],
-                             marker="o", capsize=3, label=est)
+                             marker="o", capsize=3, color=COLORS[est],
+                             label=f"{est} ({', '.join(str(len(c['seeds'])) for _, c in pts)} seeds)")
     axes[0].set(xlabel="step", ylabel="fraction of seeds not collapsed (KM)", title=f"lr {primary:g}", ylim=(-0.03, 1.03))
     axes[1].set(xlabel="sampled response tokens", ylabel="fraction not collapsed (KM)", title=f"lr {primary:g}",
                 ylim=(-0.03, 1.03))
@@ -411,7 +423,7 @@ def plot(cells, path, primary=PRIMARY_LR):
             ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
-    plt.close(fig)
+    return fig
 
 
 # =====================================================================================
@@ -471,7 +483,8 @@ def main(argv=None):
                   cells={key(c): v for c, v in cells.items()}, primary=primary_test, secondary=secondary)
     out.mkdir(parents=True, exist_ok=True)
     write_results(out, "results", json.loads(json.dumps(record)), text, md_stem="summary")
-    plot(cells, out / "survival.png", args.primary_lr)
+    import matplotlib.pyplot as plt
+    plt.close(plot(cells, out / "survival.png", args.primary_lr))
     print(f"{time.time() - t0:.0f} s")
     return record
 
