@@ -337,7 +337,32 @@ PAIR_HEAD = ["| A vs B | paired seeds | collapse rate A vs B | A only | B only |
              "|---|---|---|---|---|---|---|---|---|---|"]
 
 
-def report(cells, primary_test, secondary, source, primary=PRIMARY_LR):
+def later(per_run, a, b):
+    """Post hoc: on the seeds both ran, how many times A's collapse step (censored runs: their last
+    step) is later than B's, earlier, or equal; the exact sign test (5) on later vs earlier."""
+    seeds = sorted(set(per_run.get(a, {})) & set(per_run.get(b, {})))
+    ta = [per_run[a][s]["time_steps"] for s in seeds]
+    tb = [per_run[b][s]["time_steps"] for s in seeds]
+    n_later = sum(x > y for x, y in zip(ta, tb))
+    n_earlier = sum(x < y for x, y in zip(ta, tb))
+    return dict(seeds=seeds, later=n_later, earlier=n_earlier, ties=len(seeds) - n_later - n_earlier,
+                p_value=mcnemar_exact(n_later, n_earlier))
+
+
+def seed_table(per_run, primary=PRIMARY_LR):
+    """Per seed, the two primary runs side by side."""
+    a, b = per_run.get(("otb", primary), {}), per_run.get(("group_mean", primary), {})
+    lines = ["| seed | otb: collapse step (dip) | group_mean: collapse step (dip) | otb: max grad norm | "
+             "group_mean: max grad norm | otb: final success | group_mean: final success |",
+             "|---|---|---|---|---|---|---|"]
+    for s in sorted(set(a) & set(b)):
+        step = lambda r: f"{r['collapse_step'] or '-'} ({r['dip_step'] or '-'})"  # noqa: E731
+        lines.append(f"| {s} | {step(a[s])} | {step(b[s])} | {a[s]['max_grad_norm']:.3f} | "
+                     f"{b[s]['max_grad_norm']:.3f} | {a[s]['final_success']:.3f} | {b[s]['final_success']:.3f} |")
+    return lines
+
+
+def report(cells, primary_test, secondary, source, primary=PRIMARY_LR, per_run=None):
     lines = ["# Stability study: results", "",
              f"Protocol: docs/stability_protocol.md (pre-registered, with its dated addenda). Written by `{source}`.",
              "", f"Collapse: the first step t >= {WINDOW} from which the {WINDOW}-step trailing success mean stays "
@@ -358,6 +383,8 @@ def report(cells, primary_test, secondary, source, primary=PRIMARY_LR):
         pair_line(primary_test), "", f"Verdict (as pre-registered): **{primary_test['verdict']}**.", ""]
     if primary_test["pairs"] < 8:
         lines += [f"Shortfall: {primary_test['pairs']} paired seeds, fewer than the 8 the protocol requires.", ""]
+    lines += [f"Per seed at lr {primary:g} (- : none; dip: the first fall below half the best level, "
+              "recovered from or not):", ""] + seed_table(per_run or {}, primary) + [""]
     lines += ["## Secondary: otb against the other estimators, and at the other rungs (no multiplicity "
               "correction)", ""] + PAIR_HEAD + [pair_line(p) for p in secondary]
     lines += ["", f"## Secondary: survival F(t) over steps (Kaplan-Meier, 95% log-log interval), lr {primary:g}", "",
@@ -376,6 +403,13 @@ def report(cells, primary_test, secondary, source, primary=PRIMARY_LR):
         lines.append(f"| {est} | {lr:g} | {c['power_rose']}/{c['power_evaluable']} (of {c['collapsed']}) | {num(c['power_rise_median'])} | "
                      f"{c['power_rose_no_collapse']}/{c['power_evaluable_no_collapse']} | "
                      f"{num(c['power_rise_median_no_collapse'])} |")
+    t = later(per_run or {}, ("otb", primary), ("group_mean", primary))
+    if t["seeds"]:
+        lines += ["", "## Post hoc (not pre-registered): does OTB collapse later?", "",
+                  f"At lr {primary:g}, over the {len(t['seeds'])} paired seeds, otb's collapse step (a run that did "
+                  f"not collapse: its last step) is later than group_mean's in {t['later']}, earlier in "
+                  f"{t['earlier']}, equal in {t['ties']}; exact sign test P = {t['p_value']:.3f}. A question asked "
+                  "after the first results, not a test the protocol planned."]
     return "\n".join(lines) + "\n"
 
 
@@ -475,12 +509,13 @@ def main(argv=None):
         sys.exit(f"no saved runs in {saved}")
     per_run, cells, primary_test, secondary = analyse(histories, args.primary_lr)
     source = "python benchmarks/stability.py --from-saved benchmarks/results/stability"
-    text = report(cells, primary_test, secondary, source, args.primary_lr)
+    text = report(cells, primary_test, secondary, source, args.primary_lr, per_run)
     key = lambda cell: f"{cell[0]} lr {cell[1]:g}"  # noqa: E731
     record = dict(protocol="docs/stability_protocol.md", command=source, primary_lr=args.primary_lr,
                   collapse_rule=dict(window=WINDOW, ratio=RATIO), rise=RISE,
                   per_run={key(c): {str(s): r for s, r in runs.items()} for c, runs in per_run.items()},
-                  cells={key(c): v for c, v in cells.items()}, primary=primary_test, secondary=secondary)
+                  cells={key(c): v for c, v in cells.items()}, primary=primary_test, secondary=secondary,
+                  post_hoc_later=later(per_run, ("otb", args.primary_lr), ("group_mean", args.primary_lr)))
     out.mkdir(parents=True, exist_ok=True)
     write_results(out, "results", json.loads(json.dumps(record)), text, md_stem="summary")
     import matplotlib.pyplot as plt
