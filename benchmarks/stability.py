@@ -349,6 +349,33 @@ def later(per_run, a, b):
                 p_value=mcnemar_exact(n_later, n_earlier))
 
 
+def around_collapse(rows, t_c, k=WINDOW):
+    """Post hoc: mean grad_norm and response_len over the k steps before the window in which success
+    fell (steps t_c - 2k < u <= t_c - k) and over the run's last k steps; None before when t_c < 2k."""
+    def mean_of(key, part):
+        return fmean(r[key] for r in part) if part else None
+    before = rows[t_c - 2 * k:t_c - k] if t_c >= 2 * k else []
+    return dict(grad_before=mean_of("grad_norm", before), grad_last=mean_of("grad_norm", rows[-k:]),
+                len_before=mean_of("response_len", before), len_last=mean_of("response_len", rows[-k:]))
+
+
+def around_table(histories, per_run, primary=PRIMARY_LR):
+    """Post hoc, per estimator at the primary rate: medians over its collapsed runs of around_collapse."""
+    lines = ["| estimator | collapsed runs (judged: collapse at step >= 20) | grad norm before the fall | grad norm, "
+             "last 10 steps | response length before the fall | response length, last 10 steps |",
+             "|---|---|---|---|---|---|"]
+    for (est, lr), runs in sorted(per_run.items()):
+        if lr != primary:
+            continue
+        got = [around_collapse(histories[(est, lr)][s], r["collapse_step"]) for s, r in sorted(runs.items())
+               if r["collapsed"]]
+        judged = [g for g in got if g["grad_before"] is not None]
+        med = lambda key: median(g[key] for g in judged) if judged else None  # noqa: E731
+        lines.append(f"| {est} | {len(got)} ({len(judged)}) | {num(med('grad_before'), '.3f')} | "
+                     f"{num(med('grad_last'), '.3f')} | {num(med('len_before'), '.1f')} | {num(med('len_last'), '.1f')} |")
+    return lines
+
+
 def seed_table(per_run, primary=PRIMARY_LR):
     """Per seed, the two primary runs side by side."""
     a, b = per_run.get(("otb", primary), {}), per_run.get(("group_mean", primary), {})
@@ -362,7 +389,7 @@ def seed_table(per_run, primary=PRIMARY_LR):
     return lines
 
 
-def report(cells, primary_test, secondary, source, primary=PRIMARY_LR, per_run=None):
+def report(cells, primary_test, secondary, source, primary=PRIMARY_LR, per_run=None, histories=None):
     lines = ["# Stability study: results", "",
              f"Protocol: docs/stability_protocol.md (pre-registered, with its dated addenda). Written by `{source}`.",
              "", f"Collapse: the first step t >= {WINDOW} from which the {WINDOW}-step trailing success mean stays "
@@ -410,6 +437,10 @@ def report(cells, primary_test, secondary, source, primary=PRIMARY_LR, per_run=N
                   f"not collapse: its last step) is later than group_mean's in {t['later']}, earlier in "
                   f"{t['earlier']}, equal in {t['ties']}; exact sign test P = {t['p_value']:.3f}. A question asked "
                   "after the first results, not a test the protocol planned."]
+        lines += ["", "Post hoc: is a collapse a surge of the gradient? Medians over each estimator's collapsed runs "
+                  f"at lr {primary:g} of the mean gradient norm (before clipping at 1.0) and response length over "
+                  "the 10 steps before the window in which success fell, and over the run's last 10 steps:", ""]
+        lines += around_table(histories or {}, per_run or {}, primary)
     return "\n".join(lines) + "\n"
 
 
@@ -509,7 +540,7 @@ def main(argv=None):
         sys.exit(f"no saved runs in {saved}")
     per_run, cells, primary_test, secondary = analyse(histories, args.primary_lr)
     source = "python benchmarks/stability.py --from-saved benchmarks/results/stability"
-    text = report(cells, primary_test, secondary, source, args.primary_lr, per_run)
+    text = report(cells, primary_test, secondary, source, args.primary_lr, per_run, histories)
     key = lambda cell: f"{cell[0]} lr {cell[1]:g}"  # noqa: E731
     record = dict(protocol="docs/stability_protocol.md", command=source, primary_lr=args.primary_lr,
                   collapse_rule=dict(window=WINDOW, ratio=RATIO), rise=RISE,

@@ -130,6 +130,13 @@ def test_summarize_run_reads_the_collapse_the_tokens_and_the_power_before_it():
     assert st.power_rise([1.0] * 30, 15) is None  # collapse before 2k: nothing before the fall
 
 
+def test_around_collapse_takes_the_window_before_the_fall_and_the_last_window():
+    rows = [dict(grad_norm=float(u), response_len=2.0 * u) for u in range(1, 41)]  # step u: grad u, length 2u
+    got = st.around_collapse(rows, 25)  # before: steps 6..15 (mean 10.5); last: steps 31..40 (mean 35.5)
+    assert got == dict(grad_before=10.5, grad_last=35.5, len_before=21.0, len_last=71.0)
+    assert st.around_collapse(rows, 19)["grad_before"] is None  # a fall inside the first 2k steps
+
+
 # ---- names, order, the committed tables
 
 def test_run_names_round_trip_and_the_primary_pair_runs_first():
