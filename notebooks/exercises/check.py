@@ -64,9 +64,9 @@ _LIBRARIES = tuple(str(Path(p).resolve()) for p in {sys.prefix, sys.base_prefix,
 
 
 def _is_project(filename):
-    """True for a file of this project (otb.py, check.py, ...) or of an installed library (torch)."""
-    path = str(Path(filename).resolve())
-    return path.startswith(_LIBRARIES) or path.startswith(str(_PROJECT) + "/") and path.endswith(".py")
+    """True for a module of this project (otb.py, toy_harness.py, check.py) or of an installed library."""
+    path = Path(filename).resolve()
+    return str(path).startswith(_LIBRARIES) or path.parent in (_PROJECT, Path(__file__).resolve().parent)
 
 
 def _where(tb):

@@ -79,8 +79,9 @@ def results(nb):
     return found
 
 
-def report(path, found, out=sys.stdout):
+def report(path, found, out=None):
     """Print one notebook's verdicts; returns the number of checks that are not CORRECT."""
+    out = out or sys.stdout
     print(Path(path).name, file=out)
     if not found:
         print("  NOT YET   no check cells found (is this an exercise notebook?)", file=out)
