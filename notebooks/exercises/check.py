@@ -237,7 +237,7 @@ def ex1a_sum_pi_squared(student_fn):
 
 
 def _autograd_token_energy(logits, tokens):
-    """||d log softmax(z)_y / dz||^2 per position by autograd: the exact quantity eq. (7) claims."""
+    """||d log softmax(z)_y / dz||^2 per position by autograd: the exact quantity eq. (7) of otb.py claims."""
     z = logits.detach().double().requires_grad_(True)  # (B, T, V)
     lp = z.log_softmax(-1).gather(-1, tokens[..., None])[..., 0]  # (B, T)
     (grad,) = torch.autograd.grad(lp.sum(), z)  # positions do not interact: each gets its own gradient
@@ -419,7 +419,7 @@ def ex3b_realized_energy(student_fn):
                         references=_REF_3)
             if isinstance(got, torch.Tensor) and got.shape == want.shape:
                 got = got * b["response_mask"]  # padded positions are not compared
-            _compare(got, want, case, "W_t = w_1 + ... + w_t: a cumulative sum over positions (dim=-1) of the "
+            _compare(got, want, case, "W_t = w_0 + ... + w_t: a cumulative sum over positions (dim=-1) of the "
                      "token energy otb.token_energy(log_probs, sum_pi_sq)", atol=1e-4)
         return "W_t equals the running sum of squared logit-gradient norms computed by autograd."
     return _verdict("Exercise 3b (realized energy W_t)", body)
