@@ -24,8 +24,11 @@ RESUME = ["--estimator", "otb", "--steps", "6", "--lr-schedule", "length", "--lr
 
 
 @pytest.fixture(scope="module")
-def out(tmp_path_factory):
-    return tmp_path_factory.mktemp("runs")
+def out(tmp_path_factory, warm_ups):
+    """One --out folder for this module's runs (distinct --name each), the session's warm-up cache."""
+    folder = tmp_path_factory.mktemp("runs")
+    (folder / "_cache").symlink_to(warm_ups, target_is_directory=True)
+    return folder
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -321,11 +324,11 @@ def test_the_saved_table_summarises_the_saved_metrics():
             assert cell == ("-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)), (name, col)
 
 
-def test_the_default_configuration_repeats_the_saved_default_run(tmp_path):
+def test_the_default_configuration_repeats_the_saved_default_run(out):
     """The default configuration itself (its own warm-up, every setting a default) run as
     --estimator otb for 10 steps gives the first 10 saved rows of otb-n4: success exactly, every
     other metric but the wall-clock times to rel 1e-4 (the CI's 2 threads round differently)."""
-    rows = train.main(["--estimator", "otb", "--steps", "10", "--out", str(tmp_path), "--name", "otb"])
+    rows = train.main(["--estimator", "otb", "--steps", "10", "--out", str(out), "--name", "default-otb"])
     saved = metrics(DEFAULT_RUN / "otb-n4")[:10]
     assert [r["success"] for r in rows] == [r["success"] for r in saved]
     for row, want in zip(without_times(rows), without_times(saved), strict=True):
