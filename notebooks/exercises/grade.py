@@ -38,9 +38,14 @@ _VERDICT = re.compile(r"^(?P<title>Exercise .*?): (?P<verdict>CORRECT|NOT YET CO
 def run_copy(path, timeout=300):
     """The notebook at ``path``, executed in memory (the file is only read); returns the executed copy."""
     nb = nbformat.reads(Path(path).read_text(encoding="utf-8"), as_version=4)
-    os.environ.setdefault("OTB_ROOT", str(ROOT))  # the kernel inherits it: notebooks outside the project work
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
-                   resources={"metadata": {"path": str(Path(path).resolve().parent)}}).execute()
+    before = os.environ.get("OTB_ROOT")
+    os.environ["OTB_ROOT"] = before or str(ROOT)  # the kernel inherits it: notebooks outside the project work
+    try:
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
+                       resources={"metadata": {"path": str(Path(path).resolve().parent)}}).execute()
+    finally:
+        if before is None:
+            del os.environ["OTB_ROOT"]
     return nb
 
 
