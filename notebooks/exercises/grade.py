@@ -42,6 +42,7 @@ def run_copy(path, timeout=300):
     os.environ["OTB_ROOT"] = before or str(ROOT)  # the kernel inherits it: notebooks outside the project work
     try:
         NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
+                       extra_arguments=["--IPKernelApp.log_level=ERROR"],  # no kernel chatter on the screen
                        resources={"metadata": {"path": str(Path(path).resolve().parent)}}).execute()
     finally:
         if before is None:
@@ -99,7 +100,7 @@ def report(path, found, out=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\nEach")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="The notebooks are never modified: they are run in memory.")
     parser.add_argument("notebooks", nargs="*", type=Path,
