@@ -13,7 +13,7 @@
     python notebooks/teaching_figures.py                      # writes docs/figures/*.png
     python notebooks/teaching_figures.py --out /tmp/figures   # anywhere else
 
-Notebook 01 draws the first figure with ``plot_baselines``; the test suite runs ``main`` into a
+Notebook 01 draws the first figure with ``plot_baselines`` and prints ``energy_by_outcome``; the test suite runs ``main`` into a
 temporary folder and checks the numbers behind the first figure against toy_env.
 """
 import argparse
@@ -46,6 +46,19 @@ def baselines_by_position(en):
         "b_star": oracle["b_star"],  # the classic constant, (T,)
         "active": en.expect(en.mask),  # P(the response is still running at t), (T,)
     }
+
+
+def energy_by_outcome(en, t):
+    """Among the responses still running at position t: the share that succeed, and the mean w_t and
+    W_t of the failures (R = 0) and of the successes (R = 1), pi-weighted. What tells the w_t- and the
+    W_t-weighted baselines apart at t."""
+    w = en.w_proxy * en.mask  # w_t, (M, T)
+    W = w.cumsum(-1) * en.mask  # W_t, (M, T)
+    running = en.pi * en.mask[:, t]  # pi(tau) for responses running at t, 0 elsewhere, (M,)
+    out = {"success_share": ((running * en.R).sum() / running.sum()).item()}
+    for name, x in (("w", w[:, t]), ("W", W[:, t])):
+        out[name] = tuple(((running * (en.R == r) * x).sum() / (running * (en.R == r)).sum()).item() for r in (0, 1))
+    return out
 
 
 def plot_baselines(en, ax=None):

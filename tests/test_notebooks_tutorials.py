@@ -14,6 +14,7 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "notebooks"))
 import execute  # noqa: E402  (notebooks/execute.py)
+import teaching_figures  # noqa: E402  (notebooks/teaching_figures.py)
 
 
 @pytest.mark.parametrize("path", execute.TUTORIALS)
@@ -39,9 +40,6 @@ def test_the_staleness_check_sees_a_changed_number_but_not_a_time():
     assert execute.stale_cells(nb, other) == ["code cell 0: 0 figure(s) stored, 1 fresh"]
 
 
-import teaching_figures  # noqa: E402  (notebooks/teaching_figures.py)
-
-
 def test_teaching_figures_are_written_and_the_baselines_behind_figure_1_are_exact(tmp_path):
     import torch
     import toy_env
@@ -58,3 +56,16 @@ def test_teaching_figures_are_written_and_the_baselines_behind_figure_1_are_exac
     for name in ("baselines.png", "masks.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (ROOT / "docs" / "figures" / name).is_file(), f"docs/figures/{name}: run python notebooks/teaching_figures.py"
+
+
+def test_energy_by_outcome_splits_the_running_responses_consistently():
+    import toy_env
+    en = toy_env.enumerate_toy(toy_env.ToyConfig())
+    for t in (3, 6):
+        split = teaching_figures.energy_by_outcome(en, t)
+        running = en.pi * en.mask[:, t]
+        p = split["success_share"]
+        assert abs(p - (running * en.G[:, t]).sum().item() / running.sum().item()) < 1e-12  # G_t = R when running
+        for name, x in (("w", en.w_proxy[:, t]), ("W", (en.w_proxy * en.mask).cumsum(-1)[:, t])):
+            overall = (running * x).sum().item() / running.sum().item()
+            assert abs((1 - p) * split[name][0] + p * split[name][1] - overall) < 1e-12  # the two parts mix back
