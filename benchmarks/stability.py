@@ -33,7 +33,6 @@ tests/test_exact_stability.py):
 import json
 import math
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ from benchmarks import grid  # noqa: E402
 from benchmarks.cli import at_least, choice_list, out_folder, parser, write_results  # noqa: E402
 import otb  # noqa: E402
 import stats  # noqa: E402
+from plumbing import read_jsonl  # noqa: E402
 
 # ---- the protocol (docs/stability_protocol.md); change only by an addendum there
 HORIZON = 64
@@ -232,10 +232,8 @@ def collect(runs, saved, finished_only=True):
             continue
         if finished_only and not (folder / "DONE").exists():
             continue
-        lines = []
-        for line in (folder / "metrics.jsonl").read_text().splitlines():
-            r = json.loads(line)
-            lines.append(json.dumps({k: float(f"{r[k]:.6g}") if isinstance(r[k], float) else r[k] for k in KEEP}))
+        lines = [json.dumps({k: float(f"{r[k]:.6g}") if isinstance(r[k], float) else r[k] for k in KEEP})
+                 for r in read_jsonl(folder / "metrics.jsonl")]
         (saved / f"{folder.name}.jsonl").write_text("\n".join(lines) + "\n")
 
 
@@ -244,7 +242,7 @@ def load_saved(saved):
     out = {}
     for path in sorted(Path(saved).glob("*.jsonl")):
         est, seed, lr = parse_name(path.stem)
-        out.setdefault((est, lr), {})[seed] = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        out.setdefault((est, lr), {})[seed] = read_jsonl(path)
     return out
 
 
