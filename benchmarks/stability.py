@@ -454,11 +454,9 @@ def km_line(curve, last):
     return xs + [max(last, xs[-1])], ys + [ys[-1]]
 
 
-def plot(cells, path, primary=PRIMARY_LR):
+def plot(cells, path=None, primary=PRIMARY_LR):
     """Survival by estimator over steps and over sampled tokens at the primary rate; collapse rate
-    against the learning rate for otb and group_mean."""
-    import matplotlib
-    matplotlib.use("Agg")
+    against the learning rate for otb and group_mean. Saved to ``path`` unless it is None."""
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for (est, lr), c in cells.items():
@@ -485,7 +483,8 @@ def plot(cells, path, primary=PRIMARY_LR):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    if path is not None:
+        fig.savefig(path, dpi=80)
     return fig
 
 
@@ -547,6 +546,8 @@ def main(argv=None):
                   post_hoc_later=later(per_run, ("otb", args.primary_lr), ("group_mean", args.primary_lr)))
     out.mkdir(parents=True, exist_ok=True)
     write_results(out, "results", json.loads(json.dumps(record)), text, md_stem="summary")
+    import matplotlib
+    matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt
     plt.close(plot(cells, out / "survival.png", args.primary_lr))
     print(f"{time.time() - t0:.0f} s")
