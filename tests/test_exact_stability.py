@@ -178,3 +178,11 @@ def test_runner_end_to_end_two_tiny_runs(tmp_path):
     assert "| otb | 0.001 | 1 | 0 |" in summary and "| group_mean | 0.001 | 1 | 0 |" in summary
     st.main(["--from-saved", str(tmp_path / "out"), "--out", str(tmp_path / "again"), "--primary-lr", "1e-3"])
     assert (tmp_path / "again" / "summary.md").read_text() == summary
+
+
+@pytest.mark.skipif(not (RESULTS / "summary.md").is_file(), reason="no saved results yet")
+def test_the_docs_tables_are_rows_of_the_committed_summary():
+    doc = (RESULTS.parent.parent.parent / "docs" / "stability.md").read_text()
+    summary = (RESULTS / "summary.md").read_text().splitlines()
+    rows = [line for line in doc.splitlines() if line.startswith("|")]
+    assert len(rows) >= 12 and [r for r in rows if r not in summary] == []
