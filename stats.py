@@ -1,4 +1,4 @@
-"""Intervals a referee would sign: the bootstrap over prompts, paired ratios, seeds on the log scale.
+"""Intervals a referee would sign: the bootstrap over prompts, ratios near zero, seeds as strata.
 
 Every quality number this project prints (``scale_free.py``'s alpha, cosine and normalised
 variance, and the gain of one estimator over another) is an estimate from a finite sample, and
@@ -11,24 +11,50 @@ uncertainty comes from resampling prompts, and nothing else:
                  between two of them keeps the correlation of their shared prompts          (2)
     interval     the 2.5% and 97.5% quantiles of the R recomputed values (percentile)      (3)
 
-A ratio whose denominator's interval covers 0 has no meaningful size (it can be anything from
--inf to +inf): it is reported as "unresolved", never as a number. Values with a known range
-(a cosine lies in [-1, 1]) are shown inside it; an estimate that fell outside is shown at the
-bound and marked with ``*``.
+Ratios near zero
+----------------
+A ratio rho = a / b whose denominator b is weakly resolved has a percentile interval that moves
+with the bootstrap's random seed, and an estimate of b near 0 sends replicates to +-inf. Instead
+the interval is the set of rho that a z test of a - rho b = 0 does not reject (Fieller's method),
+with the variances and covariance of (a, b) taken from the same bootstrap replicates:
 
-Seeds (independent warm-ups and training runs) are a second, coarser unit. A ratio measured on k
-seeds is combined on the log scale, where ratios add:
+    (a - rho b)^2 <= z^2 (v_aa - 2 rho v_ab + rho^2 v_bb),   z = z_{(1 + level) / 2}      (4)
 
-    geometric mean  exp(mean_s log x_s),  interval  exp(mean +- t(0.975, k - 1) sd / sqrt(k))  (4)
+a quadratic inequality in rho. When b is resolved (b^2 > z^2 v_bb) the set is a bounded interval;
+otherwise it is two rays or the whole line: a ratio with one resolved side only (the set's one
+finite end is a one-sided bound), or none. If (a, b) is normal with known covariance, the set
+covers the true ratio with probability ``level`` exactly, bounded or not. A ratio that must be
+>= 0 (a gain) is reported on the set intersected with [0, inf).
 
-with the t quantile of k - 1 degrees of freedom (``t_quantile``, exact for integer degrees of
-freedom: the Student t distribution function has a closed form then, Abramowitz & Stegun 26.7.3-4).
-With 3 seeds that is t = 4.30: three seeds resolve only large effects, and the tables say so.
+Seeds: strata, and a random-effects check
+-----------------------------------------
+Seeds (independent warm-ups) are a second unit. The headline for a cell measured on several
+seeds is the *stratified pooled ratio*: prompts are resampled within each seed (independent
+draws per seed), each side of the ratio is summed over seeds, and (4) is applied to the sums:
 
-Small helpers used by the benchmarks sit at the end: mean and standard error, a t interval of a
-mean (paired differences), Pearson and Spearman correlations.
+    a = sum_s a_s,  b = sum_s b_s,   replicates a^(r) = sum_s a_s^(r)                       (5)
+
+a statement about these checkpoints (their prompts are the random part). Beside it, to show
+whether the seeds agree, each seed's log-ratio y_s with its bootstrap standard error se_s enters
+a DerSimonian-Laird random-effects model (DerSimonian & Laird 1986), with weights w_s = 1 / se_s^2:
+
+    Q = sum_s w_s (y_s - y_w)^2,   y_w = sum_s w_s y_s / sum_s w_s       (Cochran's Q, df k - 1)
+    tau^2 = max(0, (Q - (k - 1)) / (sum w - sum w^2 / sum w))          (between-seed variance)
+    mu = sum w*_s y_s / sum w*_s,  w*_s = 1 / (se_s^2 + tau^2),  mu +- z / sqrt(sum w*_s)     (6)
+
+and I^2 = max(0, (Q - (k - 1)) / Q), the share of the spread that is between seeds. Q's p-value
+is the chi-square survival function with k - 1 degrees of freedom (closed form for integer df).
+
+Values with a known range (a cosine lies in [-1, 1], a gain and a squared bias in [0, inf)) are
+stored inside it (``clip``, which says whether it moved anything) and printed with a mark ``*``
+wherever a number was moved.
+
+The t distribution (``t_cdf``, ``t_quantile``: exact for integer degrees of freedom, Abramowitz &
+Stegun 26.7.3-4) serves paired differences over seeds (``mean_interval``). Small helpers used by
+the benchmarks sit at the end: mean and standard error, Pearson and Spearman correlations.
 """
 import math
+from statistics import NormalDist
 
 import torch
 
@@ -72,7 +98,127 @@ def ratio(point, reps, den_lo, den_hi, level=0.95):
 
 
 # =====================================================================================
-# Seeds on the log scale, eq. (4)
+# Ratios near zero: the test-inversion (Fieller) set, eq. (4)
+# =====================================================================================
+
+def z_quantile(p):
+    """The p-quantile of the standard normal distribution."""
+    if not 0 < p < 1:
+        raise ValueError(f"p must be in (0, 1), got {p}")
+    return NormalDist().inv_cdf(p)
+
+
+def fieller(a, b, v_aa, v_bb, v_ab, level=0.95, low=-math.inf, high=math.inf):
+    """Eq. (4): the ratios rho = a / b that a z test of a - rho b = 0 does not reject, given the
+    variances v_aa, v_bb and covariance v_ab of (a, b), intersected with the range [low, high].
+    Returns (lo, hi): a bounded interval; one end at the range's end (a one-sided bound, the other end
+    open); (low, high) when the set says nothing (the whole line, or two pieces within the range)."""
+    z2 = z_quantile((1 + level) / 2) ** 2
+    A, B, C = b * b - z2 * v_bb, -2 * (a * b - z2 * v_ab), a * a - z2 * v_aa  # A rho^2 + B rho + C <= 0
+    D = B * B - 4 * A * C
+    if A > 0:  # b resolved: a bounded interval (D >= 0, since rho = a / b satisfies (4))
+        r = math.sqrt(max(D, 0.0))
+        pieces = [((-B - r) / (2 * A), (-B + r) / (2 * A))]
+    elif D > 0:  # b not resolved: two rays outside the roots
+        r1, r2 = sorted(((-B - math.sqrt(D)) / (2 * A), (-B + math.sqrt(D)) / (2 * A)))
+        pieces = [(-math.inf, r1), (r2, math.inf)]
+    else:  # nothing is rejected
+        pieces = [(-math.inf, math.inf)]
+    inside = [(max(lo, low), min(hi, high)) for lo, hi in pieces if hi >= low and lo <= high]
+    if len(inside) == 1:
+        return inside[0]
+    if inside:  # two pieces within the range: no single statement
+        return low, high
+    return (low, low) if pieces[0][1] < low else (high, high)  # the data reject the whole range: its end
+
+
+def covariance(x_reps, y_reps):
+    """(v_xx, v_yy, v_xy): the sample (co)variances of paired replicates (R,), over the finite pairs."""
+    x, y = torch.as_tensor(x_reps, dtype=torch.float64), torch.as_tensor(y_reps, dtype=torch.float64)
+    ok = torch.isfinite(x) & torch.isfinite(y)
+    x, y = x[ok] - x[ok].mean(), y[ok] - y[ok].mean()
+    n = x.numel() - 1
+    return (x @ x / n).item(), (y @ y / n).item(), (x @ y / n).item()
+
+
+def ratio_set(a, b, a_reps, b_reps, level=0.95, low=-math.inf, high=math.inf):
+    """A ratio a / b with its eq. (4) set from paired bootstrap replicates of (a, b): (value, lo, hi),
+    value clipped into [low, high] (nan when b is 0 or either side is not finite)."""
+    value = a / b if b != 0 and math.isfinite(a) and math.isfinite(b) else math.nan
+    lo, hi = fieller(a, b, *covariance(a_reps, b_reps), level=level, low=low, high=high)
+    return (min(max(value, low), high) if not math.isnan(value) else value), lo, hi
+
+
+def verdict(lo, hi, null=1.0):
+    """'above' / 'below' when the set (lo, hi) lies entirely on one side of ``null``, else 'covers'."""
+    return "above" if lo > null else "below" if hi < null else "covers"
+
+
+# =====================================================================================
+# Seeds: strata of the bootstrap, and the random-effects check, eqs. (5)-(6)
+# =====================================================================================
+
+def stratified(parts):
+    """Eq. (5): [(point, replicates (R,)), ...] over strata (seeds, each with its own independent
+    draws) -> (sum of the points, sum of the replicates (R,))."""
+    points, reps = zip(*parts)
+    return sum(float(x) for x in points), torch.stack([torch.as_tensor(r, dtype=torch.float64) for r in reps]).sum(0)
+
+
+def log_ratio_se(a_reps, b_reps):
+    """The bootstrap standard error of log(a / b) from paired replicates; nan unless every replicate
+    of both sides is positive and finite (a ratio not resolved away from 0 has no log scale)."""
+    a, b = torch.as_tensor(a_reps, dtype=torch.float64), torch.as_tensor(b_reps, dtype=torch.float64)
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all() and (a > 0).all() and (b > 0).all()):
+        return math.nan
+    return (a.log() - b.log()).std().item()
+
+
+def chi2_sf(x, df):
+    """P(X >= x) for a chi-square with an integer number of degrees of freedom (closed forms)."""
+    if df < 1 or int(df) != df:
+        raise ValueError(f"df must be a positive integer, got {df}")
+    if x <= 0:
+        return 1.0
+    if df % 2 == 0:  # exp(-x/2) sum_{k < df/2} (x/2)^k / k!
+        term = total = 1.0
+        for k in range(1, df // 2):
+            term *= x / 2 / k
+            total += term
+        return math.exp(-x / 2) * total
+    # odd: erfc(sqrt(x/2)) + sqrt(2/pi) exp(-x/2) sum_{k=1}^{(df-1)/2} x^{k - 1/2} / (1*3*...*(2k-1))
+    term, total = math.sqrt(x), 0.0
+    for k in range(1, (df - 1) // 2 + 1):
+        total += term
+        term *= x / (2 * k + 1)
+    return math.erfc(math.sqrt(x / 2)) + math.sqrt(2 / math.pi) * math.exp(-x / 2) * total
+
+
+def random_effects(y, se, level=0.95):
+    """Eq. (6), DerSimonian-Laird: per-stratum estimates y (k,) with standard errors se (k,) ->
+    dict(mean, lo, hi, se, tau2, Q, df, p (Q's chi-square p-value), I2, k). nan without k >= 1 finite
+    pairs with se > 0."""
+    y, se = [float(v) for v in y], [float(v) for v in se]
+    k = len(y)
+    if k == 0 or any(not math.isfinite(v) for v in y + se) or any(v <= 0 for v in se):
+        return dict(mean=math.nan, lo=math.nan, hi=math.nan, se=math.nan, tau2=math.nan, Q=math.nan,
+                    df=max(k - 1, 0), p=math.nan, I2=math.nan, k=k)
+    w = [1 / v ** 2 for v in se]  # w_s
+    y_w = sum(wi * yi for wi, yi in zip(w, y)) / sum(w)
+    Q = sum(wi * (yi - y_w) ** 2 for wi, yi in zip(w, y))  # Cochran's Q
+    c = sum(w) - sum(wi ** 2 for wi in w) / sum(w)
+    tau2 = max(0.0, (Q - (k - 1)) / c) if k > 1 else 0.0  # tau^2
+    w_star = [1 / (v ** 2 + tau2) for v in se]  # w*_s
+    mu = sum(wi * yi for wi, yi in zip(w_star, y)) / sum(w_star)
+    se_mu = math.sqrt(1 / sum(w_star))
+    half = z_quantile((1 + level) / 2) * se_mu
+    return dict(mean=mu, lo=mu - half, hi=mu + half, se=se_mu, tau2=tau2, Q=Q, df=k - 1,
+                p=chi2_sf(Q, k - 1) if k > 1 else math.nan,
+                I2=max(0.0, (Q - (k - 1)) / Q) if k > 1 and Q > 0 else 0.0, k=k)
+
+
+# =====================================================================================
+# The t distribution, and the log scale over seeds
 # =====================================================================================
 
 def t_cdf(t, df):
@@ -133,23 +279,43 @@ def geometric_mean(xs, level=0.95):
 
 
 # =====================================================================================
-# Printing: nothing outside its range, "unresolved" instead of a meaningless number
+# Printing and storing: nothing outside its range without a mark, "unresolved" for no statement
 # =====================================================================================
 
-def fmt(value, lo=math.nan, hi=math.nan, digits=2, low=-math.inf, high=math.inf, suffix=""):
-    """'value [lo, hi]' with every number clipped to [low, high] (a clipped estimate is marked *);
-    'unresolved' when value is nan. Without an interval (nan lo/hi) only the value is shown."""
+def clip(value, lo=math.nan, hi=math.nan, low=-math.inf, high=math.inf):
+    """(value, lo, hi) moved into [low, high] (nan stays nan) and whether anything moved."""
+    out = [x if math.isnan(x) else min(max(x, low), high) for x in (value, lo, hi)]
+    return (*out, any(a != b for a, b in zip(out, (value, lo, hi)) if not math.isnan(a)))
+
+
+def fmt(value, lo=math.nan, hi=math.nan, digits=2, low=-math.inf, high=math.inf, suffix="", moved=False):
+    """'value [lo, hi]' with each number clipped to [low, high] and marked * where it was clipped
+    here, or (the value) where ``moved`` says it was clipped before it was stored; 'unresolved' when
+    value is nan. Without an interval (nan lo/hi) only the value is shown."""
     if value is None or math.isnan(value):
         return "unresolved"
 
     def show(x, mark=False):
         y = min(max(x, low), high)
-        return f"{y:.{digits}f}{suffix}" + ("*" if mark and y != x else "")
+        return f"{y:.{digits}f}{suffix}" + ("*" if mark or y != x else "")
 
-    text = show(value, mark=True)
+    text = show(value, moved)
     if not (math.isnan(lo) or math.isnan(hi)):
         text += f" [{show(lo)}, {show(hi)}]"
     return text
+
+
+def fmt_set(value, lo, hi, digits=2, low=-math.inf, high=math.inf, suffix=""):
+    """An eq. (4) set: 'value [lo, hi]' when bounded inside the range, '>= lo' or '<= hi' when only
+    one end is resolved, 'unresolved' when neither is (or value is nan)."""
+    open_lo, open_hi = not lo > low, not hi < high
+    if value is None or math.isnan(value) or (open_lo and open_hi):
+        return "unresolved"
+    if open_hi:
+        return f"\u2265 {lo:.{digits}f}{suffix}"
+    if open_lo:
+        return f"\u2264 {hi:.{digits}f}{suffix}"
+    return f"{value:.{digits}f}{suffix} [{lo:.{digits}f}{suffix}, {hi:.{digits}f}{suffix}]"
 
 
 # =====================================================================================
