@@ -48,7 +48,7 @@ Different units are independent, so each product in (7) and (8) is unbiased for 
 quantity: ||E g||^2 over the distribution of prompts, not only over the sampled ones (keeping
 u = v would add each unit's own noise and the spread of the prompts' own gradients). The
 estimate of ||E g||^2 can still come out <= 0 when the signal is lost in the noise: then (2) is
-nan ("unresolved"), and (3), a ratio with that signal as denominator, gets ``stats.py``'s eq. (4)
+nan ("unresolved"), and (3), a ratio with that signal as denominator, gets ``stats.py``'s eq. (4')
 set, which is then one-sided (nvar at least so much) or says nothing. V (6) is the noise *within* a prompt, the part a
 baseline acts on; nvar leaves out the spread between prompts' mean gradients, which a training
 batch of several prompts also carries. Everything is computed from U x U Gram matrices of the
@@ -67,7 +67,7 @@ FACTORS = {"reinforce": lambda N: 1.0, "rloo": lambda N: 1.0, "otb_loo": lambda 
 METRICS = ("alpha", "cosine", "nvar", "rmse", "raw_variance", "signal")
 RANGE = {"cosine": (-1.0, 1.0), "rmse": (0.0, 1.0), "nvar": (0.0, math.inf), "raw_variance": (0.0, math.inf),
          "gain": (0.0, math.inf)}  # where each metric can lie; printing never leaves it without a mark
-SETS = ("nvar", "gain")  # ratios reported as stats.py's eq. (4) sets
+SETS = ("nvar", "gain")  # ratios reported as stats.py's eq. (4') sets
 
 
 def unit_summary(samples):
@@ -128,7 +128,7 @@ def evaluate(s, w, factor=None, j_gram=None):
                 cosine=torch.where(ok & ref_ok, dot / (signal * ref_sq).clamp_min(1e-300).sqrt(), nan),  # (2)
                 nvar=torch.where(ok, variance / signal, math.inf),  # (3); no signal: unbounded
                 rmse=torch.where(ref_ok & (second > 0), 1 - dot ** 2 / (ref_sq * second), nan),  # (4)
-                raw_variance=variance, signal=signal, ref_sq=ref_sq)
+                raw_variance=variance, signal=signal, ref_sq=ref_sq, dot=dot)
 
 
 def evaluations(units, factors=None, replicates=2000, seed=0, j_gram=None):
@@ -160,21 +160,24 @@ def gain_parts(evals, e, b, factors=None):
     return Se * Vb, Ve * Sb, Se_r * Vb_r, Ve_r * Sb_r
 
 
-def bootstrap(units, factors=None, baseline=None, replicates=2000, seed=0, level=0.95, j_gram=None):
+def bootstrap(units, factors=None, baseline=None, replicates=2000, seed=0, level=0.95, j_gram=None,
+              evals=None):
     """Every metric of every estimator with a paired bootstrap interval over units (stats.py).
 
     units: {name: gram_stats(...)}, all over the same units (the same prompts). factors: {name: c}
     for the estimators whose E g = c r is known; their ||grad J||^2 comes from j_gram (eq. (8); None: the
     references). baseline: a name; adds ``gain`` = nvar(baseline) / nvar(e) = snr(e) / snr(baseline)
     with snr = 1 / nvar (exact ratio of variances by (5) when both factors are known).
-    nvar and gain are ratios whose denominator can be weak: their interval is stats.py's eq. (4) set
+    nvar and gain are ratios whose denominator can be weak: their interval is stats.py's eq. (4') set
     within [0, inf) (an end at 0 or inf is open: a one-sided bound). alpha, cosine and rmse take the
     percentile interval, nan (unresolved) where a quantity they divide by is not resolved.
+    evals: (point, boot) from ``evaluations`` with these arguments, when the caller has them already.
     Returns {name: {metric: (value, lo, hi)}}, values as estimated, plus ``out_of_range``: the metrics
-    whose value or interval end lies outside RANGE (a table prints them clipped and marked).
+    whose value or interval end lies outside RANGE (a table prints them clipped and marked), and with a
+    baseline ``verdict``: the gain above 1, below, around it, or at the edge (stats.replicate_verdict).
     """
     factors = factors or {}
-    point, boot = evaluations(units, factors, replicates, seed, j_gram)
+    point, boot = evals or evaluations(units, factors, replicates, seed, j_gram)
     out = {}
     for e in units:
         ref_lo, ref_hi = stats.interval(boot[e]["ref_sq"], level)
@@ -184,10 +187,9 @@ def bootstrap(units, factors=None, baseline=None, replicates=2000, seed=0, level
             p = point[e][k].item()
             needs = dict(alpha=[(ref_lo, ref_hi)], cosine=[(ref_lo, ref_hi), (sig_lo, sig_hi)],
                          rmse=[(ref_lo, ref_hi)]).get(k, [])
-            if k == "nvar":  # V / S, eq. (4) within [0, inf); no signal at the point: nvar is unbounded
+            if k == "nvar":  # V / S, eq. (4') within [0, inf); no signal at the point: nvar is unbounded
                 V, S = point[e]["raw_variance"].item(), point[e]["signal"].item()
-                lo, hi = stats.fieller(V, S, *stats.covariance(boot[e]["raw_variance"], boot[e]["signal"]),
-                                       level=level, low=0.0)
+                lo, hi = stats.inverted_set(boot[e]["raw_variance"], boot[e]["signal"], V, S, level=level, low=0.0)
                 row[k] = (V / S if S > 0 else math.inf, lo, hi)
             elif any(stats.covers_zero(lo, hi) for lo, hi in needs) or not math.isfinite(p):
                 row[k] = (math.nan, math.nan, math.nan)  # unresolved
@@ -198,13 +200,14 @@ def bootstrap(units, factors=None, baseline=None, replicates=2000, seed=0, level
     for e in units:
         if baseline is not None:
             out[e]["gain"] = gain([(point, boot)], e, baseline, factors, level)
+            out[e]["verdict"] = gain_verdict([(point, boot)], e, baseline, factors, level) if e != baseline else "-"
         out[e]["out_of_range"] = [k for k, v in out[e].items() if k in RANGE and stats.clip(*v, *RANGE[k])[3]]
     return out
 
 
 def cell(key, interval, factor=None, digits=2, exact=".3g", moved=False):
     """One metric for a table: alpha = c and cosine = 1 marked "(exact)" where E g = c grad J is known
-    (``factor``); nvar and gain, eq. (4) sets, as "value [lo, hi]", a one-sided bound or "unresolved"
+    (``factor``); nvar and gain, eq. (4') sets, as "value [lo, hi]", a one-sided bound or "unresolved"
     (stats.fmt_set); the others as "value [lo, hi]" inside RANGE[key], each clipped number marked *
     (``moved``: the value was clipped before it was stored)."""
     if key in ("alpha", "cosine") and factor is not None:
@@ -217,5 +220,11 @@ def cell(key, interval, factor=None, digits=2, exact=".3g", moved=False):
 
 def gain(evals, e, b, factors, level=0.95):
     """snr(e) / snr(b) = nvar(b) / nvar(e), with snr = signal / tr Var, over the strata ``evals``
-    (``gain_parts``): (value, lo, hi), the eq. (4) set of stats.py within [0, inf)."""
+    (``gain_parts``): (value, lo, hi), the eq. (4') set of stats.py within [0, inf)."""
     return stats.ratio_set(*gain_parts(evals, e, b, factors), level=level, low=0.0)
+
+
+def gain_verdict(evals, e, b, factors, level=0.95):
+    """Whether the gain lies above 1, below 1, around it, or at the Monte Carlo edge (stats.replicate_verdict)."""
+    _, _, num_r, den_r = gain_parts(evals, e, b, factors)
+    return stats.replicate_verdict(num_r, den_r, level=level)

@@ -23,8 +23,19 @@ with the variances and covariance of (a, b) taken from the same bootstrap replic
 a quadratic inequality in rho. When b is resolved (b^2 > z^2 v_bb) the set is a bounded interval;
 otherwise it is two rays or the whole line: a ratio with one resolved side only (the set's one
 finite end is a one-sided bound), or none. If (a, b) is normal with known covariance, the set
-covers the true ratio with probability ``level`` exactly, bounded or not. A ratio that must be
->= 0 (a gain) is reported on the set intersected with [0, inf).
+covers the true ratio with probability ``level`` exactly, bounded or not. The quantities divided
+here (sums of squared gradient norms over prompts) are far from normal: their bootstrap
+distributions are skewed, with standard deviations above their means, and (4) then leaves the set
+unbounded although no replicate of b comes near 0. So the tables invert the same test with the
+bootstrap's own quantiles instead of the normal ones:
+
+    rho is kept  <=>  neither a* - rho b* < 0 nor a* - rho b* > 0 holds in more than a share
+                      (1 + level) / 2 of the replicates                                     (4')
+
+Where every b* > 0 this is exactly the percentile interval of a* / b*; replicates with b* <= 0
+enter without a division, and when more than (1 - level) / 2 of them have b* <= 0 the set is
+unbounded: one-sided, or nothing. A ratio that must be >= 0 (a gain) is reported on the set
+intersected with [0, inf).
 
 Seeds: strata, and a random-effects check
 -----------------------------------------
@@ -141,17 +152,79 @@ def covariance(x_reps, y_reps):
     return (x @ x / n).item(), (y @ y / n).item(), (x @ y / n).item()
 
 
+def inverted_set(a_reps, b_reps, a=None, b=None, level=0.95, low=-math.inf, high=math.inf):
+    """Eq. (4'): the ratios rho for which neither side of 0 holds more than (1 + level) / 2 of the
+    bootstrap replicates of a* - rho b* (the percentile test of a - rho b = 0, inverted), within
+    [low, high]. Where every b* > 0 this is the percentile interval of a* / b*; replicates with b* <= 0
+    need no division. Returns (lo, hi) as ``fieller`` does (an end at the range's end is open).
+    a, b: the point estimates, only to place the set when it is empty (never in practice)."""
+    x, y = torch.as_tensor(a_reps, dtype=torch.float64), torch.as_tensor(b_reps, dtype=torch.float64)
+    ok = torch.isfinite(x) & torch.isfinite(y)
+    x, y = x[ok], y[ok]
+    limit = (1 + level) / 2 * x.numel()  # at most this many replicates strictly on one side of 0
+    pos, neg = y > 0, y < 0
+    r_pos, _ = (x[pos] / y[pos]).sort()  # a* - rho b* < 0  <=>  rho > r  (b* > 0)
+    r_neg, _ = (x[neg] / y[neg]).sort()  # a* - rho b* < 0  <=>  rho < r  (b* < 0)
+    zero = ~(pos | neg)
+    below0, above0 = (x[zero] < 0).sum().item(), (x[zero] > 0).sum().item()  # b* = 0: fixed sides
+    cuts = torch.cat([r_pos, r_neg]).unique()  # (C,) the only places where the counts change
+    if cuts.numel():
+        mids = (cuts[1:] + cuts[:-1]) / 2
+        span = (cuts[-1] - cuts[0]).abs().item() + 1.0
+        probes = torch.cat([cuts, mids, torch.tensor([cuts[0].item() - span, cuts[-1].item() + span],
+                                                     dtype=torch.float64)]).sort()[0]
+    else:
+        probes = torch.tensor([0.0], dtype=torch.float64)
+
+    def counts(rho):  # replicates with a* - rho b* < 0, and > 0
+        n_lt = (r_pos.numel() - torch.searchsorted(r_pos, rho, right=True)) + torch.searchsorted(r_neg, rho)
+        n_gt = torch.searchsorted(r_pos, rho) + (r_neg.numel() - torch.searchsorted(r_neg, rho, right=True))
+        return n_lt + below0, n_gt + above0
+    n_lt, n_gt = counts(probes)
+    accept = (n_lt <= limit) & (n_gt <= limit)  # (probes,)
+    edge = torch.diff(accept.to(torch.int8), prepend=torch.zeros(1, dtype=torch.int8),
+                      append=torch.zeros(1, dtype=torch.int8))  # +1 where a run of kept probes starts
+    starts, ends = (edge == 1).nonzero().flatten().tolist(), ((edge == -1).nonzero().flatten() - 1).tolist()
+    last, at = len(accept) - 1, probes.tolist()  # the outer probes stand for -inf and +inf
+    pieces = [(-math.inf if i == 0 else at[i], math.inf if j == last else at[j]) for i, j in zip(starts, ends)]
+    inside = [(max(lo, low), min(hi, high)) for lo, hi in pieces if hi >= low and lo <= high]
+    if len(inside) == 1:
+        return inside[0]
+    if inside or not pieces:  # two pieces within the range, or (never in practice) none at all
+        return (low, high) if inside or a is None or b is None or b == 0 else (min(max(a / b, low), high),) * 2
+    return (low, low) if pieces[-1][1] < low else (high, high)  # the data reject the whole range: its end
+
+
 def ratio_set(a, b, a_reps, b_reps, level=0.95, low=-math.inf, high=math.inf):
-    """A ratio a / b with its eq. (4) set from paired bootstrap replicates of (a, b): (value, lo, hi),
-    value clipped into [low, high] (nan when b is 0 or either side is not finite)."""
+    """A ratio a / b with its eq. (4') set from paired bootstrap replicates of (a, b): (value, lo, hi);
+    value as estimated (nan when b is 0 or either side is not finite), the set within [low, high]."""
     value = a / b if b != 0 and math.isfinite(a) and math.isfinite(b) else math.nan
-    lo, hi = fieller(a, b, *covariance(a_reps, b_reps), level=level, low=low, high=high)
-    return (min(max(value, low), high) if not math.isnan(value) else value), lo, hi
+    return (value, *inverted_set(a_reps, b_reps, a, b, level=level, low=low, high=high))
 
 
 def verdict(lo, hi, null=1.0):
     """'above' / 'below' when the set (lo, hi) lies entirely on one side of ``null``, else 'covers'."""
     return "above" if lo > null else "below" if hi < null else "covers"
+
+
+def replicate_verdict(a_reps, b_reps, null=1.0, level=0.95, band=3.0):
+    """Whether a / b lies above or below ``null`` by eq. (4') at rho = null, with the Monte Carlo error
+    of R replicates in view. The share of replicates with a* > null b* (or a* < null b*) is compared
+    with t = (1 + level) / 2: 'above' ('below') when it exceeds t by more than ``band`` standard errors
+    sqrt(t (1 - t) / R); 'edge' when it lies within that band of t (another set of draws could decide
+    either way); else 'covers'."""
+    x, y = torch.as_tensor(a_reps, dtype=torch.float64), torch.as_tensor(b_reps, dtype=torch.float64)
+    ok = torch.isfinite(x) & torch.isfinite(y)
+    x, y = x[ok], y[ok]
+    t = (1 + level) / 2
+    se = math.sqrt(t * (1 - t) / max(x.numel(), 1))
+    for share, word in (((x > null * y).double().mean().item(), "above"),
+                        ((x < null * y).double().mean().item(), "below")):
+        if share > t + band * se:
+            return word
+        if share >= t - band * se:
+            return "edge"
+    return "covers"
 
 
 # =====================================================================================
@@ -165,13 +238,15 @@ def stratified(parts):
     return sum(float(x) for x in points), torch.stack([torch.as_tensor(r, dtype=torch.float64) for r in reps]).sum(0)
 
 
-def log_ratio_se(a_reps, b_reps):
-    """The bootstrap standard error of log(a / b) from paired replicates; nan unless every replicate
-    of both sides is positive and finite (a ratio not resolved away from 0 has no log scale)."""
+def log_ratio_se(a_reps, b_reps, share=0.975):
+    """The bootstrap standard error of log(a / b) from paired replicates, over the pairs where both are
+    positive and finite; nan when those are fewer than ``share`` of them (a ratio not resolved away
+    from 0 has no log scale)."""
     a, b = torch.as_tensor(a_reps, dtype=torch.float64), torch.as_tensor(b_reps, dtype=torch.float64)
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all() and (a > 0).all() and (b > 0).all()):
+    ok = torch.isfinite(a) & torch.isfinite(b) & (a > 0) & (b > 0)
+    if ok.double().mean().item() < share or ok.sum() < 2:
         return math.nan
-    return (a.log() - b.log()).std().item()
+    return (a[ok].log() - b[ok].log()).std().item()
 
 
 def chi2_sf(x, df):
@@ -306,7 +381,7 @@ def fmt(value, lo=math.nan, hi=math.nan, digits=2, low=-math.inf, high=math.inf,
 
 
 def fmt_set(value, lo, hi, digits=2, low=-math.inf, high=math.inf, suffix=""):
-    """An eq. (4) set: 'value [lo, hi]' when bounded inside the range, '>= lo' or '<= hi' when only
+    """An eq. (4) or (4') set: 'value [lo, hi]' when bounded inside the range, '>= lo' or '<= hi' when only
     one end is resolved, 'unresolved' when neither is (or value is nan)."""
     open_lo, open_hi = not lo > low, not hi < high
     if value is None or math.isnan(value) or (open_lo and open_hi):

@@ -162,6 +162,35 @@ def test_ratio_set_uses_the_replicates_covariance():
     assert stats.verdict(0.8, 1.3) == "covers" and stats.verdict(math.nan, math.nan) == "covers"
 
 
+def test_inverted_set_is_the_percentile_interval_when_the_denominator_stays_positive():
+    gen = torch.Generator().manual_seed(6)
+    a = 5 + torch.randn(2000, generator=gen, dtype=torch.float64)
+    b = 2 + 0.3 * torch.randn(2000, generator=gen, dtype=torch.float64)
+    assert (b > 0).all()
+    assert stats.inverted_set(a, b) == stats.interval(a / b)  # the same order statistics
+    assert stats.ratio_set(5.0, 2.0, a, b, low=0.0) == (2.5, *stats.interval(a / b))
+
+
+@pytest.mark.parametrize("mean_b", [0.1, 0.6, 1.5])
+def test_inverted_set_matches_a_scan_of_its_rule(mean_b):
+    # Enumerate rho on a grid: keep rho unless more than 97.5% of a* - rho b* lie on one side of 0.
+    gen = torch.Generator().manual_seed(7)
+    a = 2 + torch.randn(400, generator=gen, dtype=torch.float64)
+    b = mean_b + 0.5 * torch.randn(400, generator=gen, dtype=torch.float64)  # some b* <= 0
+    grid = torch.linspace(-40, 40, 80_001, dtype=torch.float64)
+    t = a[None, :] - grid[:, None] * b[None, :]  # (rho, R)
+    kept = grid[((t < 0).sum(1) <= 0.975 * 400) & ((t > 0).sum(1) <= 0.975 * 400)].tolist()
+    lo, hi = stats.inverted_set(a, b, low=0.0)
+    kept = [r for r in kept if r >= 0]
+    gaps = [y - x for x, y in zip(kept, kept[1:]) if y - x > 2e-3]
+    if hi == math.inf and lo > 0:  # one-sided: a lower bound, kept up to the grid's end
+        assert kept[-1] == 40 and kept[0] == pytest.approx(lo, abs=2e-3) and not gaps
+    elif hi == math.inf:  # nothing said within [0, inf)
+        assert kept[-1] == 40 and (kept[0] == 0 or gaps)
+    else:
+        assert (kept[0], kept[-1]) == pytest.approx((lo, hi), abs=2e-3) and not gaps
+
+
 def test_printing_a_set():
     assert stats.fmt_set(3.3, 1.2, 7.2, low=0.0, suffix="x") == "3.30x [1.20x, 7.20x]"
     assert stats.fmt_set(3.3, 1.2, math.inf, low=0.0, suffix="x") == "\u2265 1.20x"  # only the lower end
@@ -239,3 +268,6 @@ def test_log_ratio_se():
     b = torch.tensor([1.0, 1.0, 2.0], dtype=torch.float64)
     assert stats.log_ratio_se(a, b) == pytest.approx(torch.tensor([2.0, 3.0, 2.0]).log().std().item())
     assert math.isnan(stats.log_ratio_se(a, -b)) and math.isnan(stats.log_ratio_se(a * math.inf, b))
+    a40, b40 = torch.cat([a.repeat(13), torch.tensor([-1.0])]), torch.cat([b.repeat(13), torch.tensor([1.0])])
+    assert stats.log_ratio_se(a40, b40) == pytest.approx(torch.tensor([2.0, 3.0, 2.0]).repeat(13).log().std().item())
+    assert math.isnan(stats.log_ratio_se(a40, b40, share=0.99))  # 39 of 40 positive: 97.5%
