@@ -224,6 +224,8 @@ def pooled_direction(evals, e, factor, level=0.95):
     total = {k: stats.stratified([(pt[e][k].item(), bt[e][k]) for pt, bt in evals]) for k in ("dot", "ref_sq", "signal")}
     (dot, dot_r), (ref, ref_r), (sig, sig_r) = total["dot"], total["ref_sq"], total["signal"]
     alpha = list(stats.ratio_set(dot, ref, dot_r, ref_r, level=level))
+    if math.isinf(alpha[1]) or math.isinf(alpha[2]):  # ||grad J||^2 not resolved: no size to report
+        alpha = [math.nan] * 3
     if any(stats.covers_zero(*stats.interval(x, level)) for x in (ref_r, sig_r)) or not (sig > 0 and ref > 0):
         return alpha, [math.nan] * 3
     reps = dot_r / (sig_r.clamp_min(1e-300) * ref_r.clamp_min(1e-300)).sqrt()
