@@ -168,7 +168,8 @@ def summarize(grams, scatter, replicates=2000, boot_seed=0):
         for e in units:
             g = grams[(e, n)]
             true, se = stats.mean_se(g["V"].tolist())
-            rows.append(dict(estimator=e, N=n, factor=factors.get(e), **{k: list(v) for k, v in quality[e].items()},
+            rows.append(dict(estimator=e, N=n, factor=factors.get(e),
+                             **{k: v if isinstance(v, str) else list(v) for k, v in quality[e].items()},
                              true_var=true, true_var_se=se, total_power=g["power"].mean().item(),
                              pure_noise=g["noise"].mean().item()))
     for r in rows:  # relative to group_mean at the same N
@@ -187,9 +188,9 @@ def summarize(grams, scatter, replicates=2000, boot_seed=0):
 
 
 def verdicts(rows):
-    """The table's verdict per (estimator, N): the gain's set above, below or around 1 (stats.verdict)."""
-    return {(r["estimator"], r["N"]): stats.verdict(*r["gain"][1:]) for r in rows
-            if r["estimator"] != "group_mean" and not math.isnan(r["gain"][0])}
+    """The table's verdict per (estimator, N): the gain above 1, below, around it, or at the Monte Carlo
+    edge (stats.replicate_verdict)."""
+    return {(r["estimator"], r["N"]): r["verdict"] for r in rows if r["estimator"] != "group_mean"}
 
 
 def table_md(rows):
@@ -197,10 +198,22 @@ def table_md(rows):
             "alpha", "cosine", "raw tr Var / group_mean's", "raw pure_noise / group_mean's", "pure_noise / raw tr Var"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += [f"| {r['estimator']} | {r['N']} | {scale_free.cell('nvar', r['nvar'], digits=3)} | "
-              f"{scale_free.cell('gain', r['gain'])} | {scale_free.cell('alpha', r['alpha'], r['factor'])} | "
+              f"{scale_free.cell('gain', r['gain'])}{' (edge)' if r.get('verdict') == 'edge' else ''} | "
+              f"{scale_free.cell('alpha', r['alpha'], r['factor'])} | "
               f"{scale_free.cell('cosine', r['cosine'], r['factor'])} | {r['true_var_rel']:.3f} | "
               f"{r['pure_noise_rel']:.3f} | {r['pure_noise_over_true']:.3g} |"
               for r in sorted(rows, key=lambda r: (r["N"], r["estimator"]))]
+    return "\n".join(lines)
+
+
+def docs_md(rows, estimators=("otb", "otb_loo", "reinforce", "grpo")):
+    """The gains as one N x estimator table (docs/variance.md shows it, tested)."""
+    by = {(r["estimator"], r["N"]): r for r in rows}
+    lines = ["| N | " + " | ".join(estimators) + " |", "|---" * (len(estimators) + 1) + "|"]
+    for n in sorted({r["N"] for r in rows}):
+        cells = [scale_free.cell("gain", by[(e, n)]["gain"]) + (" (edge)" if by[(e, n)].get("verdict") == "edge" else "")
+                 for e in estimators]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -231,8 +244,8 @@ def report(record, rows, corr, across):
             f"model: {Path(record['model_dir']).name} ({record['parameters']} parameters), {a['prompts']} prompts x "
             f"{a['pool']} responses, success rate of the pool {record['success_rate']:.3f}; {record['seconds']:.0f} s "
             f"on {describe(record['machine'])}. Intervals: 2,000 bootstrap draws of prompts; nvar and the gain "
-            f"are test-inversion sets (stats.py eq. 4): \u2265 / \u2264 where only one end is resolved; * marks "
-            f"a number shown clipped to its range.\n\n{table_md(rows)}\n\n"
+            f"are test-inversion sets (stats.py eq. 4'): \u2265 / \u2264 where only one end is resolved, (edge) a verdict "
+            f"against 1 within Monte Carlo error; * marks a number shown clipped to its range.\n\n{table_md(rows)}\n\n"
             f"Proxy W(tau) vs exact ||grad log pi(tau)||^2 over {corr['responses']} responses: "
             f"Pearson {corr['pearson']:.3f}, Spearman {corr['spearman']:.3f}, log-log Pearson "
             f"{corr['pearson_log']:.3f}.  \nAcross the table's cells, Spearman(true, pure_noise) = "
