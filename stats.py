@@ -13,10 +13,9 @@ uncertainty comes from resampling prompts, and nothing else:
 
 Ratios near zero
 ----------------
-A ratio rho = a / b whose denominator b is weakly resolved has a percentile interval that moves
-with the bootstrap's random seed, and an estimate of b near 0 sends replicates to +-inf. Instead
-the interval is the set of rho that a z test of a - rho b = 0 does not reject (Fieller's method),
-with the variances and covariance of (a, b) taken from the same bootstrap replicates:
+A ratio rho = a / b whose denominator b is weakly resolved has no stable percentile interval: an
+estimate of b near 0 sends replicates to +-inf. Fieller's method instead keeps the set of rho that
+a z test of a - rho b = 0 does not reject, with the variances and covariance of (a, b):
 
     (a - rho b)^2 <= z^2 (v_aa - 2 rho v_ab + rho^2 v_bb),   z = z_{(1 + level) / 2}      (4)
 
@@ -41,7 +40,7 @@ Seeds: strata, and a random-effects check
 -----------------------------------------
 Seeds (independent warm-ups) are a second unit. The headline for a cell measured on several
 seeds is the *stratified pooled ratio*: prompts are resampled within each seed (independent
-draws per seed), each side of the ratio is summed over seeds, and (4) is applied to the sums:
+draws per seed), each side of the ratio is summed over seeds, and (4') is applied to the sums:
 
     a = sum_s a_s,  b = sum_s b_s,   replicates a^(r) = sum_s a_s^(r)                       (5)
 
@@ -56,9 +55,13 @@ a DerSimonian-Laird random-effects model (DerSimonian & Laird 1986), with weight
 and I^2 = max(0, (Q - (k - 1)) / Q), the share of the spread that is between seeds. Q's p-value
 is the chi-square survival function with k - 1 degrees of freedom (closed form for integer df).
 
+A verdict (a ratio above ``null``, below it, or around it) is read from the replicates at rho = null
+(``replicate_verdict``), with the Monte Carlo error of R draws in view: a share within 3 standard
+errors of (1 + level) / 2 is an "edge", which another set of draws could decide either way.
+
 Values with a known range (a cosine lies in [-1, 1], a gain and a squared bias in [0, inf)) are
-stored inside it (``clip``, which says whether it moved anything) and printed with a mark ``*``
-wherever a number was moved.
+stored as estimated and listed by the caller as out of range (``clip`` says whether a value leaves
+it); printing clips them and marks every clipped number ``*``.
 
 The t distribution (``t_cdf``, ``t_quantile``: exact for integer degrees of freedom, Abramowitz &
 Stegun 26.7.3-4) serves paired differences over seeds (``mean_interval``). Small helpers used by
@@ -100,14 +103,6 @@ def covers_zero(lo, hi):
     return not (lo > 0 or hi < 0)  # nan compares False both ways: unresolved
 
 
-def ratio(point, reps, den_lo, den_hi, level=0.95):
-    """A ratio's (value, lo, hi), or (nan, nan, nan) when its denominator's interval covers 0."""
-    if covers_zero(den_lo, den_hi) or not math.isfinite(point):
-        return math.nan, math.nan, math.nan
-    lo, hi = interval(reps, level)
-    return point, lo, hi
-
-
 # =====================================================================================
 # Ratios near zero: the test-inversion (Fieller) set, eq. (4)
 # =====================================================================================
@@ -141,15 +136,6 @@ def fieller(a, b, v_aa, v_bb, v_ab, level=0.95, low=-math.inf, high=math.inf):
     if inside:  # two pieces within the range: no single statement
         return low, high
     return (low, low) if pieces[0][1] < low else (high, high)  # the data reject the whole range: its end
-
-
-def covariance(x_reps, y_reps):
-    """(v_xx, v_yy, v_xy): the sample (co)variances of paired replicates (R,), over the finite pairs."""
-    x, y = torch.as_tensor(x_reps, dtype=torch.float64), torch.as_tensor(y_reps, dtype=torch.float64)
-    ok = torch.isfinite(x) & torch.isfinite(y)
-    x, y = x[ok] - x[ok].mean(), y[ok] - y[ok].mean()
-    n = x.numel() - 1
-    return (x @ x / n).item(), (y @ y / n).item(), (x @ y / n).item()
 
 
 def inverted_set(a_reps, b_reps, a=None, b=None, level=0.95, low=-math.inf, high=math.inf):
@@ -293,7 +279,7 @@ def random_effects(y, se, level=0.95):
 
 
 # =====================================================================================
-# The t distribution, and the log scale over seeds
+# The t distribution: paired differences over seeds
 # =====================================================================================
 
 def t_cdf(t, df):
@@ -342,15 +328,6 @@ def mean_interval(xs, level=0.95):
     sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / (k - 1))
     half = t_quantile((1 + level) / 2, k - 1) * sd / math.sqrt(k)
     return mu, mu - half, mu + half
-
-
-def geometric_mean(xs, level=0.95):
-    """Eq. (4): (geometric mean, lo, hi) over seeds; nan when any value is not a positive number."""
-    xs = [float(x) for x in xs]
-    if not xs or any(not (x > 0) or math.isinf(x) for x in xs):
-        return math.nan, math.nan, math.nan
-    mu, lo, hi = mean_interval([math.log(x) for x in xs], level)
-    return math.exp(mu), math.exp(lo) if not math.isnan(lo) else math.nan, math.exp(hi) if not math.isnan(hi) else math.nan
 
 
 # =====================================================================================

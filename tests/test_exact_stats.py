@@ -31,16 +31,6 @@ def test_t_cdf_matches_numerical_integration_of_the_density(df):
         assert stats.t_cdf(-t, df) == pytest.approx(0.5 - integral, abs=1e-9)
 
 
-def test_geometric_mean_known_answer():
-    # logs 0, 2, 4: mean 2, sd 2, 2 degrees of freedom.
-    gm, lo, hi = stats.geometric_mean([1.0, math.e ** 2, math.e ** 4])
-    half = (2 * 0.975 - 1) / math.sqrt(2 * 0.975 * 0.025) * 2 / math.sqrt(3)
-    assert gm == pytest.approx(math.e ** 2)
-    assert (lo, hi) == pytest.approx((math.exp(2 - half), math.exp(2 + half)))
-    assert all(math.isnan(x) for x in stats.geometric_mean([1.0, -2.0, 3.0]))  # not a positive ratio
-    assert math.isnan(stats.geometric_mean([2.0])[1])  # one seed: no interval
-
-
 def test_bootstrap_weights_are_resamples():
     w = stats.bootstrap_weights(7, replicates=500, seed=3)
     assert w.shape == (500, 7)
@@ -51,9 +41,8 @@ def test_bootstrap_weights_are_resamples():
         stats.bootstrap_weights(1)
 
 
-def test_unresolved_ratio_and_printing_inside_the_range():
-    assert all(math.isnan(x) for x in stats.ratio(3.0, torch.ones(10), -0.1, 0.5))  # den covers 0
-    assert stats.ratio(3.0, torch.arange(100.0), 0.2, 0.5)[0] == 3.0
+def test_printing_inside_the_range():
+    assert stats.covers_zero(-0.1, 0.5) and not stats.covers_zero(0.2, 0.5) and stats.covers_zero(math.nan, 1.0)
     assert stats.fmt(math.nan) == "unresolved"
     assert stats.fmt(1.08, 0.93, 1.2, low=-1, high=1) == "1.00* [0.93, 1.00*]"  # each clipped number marked
     assert stats.fmt(0.3, -2.71, 1.2, low=0.0) == "0.30 [0.00*, 1.20]"
@@ -150,16 +139,18 @@ def test_fieller_covers_95_percent_even_with_a_weak_denominator():
     assert unbounded > 0.3 * sims and hull < 0.03 * sims  # the weak regime was exercised
 
 
-def test_ratio_set_uses_the_replicates_covariance():
-    gen = torch.Generator().manual_seed(2)
-    a_reps = 5 + torch.randn(3000, generator=gen, dtype=torch.float64)
-    b_reps = 2 + 0.5 * torch.randn(3000, generator=gen, dtype=torch.float64) + 0.2 * (a_reps - 5)
-    c = torch.cov(torch.stack([a_reps, b_reps]))
-    assert stats.covariance(a_reps, b_reps) == pytest.approx((c[0, 0].item(), c[1, 1].item(), c[0, 1].item()))
-    value, lo, hi = stats.ratio_set(5.0, 2.0, a_reps, b_reps, low=0.0)
-    assert value == 2.5 and (lo, hi) == stats.fieller(5.0, 2.0, c[0, 0].item(), c[1, 1].item(), c[0, 1].item())
-    assert stats.verdict(lo, hi) == "above" and stats.verdict(0.2, 0.9) == "below"
+def test_verdicts_with_the_monte_carlo_error_in_view():
+    assert stats.verdict(1.2, 3.0) == "above" and stats.verdict(0.2, 0.9) == "below"
     assert stats.verdict(0.8, 1.3) == "covers" and stats.verdict(math.nan, math.nan) == "covers"
+    b = torch.ones(400, dtype=torch.float64)
+
+    def shares(k):  # k of 400 replicates with a* > b*, the rest with a* < b*
+        return torch.cat([torch.full((k,), 2.0), torch.full((400 - k,), 0.5)]).double()
+    # t = 0.975, s.e. = sqrt(0.975 * 0.025 / 400) = 0.0078: the edge band is 0.952-0.998, i.e. 381-399
+    assert stats.replicate_verdict(shares(400), b) == "above"
+    assert stats.replicate_verdict(shares(390), b) == "edge" and stats.replicate_verdict(shares(381), b) == "edge"
+    assert stats.replicate_verdict(shares(380), b) == "covers" and stats.replicate_verdict(shares(200), b) == "covers"
+    assert stats.replicate_verdict(shares(0), b) == "below" and stats.replicate_verdict(shares(15), b) == "edge"
 
 
 def test_inverted_set_is_the_percentile_interval_when_the_denominator_stays_positive():
