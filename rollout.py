@@ -14,8 +14,9 @@ Three jobs, in the order a training step needs them:
    static cache with a compiled step (``decode="compiled"``, train.py ``--compile-decode``).
 2. ``score``: one forward pass over prompt + response that returns, for every response token,
    log pi_tau(y_t), sum_k pi_k^2 (through ``otb.sum_pi_squared``) and the entropy, all at the
-   same temperature as sampling. The (B, T, V) logits are processed ``chunk_size`` positions at
-   a time, so no second full-size float32 tensor is ever held.
+   same temperature as sampling. The LM head runs in float32 on ``chunk_size`` positions at a
+   time, and each chunk's logits are recomputed in the backward: the graph holds the last hidden
+   states (B, T, H), never the (B, T, V) logits.
 3. Tasks with verifiable rewards, generated on the fly from a seeded ``random.Random`` that is
    independent of the model's RNG (so every configuration sees the same prompts):
    ``ReverseTask`` (the default, for a tiny character-level model), ``PeriodicTask`` (the
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.utils.checkpoint
 
 import fast_decode
 import otb
@@ -205,6 +207,12 @@ def score(model, prompt_ids, prompt_mask, response, response_mask, temperature, 
     ``entropy`` are detached diagnostics. ``chunk_size`` = response positions per chunk
     (None: all at once).
 
+    The pass runs the decoder (``model.base_model``) to its last hidden states h, then the LM head
+    z = W h (+ b) in float32 (autocast off), ``chunk_size`` positions at a time. A chunk's logits are
+    recomputed from h in the backward (``torch.utils.checkpoint``), so the graph keeps h, (B, T, H),
+    and never more than one chunk's (B, c, V) logits: the full float32 (B, T, V) tensor is never held,
+    not even for the backward of logsumexp. Without ``chunk_size`` it is one chunk, not recomputed.
+
     Every response position is attended to, whatever its mask: a tool's output (mask 0) is part
     of the context of the tokens after it, as it was for the sampler. Padding after a row's end
     is attended to as well, which changes nothing: attention is causal, so a position only ever
@@ -213,22 +221,37 @@ def score(model, prompt_ids, prompt_mask, response, response_mask, temperature, 
     T = response.shape[1]  # response positions
     ids = torch.cat([prompt_ids, response], dim=1)  # (B, P+T)
     attn = torch.cat([prompt_mask.long(), torch.ones_like(response)], dim=1)  # (B, P+T)
-    # Keep only the last T + 1 columns: the logit at column j predicts token j + 1, so columns
-    # P-1 .. P+T-2 score the response; the prompt's other logits are never materialised.
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=positions(attn),
-                   logits_to_keep=T + 1).logits[:, :-1]  # (B, T, V)
-
+    hidden = model.base_model(input_ids=ids, attention_mask=attn, position_ids=positions(attn),
+                              use_cache=False).last_hidden_state  # (B, P+T, H); no KV cache to keep
+    # The hidden state at column j predicts token j + 1, so columns P-1 .. P+T-2 score the response.
+    h = hidden[:, -T - 1:-1]  # (B, T, H)
+    head = model.get_output_embeddings()  # the LM head: z = W h (+ b)
     step = T if chunk_size is None else chunk_size
     logp, spp, ent = [], [], []
     for s in range(0, T, step):  # a loop over memory chunks only
-        z = logits[:, s:s + step].float() / temperature  # z / tau, (B, c, V)
-        lse = torch.logsumexp(z, dim=-1)  # (B, c)
-        logp.append(z.gather(-1, response[:, s:s + step, None]).squeeze(-1) - lse)
-        with torch.no_grad():
-            spp.append(otb.sum_pi_squared(z))  # sum_k pi_k^2, (B, c)
-            ent.append(lse - (torch.softmax(z, -1) * z).sum(-1))  # H = lse - E_pi[z], (B, c)
+        args = (h[:, s:s + step], response[:, s:s + step], head.weight, head.bias, temperature)
+        if chunk_size is None:
+            out = _score_chunk(*args)
+        else:  # the backward recomputes this chunk's logits from h instead of keeping them
+            out = torch.utils.checkpoint.checkpoint(_score_chunk, *args, use_reentrant=False)
+        for lst, x in zip((logp, spp, ent), out):
+            lst.append(x)
     m = response_mask.float()
     return torch.cat(logp, 1) * m, torch.cat(spp, 1) * m, torch.cat(ent, 1) * m
+
+
+def _score_chunk(h, y, weight, bias, temperature):
+    """One chunk of c positions: hidden states h (B, c, H) and tokens y (B, c) -> log pi_tau(y_t)
+    with its graph, and the detached sum_k pi_k^2 and entropy, all (B, c) float32."""
+    with torch.autocast(h.device.type, enabled=False):  # the head in float32, whatever autocast says
+        z = torch.nn.functional.linear(h.float(), weight.float(),
+                                       None if bias is None else bias.float()) / temperature  # z / tau, (B, c, V)
+        lse = torch.logsumexp(z, dim=-1)  # (B, c)
+        logp = z.gather(-1, y[..., None]).squeeze(-1) - lse  # log pi_tau(y_t), (B, c)
+        with torch.no_grad():
+            spp = otb.sum_pi_squared(z)  # sum_k pi_k^2, (B, c)
+            ent = lse - (torch.softmax(z, -1) * z).sum(-1)  # H = lse - E_pi[z], (B, c)
+    return logp, spp, ent
 
 
 def last_valid(response_mask):

@@ -40,7 +40,7 @@ import math
 import shlex
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Optional
@@ -107,8 +107,17 @@ class Config:
     ppo_epochs: int = arg(1, "passes over each batch; > 1 uses the PPO clipped ratio")
     minibatch_size: Optional[int] = arg(None, "responses per optimizer step (default: the whole batch)")
     clip_eps: float = arg(0.2, "PPO clip range eps: rho is clipped to [1 - eps, 1 + eps]")
+    # memory: none of these changes the gradient, only what is held at once to compute it
     chunk_size: Optional[int] = arg(
-        None, "response positions per chunk when scoring, to bound memory (default: all at once)")
+        None, "response positions per chunk of the float32 LM head when scoring; a chunk's logits are "
+        "recomputed in the backward, so at most one chunk's are held (default: all at once, none recomputed)")
+    micro_batch_rows: Optional[int] = arg(
+        None, "rows per forward/backward pass: the gradients of a minibatch's micro-batches are summed, each "
+        "normalised by the whole minibatch's token count, so it is the same gradient and one optimizer step "
+        "(unlike --minibatch-size); default: the whole minibatch in one pass")
+    activation_checkpointing: bool = arg(
+        False, "keep only each layer's input for the backward and recompute the layer there (Hugging Face "
+        "gradient checkpointing, on in train mode only: the models have no dropout): less memory, ~1/3 more compute")
     # learning-rate schedule (lr_schedule.py)
     lr_schedule: Literal[SCHEDULES] = arg("constant", "learning-rate schedule (lr_schedule.py)")
     lr_warmup_window: int = arg(50, "length rule: steps whose mean length sets the baseline L0")
@@ -172,9 +181,16 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     t1 = time.perf_counter()
     # ---- score: the training forward pass, with its graph when the update can reuse it
     one_pass = one_update_per_batch(cfg, len(m))
-    with (nullcontext() if one_pass else torch.no_grad()), autocast(device):
-        logp, sum_pi_sq, entropy = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response,
-                                                 m, cfg.temperature, cfg.chunk_size)
+    if one_pass:
+        with autocast(device), checkpointing(model, cfg):
+            logp, sum_pi_sq, entropy = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response,
+                                                     m, cfg.temperature, cfg.chunk_size)
+    else:  # no graph: micro-batch by micro-batch, the update scores again with its graph
+        with torch.no_grad(), autocast(device):
+            parts = [rollout.score(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response[rows], m[rows],
+                                   cfg.temperature, cfg.chunk_size)
+                     for rows in micro_batches(cfg, torch.arange(len(m), device=device))]
+            logp, sum_pi_sq, entropy = (torch.cat(x) for x in zip(*parts))  # (B, T) each
     old_logp = logp.detach()  # log pi_old(y_t), (B, T)
     # ---- estimate: the one line that differs between configurations
     adv, _ = estimator(token_rewards=token_rewards, response_mask=m, group_index=ro.group_index,
@@ -208,6 +224,10 @@ def update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
     a token mean over its valid tokens. With one epoch and one minibatch, rho == 1 and this is
     the plain token-level policy gradient -mean_t A_t log pi(y_t); then ``logp``, the scoring
     pass's log-probs with their graph, is used instead of a second forward pass.
+
+    Gradient accumulation (``--micro-batch-rows``): the minibatch's rows go through forward and
+    backward a micro-batch at a time, each micro-batch's sum divided by the *minibatch's* token
+    count sum m, so the summed gradient is the minibatch's own (to float32 rounding).
     """
     B = adv.shape[0]
     size = cfg.minibatch_size or B
@@ -215,24 +235,54 @@ def update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
     for _ in range(cfg.ppo_epochs):
         order = torch.randperm(B, generator=generator) if size < B else torch.arange(B)
         for idx in order.to(adv.device).split(size):
-            m = ro.response_mask[idx]  # (b, T)
-            if logp is None:
-                with autocast(adv.device):
-                    logp_mb, _, _ = rollout.score(model, ro.prompt_ids[idx], ro.prompt_mask[idx],
-                                                  ro.response[idx], m, cfg.temperature, cfg.chunk_size)
-            else:
-                logp_mb, logp = logp, None  # the scoring pass's graph, used once
-            rho = torch.exp(logp_mb - old_logp[idx])  # rho_t = pi / pi_old, (b, T)
-            a = adv[idx]  # A_t, (b, T)
-            surrogate = torch.minimum(rho * a, rho.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * a)
-            loss = -(surrogate * m).sum() / m.sum()  # token mean over the minibatch
+            n_tokens = ro.response_mask[idx].sum()  # sum m over the whole minibatch
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss, n_clipped = 0.0, 0.0
+            for rows in micro_batches(cfg, idx):  # the minibatch's rows, a micro-batch at a time
+                m = ro.response_mask[rows]  # (b, T)
+                if logp is None:
+                    with autocast(adv.device), checkpointing(model, cfg):
+                        logp_mb, _, _ = rollout.score(model, ro.prompt_ids[rows], ro.prompt_mask[rows],
+                                                      ro.response[rows], m, cfg.temperature, cfg.chunk_size)
+                else:
+                    logp_mb, logp = logp, None  # the scoring pass's graph, used once
+                rho = torch.exp(logp_mb - old_logp[rows])  # rho_t = pi / pi_old, (b, T)
+                a = adv[rows]  # A_t, (b, T)
+                surrogate = torch.minimum(rho * a, rho.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * a)
+                part = -(surrogate * m).sum() / n_tokens  # its share of the minibatch's token mean
+                part.backward()  # gradients add up over the micro-batches
+                loss += part.item()
+                n_clipped += (((rho - 1).abs() > cfg.clip_eps).float() * m).sum()
             norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item())
             opt.step()
-            clipped.append(masked_mean(((rho - 1).abs() > cfg.clip_eps).float(), m))
-            losses.append(loss.item())
+            clipped.append((n_clipped / n_tokens.clamp(min=1)).item())
+            losses.append(loss)
     return norms, sum(clipped) / len(clipped), sum(losses) / len(losses)
+
+
+def micro_batches(cfg, rows):
+    """The row indices ``rows`` (a 1-D tensor) in blocks of --micro-batch-rows (one block without it)."""
+    return rows.split(cfg.micro_batch_rows or len(rows))
+
+
+@contextmanager
+def checkpointing(model, cfg):
+    """A forward pass with its graph: with --activation-checkpointing the model is in train mode, the
+    only mode in which Hugging Face models checkpoint their layers (no dropout here: train and eval
+    mode compute the same values)."""
+    if not cfg.activation_checkpointing:
+        yield
+        return
+    kwargs = {"use_reentrant": False}  # the reentrant variant drops the gradients of layers whose input needs none
+    if hasattr(model, "activation_checkpointing_enable"):  # its newer name in transformers
+        model.activation_checkpointing_enable(kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.train()
+    try:
+        yield
+    finally:
+        model.eval()
 
 
 def make_estimator(name, zero_tail):
@@ -241,8 +291,9 @@ def make_estimator(name, zero_tail):
 
 
 def one_update_per_batch(cfg, batch):
-    """One optimizer step on the whole batch: the scoring pass's graph is then the update's forward."""
-    return cfg.ppo_epochs == 1 and (cfg.minibatch_size or batch) >= batch
+    """One optimizer step on the whole batch in one pass: the scoring pass's graph is then the update's
+    forward."""
+    return cfg.ppo_epochs == 1 and min(cfg.minibatch_size or batch, cfg.micro_batch_rows or batch) >= batch
 
 
 def generators(seed, device):

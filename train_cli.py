@@ -43,7 +43,8 @@ DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
 GROUP_BASELINES = ("group_mean", "grpo", "rloo", "otb", "otb_loo", "otb_zero_tail")  # need N >= 2
 RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device")  # options a resume may change
 AT_LEAST_1 = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "tiny_layers", "log_every",
-              "horizon", "max_new_tokens", "minibatch_size", "chunk_size", "lr_warmup_window", "token_budget")
+              "horizon", "max_new_tokens", "minibatch_size", "micro_batch_rows", "chunk_size", "lr_warmup_window",
+              "token_budget")
 POSITIVE = ("lr", "temperature", "clip_eps", "max_grad_norm")
 NOT_NEGATIVE = ("weight_decay", "warmup_max_steps", "checkpoint_minutes")
 
