@@ -68,25 +68,14 @@ group_index) raises a ValueError naming the argument; padded positions may hold 
 
 Tool output inside a response: OTB aligned by action
 ----------------------------------------------------
-In tool-integrated reasoning a response interleaves the policy's tokens with the output of a tool,
-which the environment inserted. Those tokens are not actions: they have m_t = 0 *inside* the
-response (holes, not only right padding), and (1)-(6) leave them out of every sum. But (6) still
-lines the rows of a group up by position t, and after a tool call the t-th token of one row can be
-its 5th action while in another row it is the 12th, because their tool outputs had other lengths.
-``action_aligned_otb`` (``ESTIMATORS["otb_tir"]``) lines them up by the policy's own tokens: with
+Tool output that the environment inserts into a response has m_t = 0 inside the row (holes).
+``action_aligned_otb`` (``ESTIMATORS["otb_tir"]``) pools a group's rows by the policy's own
+tokens instead of by position t, with
 
     k_t = sum_{j<=t} m_j - 1                    (8) the index of token t among the row's actions
 
-it applies (1)-(6) over k (B_k pools the rows whose k-th action exists) and gives token t the
-advantage A_{k_t}; masked positions get 0. Each row's G and W are unchanged (sums over its valid
-tokens); only which tokens of different rows share a baseline changes. Without holes k_t = t and
-it is OTB itself. The code moves each row's valid tokens to the left (a gather), calls
-optimal_token_baseline on that right-padded batch, so zero tail, leave-one-out and importance
-weights keep their meaning, and scatters the result back. It equals verl's
-``compute_multi_turn_optimal_token_baseline_advantage`` (``tir_optimal_token_baseline``), except
-that verl leaves a row with no valid token at all out of its group: a group with one row of
-actions is then a singleton there (B = 0), while here that row keeps its own-row baseline
-(A ~ 0, as position-aligned OTB gives it; with zero_tail=True both give B = 0).
+applying (1)-(6) over k and giving token t the advantage A_{k_t}. Why, an example, and how it
+matches verl's multi-turn estimator: docs/tool_use.md.
 """
 import math
 import numbers
