@@ -74,7 +74,8 @@ class Config:
     compare: Optional[str] = arg(
         None, f"estimator:group_size pairs of a comparison (default {train_cli.DEFAULT_COMPARE})")
     zero_tail: bool = arg(
-        False, "otb only: baseline 0 where one response of the group is still active (verl's zero tail)")
+        False, "otb and otb_tir: baseline 0 where one response of the group is still active (verl's zero tail, "
+        "on in every verl 0.9.1 run; off here by default, docs/toy_bandit.md)")
     preset: Literal["cpu", "gpu"] = arg(
         "cpu", "cpu (tiny model, reversal) or gpu (SmolLM2-135M-Instruct counting: the equal-token "
         "comparison over 3 seeds; never run on a GPU: estimated 42-60 GB of memory, 9 GB of disk)")
@@ -286,8 +287,8 @@ def checkpointing(model, cfg):
 
 
 def make_estimator(name, zero_tail):
-    """otb.ESTIMATORS[name]; --zero-tail reaches the plain OTB estimator only."""
-    return otb.ESTIMATORS["otb_zero_tail" if name == "otb" and zero_tail else name]
+    """otb.ESTIMATORS[name]; --zero-tail turns otb and otb_tir into their zero-tail variants (verl's)."""
+    return otb.ESTIMATORS[f"{name}_zero_tail" if zero_tail and name in ("otb", "otb_tir") else name]
 
 
 def one_update_per_batch(cfg, batch):

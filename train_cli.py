@@ -40,7 +40,8 @@ import otb
 import rollout
 
 DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
-GROUP_BASELINES = ("group_mean", "grpo", "rloo", "otb", "otb_loo", "otb_zero_tail")  # need N >= 2
+GROUP_BASELINES = ("group_mean", "grpo", "rloo", "otb", "otb_loo", "otb_zero_tail", "otb_tir",
+                   "otb_tir_zero_tail")  # need N >= 2
 RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device")  # options a resume may change
 AT_LEAST_1 = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "tiny_layers", "log_every",
               "horizon", "max_new_tokens", "minibatch_size", "micro_batch_rows", "chunk_size", "lr_warmup_window",
@@ -240,9 +241,9 @@ def check(cfg):
                          else "needs --token-budget (the budget B its endpoints are measured at)"))
     if cfg.seeds:
         seed_list(cfg)
-    if cfg.zero_tail and "otb" not in [est for est, _ in runs_of(cfg)]:
-        raise UsageError("--zero-tail applies to the estimator otb only (otb_loo is leave-one-out: no "
-                         "row is alone in its own baseline)")
+    if cfg.zero_tail and not {"otb", "otb_tir"} & {est for est, _ in runs_of(cfg)}:
+        raise UsageError("--zero-tail applies to the estimators otb and otb_tir only (otb_loo is "
+                         "leave-one-out: no row is alone in its own baseline)")
     try:
         lr_schedule.check_args(**schedule_kwargs(cfg))
     except ValueError as e:  # e.g. "floor=2.0 is invalid: ..." -> --lr-floor

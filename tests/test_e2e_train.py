@@ -401,7 +401,7 @@ def test_an_interrupted_comparison_resumes_keeping_finished_configurations(out, 
 
 # ----------------------------------------------------------------------------- options
 
-def test_zero_tail_reaches_the_otb_estimator_only(out, monkeypatch):
+def test_zero_tail_reaches_the_otb_estimators_only(out, monkeypatch):
     called = set()
     def spy(name, real):
         def estimator(*a, **k):
@@ -413,8 +413,13 @@ def test_zero_tail_reaches_the_otb_estimator_only(out, monkeypatch):
     train.main(TINY + ["--out", str(out), "--name", "zt", "--compare", "otb:2,group_mean:2", "--zero-tail",
                        "--steps", "1"])
     assert called == {"otb_zero_tail", "group_mean"}
+    called.clear()
+    train.main(TINY + ["--out", str(out), "--name", "zt-tir", "--compare", "otb_tir:2,rloo:2", "--zero-tail",
+                       "--steps", "1"])
+    assert called == {"otb_tir_zero_tail", "rloo"}
     monkeypatch.undo()
     assert otb.ESTIMATORS["otb_zero_tail"].keywords == {"zero_tail": True}
+    assert otb.ESTIMATORS["otb_tir_zero_tail"].keywords == {"zero_tail": True}
     assert train.Config().zero_tail is False  # the one place the default lives
     assert parse(["--estimator", "otb"]).zero_tail == train.Config().zero_tail
 

@@ -36,6 +36,10 @@ BAD = [
     (["--estimator", "otb_loo", "--zero-tail"], "--zero-tail"),
     (["--compare", "group_mean:4,otb_loo:4", "--zero-tail"], "--zero-tail"),
     (["--estimator", "otb_zero_tail", "--zero-tail"], "--zero-tail"),  # zero tail already
+    (["--estimator", "otb_tir_zero_tail", "--zero-tail"], "--zero-tail"),
+    (["--estimator", "otb_tir", "--group-size", "1"], "--group-size"),  # a group baseline
+    (["--compare", "otb_tir_zero_tail:1"], "--compare"),
+    (["--estimator", "otb", "--micro-batch-rows", "0"], "--micro-batch-rows"),
     (["--estimator", "otb", "--stop-after", "3"], "--stop-after"),  # a test hook no more
     (["--estimator", "otb", "--horizon", "0"], "--horizon"),
     (["--estimator", "otb", "--task", "periodic", "--horizon", "600"], "--horizon"),
