@@ -1,10 +1,11 @@
 """A decode step that is not bound by Python: a static KV cache and a compiled forward pass.
 
-``rollout.sample`` runs one small forward pass per new token. With the plain loop (a
+``rollout.sample`` runs one small forward pass per new token. With its plain loop (a
 ``DynamicCache`` that grows by one column per token) each pass is a fresh sequence of small
-kernels per layer launched from Python, with new tensor shapes every time; for SmolLM2-135M's
-30 layers that launch cost, not the arithmetic, sets the time of a step on a GPU
-(docs/cost.md). The remedy that transformers and torch provide is in two parts:
+kernels per layer launched from Python, with new tensor shapes every time; for a model of many
+layers that launch cost, not the arithmetic, can set the time of a step. This file holds the two
+optional decoders that ``rollout.sample(decode="static" | "compiled")`` (train.py
+``--compile-decode``) uses instead. The remedy that transformers and torch provide is in two parts:
 
 1. **A static cache** (``transformers.StaticCache``): keys and values live in tensors of a fixed
    shape (B, heads, L, head_dim), allocated once and written in place at the next column
@@ -28,41 +29,13 @@ a tool's forced tokens) is the same code for every decoder, so the tokens are th
 whenever the logits are; attention over L slots instead of the grown cache sums in another
 order, so the logits agree to float32 rounding, not bit for bit (tested: tests/test_naive_fast_decode.py).
 
-Measured on a CPU only (benchmarks/bench_decode.py, docs/cost.md: SmolLM2-135M's shape, one
-thread): the compiled step makes a sampled token 1.37-1.44x faster where launching work is all
-there is (width 72, B = 1), 1.1x at the real width and B = 1, and no faster at B = 32; compiling takes
-40-80 s per batch size; the static cache alone changes nothing. Not measured until a GPU runs it:
-whether the CUDA graph is recorded (``mode="reduce-overhead"``), its speed-up, compile time and
-memory.
+What this buys on a CPU, and what is not yet measured on a GPU: docs/cost.md.
 """
 import weakref
 
 import torch
 
 BUCKET = 64  # cache length granularity: prompts of nearby lengths reuse one compiled graph
-
-
-class PlainDecoder:
-    """The plain loop's forward passes: a ``DynamicCache`` that grows by one column per token."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def prefill(self, ids, mask, pos, max_new_tokens):
-        """One pass over the prompts (B, P); returns the last position's logits z_t, (B, V)."""
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                         logits_to_keep=1)
-        self.cache, self.attn = out.past_key_values, mask
-        return out.logits[:, -1]
-
-    def step(self, y, pos):
-        """Feed token y (B,) at positions pos (B, 1); returns the next logits, (B, V)."""
-        B = y.shape[0]
-        self.attn = torch.cat([self.attn, self.attn.new_ones((B, 1))], dim=1)  # (B, P + t)
-        out = self.model(input_ids=y[:, None], attention_mask=self.attn, position_ids=pos,
-                         past_key_values=self.cache, use_cache=True)
-        self.cache = out.past_key_values
-        return out.logits[:, -1]
 
 
 def _forward(model, y, attn, pos, cache):
@@ -121,12 +94,11 @@ class StaticDecoder:
         return logits.clone() if self.compile else logits  # a CUDA graph reuses its output buffer
 
 
-DECODERS = {"plain": PlainDecoder, "static": StaticDecoder,
-            "compiled": lambda model: StaticDecoder(model, compile=True)}
+DECODERS = {"static": StaticDecoder, "compiled": lambda model: StaticDecoder(model, compile=True)}
 
 
 def decoder(model, decode):
-    """The decoder named by ``decode``: "plain", "static" (static cache) or "compiled"."""
+    """The decoder named by ``decode``: "static" (static cache) or "compiled" (and compiled step)."""
     if decode not in DECODERS:
-        raise ValueError(f"decode must be one of {', '.join(DECODERS)}; got {decode!r}")
+        raise ValueError(f"decode must be one of plain, {', '.join(DECODERS)}; got {decode!r}")
     return DECODERS[decode](model)

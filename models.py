@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 import rollout
+import tasks
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -86,7 +87,7 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
     warm-up then stops at the first step at or above ``target``, as if it had checked every step."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     rng = random.Random(-1 - seed)  # a prompt stream disjoint from the RL one
-    tool = rollout.tool_for(task, tok)
+    tool = tasks.tool_for(task, tok)
     history = []
     snapshot = copy.deepcopy((model.state_dict(), opt.state_dict())) if ceiling is not None else None
     since = []  # the batches since the last check (replayed after a jump over the ceiling)
@@ -142,11 +143,11 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
 @torch.no_grad()
 def evaluate(model, tok, task, temperature, max_new, n, seed):
     """Sampled success rate on n fresh prompts (one response each, at the training temperature)."""
-    prompts, answers = rollout.prompt_batch(task, tok, -7 - seed, 0, n)
+    prompts, answers = tasks.prompt_batch(task, tok, -7 - seed, 0, n)
     ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=max_new,
                         temperature=temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                        generator=torch.Generator().manual_seed(seed), tool=rollout.tool_for(task, tok))
-    R, _, _ = rollout.rewards(task, tok, ro, answers, 1)
+                        generator=torch.Generator().manual_seed(seed), tool=tasks.tool_for(task, tok))
+    R, _, _ = tasks.rewards(task, tok, ro, answers, 1)
     return R.mean().item()
 
 
@@ -159,8 +160,8 @@ def tiny_model_folder(cache_dir, task, *, max_new, hidden=128, layers=4, seed=0,
                steps=warmup_max_steps, target=warmup_target, max_new=max_new)  # all it depends on
     if hasattr(task, "digits"):  # the calculator's second knob (only there, so other keys stay)
         key["digits"] = task.digits
-    for name in ("lr", "ceiling"):  # a task's own warm-up settings, where they differ from rollout.Task's
-        if getattr(task, f"warmup_{name}") != getattr(rollout.Task, f"warmup_{name}"):
+    for name in ("lr", "ceiling"):  # a task's own warm-up settings, where they differ from tasks.Task's
+        if getattr(task, f"warmup_{name}") != getattr(tasks.Task, f"warmup_{name}"):
             key[name] = getattr(task, f"warmup_{name}")
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     folder = Path(cache_dir) / f"tiny-{digest}"
@@ -181,8 +182,7 @@ def build_tiny_model(task, key, folder):
     model = tiny_model(tok, key["hidden"], key["layers"], key["seed"]).eval()  # eval: keeps train/score identical
     t0, threads = time.time(), torch.get_num_threads()
     # One CPU thread, whatever the machine: the step where the warm-up stops depends on the last bits
-    # of its sums, and those on the thread count (the default run's numbers differed between one and
-    # two threads through its warm-up alone: from the same warm-up, its 100 otb steps agreed).
+    # of its sums, and those on the thread count (docs/training.md).
     torch.set_num_threads(1)
     try:
         history = warm_up(model, tok, task, temperature=key["temperature"], max_new=key["max_new"],
@@ -242,7 +242,7 @@ def load_model(name, task, device, *, max_new, cache_dir, tiny=None):
         raise ModelError(f"--model: cannot load {name!r}: {str(e).splitlines()[0]}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    if isinstance(task, (rollout.ArithmeticTask, rollout.CountTask)) and not tok.chat_template:
+    if isinstance(task, (tasks.ArithmeticTask, tasks.CountTask)) and not tok.chat_template:
         raise ModelError(f"--task {type(task).__name__} needs a tokenizer with a chat template; "
                          f"{name} has none")
     return model.to(device).eval(), tok, source

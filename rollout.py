@@ -1,6 +1,6 @@
 """Rollouts for RL on a causal language model: prompts in, scored responses out.
 
-Three jobs, in the order a training step needs them:
+Two jobs, in the order a training step needs them (the prompts and rewards come from tasks.py):
 
 1. ``sample``: draw N responses per prompt from any ``transformers`` causal LM, one token at a
    time with the KV cache. Each step samples y_t ~ softmax(z_t / tau) and records
@@ -9,32 +9,20 @@ Three jobs, in the order a training step needs them:
    is an action the model must learn); after that it is padded and masked out. With a task's
    ``Tool`` the responses are multi-turn: when a row closes a call, the tool's output is forced
    into it over the next positions (a per-row queue, in the same loop), with mask 0: holes inside
-   the response that are context for the policy but not its actions. The forward passes are
-   ``fast_decode``'s: the plain loop (a cache that grows by a column per token) by default, or a
-   static cache with a compiled step (``decode="compiled"``, train.py ``--compile-decode``).
+   the response that are context for the policy but not its actions. The forward passes are the
+   plain loop's (a cache that grows by a column per token); ``decode="static"`` or
+   ``"compiled"`` (train.py ``--compile-decode``) runs them on fast_decode.py's static cache.
 2. ``score``: one forward pass over prompt + response that returns, for every response token,
    log pi_tau(y_t), sum_k pi_k^2 (through ``otb.sum_pi_squared``) and the entropy, all at the
    same temperature as sampling. The LM head runs in float32 on ``chunk_size`` positions at a
    time, and each chunk's logits are recomputed in the backward: the graph holds the last hidden
    states (B, T, H), never the (B, T, V) logits.
-3. Tasks with verifiable rewards, generated on the fly from a seeded ``random.Random`` that is
-   independent of the model's RNG (so every configuration sees the same prompts):
-   ``ReverseTask`` (the default, for a tiny character-level model), ``PeriodicTask`` (the
-   long-horizon one: the response length is the ``horizon`` knob, 16 to 256 tokens),
-   ``CalculatorTask`` (the multi-turn one: add ``horizon`` numbers through k - 1 calls of an
-   adding tool), ``ArithmeticTask`` (for a pretrained instruct model, through its chat
-   template) and ``CountTask`` (the long-horizon one for that model: list 70 numbers in order,
-   270+ tokens). Each task owns its defaults: ``horizon`` and ``max_new_tokens()``, the response
-   length limit, and a task with a tool owns it too (``task.tool(tokenizer)``).
 
 Layout: prompts are left-padded (so every row's last prompt token sits in the same column),
 responses are right-padded; ``position_ids`` are computed from the attention mask, so left
 padding does not shift positions.
 """
-import random
-import re
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.utils.checkpoint
@@ -80,27 +68,6 @@ class Rollout:
     finished: torch.Tensor  # (B,) bool, True where the row emitted EOS
 
 
-@dataclass
-class Tool:
-    """The environment's side of a multi-turn response: a task's tool, bound to a tokenizer.
-
-    When a row *samples* ``close_id`` (the token that ends a call) and has made fewer than
-    ``max_calls`` calls, ``respond(ids)`` gets the row's response tokens so far (a list, the
-    closing token last) and returns the tokens of the tool's output, which the sampler then
-    forces into that row over the next positions. A closing token beyond ``max_calls`` is an
-    ordinary token. The total length stays capped by ``max_new_tokens``: a row still receiving
-    output when the cap comes is cut there.
-    """
-    close_id: int
-    respond: Callable[[list], list]
-    max_calls: int
-
-
-def tool_for(task, tokenizer):
-    """The task's ``Tool`` (``task.tool(tokenizer)``), or None for a task without one."""
-    return task.tool(tokenizer) if hasattr(task, "tool") else None
-
-
 @torch.no_grad()
 def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, pad_id,
            generator=None, tool=None, decode="plain"):
@@ -112,15 +79,15 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
     timed here), so train.py gives the sampler a generator on the GPU there (and a CPU one, the
     default, everywhere else).
 
-    ``tool`` (a ``Tool``, or None) makes the responses multi-turn. Each row keeps a queue of
-    forced tokens: while it is not empty, the row's next token is taken from it instead of the
-    draw (every row is still drawn for, so the random stream does not depend on the tool), and
-    the position gets mask 0 and log-prob 0. A forced token is context like any other: it goes
+    ``tool`` (a ``tasks.Tool``: close_id, respond, max_calls; or None) makes the responses
+    multi-turn. Each row keeps a queue of forced tokens: while it is not empty, the row's next
+    token is taken from it instead of the draw (every row is still drawn for, so the random stream
+    does not depend on the tool), and the position gets mask 0 and log-prob 0. A forced token is context like any other: it goes
     through the same batched decode step into the KV cache, and the policy's next token sees it.
     Without a tool, or before a row's first call, sampling is exactly the single-turn sampler.
 
-    ``decode`` picks how the forward passes run (fast_decode.py): "plain" (the default, a cache
-    that grows by one column per token), "static" (a static cache of fixed shape) or "compiled"
+    ``decode`` picks how the forward passes run: "plain" (the default, a cache that grows by one
+    column per token), or fast_decode.py's "static" (a static cache of fixed shape) or "compiled"
     (the static cache with a ``torch.compile``'d step; CUDA graphs on a GPU). The loop around
     them is the same, so the three give the same tokens unless float32 rounding of the logits (which
     differs: attention sums over another number of slots) flips a draw.
@@ -134,8 +101,13 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
 
     # Prefill: one pass over the prompts fills the cache; keep only the last position's logits.
     pos = positions(mask)  # (B, P)
-    decoder = fast_decode.decoder(model, decode)  # the model's forward passes, with their cache
-    logits = decoder.prefill(ids, mask, pos, max_new_tokens)  # logits z_t: (B, V)
+    if decode == "plain":  # a cache that grows by one column per token
+        decoder = None
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+        cache, attn, logits = out.past_key_values, mask, out.logits[:, -1]  # logits z_t: (B, V)
+    else:  # a static cache, its decode step compiled or not (fast_decode.py)
+        decoder = fast_decode.decoder(model, decode)
+        logits = decoder.prefill(ids, mask, pos, max_new_tokens)  # logits z_t: (B, V)
     next_pos = pos[:, -1:] + 1  # (B, 1)
 
     tokens, logps, actions = [], [], []
@@ -163,7 +135,13 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
         if bool(done.all()):
             break
         # Decode one token: the cache holds every earlier key/value, so the pass costs O(1) tokens.
-        logits = decoder.step(y, next_pos)  # (B, V)
+        if decoder is None:
+            attn = torch.cat([attn, attn.new_ones((B, 1))], dim=1)  # (B, P + t)
+            out = model(input_ids=y[:, None], attention_mask=attn, position_ids=next_pos,
+                        past_key_values=cache, use_cache=True)
+            cache, logits = out.past_key_values, out.logits[:, -1]  # (B, V)
+        else:
+            logits = decoder.step(y, next_pos)  # (B, V)
         next_pos = next_pos + 1
 
     return Rollout(prompt_ids=ids, prompt_mask=mask,
@@ -252,258 +230,3 @@ def _score_chunk(h, y, weight, bias, temperature):
             spp = otb.sum_pi_squared(z)  # sum_k pi_k^2, (B, c)
             ent = lse - (torch.softmax(z, -1) * z).sum(-1)  # H = lse - E_pi[z], (B, c)
     return logp, spp, ent
-
-
-def last_valid(response_mask):
-    """Index of each row's last valid token, (B,); 0 for a row without one. With tool output
-    inside a response this is not ``sum(m) - 1``."""
-    T = response_mask.shape[-1]
-    t = torch.arange(T, device=response_mask.device).expand_as(response_mask)  # (B, T)
-    return torch.where(response_mask.bool(), t, -1).max(-1).values.clamp(min=0)
-
-
-def response_texts(tokenizer, response, response_mask):
-    """Decode each row up to its last valid token, a tool's output included, dropping special
-    tokens (EOS, padding)."""
-    lengths = (last_valid(response_mask) + 1) * response_mask.bool().any(-1)  # (B,), 0 if empty
-    return [tokenizer.decode(row[:n].tolist(), skip_special_tokens=True)
-            for row, n in zip(response.cpu(), lengths.tolist())]
-
-
-# =====================================================================================
-# Tasks with verifiable rewards
-# =====================================================================================
-
-class Task:
-    """What the tasks share: a batch of prompts is n independent draws, and the warm-up's target
-    is the answer itself. A task adds ``draw``, ``prompt_text``, ``reward`` and ``max_new_tokens``."""
-    warmup_lr = 3e-3  # the tiny model's supervised warm-up: AdamW's rate (models.warm_up)
-    warmup_ceiling = None  # a check above it is replayed step by step (models.warm_up); None: never
-
-    def sample(self, rng, n):
-        """n (question, answer) pairs drawn from ``rng`` (a random.Random), one ``draw`` each."""
-        return [self.draw(rng) for _ in range(n)]
-
-    def target_text(self, answer):
-        """The supervised target for the warm-up (the tokenizer appends nothing; EOS is added)."""
-        return answer
-
-
-@dataclass
-class ReverseTask(Task):
-    """Reverse a random string: prompt ``<bos>cabd=``, correct response ``dbac<eos>``.
-
-    The string length is uniform in [horizon // 2, horizon] (at least 1), so responses have
-    variable length and ``horizon`` makes them longer. The reward checks the whole response:
-    1 if the row ended with EOS and its text is exactly the reversed string, else 0.
-    """
-    horizon: int = 8
-    alphabet: str = "abcdefgh"
-
-    def draw(self, rng):
-        length = rng.randint(max(1, self.horizon // 2), self.horizon)
-        s = "".join(rng.choice(self.alphabet) for _ in range(length))
-        return s, s[::-1]
-
-    def prompt_text(self, tokenizer, question):
-        return f"{tokenizer.bos_token}{question}="
-
-    def reward(self, text, answer, finished):
-        return float(bool(finished) and text == answer)
-
-    def max_new_tokens(self):
-        """Response length limit: room for the answer, EOS and as much again of mistakes."""
-        return 2 * self.horizon + 2
-
-
-@dataclass
-class PeriodicTask(Task):
-    """Copy a pattern periodically: prompt ``<bos>cabhd:``, correct response the pattern repeated
-    to exactly ``horizon`` characters (``cabhdcabhdcabhdc<eos>`` for horizon 16).
-
-    The long-horizon task: every response of a success has exactly ``horizon`` + 1 tokens, the
-    model must keep its place for all of them, and one slip anywhere fails the whole response
-    (reward 1 on an exact match after EOS, else 0). An early mistake makes everything after it
-    less certain, so the energy W_t accumulated by a response says something about its return:
-    the situation a per-token baseline is built for.
-    """
-    horizon: int = 32
-    period: int = 5
-    alphabet: str = "abcdefgh"
-
-    def draw(self, rng):
-        pattern = "".join(rng.choice(self.alphabet) for _ in range(self.period))
-        return pattern, (pattern * (self.horizon // self.period + 1))[:self.horizon]
-
-    def prompt_text(self, tokenizer, question):
-        return f"{tokenizer.bos_token}{question}:"
-
-    reward = ReverseTask.reward  # 1 on an exact match after EOS, else 0
-
-    def max_new_tokens(self):
-        """The answer, EOS, and a few tokens of slack to overshoot (cut off = failure)."""
-        return self.horizon + 4
-
-
-@dataclass
-class ArithmeticTask(Task):
-    """Add two random numbers with ``horizon`` digits each; the chat template frames the question.
-
-    The reward is 1 if the last integer in the response equals the sum exactly.
-    """
-    horizon: int = 2
-
-    def draw(self, rng):
-        lo, hi = 10 ** (self.horizon - 1) if self.horizon > 1 else 0, 10 ** self.horizon - 1
-        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
-        return f"What is {a} + {b}? Reply with the number only.", str(a + b)
-
-    def prompt_text(self, tokenizer, question):
-        return tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                             add_generation_prompt=True, tokenize=False)
-
-    def reward(self, text, answer, finished):
-        numbers = re.findall(r"-?\d+", text.replace(",", ""))
-        return float(bool(numbers) and numbers[-1] == answer)
-
-    def max_new_tokens(self):
-        return 32
-
-
-@dataclass
-class CalculatorTask(Task):
-    """Add ``horizon`` = k numbers of ``digits`` digits with a calculator that adds two numbers.
-
-    The multi-turn task, for the tiny character-level model. A correct transcript for k = 3::
-
-        prompt    <bos>12+34+56?
-        response  12+34=[46,]46+56=[102,]102<eos>
-
-    The policy writes a call ``a+b=``; ``=`` closes it, and the tool's output (in brackets
-    above; the brackets are not characters of the response) is forced in: the sum and a comma,
-    or ``error,`` for a call that is not two numbers joined by ``+``. The model must call the tool
-    k - 1 times, each call's first number being the previous result, then write the sum and EOS.
-    The reward is 1 if the row ended with EOS and the text after its last comma (the final
-    answer) is the sum, else 0: calls are never checked, only the answer. At most 2 k calls per
-    response; the answer is the whole correct transcript, so the warm-up can train on it.
-    """
-    horizon: int = 3
-    digits: int = 2
-    # The warm-up's rate (3e-3 for the other tasks). At 3e-3 the k = 3 warm-up of seed 0 stalled near 5%
-    # sampled success for all 1,500 steps; at 1e-3 it reached 26% by step 150 (docs/tool_use.md).
-    warmup_lr: float = 1e-3
-    # Its success jumps between two checks (k = 8, seed 1: 0.08 to 0.45 in 10 steps), so a check above 40%
-    # is replayed step by step and the warm-up stops at its first step at or above the target.
-    warmup_ceiling: float = 0.4
-
-    def transcript(self, numbers):
-        """The correct response to ``numbers``, tool output included (EOS excluded)."""
-        text, total = "", numbers[0]
-        for x in numbers[1:]:
-            text += f"{total}+{x}={total + x},"
-            total += x
-        return text + str(total)
-
-    def draw(self, rng):
-        numbers = [rng.randint(10 ** (self.digits - 1), 10 ** self.digits - 1) for _ in range(self.horizon)]
-        return "+".join(map(str, numbers)), self.transcript(numbers)
-
-    def prompt_text(self, tokenizer, question):
-        return f"{tokenizer.bos_token}{question}?"
-
-    def reward(self, text, answer, finished):
-        return float(bool(finished) and text.rsplit(",", 1)[-1] == answer.rsplit(",", 1)[-1])
-
-    def max_new_tokens(self):
-        """The longest correct transcript (all numbers 99..9), EOS, and 8 tokens of slack; the tool's
-        output counts towards it."""
-        return len(self.transcript([10 ** self.digits - 1] * self.horizon)) + 1 + 8
-
-    @staticmethod
-    def calculator(call):
-        """The tool: ``"46+56="`` -> ``"102,"``; anything else -> ``"error,"``."""
-        match = re.fullmatch(r"(\d+)\+(\d+)=", call)
-        return f"{int(match[1]) + int(match[2])}," if match else "error,"
-
-    def tool(self, tokenizer):
-        """The calculator bound to ``tokenizer``: the call is the row's text after the last comma."""
-        def respond(ids):
-            call = tokenizer.decode(ids, skip_special_tokens=True).rsplit(",", 1)[-1]
-            return tokenizer(self.calculator(call), add_special_tokens=False)["input_ids"]
-        return Tool(close_id=tokenizer.convert_tokens_to_ids("="), respond=respond,
-                    max_calls=2 * self.horizon)
-
-
-@dataclass
-class CountTask(Task):
-    """Count: list the ``horizon`` whole numbers from a to b = a + horizon - 1, through the chat
-    template. The long-horizon task for a pretrained instruct model (SmolLM2-135M-Instruct)::
-
-        prompt    (chat template) List the numbers from 7 to 76, separated by commas.
-        response  7, 8, 9, ..., 75, 76<|im_end|>
-
-    The start a is uniform in [1, ``start_max``]. SmolLM2's tokenizer writes every digit, comma
-    and space as its own token, so the correct response has as many tokens as characters (plus
-    EOS): 270 to 279 for the default horizon 70 (tests/test_e2e_smollm2.py measures it). The
-    reward is 1 if the integers of the text begin with exactly a, a+1, ..., b, optionally after
-    one restatement of the range (a and b, as in "The numbers from a to b are: ..."); one skipped,
-    repeated or extra number before b fails the whole response. What comes after b is not graded:
-    SmolLM2 rarely stops at b (measured: with EOS required right after b, 3% success at horizon 55,
-    benchmarks/results/smollm2_count/strict_h55.json), so stopping is left out of the reward.
-    """
-    horizon: int = 70
-    start_max: int = 15
-
-    def draw(self, rng):
-        a = rng.randint(1, self.start_max)
-        b = a + self.horizon - 1
-        return f"List the numbers from {a} to {b}, separated by commas.", ", ".join(map(str, range(a, b + 1)))
-
-    prompt_text = ArithmeticTask.prompt_text  # the chat template, generation prompt opened
-
-    def reward(self, text, answer, finished):
-        numbers, want = re.findall(r"\d+", text), answer.split(", ")
-        if numbers[:2] == [want[0], want[-1]] and numbers[2:2 + len(want)] == want:
-            return 1.0  # "from a to b: a, ..., b"
-        return float(numbers[:len(want)] == want)  # ``finished`` is not used: after b nothing counts
-
-    def max_new_tokens(self):
-        """The longest correct list (start ``start_max``), EOS, and 48 tokens for a preamble."""  # 327
-        a = self.start_max
-        return len(", ".join(map(str, range(a, a + self.horizon)))) + 1 + 48
-
-
-TASKS = {"reverse": ReverseTask, "periodic": PeriodicTask, "arithmetic": ArithmeticTask,
-         "calculator": CalculatorTask, "count": CountTask}
-
-
-def step_seed(seed, step):
-    """The seed of training step ``step`` of a run with ``seed``: the prompts (``prompt_batch``) and
-    the sampler's generator (train.py) come from it, so every configuration of a comparison sees
-    the same prompts and the same random draws at the same step."""
-    return seed * 1_000_003 + step
-
-
-def prompt_batch(task, tokenizer, seed, step, n_prompts):
-    """The prompts of one training step: a function of (seed, step) only, never of the model.
-
-    Returns (list of token-id lists, list of answers).
-    """
-    rng = random.Random(step_seed(seed, step))
-    pairs = task.sample(rng, n_prompts)
-    ids = [tokenizer(task.prompt_text(tokenizer, q), add_special_tokens=False)["input_ids"]
-           for q, _ in pairs]
-    return ids, [a for _, a in pairs]
-
-
-def rewards(task, tokenizer, rollout, answers, group_size):
-    """Outcome reward per row (B,) and as token rewards (B, T): R at the last valid token."""
-    texts = response_texts(tokenizer, rollout.response, rollout.response_mask)
-    row_answers = [a for a in answers for _ in range(group_size)]
-    R = torch.tensor([task.reward(t, a, f) for t, a, f in
-                      zip(texts, row_answers, rollout.finished.tolist())], dtype=torch.float32)  # (B,)
-    m = rollout.response_mask.cpu()
-    last = last_valid(m)  # index of the last valid token, (B,)
-    token_rewards = torch.zeros_like(m)  # (B, T)
-    token_rewards[torch.arange(len(R)), last] = R
-    return R, token_rewards * m, texts

@@ -32,14 +32,13 @@ OTB fed the exact ||s_t||^2 instead of the Logit-Gradient Proxy).
 Caveat: GRPO divides by the group's std; groups with identical rewards give it A = 0. Its alpha
 measures that rescaling, its nvar and cosine are comparable with the others.
 
-    python toy_harness.py                                   # the default table, ~20 s
+    python toy_harness.py                                   # the default table, under a minute
     python toy_harness.py --json t.json --plot nvar.png     # also save them (paths required)
 """
 import argparse
 import itertools
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, fields
@@ -48,6 +47,7 @@ from pathlib import Path
 import torch
 
 import otb
+import plumbing
 import scale_free
 from toy_env import ToyConfig, check_config, enumerate_toy, exact_summary, oracle_baselines
 
@@ -273,12 +273,8 @@ def writable_file(flag, path, suffixes):
         return f"{flag} {path} is a folder; give a file name"
     if p.suffix.lower() not in suffixes:
         return f"{flag} {path}: the name must end in one of {', '.join(suffixes)}"
-    for parent in p.parents:  # the first existing ancestor must be a writable folder
-        if parent.exists():
-            if not parent.is_dir():
-                return f"{flag} {path}: {parent} is a file, not a folder"
-            return None if os.access(parent, os.W_OK) else f"{flag} {path}: {parent} is not writable"
-    return None
+    why = plumbing.unwritable(p)  # its first existing folder must be writable
+    return None if why is None else f"{flag} {path}: {why}"
 
 
 def parse_args(argv=None):

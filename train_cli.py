@@ -37,7 +37,8 @@ from transformers import HfArgumentParser
 import lr_schedule
 import models
 import otb
-import rollout
+import plumbing
+import tasks
 
 DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
 GROUP_BASELINES = ("group_mean", "grpo", "rloo", "otb", "otb_loo", "otb_zero_tail", "otb_tir",
@@ -59,8 +60,8 @@ LOG_COLUMNS = """columns of the log line, [estimator N=group size] step k, then:
   s        seconds spent in rollout / score / update / logging diagnostics (metrics.jsonl: every metric)"""
 
 
-class UsageError(Exception):
-    """A bad argument: printed as one line, exit status 2, nothing created."""
+UsageError = plumbing.UsageError  # a bad argument: printed as one line, exit status 2, nothing created
+pick_device = plumbing.pick_device  # auto: cuda, then mps, then cpu
 
 
 @contextmanager
@@ -190,15 +191,6 @@ def seed_list(cfg):
     return [int(x) for x in items]
 
 
-def make_task(cfg):
-    name = cfg.task or ("reverse" if cfg.model == "tiny" else "arithmetic")
-    return rollout.TASKS[name]() if cfg.horizon is None else rollout.TASKS[name](horizon=cfg.horizon)
-
-
-def response_limit(cfg, task):
-    return cfg.max_new_tokens or task.max_new_tokens()
-
-
 def schedule_kwargs(cfg):
     return dict(warmup_window=cfg.lr_warmup_window, surge_ratio=cfg.lr_surge_ratio,
                 decay_factor=cfg.lr_decay_factor, decay_period_factor=cfg.lr_decay_period_factor,
@@ -248,8 +240,8 @@ def check(cfg):
         lr_schedule.check_args(**schedule_kwargs(cfg))
     except ValueError as e:  # e.g. "floor=2.0 is invalid: ..." -> --lr-floor
         raise UsageError(f"{flag('lr_' + str(e).split('=')[0])}: {e}") from None
-    if cfg.model == "tiny" and response_limit(cfg, make_task(cfg)) > 480:
-        raise UsageError(f"--horizon {cfg.horizon}: responses of up to {response_limit(cfg, make_task(cfg))} "
+    if cfg.model == "tiny" and tasks.response_limit(cfg, tasks.make_task(cfg)) > 480:
+        raise UsageError(f"--horizon {cfg.horizon}: responses of up to {tasks.response_limit(cfg, tasks.make_task(cfg))} "
                          "tokens do not fit the tiny model's 512 positions (prompt included)")
     if cfg.model == "tiny" and cfg.task in ("arithmetic", "count"):
         raise UsageError(f"--task {cfg.task} needs a pretrained chat model (--model smollm2 or a folder); "
@@ -268,43 +260,20 @@ def check_folder(name, path):
     """A folder we may create files in: it is one, or its first existing parent is a writable folder."""
     if path is None:
         return
-    p = Path(path).expanduser().absolute()
-    if p.exists() and not p.is_dir():
+    if Path(path).exists() and not Path(path).is_dir():
         raise UsageError(f"{flag(name)} {path}: is not a folder")
-    while not p.exists():
-        p = p.parent
-    if not p.is_dir() or not os.access(p, os.W_OK):
-        raise UsageError(f"{flag(name)} {path}: cannot create a folder there ({p} is not a writable folder)")
+    why = plumbing.unwritable(path)
+    if why:
+        raise UsageError(f"{flag(name)} {path}: cannot create a folder there ({why})")
 
 
 # =====================================================================================
 # Device and model (the models themselves are built and loaded in models.py)
 # =====================================================================================
 
-def pick_device(name):
-    """auto: cuda, then mps, then cpu. A named device must exist on this machine (UsageError)."""
-    mps = getattr(torch.backends, "mps", None)
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else
-                            "mps" if mps and mps.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"--device {name!r}: not a device (auto, cpu, cuda, cuda:1, mps)") from None
-    problem = {"cpu": None,
-               "cuda": None if torch.cuda.is_available() else "CUDA is not available on this machine",
-               "mps": None if mps and mps.is_available() else "MPS is not available on this machine",
-               }.get(device.type, "only cpu, cuda and mps are supported")
-    if problem is None and device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        problem = f"this machine has {torch.cuda.device_count()} CUDA device(s)"
-    if problem:
-        raise UsageError(f"--device {name}: {problem} (torch {torch.__version__}); try --device auto")
-    return device
-
-
 def load(cfg, device):
     """(model, tokenizer, source) for cfg; a problem the user can fix is a UsageError."""
-    task = make_task(cfg)
+    task = tasks.make_task(cfg)
     tiny = dict(hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, seed=cfg.seed, temperature=cfg.temperature,
                 warmup_max_steps=cfg.warmup_max_steps, warmup_target=cfg.warmup_target)
     if cfg.preset == "gpu" and device.type != "cuda":
@@ -312,7 +281,7 @@ def load(cfg, device):
               "seconds (docs/training.md gives a smoke check that runs in minutes)",
               file=sys.stderr, flush=True)
     try:
-        return models.load_model(cfg.model, task, device, max_new=response_limit(cfg, task),
+        return models.load_model(cfg.model, task, device, max_new=tasks.response_limit(cfg, task),
                                  cache_dir=Path(cfg.out) / "_cache", tiny=tiny)
     except models.ModelError as e:
         raise UsageError(str(e)) from None
@@ -366,8 +335,7 @@ def load_checkpoint(run_dir, model, opt):
                          "configuration of a comparison keeps its weights only), so it cannot be continued")
     model.load_state_dict(ckpt["model"])
     opt.load_state_dict(ckpt["optimizer"])
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    rows = plumbing.read_jsonl(run_dir / "metrics.jsonl")
     return ckpt["step"], ckpt["tokens"], ckpt["lengths"], [r for r in rows if r["step"] <= ckpt["step"]]
 
 

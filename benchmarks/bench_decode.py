@@ -20,8 +20,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import rollout  # noqa: E402
-from benchmarks.cli import (at_least, choice_list, device_option, int_list, multiple_of,  # noqa: E402
+from benchmarks.cli import (at_least, choice_list, device_option, int_list,  # noqa: E402
                             out_json, parser, pick_device)
+from benchmarks.common import model_options, smollm2_shaped  # noqa: E402
 from benchmarks.machine import describe, interleaved_rounds, machine  # noqa: E402
 
 
@@ -41,25 +42,6 @@ def parse_args(argv=None):
                    help="also write the results to this .json file (default: print only; the saved results "
                         "are benchmarks/results/cost/decode_cpu_*.json, rewritten only when named here)")
     return p.parse_args(argv)
-
-
-def model_options(p, layers, prompt):
-    """--hidden, --layers and --prompt of a SmolLM2-135M-shaped model (bench_decode, bench_score)."""
-    p.add_argument("--hidden", type=multiple_of(18, 18), default=576,
-                   help="hidden size, a multiple of 18: 9 heads of even size (SmolLM2-135M: 576; 72 "
-                        "isolates the cost of launching the layers)")
-    p.add_argument("--layers", type=at_least(1), default=layers, help="decoder layers (SmolLM2-135M: 30)")
-    p.add_argument("--prompt", type=at_least(1), default=prompt, help="prompt tokens per row")
-
-
-def smollm2_shaped(hidden=576, layers=30, device="cpu", vocab=49152):
-    """SmolLM2-135M's architecture (heads, vocabulary) at this width and depth, random weights (seed 0)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 8 // 3,
-                      num_hidden_layers=layers, num_attention_heads=9, num_key_value_heads=3,
-                      max_position_embeddings=2048, tie_word_embeddings=True)
-    return LlamaForCausalLM(cfg).to(device).eval()
 
 
 def time_sampling(model, B, args, decodes=("plain",)):

@@ -1,7 +1,8 @@
 """How fast is the vectorised Optimal Token Baseline? (docs/cost.md)
 
 Times ``otb.optimal_token_baseline`` on a grid of shapes (random lengths, interleaved groups, from
-train.py's 64 x 18 up to 4M tokens) against the per-group loop of tests/naive.py and a floor (one
+train.py's 64 x 18 up to 4M tokens) against a loop over the groups (``per_group_loop``, the shape
+of the widely used implementation) and a floor (one
 reverse cumulative sum over (B, T), the pass G_t alone needs); checks that OTB and the loop agree,
 then prints the medians of interleaved rounds and both ratios. Nothing here is a goal.
 
@@ -21,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import otb  # noqa: E402
 from benchmarks.machine import describe, interleaved_rounds, machine  # noqa: E402
 from benchmarks.cli import at_least, command, device_option, parser, pick_device  # noqa: E402
-from tests.naive import loop_reference  # noqa: E402  (the per-group loop, checked by the tests)
 
 # rows x tokens : group size
 GRID = ["64x18:4", "128x68:16", "2048x512:2", "8192x256:4", "1024x4096:4", "4096x1024:8"]
@@ -46,7 +46,7 @@ def parse_shape(text):
     return tuple(map(int, match.groups()))
 
 
-# ---- Inputs and the floor (the per-group loop is tests/naive.py's loop_reference)
+# ---- Inputs, the per-group loop and the floor
 
 def make_inputs(rows, tokens, group_size, device, seed=0):
     """Outcome rewards, random lengths in [1, T], groups of `group_size` interleaved at random."""
@@ -64,6 +64,20 @@ def make_inputs(rows, tokens, group_size, device, seed=0):
     inputs = dict(token_rewards=rewards, response_mask=mask, group_index=group_index,
                   log_probs=pi_y.log(), sum_pi_sq=sum_pi_sq)
     return {k: v.to(device) for k, v in inputs.items()}
+
+
+def per_group_loop(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, eps=1e-8):
+    """OTB one group at a time (no importance weights, own row included, singletons B = 0): what
+    otb.optimal_token_baseline computes for all groups at once. Returns (A_t, G_t), (B, T) each."""
+    m = response_mask
+    G = floor_pass(token_rewards * m) * m  # G_t, eq. (1)
+    W = ((1 - 2 * log_probs.exp() + sum_pi_sq).clamp(0, 2) * m).cumsum(-1) * m  # W_t, eqs. (3), (7)
+    B = torch.zeros_like(G)  # B_t
+    for uid in torch.unique(group_index).tolist():
+        rows = (group_index == uid).nonzero()[:, 0]  # this group's rows
+        if len(rows) > 1:
+            B[rows] = (G[rows] * W[rows]).sum(0) / (W[rows].sum(0) + eps)  # eq. (6), broadcast to its rows
+    return (G - B) * m, G
 
 
 def floor_pass(x):
@@ -85,11 +99,11 @@ def main():
     for rows, tokens, group in args.shapes:
         x = make_inputs(rows, tokens, group, device, seed=args.seed)
         adv, ret = otb.optimal_token_baseline(**x)
-        adv_loop, ret_loop = loop_reference(**x)
+        adv_loop, ret_loop = per_group_loop(**x)
         diff = max((adv - adv_loop).abs().max().item(), (ret - ret_loop).abs().max().item())
         agree = diff <= 1e-4 * (1 + ret_loop.abs().max().item())
         all_agree &= agree
-        variants = [lambda r: otb.optimal_token_baseline(**x), lambda r: loop_reference(**x),
+        variants = [lambda r: otb.optimal_token_baseline(**x), lambda r: per_group_loop(**x),
                     lambda r: floor_pass(x["token_rewards"])]
         seconds, _ = interleaved_rounds(variants, args.repeats, device=device)
         t_otb, t_loop, t_floor = (statistics.median(s[1:]) for s in seconds)  # round 0 warmed up

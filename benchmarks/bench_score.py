@@ -15,7 +15,6 @@ import json
 import statistics
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -23,30 +22,13 @@ from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import otb  # noqa: E402
 import rollout  # noqa: E402
 from benchmarks.machine import describe, interleaved_rounds, machine  # noqa: E402
-from benchmarks.bench_decode import model_options, smollm2_shaped  # noqa: E402
+from benchmarks.common import model_options, smollm2_shaped, sum_pi_squared  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.cli import RUNS, at_least, device_option, int_list, out_folder, parser  # noqa: E402
 
-REAL_SUM_PI_SQUARED = otb.sum_pi_squared
 VARIANTS = ("without", "with")  # sum pi^2 stubbed out (a group baseline's scoring pass), computed
-
-
-def stub_sum_pi_squared(logits, chunk_size=None):
-    """The baseline: no pass over the logits, zeros of the right shape (...,)."""
-    return logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
-
-
-@contextmanager
-def sum_pi_squared(variant):
-    """Inside the block, otb.sum_pi_squared as it is (``with``) or stubbed to zeros (``without``)."""
-    otb.sum_pi_squared = REAL_SUM_PI_SQUARED if variant == "with" else stub_sum_pi_squared
-    try:
-        yield
-    finally:
-        otb.sum_pi_squared = REAL_SUM_PI_SQUARED
 
 
 def parse_args(argv=None):

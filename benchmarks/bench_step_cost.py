@@ -18,11 +18,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
-import rollout  # noqa: E402
+import tasks  # noqa: E402
 import train  # noqa: E402
-from benchmarks.bench_decode import smollm2_shaped  # noqa: E402
-from benchmarks.bench_score import sum_pi_squared  # noqa: E402
-from benchmarks.grad_variance import load_model  # noqa: E402
+from benchmarks.common import load_model, smollm2_shaped, sum_pi_squared  # noqa: E402
 from benchmarks.machine import describe, interleaved_rounds, machine  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.cli import RUNS, at_least, choice_list, out_folder, parser  # noqa: E402
@@ -61,7 +59,7 @@ def step(model, opt, tok, cfg, task, estimator, spp_on, s):
 def time_model(name, args):
     model, tok, prompts, limit = build(name)
     cfg = train.Config(prompts_per_step=prompts, group_size=args.group_size, max_new_tokens=limit)
-    task = rollout.ReverseTask()
+    task = tasks.ReverseTask()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     snap = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
 

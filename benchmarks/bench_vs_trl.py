@@ -4,7 +4,7 @@
     python benchmarks/bench_vs_trl.py --out benchmarks/results/trl      # the saved results
 
 Both sides start from train.py's warmed-up tiny model in its configuration (docs/cost.md) and see
-rollout.prompt_batch(seed, s) at step s. One process: the project's step runs in a TrainerCallback,
+tasks.prompt_batch(seed, s) at step s. One process: the project's step runs in a TrainerCallback,
 outside TRL's timed window, so the sides alternate step by step; neither side's logging is timed.
 Medians over the steps after ``--skip`` of rollout (TRL: ``_generate``), score (the rest of
 ``_generate_and_score_completions``) and update (the rest of the step), and success over the first
@@ -25,11 +25,12 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import rollout  # noqa: E402
+import tasks  # noqa: E402
 import train  # noqa: E402
 import train_cli  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.cli import at_least, out_folder, parser  # noqa: E402
-from benchmarks.grad_variance import load_model  # noqa: E402  (float32, eval mode)
+from benchmarks.common import load_model  # noqa: E402  (float32, eval mode)
 from benchmarks.machine import describe, machine  # noqa: E402
 
 TRL_SCALE = {"group_mean": "none", "grpo": "group"}  # the project's estimator -> TRL's scale_rewards
@@ -68,9 +69,9 @@ def setup(args):
     cfg = train.Config(estimator=args.estimator, seed=args.seed, prompts_per_step=args.prompts_per_step,
                        group_size=args.group_size, task=args.task, horizon=args.horizon,
                        max_new_tokens=args.max_new_tokens, out=str(ROOT / "runs"))
-    cfg.max_new_tokens = train_cli.response_limit(cfg, train_cli.make_task(cfg))  # explicit for TRL's config
+    cfg.max_new_tokens = tasks.response_limit(cfg, tasks.make_task(cfg))  # explicit for TRL's config
     _, tok, source = train_cli.load(cfg, torch.device("cpu"))  # builds and caches the warm-up if needed
-    return source["path"], tok, train_cli.make_task(cfg), cfg
+    return source["path"], tok, tasks.make_task(cfg), cfg
 
 
 def prompt_rows(tok, task, cfg, steps):
@@ -78,7 +79,7 @@ def prompt_rows(tok, task, cfg, steps):
     from datasets import Dataset
     rows = []
     for s in range(steps):
-        ids, answers = rollout.prompt_batch(task, tok, cfg.seed, s, cfg.prompts_per_step)
+        ids, answers = tasks.prompt_batch(task, tok, cfg.seed, s, cfg.prompts_per_step)
         rows += [{"prompt": tok.decode(i), "answer": a} for i, a in zip(ids, answers)]
     return Dataset.from_list(rows)
 
@@ -157,7 +158,7 @@ def interleaved(folder, tok, task, cfg, args, out):
                                     update=total - t["generate_and_score"], step=total,
                                     success=trainer.success[-1]))
             step = state.global_step - 1
-            ids, _ = rollout.left_pad(rollout.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)[0],
+            ids, _ = rollout.left_pad(tasks.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)[0],
                                       tok.pad_token_id)  # the project's prompts of this step, (P, L)
             if not torch.equal(ids, trainer.batch["prompt_ids"][::cfg.group_size]):
                 raise RuntimeError(f"TRL and the project saw different prompts at step {step}")

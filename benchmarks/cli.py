@@ -6,10 +6,12 @@ committed ``benchmarks/results/`` change only when ``--out``/``--json`` names th
 """
 import argparse
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from plumbing import UsageError, pick_device, unwritable  # noqa: E402  (train.py's, written once)
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs"  # the default home of every benchmark's output (git-ignored)
@@ -77,33 +79,20 @@ def choice_list(choices):
 
 
 def device_option(text):
-    """auto, cpu or cuda; cuda only where torch can see a CUDA device."""
-    import torch
+    """auto, cpu or cuda; cuda only where torch can see a CUDA device (plumbing.pick_device decides)."""
     if text not in ("auto", "cpu", "cuda"):
         raise argparse.ArgumentTypeError(f"must be auto, cpu or cuda, got {text!r}")
-    if text == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"cuda is not available on this machine (torch {torch.__version__})")
+    try:
+        pick_device(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--device {text}: ")) from None
     return text
-
-
-def pick_device(text):
-    """The torch device of a --device value (auto: cuda when there is one)."""
-    import torch
-    if text == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(text)
 
 
 def _creatable(path):
     """None if ``path`` can be created (or written) here, else why not. Creates nothing."""
-    parent = path.parent
-    while not parent.exists():  # the nearest folder that already exists
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"{parent} is a file, so {path} cannot be created"
-    if not os.access(parent if not path.exists() else path, os.W_OK):
-        return f"{parent if not path.exists() else path} is not writable"
-    return None
+    why = unwritable(path)
+    return None if why is None else why.replace("is a file, not a folder", f"is a file, so {path} cannot be created")
 
 
 def out_folder(text):

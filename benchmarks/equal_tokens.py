@@ -16,12 +16,15 @@ import json
 import math
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import compare  # noqa: E402
 from benchmarks import grid  # noqa: E402
 from benchmarks.cli import at_least, out_folder, parser, write_results  # noqa: E402
+from plumbing import read_jsonl  # noqa: E402
 from stats import mean_se  # noqa: E402
 
 # ---- the protocol (docs/equal_tokens_protocol.md); change only by an addendum there
@@ -36,7 +39,6 @@ LR_GRID = [1e-4, 3e-4, 1e-3]
 WARMUP_TARGET = 0.25
 TARGET_SUCCESS = 0.5
 WINDOW = 25_000  # tokens of the trailing window for "tokens to target" and the figure
-T_975_DF5 = 2.571  # t quantile for a 95% interval with 6 seeds
 MARGIN = 0.05  # non-inferiority margin on the primary endpoint
 
 
@@ -53,8 +55,7 @@ def command(est, n, seed, lr, runs):
 
 
 def history(runs, est, n, seed, lr):
-    path = Path(runs) / run_name(est, n, seed, lr) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return read_jsonl(Path(runs) / run_name(est, n, seed, lr) / "metrics.jsonl")
 
 
 def train(jobs, runs, workers):
@@ -64,34 +65,10 @@ def train(jobs, runs, workers):
 
 # ---- Endpoints and analysis (as pre-registered, with Addendum 1 of the protocol)
 
-def within_budget(h, budget=BUDGET):
-    """Steps whose cumulative tokens are <= budget, as (cumulative tokens, the step's tokens, success)."""
-    out, prev = [], 0
-    for r in h:
-        if r["tokens"] > budget:
-            break
-        out.append((r["tokens"], r["tokens"] - prev, r["success"]))
-        prev = r["tokens"]
-    return out
-
-
-def endpoints(h, steps_given=None, budget=BUDGET, window=WINDOW, target=TARGET_SUCCESS):
-    """The protocol's endpoints (Addendum 1) of one run from its history ``h`` (dicts with tokens,
-    success): the whole run, or its steps within B with ``steps_given`` the steps it was given.
-    ``budget``, ``window``, ``target``: B, trailing window, target (paired_seeds.py passes its own)."""
-    steps = within_budget(h, budget)
-    if not steps:
-        return None
-    steps_given = len(h) if steps_given is None else steps_given
-    used = steps[-1][0]
-    last = [(d, s) for c, d, s in steps if c > 0.75 * budget]
-    primary = sum(d * s for d, s in last) / sum(d for d, _ in last) if last else float("nan")
-    auc = sum(d * s for _, d, s in steps) / budget  # endpoint 2: area over B (tokens not sampled count 0)
-    to_target = next((c for c, y in zip(*curve(h, budget, window))
-                      if c >= window and y >= target), None)  # a full trailing window only (Addendum 1)
-    return dict(primary=primary, auc=auc, tokens_to_target=to_target,
-                tokens_to_target_censored=budget if to_target is None else to_target, tokens_used=used,
-                stopped_short=len(steps) >= steps_given and used < budget, steps=len(steps))
+# The endpoints of compare.py (train.py --seeds computes the same ones) at this study's B, window, target
+within_budget = partial(compare.within_budget, budget=BUDGET)
+endpoints = partial(compare.endpoints, budget=BUDGET, window=WINDOW, target=TARGET_SUCCESS)
+curve = partial(compare.curve, budget=BUDGET, window=WINDOW)
 
 
 def median_censored(values):
@@ -103,11 +80,8 @@ def median_censored(values):
 
 
 def paired_diff(a, b, endpoint, comparator):
-    """d_s = a[s] - b[s] over SEEDS, mean and 95% interval mean +- t(0.975, 5) sd / sqrt(6)."""
-    d = [a[s][endpoint] - b[s][endpoint] for s in SEEDS]
-    mu, se = mean_se(d)
-    return dict(comparator=comparator, endpoint=endpoint, mean_diff=mu, ci_low=mu - T_975_DF5 * se,
-                ci_high=mu + T_975_DF5 * se, per_seed=d, otb_better_seeds=sum(x > 0 for x in d))
+    """d_s = a[s] - b[s] over SEEDS: mean and 95% interval mean +- t(0.975, 5) sd / sqrt(6)."""
+    return compare.paired_diff(a, b, SEEDS, endpoint, comparator)
 
 
 def choose_lrs(pilot):
@@ -148,8 +122,7 @@ def analyse(load, lrs, optional=False):
 
 
 def verdict(p, who="OTB at N=4"):
-    return (f"{who} is better (interval above 0)" if p["ci_low"] > 0 else f"{who} is worse (interval below 0)"
-            if p["ci_high"] < 0 else "no difference shown (interval contains 0)")
+    return compare.verdict(p, who)
 
 
 def verdicts(paired):
@@ -196,17 +169,6 @@ def rerun_check(job, rerun, saved):
 
 
 # ---- Where the histories come from: the run folders, or the curves saved in results.json
-
-def curve(h, budget=BUDGET, window=WINDOW):
-    """Trailing-window (``window`` tokens) success against tokens, within the budget."""
-    steps = within_budget(h, budget)
-    xs, ys = [], []
-    for i, (c, _, _) in enumerate(steps):
-        inside = [(d, s) for c2, d, s in steps[:i + 1] if c2 > c - window]
-        xs.append(c)
-        ys.append(sum(d * s for d, s in inside) / sum(d for d, _ in inside))
-    return xs, ys
-
 
 def history_from_curve(xs, ys, n):
     """Invert ``curve`` (Addendum 1): step i's success is what its window's token-weighted sum leaves
@@ -287,7 +249,7 @@ def config_line(c):
 
 def paired_line(p):
     return (f"| {p['comparator']} | {p['endpoint']} | {p['mean_diff']:+.3f} | "
-            f"[{p['ci_low']:+.3f}, {p['ci_high']:+.3f}] | {p['otb_better_seeds']}/6 |")
+            f"[{p['ci_low']:+.3f}, {p['ci_high']:+.3f}] | {p['higher_seeds']}/6 |")
 
 
 CONFIG_HEAD = ["| config | lr | primary: success, last quarter | AUC: success over B | seeds reaching "

@@ -35,10 +35,11 @@ import otb  # noqa: E402
 import scale_free  # noqa: E402
 import stats  # noqa: E402
 import rollout  # noqa: E402
-import train  # noqa: E402
-import train_cli  # noqa: E402
+import tasks  # noqa: E402
 from benchmarks.cli import (RUNS, at_least, choice_list, command, int_list, multiple_of,  # noqa: E402
                             out_folder, parser, write_results)
+from benchmarks.common import (draw_pool, group_gradients, group_ids_of, load_model,  # noqa: E402
+                               per_response_scores, reference_gradient, subset)
 from benchmarks.machine import describe, machine  # noqa: E402
 
 
@@ -66,103 +67,13 @@ def parse_args(argv=None):
     return args
 
 
-# ---- Model and pool
-
-def load_model(model_dir=""):
-    """(model, tokenizer, folder) saved in model_dir; empty: the default run's warmed-up tiny model
-    (train_cli.load builds it and caches it under runs/_cache when it is not there yet)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    if not model_dir:
-        model_dir = train_cli.load(train.Config(out=str(ROOT / "runs")), torch.device("cpu"))[2]["path"]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()  # no dropout
-    return model, AutoTokenizer.from_pretrained(model_dir), Path(model_dir)
-
-
-def subset(ro, rows):
-    """The rows ``rows`` of a Rollout, responses trimmed after their last valid token (a tool's
-    output inside a response is kept: it is context for the tokens after it)."""
-    rows = torch.as_tensor(rows)
-    T = int(rollout.last_valid(ro.response_mask[rows]).max()) + 1
-    return rollout.Rollout(prompt_ids=ro.prompt_ids[rows], prompt_mask=ro.prompt_mask[rows],
-                           response=ro.response[rows, :T], response_mask=ro.response_mask[rows, :T],
-                           group_index=ro.group_index[rows], logp=ro.logp[rows, :T],
-                           finished=ro.finished[rows])
-
-
-def draw_pool(model, tok, task, prompts, answers, size, seed, max_new, temperature):
-    """``size`` responses to every prompt (the sampler's generator seeded with ``seed``, the task's
-    tool if it has one) and their rewards: (Rollout, rollout.rewards(...))."""
-    ro = rollout.sample(model, prompts, group_size=size, max_new_tokens=max_new, temperature=temperature,
-                        eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                        generator=torch.Generator().manual_seed(seed), tool=rollout.tool_for(task, tok))
-    return ro, rollout.rewards(task, tok, ro, answers, size)
-
-
-# ---- Exact gradients and their variance
-
-def weighted_score_gradient(model, ro, rows, weights, temperature):
-    """grad_theta sum_{i in rows} sum_t weights[i, t] log pi(y_t^i), flattened: (D,). One backward pass
-    over the rows ``rows`` of ``ro`` alone; ``weights`` (B, T) covers all of ro's rows."""
-    sub = subset(ro, rows)
-    params = [p for p in model.parameters() if p.requires_grad]
-    logp, _, _ = rollout.score(model, sub.prompt_ids, sub.prompt_mask, sub.response, sub.response_mask,
-                               temperature)  # log pi(y_t), (b, T'), keeps the graph
-    w = weights[torch.as_tensor(rows), :sub.response.shape[1]]  # (b, T')
-    return torch.cat([g.reshape(-1) for g in torch.autograd.grad((w * logp).sum(), params)])  # (D,)
-
-
-def per_response_scores(model, ro, temperature):
-    """S_i = grad_theta log pi(tau_i) = grad sum_t log pi(y_t^i) for every row: (B, D)."""
-    return torch.stack([weighted_score_gradient(model, ro, [i], ro.response_mask, temperature)
-                        for i in range(len(ro.response))])
-
-
-def is_sequence_level(adv, mask):
-    """True when every row's advantage is one number over its valid tokens."""
-    first = adv[:, :1]  # (B, 1)
-    return bool(torch.allclose(adv * mask, first * mask, rtol=0, atol=1e-7))
-
-
-def group_gradients(model, ro, groups, adv, temperature, S=None):
-    """g_k of eq. (1) for the (K, N) row indices ``groups``: (K, D). With S (B, D) and a
-    sequence-level advantage, (1/N) sum_i A_i S_i; otherwise one backward pass per group."""
-    N = groups.shape[1]
-    if S is not None and is_sequence_level(adv, ro.response_mask):
-        A = adv[:, 0]  # A_i, (B,)
-        return torch.stack([(A[g, None] * S[g]).sum(0) / N for g in groups])  # (K, D)
-    w = adv / N  # the weights of eq. (1), (B, T)
-    return torch.stack([weighted_score_gradient(model, ro, g, w, temperature) for g in groups])  # (K, D)
-
-
-def group_ids_of(groups, M):
-    """(K, N) disjoint row indices of M rows -> the group id of each row, (M,)."""
-    gid = torch.empty(M, dtype=torch.long)
-    gid[groups.reshape(-1)] = torch.arange(len(groups)).repeat_interleave(groups.shape[1])
-    return gid
-
-
-def reference_gradient(model, ro, token_rewards, rows, temperature, parts=4):
-    """One prompt's policy gradient, unbiased, from its responses ``rows`` of a separate pool: RLOO
-    inside ``parts`` disjoint sub-pools. Returns (the mean of the parts (D,), its variance)."""
-    sub = subset(ro, rows)
-    r, m = token_rewards[rows, :sub.response.shape[1]], sub.response_mask  # (M, T)
-    M = len(rows)
-    part = torch.arange(parts).repeat_interleave(M // parts)  # sub-pool of each row, (M,)
-    adv, _ = otb.rloo(r, m, part)  # A_i, (M, T)
-    w = adv * parts / M  # a part's gradient: the mean of A_i S_i over its M / parts rows
-    est = torch.stack([weighted_score_gradient(model, sub, (part == k).nonzero()[:, 0], w, temperature)
-                       for k in range(parts)])  # (parts, D)
-    mean, var, _ = scale_free.unit_summary(est)  # var: tr Var of one part, eq. (2)
-    return mean, var / parts
-
-
 # ---- The measurement
 
 def measure(model, tok, args, progress=True):
     """Returns (cells, scatter, R, refs): cells[(estimator, N)] -> lists of per-prompt values,
     refs (P, D) the reference gradient of each prompt."""
-    task = rollout.ReverseTask(horizon=args.horizon)
-    prompts, answers = rollout.prompt_batch(task, tok, args.seed, 0, args.prompts)
+    task = tasks.ReverseTask(horizon=args.horizon)
+    prompts, answers = tasks.prompt_batch(task, tok, args.seed, 0, args.prompts)
     pool = lambda size, seed: draw_pool(model, tok, task, prompts, answers, size, seed,  # noqa: E731
                                         2 * args.horizon + 2, args.temperature)
     ro, (R, token_rewards, _) = pool(args.pool, args.seed)

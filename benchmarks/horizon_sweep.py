@@ -20,7 +20,7 @@ saved in stats.npz, so --from-saved re-bootstraps without a model:
     python benchmarks/horizon_sweep.py --from-saved benchmarks/results/horizon_sweep --out /tmp/re
     python benchmarks/horizon_sweep.py --horizons 16,64,128,256 --resume --out DIR   # add n = 256 to DIR
 
-With tool use (``--task calculator``, rollout.CalculatorTask) the horizon is k, the number of
+With tool use (``--task calculator``, tasks.CalculatorTask) the horizon is k, the number of
 numbers to add with k - 1 tool calls; the responses hold the tool's output as holes (mask 0), the
 sampler forces it in, and every gradient sees it as context. There the sweep compares
 position-aligned otb with action-aligned otb_tir (docs/tool_use.md):
@@ -46,12 +46,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
+import tasks  # noqa: E402
 import scale_free  # noqa: E402
 import stats  # noqa: E402
 import train  # noqa: E402
 import train_cli  # noqa: E402
-from benchmarks.grad_variance import (draw_pool, group_gradients, group_ids_of,  # noqa: E402
-                                      per_response_scores, reference_gradient, subset)
+from benchmarks.common import (draw_pool, group_gradients, group_ids_of,  # noqa: E402
+                               per_response_scores, reference_gradient, subset)
 from benchmarks import cli  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 
@@ -105,13 +106,13 @@ def checkpoint(n, seed, args):
                        out=args.cache)
     torch.manual_seed(seed)
     model, tok, source = train_cli.load(cfg, torch.device("cpu"))
-    return model, tok, train_cli.make_task(cfg), cfg, source
+    return model, tok, tasks.make_task(cfg), cfg, source
 
 
 def measure_checkpoint(model, tok, task, cfg, args, seed):
     """Per estimator and N, the sufficient statistics over prompts (scale_free.gram_stats); info."""
-    limit = train_cli.response_limit(cfg, task)
-    prompts, answers = rollout.prompt_batch(task, tok, 10_000 + seed, 0, args.prompts)  # unseen by RL
+    limit = tasks.response_limit(cfg, task)
+    prompts, answers = tasks.prompt_batch(task, tok, 10_000 + seed, 0, args.prompts)  # unseen by RL
     draw = lambda m, s: draw_pool(model, tok, task, prompts, answers, m, s, limit,  # noqa: E731
                                   cfg.temperature)
     pool, (R, token_rewards, _) = draw(args.pool, seed)

@@ -28,6 +28,7 @@ from statistics import fmean as mean, stdev
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import stats  # noqa: E402
+from plumbing import read_jsonl  # noqa: E402
 import otb  # noqa: E402
 from lr_schedule import SCHEDULES, surge_step  # noqa: E402  (the rule train.py runs: first i > W with L_i > r L0)
 from benchmarks import cli, grid  # noqa: E402
@@ -234,8 +235,7 @@ def load_histories(args):
     """{config: {seed: metrics rows}} of every run that has logged a step."""
     histories = {}
     for (config, _, _), seed in itertools.product(configs(args), args.seeds):
-        path = ROOT / args.out / run_name(config, seed) / "metrics.jsonl"
-        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+        rows = read_jsonl(ROOT / args.out / run_name(config, seed) / "metrics.jsonl")
         if rows:
             histories.setdefault(config, {})[seed] = rows
     return histories

@@ -3,8 +3,8 @@
     python benchmarks/smollm2_task_success.py                        # horizon 70, tau 0.7, 128 prompts
     python benchmarks/smollm2_task_success.py --out benchmarks/results/smollm2_count
 
-One response per prompt of ``rollout.CountTask`` (chat template, the task's response limit,
-prompts from ``rollout.prompt_batch`` on a seed no training run uses); the success rate with
+One response per prompt of ``tasks.CountTask`` (chat template, the task's response limit,
+prompts from ``tasks.prompt_batch`` on a seed no training run uses); the success rate with
 Wilson's 95% score interval (each prompt one trial), and the token count of correct responses in
 SmolLM2's tokenizer (EOS included). Writes success.json into --out only when --out is given.
 """
@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import models  # noqa: E402
 import rollout  # noqa: E402
+import tasks  # noqa: E402
 from benchmarks.cli import at_least, command, out_folder, parser, positive_float  # noqa: E402
 
 
@@ -34,7 +35,7 @@ def wilson(k, n, z=1.959964):
 
 def main(argv=None):
     p = parser(__doc__)
-    p.add_argument("--horizon", type=at_least(1), default=rollout.CountTask.horizon, help="numbers to list")
+    p.add_argument("--horizon", type=at_least(1), default=tasks.CountTask.horizon, help="numbers to list")
     p.add_argument("--temperature", type=positive_float, default=0.7, help="sampling temperature tau")
     p.add_argument("--prompts", type=at_least(1), default=128, help="prompts, one response each")
     p.add_argument("--batch", type=at_least(1), default=16, help="prompts sampled together")
@@ -42,16 +43,16 @@ def main(argv=None):
     p.add_argument("--out", type=out_folder, default=None,
                    help="folder for success.json (not written without it)")
     a = p.parse_args(argv)
-    task = rollout.CountTask(horizon=a.horizon)
+    task = tasks.CountTask(horizon=a.horizon)
     model, tok, _ = models.load_model("smollm2", task, "cpu", max_new=task.max_new_tokens(), cache_dir=None)
     t0, wins, lengths = time.time(), [], []
     for b in tqdm(range(0, a.prompts, a.batch), desc=f"count horizon {a.horizon}, tau {a.temperature}"):
         n = min(a.batch, a.prompts - b)
-        prompts, answers = rollout.prompt_batch(task, tok, a.seed, b, n)
+        prompts, answers = tasks.prompt_batch(task, tok, a.seed, b, n)
         ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=task.max_new_tokens(),
                             temperature=a.temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                             generator=torch.Generator().manual_seed(a.seed + b))
-        R, _, _ = rollout.rewards(task, tok, ro, answers, 1)
+        R, _, _ = tasks.rewards(task, tok, ro, answers, 1)
         wins += R.tolist()
         lengths += ro.response_mask.sum(-1).tolist()
     k, n = int(sum(wins)), len(wins)

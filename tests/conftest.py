@@ -4,14 +4,15 @@ The tests come in tiers, named by their file prefix:
 
 - ``test_exact_*``: the maths against exact answers (closed forms, enumeration of the toy bandit,
   autograd, the verl reference vectors in data/, hand-computed cases);
-- ``test_naive_*``: vectorised code against the plainest loops, which live in ``naive.py`` (the
-  only test module benchmarks may import);
+- ``test_naive_*``: vectorised code against the plainest loops, which live in ``naive.py``;
 - ``test_inputs_*``: bad input gives one clear error naming it, and nothing is written;
 - ``test_e2e_*``: short end-to-end runs of the scripts (train.py, TRL, the experiments);
 - ``test_notebooks_*``: the tutorials (stored with current outputs) and the exercises.
 
 ``tiny_runs.py`` holds the tiny train.py configuration and helpers that test_e2e_train.py and
-test_inputs_train.py share.
+test_inputs_train.py share. The ``out`` fixture gives a test a fresh folder for train.py's --out
+whose warm-up cache (``_cache``) is one folder for the whole test run, so each tiny model is
+warmed up once per run of the suite.
 
 The modules are plain top-level files (not a package), so the tests import them
 by putting the repository root first on ``sys.path``.
@@ -43,3 +44,16 @@ def run_notebook():
         return nb
 
     return run
+
+
+@pytest.fixture(scope="session")
+def warm_ups(tmp_path_factory):
+    """The warm-up cache of the whole test run (models.tiny_model_folder writes under it)."""
+    return tmp_path_factory.mktemp("warm_ups")
+
+
+@pytest.fixture
+def out(tmp_path, warm_ups):
+    """A fresh folder for train.py's --out; its _cache is the session's warm-up cache."""
+    (tmp_path / "_cache").symlink_to(warm_ups, target_is_directory=True)
+    return tmp_path

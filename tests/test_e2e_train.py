@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import compare
 import diagnostics
 import models
 import otb
 import rollout
+import tasks
 import train
 import train_cli
 from tiny_runs import TINY, interrupt_at, metrics, run, without_times
@@ -22,8 +24,11 @@ RESUME = ["--estimator", "otb", "--steps", "6", "--lr-schedule", "length", "--lr
 
 
 @pytest.fixture(scope="module")
-def out(tmp_path_factory):
-    return tmp_path_factory.mktemp("runs")
+def out(tmp_path_factory, warm_ups):
+    """One --out folder for this module's runs (distinct --name each), the session's warm-up cache."""
+    folder = tmp_path_factory.mktemp("runs")
+    (folder / "_cache").symlink_to(warm_ups, target_is_directory=True)
+    return folder
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -112,7 +117,7 @@ def test_help_documents_every_field_and_the_log_line():
         assert " ".join(f.metadata["help"].split()[:3]) in text
     for column in ("success", "len", "tokens", "gnorm", "adv", "H", "power", "mism", "lr", "s"):
         assert f" {column} " in train_cli.LOG_COLUMNS  # every field of the log line is explained
-    assert " ".join(train_cli.LOG_COLUMNS.split()) in text and "--stop-after" not in text
+    assert " ".join(train_cli.LOG_COLUMNS.split()) in text
 
 
 def test_smollm2_gguf_file_is_found_when_installed():
@@ -123,7 +128,7 @@ def test_smollm2_gguf_file_is_found_when_installed():
     assert (Path(folder) / name).stat().st_size > 50e6
 
 
-# ----------------------------------------------------------------------------- mismatch (issue 6)
+# ----------------------------------------------------------------------------------------- mismatch
 
 def test_mismatch_is_zero_for_same_precision_and_positive_for_bf16_rollout(out):
     run(out, "same", "--estimator", "otb", "--steps", "2")
@@ -190,11 +195,11 @@ def test_mean_gradient_norm_equals_explicit_logit_space_vectors():
 def test_warm_up_cache_is_keyed_by_every_setting_it_depends_on(tmp_path):
     """The warm-up evaluates with max_new_tokens, so two limits must not share one cached model."""
     kw = dict(hidden=16, layers=1, warmup_max_steps=0)
-    task = rollout.ReverseTask()
+    task = tasks.ReverseTask()
     short, long_ = (models.tiny_model_folder(tmp_path, task, max_new=n, **kw) for n in (10, 40))
     assert short != long_ and (short / "warmup.json").exists() and (long_ / "warmup.json").exists()
     assert models.tiny_model_folder(tmp_path, task, max_new=10, **kw) == short  # the same settings reuse it
-    own = rollout.ReverseTask()
+    own = tasks.ReverseTask()
     own.warmup_ceiling = 0.5  # a task's own warm-up setting is part of the key too
     assert models.tiny_model_folder(tmp_path, own, max_new=10, **kw) not in (short, long_)
 
@@ -203,7 +208,7 @@ def test_a_warm_up_check_above_the_ceiling_is_replayed_step_by_step(monkeypatch)
     """A check over the ceiling goes back to the check before and replays the same batches with a
     check after each step: the model equals one that checked every step, and stops where it would."""
     monkeypatch.setattr(models, "evaluate", lambda *a, seed, **kw: 0.9 if seed >= 8 else 0.0)  # success by step
-    tok, task = models.char_tokenizer(), rollout.ReverseTask(horizon=2)
+    tok, task = models.char_tokenizer(), tasks.ReverseTask(horizon=2)
     runs = {}
     for name, kw in [("replayed", dict(check_every=5, ceiling=0.5)), ("every step", dict(check_every=1)),
                      ("no ceiling", dict(check_every=5))]:
@@ -220,7 +225,7 @@ def test_a_warm_up_check_above_the_ceiling_is_replayed_step_by_step(monkeypatch)
 
 def test_a_warm_up_that_misses_its_target_says_so_even_from_the_cache(tmp_path, capsys):
     kw = dict(hidden=16, layers=1, warmup_max_steps=50, warmup_target=0.99)
-    task = rollout.ReverseTask(horizon=2)
+    task = tasks.ReverseTask(horizon=2)
     for _ in range(2):  # built, then loaded from the cache
         folder = models.tiny_model_folder(tmp_path, task, max_new=6, **kw)
         step, success = json.loads((folder / "warmup.json").read_text())["history"][-1]
@@ -311,7 +316,7 @@ def test_the_saved_table_summarises_the_saved_metrics():
     for name, cells in table.items():
         rows = metrics(DEFAULT_RUN / name)
         est, n = name.rsplit("-n", 1)
-        summary = train.summarize(dataclasses.replace(train.Config(), estimator=est, group_size=int(n)), rows)
+        summary = compare.summarize(dataclasses.replace(train.Config(), estimator=est, group_size=int(n)), rows)
         assert len(rows) == train.Config().steps
         assert cells["initial_success"] == f"{sum(r['success'] for r in rows[:10]) / 10:.3f}"
         for col, cell in cells.items():
@@ -319,11 +324,11 @@ def test_the_saved_table_summarises_the_saved_metrics():
             assert cell == ("-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)), (name, col)
 
 
-def test_the_default_configuration_repeats_the_saved_default_run(tmp_path):
+def test_the_default_configuration_repeats_the_saved_default_run(out):
     """The default configuration itself (its own warm-up, every setting a default) run as
     --estimator otb for 10 steps gives the first 10 saved rows of otb-n4: success exactly, every
     other metric but the wall-clock times to rel 1e-4 (the CI's 2 threads round differently)."""
-    rows = train.main(["--estimator", "otb", "--steps", "10", "--out", str(tmp_path), "--name", "otb"])
+    rows = train.main(["--estimator", "otb", "--steps", "10", "--out", str(out), "--name", "default-otb"])
     saved = metrics(DEFAULT_RUN / "otb-n4")[:10]
     assert [r["success"] for r in rows] == [r["success"] for r in saved]
     for row, want in zip(without_times(rows), without_times(saved), strict=True):
@@ -454,14 +459,14 @@ def test_calculator_task_trains_with_holes_where_the_tool_output_sits(out, monke
     train.main(TINY + ["--out", str(out), "--name", "calc", "--task", "calculator", "--compare",
                        "otb_tir:4,otb:4", "--steps", "2"])
     tok = models.char_tokenizer()
-    tool = rollout.CalculatorTask(horizon=2).tool(tok)
+    tool = tasks.CalculatorTask(horizon=2).tool(tok)
     training = [ro for ro in rollouts if len(ro.response) == 16]  # the warm-up's evaluations have 200 rows
     assert len(training) == 4 and len(advantages) == 2
     holes = 0
     for ro in training:
         m = ro.response_mask
         for i in range(len(m)):
-            n = int(rollout.last_valid(m[i:i + 1])) + 1 if m[i].any() else 0
+            n = int(tasks.last_valid(m[i:i + 1])) + 1 if m[i].any() else 0
             row = ro.response[i, :n].tolist()
             assert m[i, :n].tolist() == rollout.action_mask(tool, row) and not m[i, n:].any()
             text = "".join("|" if a else tok.decode([y]) for y, a in zip(row, m[i, :n].tolist()))
@@ -495,7 +500,7 @@ def test_compare_plot_shows_success_per_step_and_a_zero_gradient_norm(tmp_path, 
     cfg = train.Config()
     histories = {"otb-n4": (train.replace(cfg, estimator="otb", group_size=4), rows(20, 100, lambda i: 0.0 if i == 5 else 0.5)),
                  "group_mean-n16": (train.replace(cfg, estimator="group_mean", group_size=16), rows(20, 400, lambda i: 0.5))}
-    train.write_summary(tmp_path, cfg, histories)
+    compare.write_summary(tmp_path, cfg, histories)
     tokens_ax, step_ax, norm_ax = figures[0].axes
     assert step_ax.get_xlabel() == "step" and step_ax.get_xlim()[1] <= 21  # both curves span this panel
     assert norm_ax.get_yscale() == "symlog" and norm_ax.get_ylim()[0] <= 0.0  # the zero is on the axis

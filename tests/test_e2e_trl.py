@@ -22,6 +22,7 @@ import torch
 
 import otb
 import rollout
+import tasks
 import train
 import train_cli
 
@@ -67,7 +68,7 @@ def setup(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     cfg = train_cli.parse_config(TINY + ["--max-new-tokens", str(MAX_NEW), "--out", str(out)], train.Config,
                                  train.PRESETS)
-    task = train_cli.make_task(cfg)
+    task = tasks.make_task(cfg)
     _, tok, source = train_cli.load(cfg, torch.device("cpu"))
     folder = source["path"]
     # distinct prompts, so a group is exactly "the rows with this prompt"
@@ -220,7 +221,7 @@ def test_train_update_gradient_equals_trl_none_dapo(setup):
                          response=batch["completion_ids"], response_mask=m, group_index=torch.arange(len(m)) // N,
                          logp=torch.zeros_like(m), finished=(batch["completion_ids"] == tok.eos_token_id).any(-1))
     prompts = [tok.decode(r[k.bool()]) for r, k in zip(batch["prompt_ids"][::N], batch["prompt_mask"][::N])]
-    _, token_rewards, _ = rollout.rewards(task, tok, ro, [answer_of[q] for q in prompts], N)
+    _, token_rewards, _ = tasks.rewards(task, tok, ro, [answer_of[q] for q in prompts], N)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.no_grad():
         old_logp, spp, _ = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response, m, cfg.temperature)

@@ -95,9 +95,9 @@ def test_paired_interval_is_t_with_5_df():
     b = {s: dict(primary=0.0) for s in et.SEEDS}
     p = et.paired_diff(a, b, "primary", "x")
     # mean 3.5; sd^2 = (2.5^2 + 1.5^2 + 0.5^2) x 2 / 5 = 3.5; se = sqrt(3.5 / 6)
-    half = 2.571 * math.sqrt(3.5 / 6)
+    half = 2.5705818366 * math.sqrt(3.5 / 6)  # t(0.975, 5) from a printed t table
     assert p["mean_diff"] == 3.5 and p["ci_low"] == pytest.approx(3.5 - half)
-    assert p["ci_high"] == pytest.approx(3.5 + half) and p["otb_better_seeds"] == 6
+    assert p["ci_high"] == pytest.approx(3.5 + half) and p["higher_seeds"] == 6
 
 
 def test_saved_curves_give_back_each_steps_success_exactly():

@@ -90,7 +90,7 @@ def test_subset_keeps_a_tool_output_inside_a_response():
     # grad_variance.subset trims after the last valid token, not after sum(m) tokens: a response
     # with a hole keeps the hole (context) and the action after it.
     import rollout
-    from benchmarks.grad_variance import subset
+    from benchmarks.common import subset
     m = torch.tensor([[1, 0, 0, 1, 0], [1, 1, 0, 0, 0]])
     ro = rollout.Rollout(prompt_ids=torch.ones(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1),
                          response=torch.arange(10).view(2, 5), response_mask=m, group_index=torch.zeros(2),
@@ -106,6 +106,7 @@ def test_calculator_sweep_samples_with_the_tool_and_saves_otb_tir(tmp_path, monk
     warm-up success, and a partial sweep (one checkpoint of two) is resumed to the whole."""
     import json
     import rollout
+    import tasks
     import train
     import train_cli
     tools, real_sample = [], rollout.sample
@@ -115,15 +116,15 @@ def test_calculator_sweep_samples_with_the_tool_and_saves_otb_tir(tmp_path, monk
         cfg = train.Config(task=args.task, horizon=n, seed=seed, tiny_hidden=32, tiny_layers=1,
                            warmup_max_steps=60, out=str(tmp_path / "cache"))
         model, tok, source = train_cli.load(cfg, torch.device("cpu"))
-        return model, tok, train_cli.make_task(cfg), cfg, source
+        return model, tok, tasks.make_task(cfg), cfg, source
     monkeypatch.setattr(hs, "checkpoint", checkpoint)
     # 60 warm-up steps never solve k = 2: a stand-in reward (text length odd) gives the estimators signal
-    monkeypatch.setattr(rollout.CalculatorTask, "reward", lambda self, text, answer, finished: len(text) % 2)
+    monkeypatch.setattr(tasks.CalculatorTask, "reward", lambda self, text, answer, finished: len(text) % 2)
     argv = ["--task", "calculator", "--horizons", "2", "--prompts", "2", "--pool", "8", "--ref-pool", "8",
             "--group-sizes", "4", "--estimators", "reinforce,group_mean,otb,otb_tir", "--replicates", "100",
             "--out", str(tmp_path / "out")]
     hs.main(argv + ["--seeds", "0"])
-    assert tools and all(isinstance(t, rollout.Tool) for t in tools)
+    assert tools and all(isinstance(t, tasks.Tool) for t in tools)
     hs.main(argv + ["--seeds", "0,1", "--resume"])
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert {r["estimator"] for r in saved["rows"]} == {"reinforce", "group_mean", "otb", "otb_tir"}

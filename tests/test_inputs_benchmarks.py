@@ -34,7 +34,7 @@ CASES = [
 ]
 
 if not torch.cuda.is_available():  # asking for a GPU that is not there is a bad option too
-    CASES += [(script, ["--device", "cuda"], "--device: cuda is not available on this machine")
+    CASES += [(script, ["--device", "cuda"], "--device: CUDA is not available on this machine")
               for script in ("bench_decode", "bench_score", "bench_estimators")]
 
 

@@ -232,7 +232,7 @@ def test_sequence_estimators_ignore_anything_in_masked_rewards(name, junk):
     assert torch.equal(adv, clean_adv) and torch.equal(ret, clean_ret)
 
 
-# ------------------------------------------------------------------------------ nonsense values (issue 16)
+# ------------------------------------------------------------------------------------- nonsense values
 
 
 @pytest.mark.parametrize("bad", [5.0, 1.01, -0.5, -1e-3], ids=["5", "1.01", "-0.5", "-1e-3"])

@@ -40,7 +40,6 @@ BAD = [
     (["--estimator", "otb_tir", "--group-size", "1"], "--group-size"),  # a group baseline
     (["--compare", "otb_tir_zero_tail:1"], "--compare"),
     (["--estimator", "otb", "--micro-batch-rows", "0"], "--micro-batch-rows"),
-    (["--estimator", "otb", "--stop-after", "3"], "--stop-after"),  # a test hook no more
     (["--estimator", "otb", "--horizon", "0"], "--horizon"),
     (["--estimator", "otb", "--task", "periodic", "--horizon", "600"], "--horizon"),
     (["--resume", "/no/such/run"], "--resume"),
@@ -126,23 +125,23 @@ def test_an_unreachable_hub_id_fails_fast_with_one_line(tmp_path, capsys, monkey
 
 @pytest.mark.parametrize("case", ["no-checkpoint", "finished", "changed-option", "extend-comparison",
                                   "old-version"])
-def test_resume_errors_name_what_is_missing(tmp_path, capsys, monkeypatch, case):
-    d = tmp_path / "run"
+def test_resume_errors_name_what_is_missing(out, capsys, monkeypatch, case):
+    d = out / "run"
     if case == "no-checkpoint":  # a run stopped hard before its first checkpoint
         interrupt_at(monkeypatch, 2, hard=True)
         with pytest.raises(SystemExit):
-            run(tmp_path, "run", "--estimator", "otb", "--steps", "3", "--checkpoint-minutes", "60")
+            run(out, "run", "--estimator", "otb", "--steps", "3", "--checkpoint-minutes", "60")
         monkeypatch.undo()
         assert (d / "config.json").exists() and not (d / "checkpoint.pt").exists()
         argv, expected = ["--resume", str(d)], "has no checkpoint.pt"
     elif case == "finished":
-        run(tmp_path, "run", "--estimator", "otb", "--steps", "2")
+        run(out, "run", "--estimator", "otb", "--steps", "2")
         argv, expected = ["--resume", str(d)], "give --steps larger than 2"
     elif case == "changed-option":
-        run(tmp_path, "run", "--estimator", "otb", "--steps", "2")
+        run(out, "run", "--estimator", "otb", "--steps", "2")
         argv, expected = ["--resume", str(d), "--lr", "1e-3"], "--lr cannot be changed when resuming"
     elif case == "extend-comparison":
-        train.main(TINY + ["--out", str(tmp_path), "--name", "run", "--compare", "otb:2", "--steps", "2"])
+        train.main(TINY + ["--out", str(out), "--name", "run", "--compare", "otb:2", "--steps", "2"])
         argv, expected = ["--resume", str(d), "--steps", "4"], "--steps: a comparison cannot change"
     else:  # a folder from before --checkpoint-every became --checkpoint-minutes
         d.mkdir()
@@ -150,10 +149,10 @@ def test_resume_errors_name_what_is_missing(tmp_path, capsys, monkeypatch, case)
         (d / "config.json").write_text(json.dumps(old))
         argv = ["--resume", str(d)]
         expected = "another version of train.py (settings checkpoint_every are unknown"
-    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "_cache" not in p.parts)
+    before = sorted(p.relative_to(out) for p in out.rglob("*") if "_cache" not in p.parts)
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         train.main(argv)
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and expected in err and "\n" not in err, err
-    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "_cache" not in p.parts) == before
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if "_cache" not in p.parts) == before

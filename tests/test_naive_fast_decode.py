@@ -19,6 +19,7 @@ import torch
 import fast_decode
 import models
 import rollout
+import tasks
 
 TOK = models.char_tokenizer()
 EOS, PAD = TOK.eos_token_id, TOK.pad_token_id
@@ -31,7 +32,7 @@ def tiny(layers=2, seed=0):
 
 def prompts(n=5, horizon=8):
     """Reverse-task prompts of different lengths (3 to 10 tokens): left padding matters."""
-    return rollout.prompt_batch(rollout.ReverseTask(horizon=horizon), TOK, seed=0, step=1, n_prompts=n)[0]
+    return tasks.prompt_batch(tasks.ReverseTask(horizon=horizon), TOK, seed=0, step=1, n_prompts=n)[0]
 
 
 def draw(model, decode, *, seed, tool=None, eos_id=EOS, max_new=18, group_size=3, temperature=1.0,
@@ -53,7 +54,7 @@ def assert_same_rollout(a, b):
 def calls_on(char):
     """A tool called by every sampled ``char``: it forces 1 to 3 tokens that depend on the row so far."""
     close, x = TOK.convert_tokens_to_ids(char), TOK.convert_tokens_to_ids("x")
-    return rollout.Tool(close_id=close, respond=lambda ids: [x] * (1 + len(ids) % 3), max_calls=2)
+    return tasks.Tool(close_id=close, respond=lambda ids: [x] * (1 + len(ids) % 3), max_calls=2)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])

@@ -11,8 +11,10 @@ import torch
 
 import otb
 import rollout
+import tasks
 import scale_free
 import stats
+from benchmarks import common
 from benchmarks import grad_variance as gv
 
 from models import char_tokenizer
@@ -28,8 +30,8 @@ def tiny():
                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
                                          max_position_embeddings=64, pad_token_id=tok.pad_token_id,
                                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)).eval()
-    task = rollout.ReverseTask(horizon=3)
-    prompts, answers = rollout.prompt_batch(task, tok, 0, 0, 2)
+    task = tasks.ReverseTask(horizon=3)
+    prompts, answers = tasks.prompt_batch(task, tok, 0, 0, 2)
     prompts[1] = prompts[1][:-2] + prompts[1][-1:]  # different prompt lengths: left padding is exercised
     ro = rollout.sample(model, prompts, group_size=4, max_new_tokens=6, temperature=1.0,
                         eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(1))
@@ -52,7 +54,7 @@ def naive_gradient(model, ro, weights, temperature=1.0):
 
 
 def prompt_inputs(ro, rows):
-    sub = gv.subset(ro, rows)
+    sub = common.subset(ro, rows)
     token_rewards = torch.zeros_like(sub.response_mask)
     last = sub.response_mask.sum(-1).long() - 1
     token_rewards[torch.arange(len(rows)), last] = torch.tensor([1.0, 0.0, 1.0, 0.0])[:len(rows)]
@@ -61,9 +63,9 @@ def prompt_inputs(ro, rows):
 
 def test_per_response_scores_match_naive_loop(tiny):
     model, _, ro = tiny
-    S = gv.per_response_scores(model, ro, 1.0)  # (B, D)
+    S = common.per_response_scores(model, ro, 1.0)  # (B, D)
     for i in (0, 5):
-        one = gv.subset(ro, [i])
+        one = common.subset(ro, [i])
         torch.testing.assert_close(S[i], naive_gradient(model, one, one.response_mask), rtol=1e-4, atol=1e-6)
 
 
@@ -79,11 +81,11 @@ def test_group_gradients_match_naive_loop(tiny, estimator):
     groups = torch.tensor([[0, 2], [1, 3]])
     adv, _ = otb.ESTIMATORS[estimator](token_rewards=r, response_mask=m, group_index=gid,
                                        log_probs=logp, sum_pi_sq=spp)
-    S = gv.per_response_scores(model, sub, 1.0)
-    for G in (gv.group_gradients(model, sub, groups, adv, 1.0, S=S),
-              gv.group_gradients(model, sub, groups, adv, 1.0, S=None)):
+    S = common.per_response_scores(model, sub, 1.0)
+    for G in (common.group_gradients(model, sub, groups, adv, 1.0, S=S),
+              common.group_gradients(model, sub, groups, adv, 1.0, S=None)):
         for k, g in enumerate(groups):
-            rows = gv.subset(sub, g)
+            rows = common.subset(sub, g)
             expected = naive_gradient(model, rows, adv[g, :rows.response.shape[1]]) / 2
             torch.testing.assert_close(G[k], expected, rtol=1e-4, atol=1e-6)
 
@@ -96,9 +98,9 @@ def test_sequence_level_detection(tiny):
         logp, spp, _ = rollout.score(model, sub.prompt_ids, sub.prompt_mask, sub.response, m, 1.0)
     gid = torch.zeros(4, dtype=torch.long)
     kw = dict(token_rewards=r, response_mask=m, group_index=gid, log_probs=logp, sum_pi_sq=spp)
-    assert gv.is_sequence_level(otb.ESTIMATORS["group_mean"](**kw)[0], m)
+    assert common.is_sequence_level(otb.ESTIMATORS["group_mean"](**kw)[0], m)
     if (m.sum(-1) > 1).any():  # OTB's advantage changes along a response longer than one token
-        assert not gv.is_sequence_level(otb.ESTIMATORS["otb"](**kw)[0], m)
+        assert not common.is_sequence_level(otb.ESTIMATORS["otb"](**kw)[0], m)
 
 
 def test_trace_variance_by_hand():
@@ -130,7 +132,7 @@ def test_measure_end_to_end(tiny, tmp_path, monkeypatch):
     length: non-zero rewards that differ within a group, so every estimator has something to measure.
     """
     model, tok, _ = tiny
-    monkeypatch.setattr(rollout.ReverseTask, "reward", lambda self, text, answer, finished: float(len(text) % 2))
+    monkeypatch.setattr(tasks.ReverseTask, "reward", lambda self, text, answer, finished: float(len(text) % 2))
     model.save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
     rows, corr, _ = gv.main(["--model-dir", str(tmp_path / "model"), "--prompts", "2", "--pool", "8",

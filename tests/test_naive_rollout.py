@@ -6,6 +6,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import rollout
+import tasks
 
 PAD, BOS, EOS, V = 0, 1, 2, 12
 
@@ -136,20 +137,20 @@ def test_rewards_sit_at_the_last_valid_token():
     class CharTok:  # decode ids 3.. as letters; 0-2 are special
         def decode(self, ids, skip_special_tokens=True):
             return "".join(chr(ord("a") + i - 3) for i in ids if i > 2)
-    task = rollout.ReverseTask(horizon=2)
+    task = tasks.ReverseTask(horizon=2)
     ro = rollout.Rollout(prompt_ids=None, prompt_mask=None,
                          response=torch.tensor([[4, 3, EOS], [4, 3, 5], [3, EOS, PAD]]),
                          response_mask=torch.tensor([[1., 1, 1], [1, 1, 1], [1, 1, 0]]),
                          group_index=torch.tensor([0, 0, 0]), logp=None,
                          finished=torch.tensor([True, False, True]))
-    R, token_rewards, texts = rollout.rewards(task, CharTok(), ro, ["ba"], group_size=3)
+    R, token_rewards, texts = tasks.rewards(task, CharTok(), ro, ["ba"], group_size=3)
     assert texts == ["ba", "bac", "a"]
     assert R.tolist() == [1.0, 0.0, 0.0]
     assert token_rewards.tolist() == [[0, 0, 1], [0, 0, 0], [0, 0, 0]]
 
 
 def test_reverse_task_prompts_rewards_and_horizon():
-    task = rollout.ReverseTask(horizon=6)
+    task = tasks.ReverseTask(horizon=6)
     pairs = task.sample(random.Random(0), 200)
     assert all(3 <= len(q) <= 6 and a == q[::-1] for q, a in pairs)
     assert {len(q) for q, _ in pairs} == {3, 4, 5, 6}
@@ -163,15 +164,15 @@ def test_prompt_stream_depends_only_on_seed_and_step():
         bos_token = "<bos>"
         def __call__(self, text, add_special_tokens=False):
             return {"input_ids": [ord(c) for c in text]}
-    task = rollout.ReverseTask()
-    a = rollout.prompt_batch(task, Tok(), seed=0, step=3, n_prompts=5)
-    assert a == rollout.prompt_batch(task, Tok(), seed=0, step=3, n_prompts=5)
-    assert a != rollout.prompt_batch(task, Tok(), seed=0, step=4, n_prompts=5)
-    assert a != rollout.prompt_batch(task, Tok(), seed=1, step=3, n_prompts=5)
+    task = tasks.ReverseTask()
+    a = tasks.prompt_batch(task, Tok(), seed=0, step=3, n_prompts=5)
+    assert a == tasks.prompt_batch(task, Tok(), seed=0, step=3, n_prompts=5)
+    assert a != tasks.prompt_batch(task, Tok(), seed=0, step=4, n_prompts=5)
+    assert a != tasks.prompt_batch(task, Tok(), seed=1, step=3, n_prompts=5)
 
 
 def test_arithmetic_reward_checks_the_exact_number():
-    task = rollout.ArithmeticTask(horizon=2)
+    task = tasks.ArithmeticTask(horizon=2)
     q, a = task.sample(random.Random(1), 1)[0]
     x, y = [int(t) for t in q.split("?")[0].split() if t.isdigit()]
     assert a == str(x + y) and 10 <= x <= 99 and 10 <= y <= 99
@@ -183,12 +184,12 @@ def test_arithmetic_reward_checks_the_exact_number():
 def test_periodic_task_answers_have_exactly_horizon_characters():
     import random
     for n in (1, 5, 16, 64, 257):
-        task = rollout.PeriodicTask(horizon=n)
+        task = tasks.PeriodicTask(horizon=n)
         for pattern, answer in task.sample(random.Random(n), 20):
             assert len(pattern) == 5 and len(answer) == n
             assert all(answer[i] == pattern[i % 5] for i in range(n))  # the pattern, repeated
         assert task.max_new_tokens() == n + 4  # the answer, EOS, and slack
-    task = rollout.PeriodicTask(horizon=7)
+    task = tasks.PeriodicTask(horizon=7)
     assert task.reward("abcdeab", "abcdeab", True) == 1.0
     assert task.reward("abcdeab", "abcdeab", False) == 0.0  # cut off before EOS
     assert task.reward("abcdeabc", "abcdeab", True) == 0.0  # one character too many
@@ -198,13 +199,13 @@ def test_periodic_task_answers_have_exactly_horizon_characters():
 
 def test_sampling_without_a_tool_is_unchanged():
     """Tokens, masks and log-probs equal, exactly, those of the sampler before tools existed
-    (tests/data/make_sampler_reference.py ran it at commit 7ed8d17); a tool whose closing token
+    (made by tests/data/make_sampler_reference.py on that sampler); a tool whose closing token
     is never sampled (max_calls = 0) changes nothing either."""
     import json
     from pathlib import Path
     saved = json.loads((Path(__file__).parent / "data/sampler_before_tools.json").read_text())
     model = tiny_llama()
-    never = rollout.Tool(close_id=5, respond=lambda ids: [6, 7], max_calls=0)
+    never = tasks.Tool(close_id=5, respond=lambda ids: [6, 7], max_calls=0)
     for case in saved["cases"]:
         for tool in (None, never):
             ro = rollout.sample(model, PROMPTS, group_size=case["group_size"], tool=tool,
@@ -245,7 +246,7 @@ def scripted():
     def respond(ids):  # the output depends on the row so far: 7 8 at the first call, 10 8 later
         seen.append(list(ids))
         return [7, 8] if ids.count(CLOSE) == 1 else [10, 8]
-    return Bigram(table), rollout.Tool(close_id=CLOSE, respond=respond, max_calls=2), seen
+    return Bigram(table), tasks.Tool(close_id=CLOSE, respond=respond, max_calls=2), seen
 
 
 @pytest.mark.parametrize("max_new", [20, 3])
@@ -266,7 +267,7 @@ def test_tool_output_is_forced_with_mask_zero_at_known_positions(max_new):
     assert (ro.logp[ro.response_mask == 0] == 0).all()
     assert seen == ([[3, CLOSE], [3, CLOSE, 7, 8, 9, CLOSE]] if max_new > 3 else [[3, CLOSE]])
     assert rollout.action_mask(tool, row) == mask  # the single-row replay agrees
-    assert rollout.last_valid(ro.response_mask).tolist() == [T - 1 - (max_new == 3), 0]
+    assert tasks.last_valid(ro.response_mask).tolist() == [T - 1 - (max_new == 3), 0]
 
 
 def test_a_random_model_with_a_tool_agrees_with_the_replay_and_the_scoring_pass():
@@ -275,13 +276,13 @@ def test_a_random_model_with_a_tool_agrees_with_the_replay_and_the_scoring_pass(
     output, their log-prob is 0; the sampler's log-probs of the policy's tokens equal the scoring
     pass's (so the forced tokens were in the KV cache as context, as the scoring pass sees them)."""
     model = tiny_llama(seed=2)
-    tool = rollout.Tool(close_id=5, respond=lambda ids: [6 + len(ids) % 4, 11], max_calls=3)
+    tool = tasks.Tool(close_id=5, respond=lambda ids: [6 + len(ids) % 4, 11], max_calls=3)
     ro = rollout.sample(model, PROMPTS, group_size=4, max_new_tokens=16, temperature=1.0,
                         eos_id=EOS, pad_id=PAD, tool=tool, generator=torch.Generator().manual_seed(1))
     m = ro.response_mask
     holes = 0
     for i in range(len(m)):
-        n = int(rollout.last_valid(m[i:i + 1])) + 1
+        n = int(tasks.last_valid(m[i:i + 1])) + 1
         row = ro.response[i, :n].tolist()
         assert m[i, :n].tolist() == rollout.action_mask(tool, row)
         assert (m[i, n:] == 0).all()
@@ -301,7 +302,7 @@ def test_calculator_task_transcript_tool_reward_and_masks():
     mask (the tool replayed over the transcript) is 0 exactly on the tool's output."""
     import models
     tok = models.char_tokenizer()
-    task = rollout.CalculatorTask(horizon=3, digits=2)
+    task = tasks.CalculatorTask(horizon=3, digits=2)
     assert task.transcript([12, 34, 56]) == "12+34=46,46+56=102,102"
     assert task.prompt_text(tok, "12+34+56") == "<bos>12+34+56?"
     for q, a in task.sample(random.Random(0), 50):

@@ -1,6 +1,6 @@
 """Make sampler_before_tools.json: rollout.sample's output as it was before tools existed.
 
-Run at commit 7ed8d17 (the last commit whose rollout.sample had no ``tool`` argument):
+Run on the last version of rollout.sample without a ``tool`` argument (docs/tool_use.md names it):
 
     python tests/data/make_sampler_reference.py
 
@@ -34,7 +34,7 @@ def main():
         out.append(dict(case, response=ro.response.tolist(), response_mask=ro.response_mask.tolist(),
                         logp=ro.logp.tolist(), finished=ro.finished.tolist()))
     (HERE / "sampler_before_tools.json").write_text(json.dumps(dict(
-        made_by="tests/data/make_sampler_reference.py at commit 7ed8d17", torch=torch.__version__,
+        made_by="tests/data/make_sampler_reference.py, rollout.sample before its tool argument", torch=torch.__version__,
         cases=out)) + "\n")
 
 

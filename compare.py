@@ -1,0 +1,258 @@
+"""Comparisons: every configuration from the same weights, then a table and a plot.
+
+``python train.py`` without ``--estimator`` runs a comparison: each ``estimator:group_size`` of
+``--compare`` is trained by train.py's loop from the same initial weights, on the same prompts and
+sampler noise (both are functions of (seed, step) only), into ``<folder>/<estimator>-n<N>/``.
+This file holds what happens around those runs:
+
+- ``run_comparison``: the runs (a finished one, with its DONE marker, is kept on --resume), then
+  ``summary.md`` / ``summary.json`` (one row per run: success at the start and the end, tokens
+  sampled until the 10-step mean success first reaches ``--target-success``, gradient norms) and
+  ``compare.png`` (success against tokens sampled and against steps, the gradient norm).
+- With ``--seeds 0,1,2 --token-budget B`` (``run_seeds``), the equal-token comparison of
+  docs/equal_tokens_protocol.md over paired seeds: every configuration on every seed
+  (``<folder>/seed<s>/``), each run ending where its sampled response tokens reach B. Per run,
+  the protocol's endpoints (``endpoints``; only steps whose cumulative tokens are <= B count):
+
+      final   token-weighted success over the last quarter of the budget, steps in (0.75 B, B]
+      auc     area under success against tokens, divided by B (tokens never sampled count 0)
+
+  and, for every other configuration c, the paired difference over the k seeds
+
+      d_s = endpoint(ref, s) - endpoint(c, s),   mean and 95% interval mean +- t(0.975, k - 1) sd / sqrt(k)
+
+  where ref is the first configuration of ``--compare`` (``otb:4`` in the GPU preset). With 3
+  seeds t = 4.30: only large differences are resolved, and the table says "no difference shown"
+  otherwise. summary.md holds the tables, summary.json every endpoint of every run, compare.png
+  success against tokens (mean of the seeds, trailing window of B / 10 tokens).
+
+benchmarks/equal_tokens.py, the pre-registered study, computes its endpoints with the same functions.
+"""
+import json
+from dataclasses import asdict, replace
+
+from tqdm.auto import tqdm
+
+import plumbing
+import stats
+import tasks
+import train_cli
+
+
+# ===== One seed: every configuration from the same weights ==================================================
+
+def run_comparison(cfg, out, model, tok, command, source, train):
+    """Every configuration of cfg.compare, each by ``train`` (train.py's loop) from the same initial
+    weights into ``out/<estimator>-n<N>``; a finished one (DONE) is kept on resume. Returns the rows."""
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}  # every run starts here
+    histories = {}
+    for est, n in train_cli.runs_of(cfg):
+        sub, run_dir = replace(cfg, estimator=est, group_size=n, compare=None), out / f"{est}-n{n}"
+        if (run_dir / "DONE").exists():
+            history = plumbing.read_jsonl(run_dir / "metrics.jsonl")
+        else:
+            resume = (run_dir / "checkpoint.pt").exists()
+            if not resume:
+                train_cli.write_config(run_dir, sub, command, source)
+            model.load_state_dict(init)
+            history = train(sub, run_dir, model, tok, resume=resume, keep_optimizer=False)
+        histories[run_dir.name] = (sub, history)
+    return write_summary(out, cfg, histories)
+
+
+def moving_average(xs, k=10):
+    return [sum(xs[max(0, i - k + 1):i + 1]) / len(xs[max(0, i - k + 1):i + 1]) for i in range(len(xs))]
+
+
+def summarize(cfg, history, k=10):
+    """One row of the summary table. Success numbers are means over k steps."""
+    success = [r["success"] for r in history]
+    smooth = moving_average(success, k)
+    reached = [r["tokens"] for r, s in zip(history, smooth) if s >= cfg.target_success]
+    norms = [r["grad_norm"] for r in history]
+    seconds = sum(v for r in history for key, v in r.items() if key.startswith("t_"))  # train.TIME_KEYS
+    return dict(run=f"{cfg.estimator}-n{cfg.group_size}", estimator=cfg.estimator, group_size=cfg.group_size,
+                steps=len(history), tokens=history[-1]["tokens"],
+                initial_success=sum(success[:k]) / len(success[:k]),
+                final_success=sum(success[-k:]) / len(success[-k:]),
+                tokens_to_target=reached[0] if reached else None,
+                grad_norm_mean=sum(norms) / len(norms), grad_norm_max=max(norms),
+                total_power_mean=sum(r["total_power"] for r in history) / len(history),
+                seconds=round(seconds, 1))
+
+
+def write_summary(out, cfg, histories):
+    """compare.png, summary.json and summary.md of one seed's runs; returns the table's rows."""
+    plot_runs(out / "compare.png", cfg, histories)
+    rows = [summarize(sub, h) for sub, h in histories.values()]
+    (out / "summary.json").write_text(json.dumps(dict(config=asdict(cfg), runs=rows), indent=1))
+    cell = lambda x: "-" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))  # noqa: E731
+    cols = [c for c in rows[0] if c not in ("estimator", "group_size", "steps")]  # run, tokens, ..., seconds
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows]
+    note = (f"\nsuccess: mean over the first / last 10 steps; tokens_to_target: response tokens sampled "
+            f"until the 10-step moving average of success first reached {cfg.target_success}.\n")
+    (out / "summary.md").write_text("\n".join(lines) + "\n" + note)
+    return rows
+
+
+def plot_runs(path, cfg, histories):
+    """Success against tokens (log scale) and against steps, and the gradient norm, one line per run."""
+    import matplotlib.pyplot as plt
+    plt.switch_backend("Agg")  # files only
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4))
+    for name, (_, h) in histories.items():
+        smooth = moving_average([r["success"] for r in h])
+        ax1.plot([r["tokens"] for r in h], smooth, label=name)
+        ax2.plot([r["step"] for r in h], smooth, label=name)
+        ax3.plot([r["step"] for r in h], [r["grad_norm"] for r in h], label=name, lw=1)
+    ax1.set(xlabel="response tokens sampled (log scale)", ylabel="success rate (10-step moving average)",
+            title="success against sampling cost", xscale="log")  # log: N = 4 and N = 16 both get room
+    ax2.set(xlabel="step", ylabel="success rate (10-step moving average)", title="success against step")
+    ax3.set(xlabel="step", ylabel="gradient norm (before clipping)", title="gradient norm (0 is shown)")
+    ax3.set_yscale("symlog", linthresh=1e-3)  # log-like above 1e-3, linear through 0
+    ax1.legend()
+    fig.suptitle(f"{cfg.model} on {type(tasks.make_task(cfg)).__name__}, seed {cfg.seed}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ===== Endpoints at a token budget B (docs/equal_tokens_protocol.md, Addendum 1) ============================
+
+def within_budget(h, budget):
+    """Steps whose cumulative tokens are <= budget, as (cumulative tokens, the step's tokens, success)."""
+    out, prev = [], 0
+    for r in h:
+        if r["tokens"] > budget:
+            break
+        out.append((r["tokens"], r["tokens"] - prev, r["success"]))
+        prev = r["tokens"]
+    return out
+
+
+def curve(h, budget, window):
+    """Trailing-window (``window`` tokens) success against tokens, within the budget: (xs, ys)."""
+    steps = within_budget(h, budget)
+    xs, ys = [], []
+    for i, (c, _, _) in enumerate(steps):
+        inside = [(d, s) for c2, d, s in steps[:i + 1] if c2 > c - window]
+        xs.append(c)
+        ys.append(sum(d * s for d, s in inside) / sum(d for d, _ in inside))
+    return xs, ys
+
+
+def endpoints(h, steps_given=None, *, budget, window, target):
+    """The endpoints of one run from its history ``h`` (dicts with tokens, success), counting its steps
+    within the budget B; ``steps_given``: the steps it was given (None: all of h). None if no step fits."""
+    steps = within_budget(h, budget)
+    if not steps:
+        return None
+    steps_given = len(h) if steps_given is None else steps_given
+    used = steps[-1][0]
+    last = [(d, s) for c, d, s in steps if c > 0.75 * budget]
+    primary = sum(d * s for d, s in last) / sum(d for d, _ in last) if last else float("nan")  # final
+    auc = sum(d * s for _, d, s in steps) / budget  # area over B (tokens not sampled count 0)
+    to_target = next((c for c, y in zip(*curve(h, budget, window))
+                      if c >= window and y >= target), None)  # a full trailing window only
+    return dict(primary=primary, auc=auc, tokens_to_target=to_target,
+                tokens_to_target_censored=budget if to_target is None else to_target, tokens_used=used,
+                stopped_short=len(steps) >= steps_given and used < budget, steps=len(steps))
+
+
+def paired_diff(a, b, seeds, endpoint, comparator):
+    """d_s = a[s][endpoint] - b[s][endpoint] over the seeds: mean, 95% t interval (k - 1 degrees of
+    freedom) and how many seeds put a higher."""
+    d = [a[s][endpoint] - b[s][endpoint] for s in seeds]
+    mu, lo, hi = stats.mean_interval(d)
+    return dict(comparator=comparator, endpoint=endpoint, mean_diff=mu, ci_low=lo, ci_high=hi, per_seed=d,
+                higher_seeds=sum(x > 0 for x in d))
+
+
+def verdict(p, who):
+    """What a paired difference's interval shows; nan (fewer than 2 seeds) shows nothing."""
+    return (f"{who} is better (interval above 0)" if p["ci_low"] > 0 else f"{who} is worse (interval below 0)"
+            if p["ci_high"] < 0 else "no difference shown (interval contains 0)")
+
+
+# ===== Paired seeds at a token budget (train.py --seeds) ====================================================
+
+def run_seeds(cfg, folder, model, tok, device, command, source, train):
+    """Every configuration on every seed (a finished one is kept on --resume), then the analysis."""
+    seeds = train_cli.seed_list(cfg)
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    for s in tqdm(seeds, desc=f"seeds {cfg.seeds}"):
+        sub = replace(cfg, seed=s, seeds=None)
+        if cfg.model == "tiny" and s != cfg.seed:  # the tiny model's warm-up depends on the seed
+            model, tok, _ = train_cli.load(sub, device)
+        else:  # a pretrained model's weights do not: every seed starts from them
+            model.load_state_dict(init)
+        run_comparison(sub, folder / f"seed{s}", model, tok, command, source, train)
+    return analyse_seeds(cfg, folder)
+
+
+def analyse_seeds(cfg, folder):
+    """Endpoints per run, the paired table and the figure, from the runs' metrics.jsonl files."""
+    seeds, configs, B = train_cli.seed_list(cfg), train_cli.runs_of(cfg), cfg.token_budget
+    window = max(1, B // 10)
+    names = [f"{est}:{n}" for est, n in configs]
+    histories = {f"{est}:{n}": {s: plumbing.read_jsonl(folder / f"seed{s}" / f"{est}-n{n}" / "metrics.jsonl")
+                                for s in seeds} for est, n in configs}
+    per_run = {c: {s: endpoints(h, cfg.steps, budget=B, window=window, target=cfg.target_success)  # final, auc, ...
+                   for s, h in by_seed.items()} for c, by_seed in histories.items()}
+    empty = [f"{c} seed {s}" for c, by_seed in per_run.items() for s, e in by_seed.items() if e is None]
+    if empty:  # its first step alone sampled more than B
+        raise SystemExit(f"train.py: --token-budget {B} is smaller than one step's tokens of {empty[0]}; "
+                         "no step lies within the budget (raise --token-budget)")
+    rows = [dict(config=c, stopped_short=[s for s in seeds if per_run[c][s]["stopped_short"]],
+                 **{k: stats.mean_se([per_run[c][s][k] for s in seeds]) for k in ("primary", "auc")})
+            for c in names]  # (mean, s.e.) over the seeds
+    pairs = [paired_diff(per_run[names[0]], per_run[c], seeds, k, c) for c in names[1:] for k in ("primary", "auc")]
+    for p in pairs:
+        p["verdict"] = verdict(p, names[0])
+    (folder / "summary.md").write_text(seeds_table(cfg, names[0], rows, pairs, len(seeds)))
+    (folder / "summary.json").write_text(json.dumps(dict(
+        config=asdict(cfg), budget=B, seeds=seeds, per_run=per_run, configs=rows, paired=pairs), indent=1))
+    task = type(tasks.make_task(cfg)).__name__
+    plot_seeds(histories, B, folder / "compare.png", f"{cfg.model} on {task}, {len(seeds)} seeds")
+    return rows
+
+
+def seeds_table(cfg, ref, rows, pairs, k):
+    name = {"primary": "final success (last quarter of B)", "auc": "AUC (success over B)"}
+    lines = [f"Equal-token comparison: budget B = {cfg.token_budget:,} sampled response tokens per run, "
+             f"{k} paired seeds ({cfg.seeds}), protocol of docs/equal_tokens_protocol.md.", "",
+             "| config | final success (mean ± s.e.) | AUC (mean ± s.e.) | seeds that ran out of steps "
+             "before B |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['config']} | {r['primary'][0]:.3f} ± {r['primary'][1]:.3f} | {r['auc'][0]:.3f} ± "
+              f"{r['auc'][1]:.3f} | {', '.join(map(str, r['stopped_short'])) or 'none'} |" for r in rows]
+    lines += ["", f"Paired differences, {ref} minus comparator (95% t interval, {k - 1} degrees of freedom):",
+              "",
+              "| comparator | endpoint | mean difference | 95% interval | verdict |", "|---|---|---|---|---|"]
+    lines += [f"| {p['comparator']} | {name[p['endpoint']]} | {p['mean_diff']:+.3f} | "
+              f"[{p['ci_low']:+.3f}, {p['ci_high']:+.3f}] | {p['verdict']} |" for p in pairs]
+    return "\n".join(lines) + "\n"
+
+
+def plot_seeds(histories, budget, path, title):
+    """Success (trailing window of budget / 10 tokens) against tokens, mean of the seeds per config."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    grid = np.linspace(0, budget, 60)
+    for c, by_seed in histories.items():
+        curves = [curve(h, budget, max(1, budget // 10)) for h in by_seed.values()]
+        ys = np.array([np.interp(grid, x, y, left=np.nan, right=np.nan)
+                       for x, y in curves if x])  # (seeds, 60)
+        if len(ys):  # nan where a seed has no step yet (or ran out of steps): matplotlib leaves a gap
+            ax.plot(grid, ys.mean(0), label=c, lw=2.4 if c.startswith("otb") else 1.4)
+    ax.set(xlabel="response tokens sampled", ylabel=f"success (trailing {max(1, budget // 10):,} tokens)",
+           title=f"{title}: mean of the seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,60 @@
+"""The three small helpers that every command line of the project shares, written once.
+
+- ``pick_device("auto")``: cuda, then mps, then cpu; a named device must exist on this machine.
+- ``unwritable(path)``: why a file or folder cannot be created at ``path`` (None if it can), checked
+  before a slow run starts, so that a typo in an output path fails in the first second.
+- ``read_jsonl(path)``: the rows of a JSON-lines file such as a run's ``metrics.jsonl``.
+
+train.py (through train_cli.py), toy_harness.py and the scripts in benchmarks/ import these; a bad
+value raises ``UsageError``, which each command line prints as one line.
+"""
+import json
+import os
+from pathlib import Path
+
+import torch
+
+
+class UsageError(Exception):
+    """Something the user can fix on the command line; the message names the option."""
+
+
+def pick_device(name):
+    """auto: cuda, then mps, then cpu. A named device must exist on this machine (UsageError)."""
+    mps = getattr(torch.backends, "mps", None)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else
+                            "mps" if mps and mps.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device {name!r}: not a device (auto, cpu, cuda, cuda:1, mps)") from None
+    problem = {"cpu": None,
+               "cuda": None if torch.cuda.is_available() else "CUDA is not available on this machine",
+               "mps": None if mps and mps.is_available() else "MPS is not available on this machine",
+               }.get(device.type, "only cpu, cuda and mps are supported")
+    if problem is None and device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        problem = f"this machine has {torch.cuda.device_count()} CUDA device(s)"
+    if problem:
+        raise UsageError(f"--device {name}: {problem} (torch {torch.__version__}); try --device auto")
+    return device
+
+
+def unwritable(path):
+    """None if ``path`` can be created here (or, if it exists, written), else why not. Creates nothing."""
+    path = Path(path).expanduser().absolute()
+    parent = path.parent
+    while not parent.exists():  # the nearest folder that already exists
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is a file, not a folder"
+    target = path if path.exists() else parent
+    return None if os.access(target, os.W_OK) else f"{target} is not writable"
+
+
+def read_jsonl(path):
+    """The rows of a JSON-lines file (blank lines skipped); [] if the file does not exist."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
