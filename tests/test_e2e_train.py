@@ -4,6 +4,9 @@ are in test_inputs_train.py."""
 import dataclasses
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,8 @@ import tasks
 import train
 import train_cli
 from tiny_runs import TINY, interrupt_at, metrics, run, without_times
+
+ROOT = Path(train.__file__).resolve().parent
 
 RESUME = ["--estimator", "otb", "--steps", "6", "--lr-schedule", "length", "--lr-warmup-window", "2",
           "--lr-surge-ratio", "0.5", "--lr-decay-period-factor", "0.5"]  # the LR decays within 6 steps
@@ -515,3 +520,33 @@ def test_the_docs_show_the_saved_default_run():
     assert saved[0].rstrip("|").split("|")[-1].strip() == "seconds"
     expected = "\n".join("|" + "|".join(line.strip("|").split("|")[:-1]) + "|" for line in saved)
     assert expected in (root / "docs/training.md").read_text()
+
+
+def test_the_hub_id_loads_the_unquantised_weights_from_a_mocked_hub(tmp_path):
+    """A mocked Hub: a Hugging Face cache folder that holds HuggingFaceTB/SmolLM2-135M-Instruct as a
+    small float32 safetensors model. --model with that id (offline) loads exactly those weights, with
+    no GGUF file and no dequantisation; --model smollm2 would name the Q4_1 GGUF instead."""
+    repo = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    snapshot = tmp_path / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / "0123abcd"
+    tok = models.char_tokenizer()
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    model = models.tiny_model(tok, hidden=16, layers=1, seed=3)
+    model.save_pretrained(snapshot)
+    tok.save_pretrained(snapshot)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0123abcd")
+    torch.save(model.state_dict(), tmp_path / "want.pt")
+    code = (
+        "import json, torch, train, train_cli\n"
+        f"cfg = train_cli.parse(['--preset', 'gpu', '--model', '{repo}', '--device', 'cpu', '--out', "
+        f"'{tmp_path}'], train.Config, train.PRESETS)\n"
+        "model, tok, source = train_cli.load(cfg, torch.device('cpu'))\n"
+        f"want = torch.load('{tmp_path / 'want.pt'}')\n"
+        "same = all(torch.equal(model.state_dict()[k], v) for k, v in want.items())\n"
+        "print(json.dumps(dict(source=source, same=same, dtype=str(next(model.parameters()).dtype))))\n")
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got == dict(source=dict(path=repo), same=True, dtype="torch.float32")
+    assert models.SMOLLM2_GGUF.endswith(".Q4_1.gguf") and "Q4_1" in models.SMOLLM2_WEIGHTS
