@@ -184,6 +184,7 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
                             max_new_tokens=tasks.response_limit(cfg, task), temperature=cfg.temperature,
                             eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=draw_gen,
                             tool=tasks.tool_for(task, tok),  # None for a single-turn task
+                            stop=tasks.stop_rule(task, tok, answers, cfg.group_size),  # None: EOS only
                             decode="compiled" if cfg.compile_decode else "plain")
     R, token_rewards, _ = tasks.rewards(task, tok, ro, answers, cfg.group_size)
     m, token_rewards = ro.response_mask, token_rewards.to(device)  # (B, T)
