@@ -53,6 +53,7 @@ import diagnostics
 import lr_schedule
 import compare  # a comparison's runs, table and plot (and --seeds: paired seeds at a token budget)
 import otb
+import preflight
 import rollout
 import tasks
 import train_cli  # the command line: options, checks, device, checkpoints, Ctrl-C, --resume
@@ -121,6 +122,13 @@ class Config:
         None, "rows per forward/backward pass: the gradients of a minibatch's micro-batches are summed, each "
         "normalised by the whole minibatch's token count, so it is the same gradient and one optimizer step "
         "(unlike --minibatch-size); default: the whole minibatch in one pass")
+    preflight: bool = arg(
+        False, "run one step at the largest configuration's shape (and one update on full-length responses), "
+        "print its peak memory, seconds per step and the projected time and disk of the whole run, write "
+        "preflight.json, and stop (preflight.py); --preset gpu runs it before its comparison too")
+    memory_limit: Optional[float] = arg(
+        None, "GB the preflight allows (default: the device's memory); above it, it stops and names the "
+        "options that lower the peak")
     activation_checkpointing: bool = arg(
         False, "keep only each layer's input for the backward and recompute the layer there (Hugging Face "
         "gradient checkpointing, on in train mode only: the models have no dropout): less memory, ~1/3 more compute")
@@ -187,7 +195,13 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
                             stop=tasks.stop_rule(task, tok, answers, cfg.group_size),  # None: EOS only
                             decode="compiled" if cfg.compile_decode else "plain")
     R, token_rewards, _ = tasks.rewards(task, tok, ro, answers, cfg.group_size)
-    m, token_rewards = ro.response_mask, token_rewards.to(device)  # (B, T)
+    return learn(cfg, model, opt, ro, R, token_rewards.to(device), estimator, gen, time.perf_counter() - t0)
+
+
+def learn(cfg, model, opt, ro, R, token_rewards, estimator, gen, t_rollout=0.0):
+    """score -> estimate -> update on a sampled batch ``ro`` with its rewards: the rest of train_step
+    (the preflight runs it on a fabricated batch too). Returns the Step."""
+    device, m = next(model.parameters()).device, ro.response_mask  # (B, T)
     t1 = time.perf_counter()
     # ---- score: the training forward pass, with its graph when the update can reuse it
     one_pass = one_update_per_batch(cfg, len(m))
@@ -209,7 +223,7 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     # ---- update
     norms, clip_frac, loss = update(model, opt, cfg, ro, old_logp, adv, gen, logp=logp if one_pass else None)
     t3 = time.perf_counter()
-    return Step(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss, (t1 - t0, t2 - t1, t3 - t2))
+    return Step(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss, (t_rollout, t2 - t1, t3 - t2))
 
 
 @dataclass
@@ -418,6 +432,11 @@ def main(argv=None):
     print(f"{command}\nmodel {cfg.model} ({n_params / 1e6:.2f}M parameters) on {device}", flush=True)
     folder, command = train_cli.run_folder(cfg, command)  # a new folder, or --resume's
     train_cli.write_config(folder, cfg, command, source)
+    if cfg.preflight or (cfg.preset == "gpu" and not cfg.estimator and not cfg.resume):
+        with train_cli.errors_exit():  # over the memory limit: one line naming the options, exit status 2
+            report = preflight.run(cfg, model, tok, folder, train_step, learn, make_estimator)
+        if cfg.preflight:
+            return report
     t0 = time.time()
     with train_cli.ctrl_c_exits(folder, cfg.checkpoint_minutes):  # says how to resume; exit status 130
         if cfg.estimator:  # a single run

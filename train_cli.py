@@ -47,7 +47,7 @@ RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device")  # options a 
 AT_LEAST_1 = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "tiny_layers", "log_every",
               "horizon", "max_new_tokens", "minibatch_size", "micro_batch_rows", "chunk_size", "lr_warmup_window",
               "token_budget")
-POSITIVE = ("lr", "temperature", "clip_eps", "max_grad_norm")
+POSITIVE = ("lr", "temperature", "clip_eps", "max_grad_norm", "memory_limit")
 NOT_NEGATIVE = ("weight_decay", "warmup_max_steps", "checkpoint_minutes")
 
 # What each column of train.py's log line means (printed before every run and under --help).

@@ -16,6 +16,7 @@ import compare
 import diagnostics
 import models
 import otb
+import preflight
 import rollout
 import tasks
 import train
@@ -550,3 +551,40 @@ def test_the_hub_id_loads_the_unquantised_weights_from_a_mocked_hub(tmp_path):
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got == dict(source=dict(path=repo), same=True, dtype="torch.float32")
     assert models.SMOLLM2_GGUF.endswith(".Q4_1.gguf") and "Q4_1" in models.SMOLLM2_WEIGHTS
+
+
+# ----------------------------------------------------------------------------- preflight
+
+def test_preflight_projects_the_run_and_stops_above_the_memory_limit(out, capsys):
+    """--preflight: one step at the largest configuration (group_mean:4 here), its numbers in
+    preflight.json and on the screen, the projection computed from them by its formula, no training;
+    with a --memory-limit below the measured peak it stops (exit status 2) naming the options that
+    lower the peak, and still writes preflight.json."""
+    args = TINY + ["--out", str(out), "--compare", "otb:2,group_mean:4", "--token-budget", "200", "--preflight"]
+    train.main(args + ["--name", "pf"])
+    shown = capsys.readouterr().out
+    r = json.loads((out / "pf" / "preflight.json").read_text())
+    assert "preflight: largest step group_mean:4 (16 rows" in shown and "projected:" in shown
+    assert (r["largest"], r["rows"]) == ("group_mean:4", 16) and r["peak_memory"] > 0 and not r["out_of_memory"]
+    L, n_params = r["mean_response_length"], 0.0
+    for run_, g in zip(r["runs"], (2, 4)):
+        assert run_["steps"] == min(100, math.ceil(200 / (4 * g * L)))
+        assert run_["seconds_per_step"] == pytest.approx(r["seconds_rollout"] + r["seconds_score_update"] * g / 4)
+    assert r["projected_seconds"] == pytest.approx(sum(x["steps"] * x["seconds_per_step"] for x in r["runs"]))
+    model = models.tiny_model(models.char_tokenizer(), hidden=32, layers=1)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert r["projected_disk"] == (2 * 4 + 8) * n_params
+    assert not list((out / "pf").glob("*/metrics.jsonl"))  # nothing trained
+    with pytest.raises(SystemExit) as stop:
+        train.main(args + ["--name", "pf-small", "--memory-limit", "0.001"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "--memory-limit (0.00 GB)" in err and "--micro-batch-rows 8" in err
+    assert json.loads((out / "pf-small" / "preflight.json").read_text())["memory_limit"] == 1e6
+
+
+def test_preflight_leaves_the_weights_as_they_were(out):
+    cfg = train_cli.parse(TINY + ["--out", str(out), "--compare", "otb:2,group_mean:4"], train.Config, train.PRESETS)
+    model, tok, _ = train_cli.load(cfg, torch.device("cpu"))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    preflight.run(cfg, model, tok, out / "pf", train.train_step, train.learn, train.make_estimator)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
