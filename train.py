@@ -42,7 +42,7 @@ import shlex
 import sys
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -132,6 +132,13 @@ class Config:
     activation_checkpointing: bool = arg(
         False, "keep only each layer's input for the backward and recompute the layer there (Hugging Face "
         "gradient checkpointing, on in train mode only: the models have no dropout): less memory, ~1/3 more compute")
+    # the learning-rate pilot before a comparison (compare.py; protocol: docs/training.md)
+    lr_pilot: Optional[str] = arg(
+        None, "comparison only: rates such as 1e-6,3e-6,1e-5,3e-5 tried first by --lr-pilot-run on one seed; the "
+        "rate with the highest final success is chosen, and every configuration of the comparison runs at it")
+    lr_pilot_run: str = arg("group_mean:4", "the pilot's estimator:group_size")
+    lr_pilot_seed: int = arg(100, "the pilot's seed (keep it out of --seeds: the comparison never sees it)")
+    lr_pilot_budget: Optional[int] = arg(None, "the pilot's token budget per rate (default: --token-budget / 4)")
     # learning-rate schedule (lr_schedule.py)
     lr_schedule: Literal[SCHEDULES] = arg("constant", "learning-rate schedule (lr_schedule.py)")
     lr_warmup_window: int = arg(50, "length rule: steps whose mean length sets the baseline L0")
@@ -171,7 +178,8 @@ PRESETS = {
     "gpu": dict(model="smollm2", task="count", temperature=0.7, prompts_per_step=8, steps=200,
                 token_budget=320_000, seeds="0,1,2", lr=1e-5,
                 compare="otb:4,group_mean:4,rloo:4,reinforce:4,group_mean:16", chunk_size=32,
-                activation_checkpointing=True, micro_batch_rows=32, log_every=5),
+                activation_checkpointing=True, micro_batch_rows=32, log_every=5,
+                lr_pilot="1e-6,3e-6,1e-5,3e-5"),  # the pilot (docs/training.md) chooses lr; 1e-5 only without it
 }
 
 
@@ -444,6 +452,9 @@ def main(argv=None):
             history = train(cfg, folder, model, tok, resume=bool(cfg.resume))
             print(f"metrics: {folder / 'metrics.jsonl'}")
             return history
+        if cfg.lr_pilot:  # the pre-registered pilot chooses the rate of every configuration
+            cfg = replace(cfg, lr=compare.lr_pilot(cfg, folder, model, tok, device, command, source, train),
+                          lr_pilot=None)
         if cfg.seeds:  # every configuration on every seed, then the paired table
             rows = compare.run_seeds(cfg, folder, model, tok, device, command, source, train)
         else:

@@ -588,3 +588,31 @@ def test_preflight_leaves_the_weights_as_they_were(out):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     preflight.run(cfg, model, tok, out / "pf", train.train_step, train.learn, train.make_estimator)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+# ----------------------------------------------------------------------------- the learning-rate pilot
+
+def test_the_learning_rate_pilot_then_the_comparison_at_the_chosen_rate(out):
+    """The GPU preset's pipeline at tiny sizes: the pilot (group_mean:2 at two rates, seed 100, 40 tokens
+    each), the rule's choice recomputed from the pilot's saved metrics, then the paired comparison over
+    seeds 0 and 1 with every configuration at the chosen rate."""
+    train.main(TINY + ["--out", str(out), "--name", "lr", "--compare", "otb:2,group_mean:2", "--seeds", "0,1",
+                       "--token-budget", "60", "--steps", "6", "--lr-pilot", "3e-3,1e-4",
+                       "--lr-pilot-run", "group_mean:2", "--lr-pilot-budget", "40"])
+    folder = out / "lr"
+    finals = {}
+    for lr in (1e-4, 3e-3):
+        run_dir = folder / "pilot" / f"lr{lr:g}"
+        stored = json.loads((run_dir / "config.json").read_text())["config"]
+        assert (stored["lr"], stored["seed"], stored["estimator"], stored["group_size"]) == (lr, 100, "group_mean", 2)
+        e = compare.endpoints(metrics(run_dir), 6, budget=40, window=4, target=0.35)
+        finals[lr] = e["primary"] if e and e["primary"] == e["primary"] else -math.inf
+    best = max(finals.values())
+    chosen = min(lr for lr, f in finals.items() if f == best)  # the rule: highest final success, then the smaller rate
+    pilot = json.loads((folder / "pilot.json").read_text())
+    assert pilot["chosen"] == chosen and [r["lr"] for r in pilot["rates"]] == [1e-4, 3e-3]
+    assert f"**{chosen:g}**" in (folder / "pilot.md").read_text()
+    for s in (0, 1):
+        for run_ in ("otb-n2", "group_mean-n2"):
+            assert json.loads((folder / f"seed{s}" / run_ / "config.json").read_text())["config"]["lr"] == chosen
+    assert json.loads((folder / "summary.json").read_text())["seeds"] == [0, 1]
