@@ -42,21 +42,12 @@ import otb  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
 from benchmarks import cli  # noqa: E402
+from benchmarks.common import smollm2_shaped  # noqa: E402
 from benchmarks.machine import describe, machine  # noqa: E402
 
 SHAPE = dict(vocab=49152, hidden=576, layers=30, heads=9, kv_heads=3, mlp=1536)
 PROMPT, RESPONSE, ROWS, GROUP = 45, 327, 128, 16  # the preset's group_mean:16 step
 GB = 1e9
-
-
-def smollm2_shaped(layers=SHAPE["layers"]):
-    """SmolLM2-135M's architecture, random weights (seed 0), float32, eval mode."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=SHAPE["vocab"], hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["mlp"],
-                      num_hidden_layers=layers, num_attention_heads=SHAPE["heads"],
-                      num_key_value_heads=SHAPE["kv_heads"], max_position_embeddings=2048, tie_word_embeddings=True)
-    return LlamaForCausalLM(cfg).eval()
 
 
 def fabricated(rows):
@@ -79,7 +70,7 @@ def rss(field="VmRSS"):
 def one_update(rows, micro, chunk):
     """Child process: build, then one update as train_step makes it; returns the measurements."""
     before = rss()
-    model = smollm2_shaped()
+    model = smollm2_shaped(layers=SHAPE["layers"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     cfg = replace(train.Config(), chunk_size=chunk, activation_checkpointing=True, micro_batch_rows=micro,
                   temperature=0.7)
@@ -107,7 +98,7 @@ def saved_bytes(layers, rows, dtype):
     """{(shape, dtype): [count, bytes]} of the activations autograd saves in a forward of a ``layers``-layer
     decoder over ``rows`` rows of PROMPT + RESPONSE positions (float32, or under bf16 autocast)."""
     ids = torch.randint(3, SHAPE["vocab"], (rows, PROMPT + RESPONSE), generator=torch.Generator().manual_seed(0))
-    model = smollm2_shaped(layers)
+    model = smollm2_shaped(layers=layers)
     params = {p.data_ptr() for p in model.parameters()}
     saved = {}
 
@@ -172,7 +163,7 @@ def main(argv=None):
         measured.append(json.loads(res.stdout.strip().splitlines()[-1]))
         print(measured[-1], flush=True)
     params = measured[0]["params"]
-    model = smollm2_shaped(1)
+    model = smollm2_shaped(layers=1)
     per_layer_params = sum(p.numel() for p in model.model.layers[0].parameters() if p.dim() == 2)
     linear_params = SHAPE["layers"] * per_layer_params
     per_layer = {d: layer_bytes(d) for d in ("float32", "bfloat16")}
