@@ -142,7 +142,7 @@ def count(rows, dtype, per_layer_row, params, linear_params, chunk=32):
     return c
 
 
-def main(argv=None):
+def parse_args(argv=None):
     p = cli.parser(__doc__)
     p.add_argument("--rows", type=cli.int_list(1), default="4,8", help="rows of the measured updates (one subprocess each)")
     p.add_argument("--micro-batch-rows", type=cli.at_least(1), default=32,
@@ -150,7 +150,11 @@ def main(argv=None):
     p.add_argument("--chunk-size", type=cli.at_least(1), default=32, help="the preset's --chunk-size")
     p.add_argument("--out", type=cli.out_folder, default=cli.RUNS / "memory", help="folder for memory.json / .md")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.child is not None:
         print(json.dumps(one_update(args.child, min(args.child, args.micro_batch_rows), args.chunk_size)))
         return
