@@ -5,6 +5,7 @@
     python train.py --task periodic --horizon 64 --estimator otb   # the long-horizon task
     python train.py --resume runs/NAME      # continue a stopped run or comparison (Ctrl-C stops one)
     python train.py --preset gpu            # SmolLM2-135M-Instruct counting: equal tokens, 3 seeds, 1 GPU
+    python train.py --preset gpu --preflight   # one step at the largest shape: memory, time, disk (preflight.py)
 
 One training step (everything except the marked line is identical for every estimator):
 
@@ -16,8 +17,13 @@ One training step (everything except the marked line is identical for every esti
               rho_t = pi(y_t) / pi_old(y_t); AdamW with gradient clipping
     log       one JSON line of metrics per step (metrics.jsonl), a readable line every --log-every
 
-The file reads in that order: Config, the step, the log, the loop, main. A comparison's runs, table
-and plot are in compare.py; parsing and checking options, the device, checkpoints, Ctrl-C and
+Memory, none of it changing the gradient (tests/test_exact_memory.py): ``--chunk-size`` scores the LM
+head in float32 chunks recomputed in the backward (rollout.score), ``--activation-checkpointing``
+recomputes each layer in the backward, ``--micro-batch-rows`` accumulates the gradient over
+micro-batches, each normalised by the whole minibatch's token count (``update``).
+
+The file reads in that order: Config, the step, the log, the loop, main. A comparison's runs, table,
+plot and learning-rate pilot are in compare.py; the preflight in preflight.py; parsing and checking options, the device, checkpoints, Ctrl-C and
 --resume in train_cli.py; the prompts and rewards of each task in tasks.py.
 
 Fairness by construction: the prompts of step s and the sampler's generator are seeded from
@@ -30,8 +36,9 @@ ends every run at the same cost (with ``--seeds``, the paired equal-token table:
 The default model is a ~1M-parameter Llama with a character tokenizer; a supervised warm-up (cached
 under <out>/_cache) brings it to about ``--warmup-target`` success so RL has signal (models.py).
 
-Departures and choices: dropout is off (the model stays in eval mode) so that ``score`` is the
-exact training forward pass; ``old_logp`` comes from the training forward pass (not the sampler),
+Departures and choices: dropout is off (the model stays in eval mode, or train mode during a
+checkpointed forward, which Hugging Face needs and which computes the same values without dropout)
+so that ``score`` is the exact training forward pass; ``old_logp`` comes from the training forward pass (not the sampler),
 so the PPO ratio is exactly 1 in the first epoch and the sampler / trainer gap is reported as the
 mismatch metrics instead of being corrected; the variance proxies (``total_power``,
 ``pure_noise``) are forward-only estimates (see diagnostics.py).
