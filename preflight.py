@@ -17,9 +17,12 @@ It reports the peak memory of the two (CUDA: ``torch.cuda.max_memory_allocated``
 process's resident peak, VmHWM), the seconds per step, and a projection for the whole run:
 
     steps(n)  = min(--steps, ceil(B / (prompts x n x L)))      L: the real step's mean response length
-    time      = seeds x sum over configurations of steps(n) x (t_rollout + t_learn x n / n_max)
-    disk      = seeds x configurations x 4 P  +  8 P           P parameters: float32 weights per finished
+    time      = sum over runs of steps(n) x (t_rollout + t_learn x n / n_max)
+    disk      = runs x 4 P  +  8 P                             P parameters: float32 weights per finished
                                                                 run, AdamW's two moments for the running one
+
+where the runs are every configuration on every seed, and the pilot's runs (one per rate, at its
+own budget) when there is one.
 
 The time is an upper bound in the rollout (a smaller batch never samples slower) and an estimate
 elsewhere: the real step's response length and speed stand for every step. The weights are
@@ -151,14 +154,18 @@ def project(cfg, est, n, rows, limit, prompts, s, worst, t_full, n_params):
     L = s.ro.response_mask.sum(-1).mean().item()  # mean response length of the real step
     t_rollout, t_learn = s.seconds[0], s.seconds[1] + s.seconds[2]
     seeds = len(train_cli.seed_list(cfg)) if cfg.seeds else 1
-    plan = []
-    for e, g in train_cli.runs_of(cfg):
+    def planned(name, g, budget, copies):
         per_step = cfg.prompts_per_step * g * max(L, 1.0)  # tokens sampled per step
-        steps = min(cfg.steps, math.ceil(cfg.token_budget / per_step)) if cfg.token_budget else cfg.steps
-        plan.append(dict(run=f"{e}:{g}", steps=steps, seconds_per_step=t_rollout + t_learn * g / n))
+        steps = min(cfg.steps, math.ceil(budget / per_step)) if budget else cfg.steps
+        return dict(run=name, runs=copies, steps=steps, seconds_per_step=t_rollout + t_learn * g / n)
+    plan = [planned(f"{e}:{g}", g, cfg.token_budget, seeds) for e, g in train_cli.runs_of(cfg)]
+    if cfg.lr_pilot:  # the pilot's runs come first: one per rate
+        e, _, g = cfg.lr_pilot_run.partition(":")
+        plan.insert(0, planned(f"pilot {e}:{g}", int(g), cfg.lr_pilot_budget or max(1, cfg.token_budget // 4),
+                               len(cfg.lr_pilot.split(","))))
     report.update(mean_response_length=L, seconds_rollout=t_rollout, seconds_score_update=t_learn, seeds=seeds,
-                  runs=plan, projected_seconds=seeds * sum(r["steps"] * r["seconds_per_step"] for r in plan),
-                  projected_disk=(seeds * len(plan) * 4 + 8) * n_params)
+                  runs=plan, projected_seconds=sum(r["runs"] * r["steps"] * r["seconds_per_step"] for r in plan),
+                  projected_disk=(sum(r["runs"] for r in plan) * 4 + 8) * n_params)
     return report
 
 
@@ -172,8 +179,8 @@ def describe(r):
         lines += [f"  one step: rollout {r['seconds_rollout']:.1f} s + score/update {r['seconds_score_update']:.1f} s "
                   f"(mean response {r['mean_response_length']:.0f} tokens); full-length update "
                   f"{r['seconds_full_length_update']:.1f} s",
-                  f"  projected: {r['projected_seconds'] / 60:.1f} min for {r['seeds']} seed(s) x "
-                  + ", ".join(f"{p['run']} {p['steps']} steps" for p in r["runs"])
+                  f"  projected: {r['projected_seconds'] / 60:.1f} min for "
+                  + ", ".join(f"{p['runs']} x {p['run']} ({p['steps']} steps)" for p in r["runs"])
                   + f"; disk {r['projected_disk'] / GB:.1f} GB (estimates from this one step)"]
     return "\n".join(lines)
 

@@ -566,15 +566,20 @@ def test_preflight_projects_the_run_and_stops_above_the_memory_limit(out, capsys
     r = json.loads((out / "pf" / "preflight.json").read_text())
     assert "preflight: largest step group_mean:4 (16 rows" in shown and "projected:" in shown
     assert (r["largest"], r["rows"]) == ("group_mean:4", 16) and r["peak_memory"] > 0 and not r["out_of_memory"]
-    L, n_params = r["mean_response_length"], 0.0
+    L = r["mean_response_length"]
     for run_, g in zip(r["runs"], (2, 4)):
-        assert run_["steps"] == min(100, math.ceil(200 / (4 * g * L)))
+        assert run_["steps"] == min(100, math.ceil(200 / (4 * g * L))) and run_["runs"] == 1
         assert run_["seconds_per_step"] == pytest.approx(r["seconds_rollout"] + r["seconds_score_update"] * g / 4)
     assert r["projected_seconds"] == pytest.approx(sum(x["steps"] * x["seconds_per_step"] for x in r["runs"]))
     model = models.tiny_model(models.char_tokenizer(), hidden=32, layers=1)
     n_params = sum(p.numel() for p in model.parameters())
     assert r["projected_disk"] == (2 * 4 + 8) * n_params
     assert not list((out / "pf").glob("*/metrics.jsonl"))  # nothing trained
+    train.main(args + ["--name", "pf-pilot", "--lr-pilot", "1e-3,3e-3", "--lr-pilot-run", "otb:2"])
+    r = json.loads((out / "pf-pilot" / "preflight.json").read_text())
+    pilot, L = r["runs"][0], r["mean_response_length"]  # the pilot's runs come first, at B / 4
+    assert (pilot["run"], pilot["runs"], pilot["steps"]) == ("pilot otb:2", 2, min(100, math.ceil(50 / (4 * 2 * L))))
+    assert r["projected_disk"] == ((2 + 2) * 4 + 8) * n_params  # 2 pilot runs and 2 configurations
     with pytest.raises(SystemExit) as stop:
         train.main(args + ["--name", "pf-small", "--memory-limit", "0.001"])
     err = capsys.readouterr().err
