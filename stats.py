@@ -330,6 +330,17 @@ def mean_interval(xs, level=0.95):
     return mu, mu - half, mu + half
 
 
+def geometric_mean(xs, level=0.95):
+    """(geometric mean, lo, hi) of positive ratios over k runs: exp of the t interval of their logs
+    (mean_interval); nan when any value is not a positive number. The sweeps pool seeds as strata
+    instead (eq. (5)); this serves studies whose unit is the run itself."""
+    xs = [float(x) for x in xs]
+    if not xs or any(not (x > 0) or math.isinf(x) for x in xs):
+        return math.nan, math.nan, math.nan
+    mu, lo, hi = mean_interval([math.log(x) for x in xs], level)
+    return math.exp(mu), math.exp(lo) if not math.isnan(lo) else math.nan, math.exp(hi) if not math.isnan(hi) else math.nan
+
+
 # =====================================================================================
 # Printing and storing: nothing outside its range without a mark, "unresolved" for no statement
 # =====================================================================================

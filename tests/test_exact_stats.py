@@ -31,6 +31,16 @@ def test_t_cdf_matches_numerical_integration_of_the_density(df):
         assert stats.t_cdf(-t, df) == pytest.approx(0.5 - integral, abs=1e-9)
 
 
+def test_geometric_mean_known_answer():
+    # logs 0, 2, 4: mean 2, sd 2, 2 degrees of freedom.
+    gm, lo, hi = stats.geometric_mean([1.0, math.e ** 2, math.e ** 4])
+    half = (2 * 0.975 - 1) / math.sqrt(2 * 0.975 * 0.025) * 2 / math.sqrt(3)
+    assert gm == pytest.approx(math.e ** 2)
+    assert (lo, hi) == pytest.approx((math.exp(2 - half), math.exp(2 + half)))
+    assert all(math.isnan(x) for x in stats.geometric_mean([1.0, -2.0, 3.0]))  # not a positive ratio
+    assert math.isnan(stats.geometric_mean([2.0])[1])  # one seed: no interval
+
+
 def test_bootstrap_weights_are_resamples():
     w = stats.bootstrap_weights(7, replicates=500, seed=3)
     assert w.shape == (500, 7)
