@@ -30,8 +30,7 @@ benchmarks/equal_tokens.py, the pre-registered study, computes its endpoints wit
 """
 import json
 from dataclasses import asdict, replace
-
-from tqdm.auto import tqdm
+from functools import partial
 
 import plumbing
 import stats
@@ -41,9 +40,11 @@ import train_cli
 
 # ===== One seed: every configuration from the same weights ==================================================
 
-def run_comparison(cfg, out, model, tok, command, source, train):
+def run_comparison(cfg, out, model, tok, command, source, train, bars=None):
     """Every configuration of cfg.compare, each by ``train`` (train.py's loop) from the same initial
-    weights into ``out/<estimator>-n<N>``; a finished one (DONE) is kept on resume. Returns the rows."""
+    weights into ``out/<estimator>-n<N>``; a finished one (DONE) is kept on resume. Returns the rows.
+    bars: each configuration's progress bar (``make_bars``; with --seeds, those of all the seeds)."""
+    bars = bars or make_bars(cfg, out)
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}  # every run starts here
     histories = {}
     for est, n in train_cli.runs_of(cfg):
@@ -55,9 +56,18 @@ def run_comparison(cfg, out, model, tok, command, source, train):
             if not resume:
                 train_cli.write_config(run_dir, sub, command, source)
             model.load_state_dict(init)
-            history = train(sub, run_dir, model, tok, resume=resume, keep_optimizer=False)
+            history = train(sub, run_dir, model, tok, resume=resume, keep_optimizer=False,
+                            bar=bars[(cfg.seed, est, n)])
         histories[run_dir.name] = (sub, history)
     return write_summary(out, cfg, histories)
+
+
+def make_bars(cfg, folder):
+    """{(seed, estimator, N): its bar}: labelled "[k/K] estimator N=n", with the time left of the
+    whole comparison (train_cli.TimeLeft: from the steps run so far)."""
+    time_left = train_cli.TimeLeft(cfg, train_cli.steps_left(cfg, folder))
+    return {(s, est, n): partial(train_cli.Bar, label=label, time_left=time_left)
+            for label, s, est, n, _ in train_cli.configurations(cfg, folder)}
 
 
 def moving_average(xs, k=10):
@@ -181,13 +191,14 @@ def run_seeds(cfg, folder, model, tok, device, command, source, train):
     """Every configuration on every seed (a finished one is kept on --resume), then the analysis."""
     seeds = train_cli.seed_list(cfg)
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    for s in tqdm(seeds, desc=f"seeds {cfg.seeds}"):
+    bars = make_bars(cfg, folder)  # "[k/K] seed s estimator N=n" over all the seeds
+    for s in seeds:
         sub = replace(cfg, seed=s, seeds=None)
         if cfg.model == "tiny" and s != cfg.seed:  # the tiny model's warm-up depends on the seed
             model, tok, _ = train_cli.load(sub, device)
         else:  # a pretrained model's weights do not: every seed starts from them
             model.load_state_dict(init)
-        run_comparison(sub, folder / f"seed{s}", model, tok, command, source, train)
+        run_comparison(sub, folder / f"seed{s}", model, tok, command, source, train, bars)
     return analyse_seeds(cfg, folder)
 
 

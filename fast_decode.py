@@ -34,6 +34,7 @@ What this buys on a CPU, and what is not yet measured on a GPU: docs/cost.md.
 import weakref
 
 import torch
+from tqdm.auto import tqdm
 
 BUCKET = 64  # cache length granularity: prompts of nearby lengths reuse one compiled graph
 
@@ -78,6 +79,9 @@ class StaticDecoder:
         caches = _caches.setdefault(self.model, {})  # kept: the cache tensors keep their addresses
         if key not in caches:
             caches[key] = StaticCache(config=self.model.config, max_cache_len=L)
+            if self.compile:  # the first call of a shape compiles it: say so, not a silent minute
+                tqdm.write(f"compiling the decode step for {B} sequences of {L} positions (once per shape; "
+                           "about a minute on a CPU, less on a GPU)")
         self.cache = caches[key]
         self.cache.reset()  # zeros and cumulative_length 0 (allocated at its first prefill)
         self.attn = torch.cat([mask, mask.new_ones((B, L - P))], dim=1)  # (B, L), fixed for the call

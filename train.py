@@ -287,11 +287,10 @@ def step_metrics(step, s, tokens, lr):
 
 
 def log(run_dir, cfg, bar, r):
-    """The row into metrics.jsonl and the progress bar; every log_every steps, one readable line."""
+    """The row into metrics.jsonl and the progress bar (train_cli.Bar); every log_every steps, one readable line."""
     with (run_dir / "metrics.jsonl").open("a") as f:
         f.write(json.dumps(r) + "\n")
-    bar.set_postfix(success=f"{r['success']:.2f}", len=f"{r['response_len']:.1f}",
-                    gnorm=f"{r['grad_norm']:.2f}")
+    bar.step(r)  # the bar reaches step r["step"] before its line is printed: both show the same step
     if r["step"] % cfg.log_every == 0 or r["step"] == cfg.steps:
         tqdm.write(f"[{cfg.estimator} N={cfg.group_size}] step {r['step']:4d} | success {r['success']:.2f} "
                    f"| len {r['response_len']:5.1f} | tokens {r['tokens']:7d} | gnorm {r['grad_norm']:6.3f} "
@@ -302,10 +301,12 @@ def log(run_dir, cfg, bar, r):
 
 # ===== The training loop (checkpoints, Ctrl-C and --resume are in train_cli.py) =============================
 
-def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
+def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None):
     """Run one configuration in run_dir (metrics.jsonl, checkpoint.pt, DONE); returns the metrics. resume:
     from run_dir's checkpoint (later metrics dropped). Ctrl-C finishes the step, saves and raises
-    train_cli.Stopped. keep_optimizer=False: the final checkpoint keeps the weights only (a comparison's)."""
+    train_cli.Stopped. keep_optimizer=False: the final checkpoint keeps the weights only (a comparison's).
+    bar: makes the progress bar from (cfg, first step) (default train_cli.Bar); a comparison's shows its
+    place and the time left."""
     task = tasks.make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -313,12 +314,10 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
     ckpt = train_cli.load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])
     start, tokens, lengths, history = ckpt  # the step to start from and what the steps before left
     train_cli.write_metrics(run_dir, history)  # a resumed run drops the lines logged after its checkpoint
-    tqdm.write(train_cli.LOG_COLUMNS)  # what each column of the log line means
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps,
-               desc=f"{cfg.estimator} N={cfg.group_size}")
+    bar = (bar or train_cli.Bar)(cfg, start)
     schedule, saved_at = train_cli.schedule_kwargs(cfg), time.monotonic()
     with train_cli.StopOnCtrlC() as stop:
-        for step in bar:
+        for step in range(start, cfg.steps):
             lr = cfg.lr * lr_schedule.lr_factor(cfg.lr_schedule, lengths, cfg.steps, **schedule)
             for group in opt.param_groups:
                 group["lr"] = lr  # a function of the earlier steps' mean lengths only
@@ -341,7 +340,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
                 raise train_cli.Stopped(f"stopped after step {step + 1} of {cfg.steps}")
             if last:
                 break  # the token budget is spent (or this was step --steps)
-    bar.close()
+    bar.close()  # at 100%, also where the token budget ended the run before --steps
     (run_dir / "DONE").write_text(json.dumps(compare.summarize(cfg, history)) + "\n")
     return history
 
@@ -353,10 +352,12 @@ def main(argv=None):
     command = ("python train.py " + shlex.join(argv)).strip()
     with train_cli.errors_exit():  # a bad argument: one line, exit status 2, nothing created
         cfg = train_cli.parse(argv, Config, PRESETS, epilog=train_cli.LOG_COLUMNS)  # --resume: stored
+        plan = train_cli.resume_plan(cfg, cfg.resume) if cfg.resume else ""  # what is kept, continued, redone
         device = train_cli.pick_device(cfg.device)
         model, tok, source = train_cli.load(cfg, device)  # models.py builds, warms up and loads it
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{command}\nmodel {cfg.model} ({n_params / 1e6:.2f}M parameters) on {device}", flush=True)
+    print(f"{plan}\n{train_cli.LOG_COLUMNS}".strip(), flush=True)  # what each column of the log line means
     folder, command = train_cli.run_folder(cfg, command)  # a new folder, or --resume's
     train_cli.write_config(folder, cfg, command, source)
     t0 = time.time()

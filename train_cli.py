@@ -154,7 +154,7 @@ def resume_config(cfg, argv):
         if not ckpt.exists():
             raise UsageError(f"--resume: {folder} has no checkpoint.pt (it stopped before its first "
                              "checkpoint); start it again")
-        done = torch.load(ckpt, weights_only=True)["step"]
+        done = checkpoint_step(ckpt, single=True)
         if new.steps <= done:
             raise UsageError(f"--resume: {folder} has already run {done} steps; give --steps larger than "
                              f"{done} to extend it")
@@ -327,7 +327,7 @@ def save_checkpoint(run_dir, model, opt, step, tokens, lengths):
 
 def load_checkpoint(run_dir, model, opt):
     """Restore model and optimizer; returns (step, tokens, lengths, metrics up to that step)."""
-    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    ckpt = read_checkpoint(run_dir / "checkpoint.pt")
     if ckpt["optimizer"] is None:
         raise UsageError(f"--resume: {run_dir / 'checkpoint.pt'} has no optimizer state (a finished "
                          "configuration of a comparison keeps its weights only), so it cannot be continued")
@@ -378,3 +378,140 @@ class StopOnCtrlC:
     def __exit__(self, *exc):
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
+
+
+# =====================================================================================
+# Progress: one bar per run; a comparison's bars also say which run and the time left
+# =====================================================================================
+
+class Bar:
+    """The progress bar of one run, from step ``start`` to ``cfg.steps``. It advances after each
+    step, before that step's log line, so the bar and the log always show the same step; at the
+    end it stands at 100%, also when the token budget ended the run before ``--steps``. ``label``:
+    its name ("[2/5] grpo N=4" in a comparison); ``time_left``: a comparison's TimeLeft."""
+
+    def __init__(self, cfg, start, label=None, time_left=None):
+        self.time_left, self.key = time_left, (cfg.seed, cfg.estimator, cfg.group_size)
+        self.tick = time.monotonic()
+        self.bar = tqdm(total=cfg.steps, initial=start, desc=label or f"{cfg.estimator} N={cfg.group_size}",
+                        dynamic_ncols=True, mininterval=0)  # redrawn at every step: it never lags the log
+
+    def step(self, row):
+        """Step ``row["step"]`` is done: the bar shows it, with its success, length and gradient norm."""
+        now, post = time.monotonic(), dict(success=f"{row['success']:.2f}", len=f"{row['response_len']:.1f}",
+                                           gnorm=f"{row['grad_norm']:.2f}")
+        if self.time_left:
+            self.time_left.done(self.key, now - self.tick)
+            post["comparison"] = self.time_left.text()
+        self.tick = now
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.update(1)
+
+    def close(self):
+        if self.bar.n < self.bar.total:  # ended by the token budget: the steps it ran are all of it
+            self.bar.total = self.bar.n
+            if self.time_left:
+                self.time_left.finished(self.key)
+        self.bar.refresh()
+        self.bar.close()
+
+
+class TimeLeft:
+    """A comparison's time left, from the steps done so far in this process: the seconds per sampled
+    response so far times the responses still to sample (steps left x prompts_per_step x N of each
+    configuration; a step's cost grows with N). With --token-budget a run may end before --steps,
+    so the estimate is an upper bound ("at most")."""
+
+    def __init__(self, cfg, steps_left):
+        self.left = dict(steps_left)  # (seed, estimator, N) -> steps still to run
+        self.prompts, self.bound = cfg.prompts_per_step, cfg.token_budget is not None
+        self.seconds = self.responses = 0
+
+    def done(self, key, seconds):
+        self.left[key] -= 1
+        self.seconds, self.responses = self.seconds + seconds, self.responses + self.prompts * key[2]
+
+    def finished(self, key):
+        self.left[key] = 0
+
+    def text(self):
+        todo = sum(steps * self.prompts * key[2] for key, steps in self.left.items())
+        return ("at most " if self.bound and todo else "") + duration(self.seconds / self.responses * todo) + " left"
+
+
+def duration(seconds):
+    """'45 s', '12 min', '2.5 h'."""
+    return (f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400
+            else f"{seconds / 3600:.1f} h")
+
+
+# =====================================================================================
+# The configurations of a comparison, and what --resume does with each
+# =====================================================================================
+
+def configurations(cfg, folder):
+    """[(label, seed, estimator, N, run folder)] of a run or a comparison, in the order they run;
+    the label is what the bar shows: "[2/5] grpo N=4" (with --seeds: "[7/15] seed 1 grpo N=4")."""
+    if cfg.estimator:
+        return [(f"{cfg.estimator} N={cfg.group_size}", cfg.seed, cfg.estimator, cfg.group_size, Path(folder))]
+    seeds = seed_list(cfg) if cfg.seeds else [cfg.seed]
+    runs = [(s, est, n) for s in seeds for est, n in runs_of(cfg)]
+    return [(f"[{k}/{len(runs)}] " + (f"seed {s} " if cfg.seeds else "") + f"{est} N={n}", s, est, n,
+             (Path(folder) / f"seed{s}" if cfg.seeds else Path(folder)) / f"{est}-n{n}")
+            for k, (s, est, n) in enumerate(runs, start=1)]
+
+
+def progress_of(run_dir, single=False):
+    """(finished, step of the checkpoint or None, last step logged) of a run folder; a finished run
+    of a comparison (DONE) is kept, a single run's DONE is only a run that --steps may extend."""
+    logged = max((r["step"] for r in plumbing.read_jsonl(run_dir / "metrics.jsonl")), default=0)
+    saved = checkpoint_step(run_dir / "checkpoint.pt", single) if (run_dir / "checkpoint.pt").exists() else None
+    return (not single and (run_dir / "DONE").exists()), saved, logged
+
+
+def resume_plan(cfg, folder):
+    """What --resume does, one line per configuration: kept (finished), continued after the step of
+    its checkpoint (where steps were logged after it, those are run again: a second Ctrl-C stops
+    at once and keeps the last checkpoint), or started. An unreadable checkpoint is a UsageError."""
+    lines = [f"resuming {folder}, up to step {cfg.steps}:"]
+    for label, _, _, _, run_dir in configurations(cfg, folder):
+        finished, saved, logged = progress_of(run_dir, single=bool(cfg.estimator))
+        if finished:
+            what = f"finished ({logged} steps), kept"
+        elif saved is not None:
+            what = f"continues after step {saved} (its checkpoint)" + (
+                f"; {steps(saved + 1, logged)} run again (logged after the checkpoint)" if logged > saved else "")
+        elif logged:
+            what = f"starts again: {steps(1, logged)} run again (no checkpoint was saved)"
+        else:
+            what = "starts (not run yet)"
+        lines.append(f"  {label}: {what}")
+    return "\n".join(lines)
+
+
+def steps(first, last):
+    return f"step {first} is" if first == last else f"steps {first}-{last} are"
+
+
+def steps_left(cfg, folder):
+    """{(seed, estimator, N): steps still to run} of a comparison, for its TimeLeft."""
+    left = {}
+    for _, s, est, n, run_dir in configurations(cfg, folder):
+        finished, saved, _ = progress_of(run_dir)
+        left[(s, est, n)] = 0 if finished else cfg.steps - (saved or 0)
+    return left
+
+
+def checkpoint_step(path, single=False):
+    """The step a checkpoint was saved after (memory-mapped: its tensors are not read)."""
+    return read_checkpoint(path, single, mmap=True)["step"]
+
+
+def read_checkpoint(path, single=False, mmap=False):
+    """torch.load of checkpoint.pt; a truncated or damaged file is a UsageError saying what to do."""
+    try:
+        return torch.load(path, weights_only=True, mmap=mmap)
+    except Exception:  # a truncated zip, a damaged pickle...: which one does not change the remedy
+        remedy = (f"start the run again (its command is in {Path(path).parent / 'config.json'})" if single
+                  else f"delete {path} to restart this configuration")
+        raise UsageError(f"checkpoint unreadable: {remedy}") from None

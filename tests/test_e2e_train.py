@@ -485,6 +485,62 @@ def test_the_log_header_is_printed_once_per_run(out, capsys):
     assert (text.out + text.err).count("columns of the log line") == 1
 
 
+def spy_bars(monkeypatch):
+    """[(label, bar)] of every progress bar made, and [(log line, the step its bar shows then)]."""
+    bars, lines = [], []
+
+    class Bar(train_cli.Bar):
+        def __init__(self, cfg, start, label=None, time_left=None):
+            super().__init__(cfg, start, label, time_left)
+            bars.append((self.bar.desc, self.bar))
+    monkeypatch.setattr(train_cli, "Bar", Bar)
+    monkeypatch.setattr(train.tqdm, "write", lambda line, *a, **k: lines.append((line, bars[-1][1].n)))
+    return bars, lines
+
+
+def test_the_bar_shows_the_logged_step_and_ends_at_100_percent(out, monkeypatch, capsys):
+    bars, lines = spy_bars(monkeypatch)
+    run(out, "bar-1", "--estimator", "otb", "--steps", "1")
+    run(out, "bar-budget", "--estimator", "otb", "--steps", "6", "--token-budget", "1", "--log-every", "1")
+    train.main(TINY + ["--out", str(out), "--name", "bar-cmp", "--compare", "otb:2,group_mean:4", "--steps", "3",
+                       "--log-every", "1"])
+    final = [(label, bar.n, bar.total) for label, bar in bars]
+    assert final == [("otb N=4", 1, 1), ("otb N=4", 1, 1),  # a 1-step run; the budget ended this one at step 1
+                     ("[1/2] otb N=2", 3, 3), ("[2/2] group_mean N=4", 3, 3)]
+    logged = [(int(line.split("step")[1].split("|")[0]), shown) for line, shown in lines if "] step" in line]
+    assert len(logged) == 1 + 1 + 6 and all(step == shown for step, shown in logged)
+    text = capsys.readouterr()
+    assert (text.out + text.err).count("columns of the log line") == 3  # once per command, not per configuration
+    assert "[2/2] group_mean N=4" in text.err and " left" in text.err  # the comparison's time left
+
+
+def test_a_resumed_comparison_prints_its_plan(out, monkeypatch, capsys):
+    """Finished configurations are kept, a stopped one continues after its checkpoint and says
+    which logged steps it runs again, one not started starts."""
+    args = ["--compare", "otb:2,group_mean:4,rloo:2", "--steps", "3", "--checkpoint-minutes", "0"]
+    real_save = train_cli.save_checkpoint
+    monkeypatch.setattr(train_cli, "save_checkpoint",  # group_mean: only the checkpoint after step 1
+                        lambda d, model, opt, step, *a: (d.name != "group_mean-n4" or step == 1)
+                        and real_save(d, model, opt, step, *a))
+    interrupt_at(monkeypatch, 3 + 3, hard=True)  # a second Ctrl-C in step 3 of group_mean
+    with pytest.raises(SystemExit):
+        train.main(TINY + ["--out", str(out), "--name", "plan", *args])
+    monkeypatch.undo()
+    cut = out / "plan"
+    cfg = train_cli.parse(["--resume", str(cut)], train.Config, train.PRESETS)
+    plan = train_cli.resume_plan(cfg, cut)
+    assert plan == "\n".join([
+        f"resuming {cut}, up to step 3:",
+        "  [1/3] otb N=2: finished (3 steps), kept",
+        "  [2/3] group_mean N=4: continues after step 1 (its checkpoint); step 2 is run again (logged after the "
+        "checkpoint)",
+        "  [3/3] rloo N=2: starts (not run yet)"])
+    capsys.readouterr()
+    train.main(["--resume", str(cut)])
+    assert plan in capsys.readouterr().out  # printed before the training goes on
+    assert [len(metrics(cut / sub)) for sub in ("otb-n2", "group_mean-n4", "rloo-n2")] == [3, 3, 3]
+
+
 def test_compare_plot_shows_success_per_step_and_a_zero_gradient_norm(tmp_path, monkeypatch):
     import matplotlib.figure
     figures = []

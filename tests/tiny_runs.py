@@ -9,7 +9,7 @@ import train
 # A tiny model (hidden 32, 1 layer) with a 60-step warm-up on strings of length 1-2, so rewards are
 # not all zero and the updates are not trivially zero.
 TINY = ["--tiny-hidden", "32", "--tiny-layers", "1", "--horizon", "2", "--warmup-max-steps", "60",
-        "--prompts-per-step", "4", "--group-size", "4", "--log-every", "100"]
+        "--prompts-per-step", "4", "--log-every", "100"]  # N = 4, the default: a comparison gives its own
 TIME_KEYS = set(train.TIME_KEYS)
 
 
