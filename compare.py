@@ -29,7 +29,7 @@ This file holds what happens around those runs:
 benchmarks/equal_tokens.py, the pre-registered study, computes its endpoints with the same functions.
 """
 import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 from functools import partial
 
 import plumbing
@@ -95,7 +95,8 @@ def write_summary(out, cfg, histories):
     """compare.png, summary.json and summary.md of one seed's runs; returns the table's rows."""
     plot_runs(out / "compare.png", cfg, histories)
     rows = [summarize(sub, h) for sub, h in histories.values()]
-    (out / "summary.json").write_text(json.dumps(dict(config=asdict(cfg), runs=rows), indent=1))
+    (out / "summary.json").write_text(json.dumps(dict(config=train_cli.applied(cfg), runs=rows,
+                                                      **train_cli.versions()), indent=1))
     cell = lambda x: "-" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))  # noqa: E731
     cols = [c for c in rows[0] if c not in ("estimator", "group_size", "steps")]  # run, tokens, ..., seconds
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -223,7 +224,7 @@ def analyse_seeds(cfg, folder):
         p["verdict"] = verdict(p, names[0])
     (folder / "summary.md").write_text(seeds_table(cfg, names[0], rows, pairs, len(seeds)))
     (folder / "summary.json").write_text(json.dumps(dict(
-        config=asdict(cfg), budget=B, seeds=seeds, per_run=per_run, configs=rows, paired=pairs), indent=1))
+        config=train_cli.applied(cfg), **train_cli.versions(), budget=B, seeds=seeds, per_run=per_run, configs=rows, paired=pairs), indent=1))
     task = type(tasks.make_task(cfg)).__name__
     plot_seeds(histories, B, folder / "compare.png", f"{cfg.model} on {task}, {len(seeds)} seeds")
     return rows

@@ -43,6 +43,8 @@ import tasks
 DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
 GROUP_BASELINES = ("group_mean", "grpo", "rloo", "otb", "otb_loo", "otb_zero_tail")  # need N >= 2
 RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device")  # options a resume may change
+RUN_ONLY = ("estimator", "group_size", "zero_tail")  # a comparison takes these from --compare
+COMPARISON_ONLY = ("compare", "seeds", "results_dir")  # a single run (--estimator) has none of these
 AT_LEAST_1 = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "tiny_layers", "log_every",
               "horizon", "max_new_tokens", "minibatch_size", "chunk_size", "lr_warmup_window", "token_budget")
 POSITIVE = ("lr", "temperature", "clip_eps", "max_grad_norm")
@@ -121,8 +123,35 @@ def parse(argv, config, presets, epilog=None):
     cfg = parse_config(argv, config, presets, epilog)
     if cfg.resume:
         return resume_config(cfg, argv)
+    check_mode(cfg, given_options(argv))
     check(cfg)
     return cfg
+
+
+def given_options(argv):
+    """The Config fields named on the command line (--group-size 8 and --group-size=8: group_size)."""
+    return {a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")}
+
+
+def check_mode(cfg, given):
+    """No option is silently ignored: an option of a single run given to a comparison, or of a
+    comparison given to a single run, is a UsageError naming the form that does apply."""
+    if not cfg.estimator and "group_size" in given:
+        n = cfg.group_size
+        raise UsageError(f"--group-size applies to a single run (--estimator); a comparison takes each group "
+                         f"size from --compare, e.g. --compare otb:{n},group_mean:{n}")
+    if not cfg.estimator and cfg.zero_tail:
+        raise UsageError("--zero-tail applies to a single run (--estimator otb); in a comparison name the "
+                         "estimator, e.g. --compare otb_zero_tail:4,otb:4")
+    if cfg.estimator and "results_dir" in given:
+        raise UsageError("--results-dir applies to a comparison only (without --estimator); a single run's "
+                         "metrics are in its own folder")
+
+
+def applied(cfg):
+    """The settings a run or a comparison uses (config.json, summary.json): a comparison has no
+    estimator, group size or zero tail of its own (--compare gives them), a run no comparison options."""
+    return {k: v for k, v in asdict(cfg).items() if k not in (COMPARISON_ONLY if cfg.estimator else RUN_ONLY)}
 
 
 def resume_config(cfg, argv):
@@ -132,7 +161,7 @@ def resume_config(cfg, argv):
     if not (folder / "config.json").exists():
         raise UsageError(f"--resume: {folder} has no config.json, so it is not a run or comparison "
                          "folder of train.py" + ("" if folder.is_dir() else " (no such folder)"))
-    given = {a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")} - {"resume"}
+    given = given_options(argv) - {"resume"}
     if given - set(RESUMABLE):
         raise UsageError(f"{flag(sorted(given - set(RESUMABLE))[0])} cannot be changed when resuming (the "
                          f"settings are in {folder / 'config.json'}); only "
@@ -231,7 +260,7 @@ def check(cfg):
                          else "needs --token-budget (the budget B its endpoints are measured at)"))
     if cfg.seeds:
         seed_list(cfg)
-    if cfg.zero_tail and "otb" not in [est for est, _ in runs_of(cfg)]:
+    if cfg.zero_tail and cfg.estimator and cfg.estimator != "otb":
         raise UsageError("--zero-tail applies to the estimator otb only (otb_loo is leave-one-out: no "
                          "row is alone in its own baseline)")
     try:
@@ -300,19 +329,23 @@ def run_folder(cfg, command):
 
 
 def write_config(run_dir, cfg, command, source):
-    """config.json: the command line, every setting, the model's source and the versions."""
-    import transformers
+    """config.json: the command line, every setting applied (``applied``), the model's source, the versions."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(dict(
-        command=command, config=asdict(cfg), model_source=source, torch=torch.__version__,
-        transformers=transformers.__version__), indent=1))
+        command=command, config=applied(cfg), model_source=source, **versions()), indent=1))
+
+
+def versions():
+    """The versions of the libraries a result depends on (config.json, summary.json)."""
+    import transformers
+    return dict(python=sys.version.split()[0], torch=torch.__version__, transformers=transformers.__version__)
 
 
 def copy_results(folder, dest):
-    """--results-dir: the comparison's plot and tables, and every run's metrics.jsonl (dest/<run>/, or
-    dest/seed<s>/<run>/ with --seeds)."""
+    """--results-dir: the comparison's config.json, plot and tables, and every run's metrics.jsonl
+    (dest/<run>/, or dest/seed<s>/<run>/ with --seeds)."""
     metrics = sorted(str(p.relative_to(folder)) for p in folder.glob("**/metrics.jsonl"))
-    for f in ("compare.png", "summary.md", "summary.json", *metrics):
+    for f in ("config.json", "compare.png", "summary.md", "summary.json", *metrics):
         (dest / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(folder / f, dest / f)
 

@@ -153,8 +153,15 @@ def test_compare_writes_plot_and_tables(out, tmp_path):
     assert "| otb-n2 |" in (d / "summary.md").read_text()
     res = tmp_path / "res"
     assert sorted(str(p.relative_to(res)) for p in res.rglob("*") if p.is_file()) == [
-        "compare.png", "group_mean-n4/metrics.jsonl", "otb-n2/metrics.jsonl", "summary.json", "summary.md"]
+        "compare.png", "config.json", "group_mean-n4/metrics.jsonl", "otb-n2/metrics.jsonl", "summary.json",
+        "summary.md"]
     assert (res / "otb-n2/metrics.jsonl").read_text() == (d / "otb-n2/metrics.jsonl").read_text()
+    # what was applied, and nothing else: a comparison has no group size of its own, its runs no --compare
+    stored = json.loads((d / "config.json").read_text())
+    assert {"estimator", "group_size", "zero_tail"}.isdisjoint(stored["config"]) and stored["config"]["compare"]
+    sub = json.loads((d / "otb-n2" / "config.json").read_text())["config"]
+    assert (sub["estimator"], sub["group_size"]) == ("otb", 2) and {"compare", "seeds", "results_dir"}.isdisjoint(sub)
+    assert summary["config"] == stored["config"] and summary["torch"] == torch.__version__
 
 
 # ----------------------------------------------------------------------------- variance proxy
@@ -415,9 +422,8 @@ def test_zero_tail_reaches_the_otb_estimator_only(out, monkeypatch):
         return estimator
     for name in otb.ESTIMATORS:
         monkeypatch.setitem(otb.ESTIMATORS, name, spy(name, otb.ESTIMATORS[name]))
-    train.main(TINY + ["--out", str(out), "--name", "zt", "--compare", "otb:2,group_mean:2", "--zero-tail",
-                       "--steps", "1"])
-    assert called == {"otb_zero_tail", "group_mean"}
+    run(out, "zt", "--estimator", "otb", "--zero-tail", "--steps", "1")  # a comparison names otb_zero_tail
+    assert called == {"otb_zero_tail"}
     monkeypatch.undo()
     assert otb.ESTIMATORS["otb_zero_tail"].keywords == {"zero_tail": True}
     assert train.Config().zero_tail is False  # the one place the default lives

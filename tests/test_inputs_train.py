@@ -35,6 +35,10 @@ BAD = [
     (["--estimator", "otb", "--compare", "otb:8"], "--compare"),
     (["--estimator", "otb_loo", "--zero-tail"], "--zero-tail"),
     (["--compare", "group_mean:4,otb_loo:4", "--zero-tail"], "--zero-tail"),
+    (["--compare", "otb:4,grpo:4", "--zero-tail"], "--zero-tail"),  # a comparison names otb_zero_tail
+    (["--group-size", "8"], "--group-size"),  # a comparison takes its group sizes from --compare
+    (["--compare", "otb:4", "--group-size=8"], "--group-size"),
+    (["--estimator", "otb", "--results-dir", "res"], "--results-dir"),  # a run copies nothing
     (["--estimator", "otb_zero_tail", "--zero-tail"], "--zero-tail"),  # zero tail already
     (["--estimator", "otb", "--horizon", "0"], "--horizon"),
     (["--estimator", "otb", "--task", "periodic", "--horizon", "600"], "--horizon"),
@@ -115,6 +119,17 @@ def test_an_unreachable_hub_id_fails_fast_with_one_line(tmp_path, capsys, monkey
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.startswith("train.py: error: --model") and "\n" not in err
     assert "HF_HUB_OFFLINE" in err and "local folder" in err and not (tmp_path / "r").exists()
+
+
+def test_an_option_of_the_other_mode_names_the_form_that_applies(tmp_path, capsys):
+    for argv, form in ((["--group-size", "8"], "--compare otb:8,group_mean:8"),
+                       (["--zero-tail"], "--compare otb_zero_tail:4,otb:4"),
+                       (["--estimator", "otb", "--results-dir", "res"], "without --estimator")):
+        with pytest.raises(SystemExit) as e:
+            train.main(argv + ["--out", str(tmp_path)])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and form in err and "\n" not in err, err
+    assert not any(tmp_path.iterdir())
 
 
 # ----------------------------------------------------------------------------- --resume that cannot work
