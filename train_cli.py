@@ -17,6 +17,7 @@ and every setting), checkpoint.pt (everything --resume needs) and Ctrl-C (the fi
 after the step and saves, a second one at once; either way the message says how to resume).
 """
 import argparse
+import errno
 import json
 import math
 import os
@@ -68,7 +69,8 @@ pick_device = plumbing.pick_device  # auto: cuda, then mps, then cpu
 def errors_exit():
     """A UsageError inside the block: one line and exit status 2; Ctrl-C: exit status 130."""
     try:
-        yield
+        with closing_bars():
+            yield
     except UsageError as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -352,10 +354,43 @@ def copy_results(folder, dest):
 
 def save_checkpoint(run_dir, model, opt, step, tokens, lengths):
     """Everything a resume needs. opt=None: weights only (a finished configuration of a comparison)."""
-    tmp = run_dir / "checkpoint.pt.tmp"  # write then rename: a crash never leaves half a file
-    torch.save(dict(model=model.state_dict(), optimizer=opt.state_dict() if opt else None, step=step,
-                    tokens=tokens, lengths=lengths), tmp)
-    tmp.replace(run_dir / "checkpoint.pt")
+    state = dict(model=model.state_dict(), optimizer=opt.state_dict() if opt else None, step=step,
+                 tokens=tokens, lengths=lengths)
+    save_atomic(state, run_dir / "checkpoint.pt")
+
+
+class DiskFull(Exception):
+    """A file could not be written for lack of space; the message says where and how much."""
+
+
+def save_atomic(state, path):
+    """torch.save to path.tmp, then rename: a crash never leaves half a file. A full disk (torch
+    reports it as "unexpected pos", or as ENOSPC) removes the temporary file and raises DiskFull."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        torch.save(state, tmp)
+        tmp.replace(path)
+    except (OSError, RuntimeError) as e:
+        tmp.unlink(missing_ok=True)
+        need, free = tensor_bytes(state), shutil.disk_usage(path.parent).free
+        if getattr(e, "errno", None) == errno.ENOSPC or free < need:
+            raise DiskFull(f"no space left in {path.parent}: at least {need / 1e6:.3g} MB needed, "
+                           f"{free / 1e6:.3g} MB free") from None
+        raise
+
+
+def tensor_bytes(obj, seen=None):
+    """Bytes of the tensors inside obj (dicts and lists of them), each storage counted once (tied
+    weights share one): about the size torch.save writes."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        key = obj.untyped_storage().data_ptr()
+        if key in seen:
+            return 0
+        seen.add(key)
+        return obj.untyped_storage().nbytes()
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else []
+    return sum(tensor_bytes(x, seen) for x in items)
 
 
 def load_checkpoint(run_dir, model, opt):
@@ -378,17 +413,44 @@ class Stopped(Exception):
     """Ctrl-C: the run stopped after a step and saved its checkpoint."""
 
 
+def close_bars():
+    """Close the progress bars still open (they stay on screen, the cursor goes to the next line)."""
+    for bar in list(tqdm._instances):
+        bar.close()
+
+
+@contextmanager
+def closing_bars():
+    """An exception leaving the block first closes the open bars, so its message starts a line."""
+    try:
+        yield
+    except (Stopped, KeyboardInterrupt, UsageError, DiskFull, OSError):
+        close_bars()  # the message goes under the bar, not at the end of its line
+        raise
+
+
 @contextmanager
 def ctrl_c_exits(folder, checkpoint_minutes):
     """Ctrl-C inside the block (Stopped, or a second Ctrl-C): say how to resume, exit status 130."""
     try:
-        yield
+        with closing_bars():
+            yield
     except (Stopped, KeyboardInterrupt) as e:
         what = f"{e}; checkpoint saved" if isinstance(e, Stopped) else (
             f"interrupted; the last checkpoint is kept (at most {checkpoint_minutes:g} minutes old)")
         print(f"train.py: {what}; resume with: python train.py --resume {shlex.quote(str(folder))}",
               file=sys.stderr)
         sys.exit(130)
+    except UsageError as e:  # e.g. an unreadable checkpoint met during the comparison
+        print(f"train.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (DiskFull, OSError) as e:
+        if not isinstance(e, DiskFull) and e.errno != errno.ENOSPC:
+            raise
+        where = e if isinstance(e, DiskFull) else f"no space left in {Path(e.filename or folder).parent}"
+        print(f"train.py: error: {where}; any earlier checkpoint is kept: free some space, then resume with: "
+              f"python train.py --resume {shlex.quote(str(folder))}", file=sys.stderr)
+        sys.exit(1)
 
 
 class StopOnCtrlC:

@@ -135,7 +135,7 @@ def test_an_option_of_the_other_mode_names_the_form_that_applies(tmp_path, capsy
 # ----------------------------------------------------------------------------- --resume that cannot work
 
 @pytest.mark.parametrize("case", ["no-checkpoint", "finished", "changed-option", "extend-comparison",
-                                  "old-version"])
+                                  "old-version", "truncated-run", "damaged-comparison"])
 def test_resume_errors_name_what_is_missing(out, capsys, monkeypatch, case):
     d = out / "run"
     if case == "no-checkpoint":  # a run stopped hard before its first checkpoint
@@ -154,6 +154,19 @@ def test_resume_errors_name_what_is_missing(out, capsys, monkeypatch, case):
     elif case == "extend-comparison":
         train.main(TINY + ["--out", str(out), "--name", "run", "--compare", "otb:2", "--steps", "2"])
         argv, expected = ["--resume", str(d), "--steps", "4"], "--steps: a comparison cannot change"
+    elif case == "truncated-run":  # e.g. a copy that stopped half way
+        run(out, "run", "--estimator", "otb", "--steps", "2")
+        ckpt = (d / "checkpoint.pt").read_bytes()
+        (d / "checkpoint.pt").write_bytes(ckpt[:len(ckpt) // 2])
+        argv, expected = ["--resume", str(d), "--steps", "3"], "checkpoint unreadable: start the run again"
+    elif case == "damaged-comparison":  # a stopped configuration whose checkpoint holds garbage
+        interrupt_at(monkeypatch, 3)  # step 1 of group_mean
+        with pytest.raises(SystemExit):
+            train.main(TINY + ["--out", str(out), "--name", "run", "--compare", "otb:2,group_mean:2", "--steps", "2"])
+        monkeypatch.undo()
+        (d / "group_mean-n2" / "checkpoint.pt").write_bytes(b"PK\x03\x04" + bytes(range(256)) * 4)
+        argv = ["--resume", str(d)]
+        expected = f"checkpoint unreadable: delete {d / 'group_mean-n2' / 'checkpoint.pt'} to restart this configuration"
     else:  # a folder from before --checkpoint-every became --checkpoint-minutes
         d.mkdir()
         old = dict(command="", config=dict(estimator="otb", checkpoint_every=20))
@@ -167,3 +180,39 @@ def test_resume_errors_name_what_is_missing(out, capsys, monkeypatch, case):
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and expected in err and "\n" not in err, err
     assert sorted(p.relative_to(out) for p in out.rglob("*") if "_cache" not in p.parts) == before
+    if case == "damaged-comparison":  # doing what the message says works
+        (d / "group_mean-n2" / "checkpoint.pt").unlink()
+        train.main(["--resume", str(d)])
+        assert (d / "group_mean-n2" / "DONE").exists() and (d / "summary.md").exists()
+
+
+# ----------------------------------------------------------------------------- a full disk
+
+def test_a_full_disk_is_one_line_and_leaves_no_temporary_file(out, capsys, monkeypatch):
+    """torch.save on a full disk fails with "unexpected pos" after writing part of the file: one line
+    saying where and how much, the temporary file removed, exit status 1; the size it gives is
+    that of the checkpoint a run with room writes."""
+    import shutil
+    from collections import namedtuple
+
+    import train_cli
+    run(out, "room", "--estimator", "otb", "--steps", "1")
+    size = (out / "room" / "checkpoint.pt").stat().st_size
+
+    def full_save(obj, path):
+        Path(path).write_bytes(b"x" * 1000)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1000 vs 960")
+    monkeypatch.setattr(train_cli.torch, "save", full_save)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: namedtuple("usage", "total used free")(10**9, 10**9, 1000))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        run(out, "full", "--estimator", "otb", "--steps", "2")
+    text = capsys.readouterr().err
+    err, d = text.strip().splitlines()[-1], out / "full"  # under the bar, which stays on screen
+    assert e.value.code == 1 and "Traceback" not in text, text
+    assert err.startswith(f"train.py: error: no space left in {d}: ") and err.endswith(
+        f"resume with: python train.py --resume {d}")
+    need = float(err.split(": at least ")[1].split(" MB needed")[0]) * 1e6
+    assert 0.85 * size < need <= size, (need, size)  # the tensors; the file adds its framing
+    assert not (d / "checkpoint.pt.tmp").exists() and not (d / "checkpoint.pt").exists()
+
