@@ -350,7 +350,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     command = ("python train.py " + shlex.join(argv)).strip()
-    with train_cli.errors_exit():  # a bad argument: one line, exit status 2, nothing created
+    with train_cli.errors_exit(command):  # a bad argument: one line, exit status 2, nothing created
         cfg = train_cli.parse(argv, Config, PRESETS, epilog=train_cli.LOG_COLUMNS)  # --resume: stored
         plan = train_cli.resume_plan(cfg, cfg.resume) if cfg.resume else ""  # what is kept, continued, redone
         device = train_cli.pick_device(cfg.device)

@@ -66,17 +66,40 @@ pick_device = plumbing.pick_device  # auto: cuda, then mps, then cpu
 
 
 @contextmanager
-def errors_exit():
-    """A UsageError inside the block: one line and exit status 2; Ctrl-C: exit status 130."""
+def errors_exit(command="the same command"):
+    """A UsageError inside the block: one line and exit status 2; a full disk: exit status 1; Ctrl-C
+    (and from here on SIGTERM, which a `timeout` or a cluster sends, is a Ctrl-C): exit status 130,
+    saying how to continue an interrupted warm-up (``command``: the command line to run again)."""
+    sigterm_is_ctrl_c()
     try:
         with closing_bars():
             yield
     except UsageError as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except DiskFull as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except models.WarmUpInterrupted as e:
+        saved = f"it is saved at step {e.step}" if e.step else "nothing was saved yet (the first check saves it)"
+        print(f"train.py: interrupted during the warm-up; {saved}; to continue it, run the same command "
+              f"again: {command}", file=sys.stderr)
+        sys.exit(130)
     except KeyboardInterrupt:
         print("train.py: interrupted before training started; nothing to resume", file=sys.stderr)
         sys.exit(130)
+
+
+def sigterm_is_ctrl_c():
+    """SIGTERM calls whatever Ctrl-C calls at that moment (a KeyboardInterrupt, or StopOnCtrlC's stop
+    after the step), so a `timeout` or a preempted cluster job leaves a run that --resume continues."""
+    if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+        signal.signal(signal.SIGTERM, lambda signum, frame: ctrl_c_handler()(signum, frame))
+
+
+def ctrl_c_handler():
+    handler = signal.getsignal(signal.SIGINT)
+    return handler if callable(handler) else signal.default_int_handler  # ignored (nohup): still stops
 
 
 def flag(name):
@@ -356,41 +379,10 @@ def save_checkpoint(run_dir, model, opt, step, tokens, lengths):
     """Everything a resume needs. opt=None: weights only (a finished configuration of a comparison)."""
     state = dict(model=model.state_dict(), optimizer=opt.state_dict() if opt else None, step=step,
                  tokens=tokens, lengths=lengths)
-    save_atomic(state, run_dir / "checkpoint.pt")
+    plumbing.save_atomic(state, run_dir / "checkpoint.pt")  # a full disk: DiskFull, one line
 
 
-class DiskFull(Exception):
-    """A file could not be written for lack of space; the message says where and how much."""
-
-
-def save_atomic(state, path):
-    """torch.save to path.tmp, then rename: a crash never leaves half a file. A full disk (torch
-    reports it as "unexpected pos", or as ENOSPC) removes the temporary file and raises DiskFull."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        torch.save(state, tmp)
-        tmp.replace(path)
-    except (OSError, RuntimeError) as e:
-        tmp.unlink(missing_ok=True)
-        need, free = tensor_bytes(state), shutil.disk_usage(path.parent).free
-        if getattr(e, "errno", None) == errno.ENOSPC or free < need:
-            raise DiskFull(f"no space left in {path.parent}: at least {need / 1e6:.3g} MB needed, "
-                           f"{free / 1e6:.3g} MB free") from None
-        raise
-
-
-def tensor_bytes(obj, seen=None):
-    """Bytes of the tensors inside obj (dicts and lists of them), each storage counted once (tied
-    weights share one): about the size torch.save writes."""
-    seen = set() if seen is None else seen
-    if isinstance(obj, torch.Tensor):
-        key = obj.untyped_storage().data_ptr()
-        if key in seen:
-            return 0
-        seen.add(key)
-        return obj.untyped_storage().nbytes()
-    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else []
-    return sum(tensor_bytes(x, seen) for x in items)
+DiskFull = plumbing.DiskFull
 
 
 def load_checkpoint(run_dir, model, opt):
@@ -454,25 +446,28 @@ def ctrl_c_exits(folder, checkpoint_minutes):
 
 
 class StopOnCtrlC:
-    """Within the block, the first Ctrl-C asks the loop to stop after the current step (which then
-    saves a checkpoint); a second one stops at once (KeyboardInterrupt, the last checkpoint kept)."""
+    """Within the block, the first Ctrl-C (or SIGTERM) asks the loop to stop after the current step
+    (which then saves a checkpoint); a second one stops at once (KeyboardInterrupt, the last
+    checkpoint kept)."""
 
     def __enter__(self):
-        self.requested, self.previous = False, None
-        if (threading.current_thread() is threading.main_thread()  # signals reach the main thread only
-                and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):  # e.g. nohup: keep ignoring
-            self.previous = signal.signal(signal.SIGINT, self.handle)
+        self.requested, self.previous = False, {}
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(sig) is not signal.SIG_IGN:  # e.g. a background job: keep ignoring Ctrl-C
+                    self.previous[sig] = signal.signal(sig, self.handle)
         return self
 
     def handle(self, signum, frame):
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        tqdm.write("Ctrl-C: stopping after this step and saving a checkpoint (Ctrl-C again: stop at once)")
+        name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        tqdm.write(f"{name}: stopping after this step and saving a checkpoint (Ctrl-C again: stop at once)")
 
     def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 # =====================================================================================

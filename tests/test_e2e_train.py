@@ -4,6 +4,8 @@ are in test_inputs_train.py."""
 import dataclasses
 import json
 import math
+import shlex
+import signal
 from pathlib import Path
 
 import pytest
@@ -363,6 +365,52 @@ def test_ctrl_c_saves_a_checkpoint_says_how_to_resume_and_resume_is_exact(out, m
     assert torch.load(cut / "checkpoint.pt", weights_only=True)["step"] == 3
     train.main(["--resume", str(cut)])
     assert without_times(metrics(cut)) == full and (cut / "DONE").exists()
+
+
+def test_sigterm_stops_like_ctrl_c_and_says_how_to_resume(out, monkeypatch, capsys):
+    interrupt_at(monkeypatch, 2, sig=signal.SIGTERM)  # what `timeout` or a cluster's preemption sends
+    with pytest.raises(SystemExit) as e:
+        run(out, "term", "--estimator", "otb", "--steps", "3", "--checkpoint-minutes", "60")
+    monkeypatch.undo()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 130 and err[-1] == ("train.py: stopped after step 2 of 3; checkpoint saved; resume "
+                                               f"with: python train.py --resume {out / 'term'}")
+    assert torch.load(out / "term" / "checkpoint.pt", weights_only=True)["step"] == 2
+
+
+def test_a_warm_up_stopped_by_sigterm_or_ctrl_c_continues_with_the_same_command(tmp_path, out, monkeypatch, capsys):
+    """Interrupted at its third check (step 30; the state of step 20 is saved), the warm-up says to
+    run the same command; that command continues it from step 20 and ends with the weights and
+    the history of the uninterrupted warm-up (the session cache's, same settings)."""
+    from safetensors.torch import load_file
+    argv = TINY + ["--estimator", "otb", "--steps", "1", "--out", str(tmp_path), "--name", "w"]
+    real_evaluate, real_load = models.evaluate, models.load_warm_up_state
+    def evaluate(*a, seed, **k):
+        if seed == 30:
+            signal.raise_signal(signal.SIGTERM)  # handled as Ctrl-C: a KeyboardInterrupt here
+        return real_evaluate(*a, seed=seed, **k)
+    monkeypatch.setattr(models, "evaluate", evaluate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (see tiny_runs.interrupt_at)
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    monkeypatch.undo()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 130 and err == ("train.py: interrupted during the warm-up; it is saved at step 20; to "
+                                           "continue it, run the same command again: python train.py "
+                                           + shlex.join(argv))
+    cache = tmp_path / "_cache"
+    assert [p.name.endswith(".warm-up.pt") for p in cache.iterdir()] == [True]  # no finished model
+    resumed_from = []
+    monkeypatch.setattr(models, "load_warm_up_state", lambda *a: resumed_from.append(real_load(*a)) or resumed_from[-1])
+    train.main(argv)
+    assert [step for step, _ in resumed_from] == [20]
+    [folder] = cache.iterdir()  # the state file is gone
+    run(out, "w-ref", "--estimator", "otb", "--steps", "1")  # an uninterrupted warm-up, same settings
+    reference = out / "_cache" / folder.name
+    a, b = load_file(folder / "model.safetensors"), load_file(reference / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    history = lambda f: json.loads((f / "warmup.json").read_text())["history"]  # noqa: E731
+    assert history(folder) == history(reference) and len(history(folder)) > 3
 
 
 def test_a_hard_stop_keeps_the_last_checkpoint_and_resume_drops_later_metrics(out, monkeypatch, capsys):
