@@ -107,6 +107,13 @@ def write_summary(out, cfg, histories):
     return rows
 
 
+def title(cfg):
+    """'tiny model, task reverse (horizon 8)': the model and the task as train.py's options name them."""
+    task = tasks.make_task(cfg)
+    name = next(k for k, v in tasks.TASKS.items() if type(task) is v)
+    return f"{cfg.model} model, task {name} (horizon {task.horizon})"
+
+
 def plot_runs(path, cfg, histories):
     """Success against tokens (log scale) and against steps, and the gradient norm, one line per run."""
     import matplotlib.pyplot as plt
@@ -120,10 +127,10 @@ def plot_runs(path, cfg, histories):
     ax1.set(xlabel="response tokens sampled (log scale)", ylabel="success rate (10-step moving average)",
             title="success against sampling cost", xscale="log")  # log: N = 4 and N = 16 both get room
     ax2.set(xlabel="step", ylabel="success rate (10-step moving average)", title="success against step")
-    ax3.set(xlabel="step", ylabel="gradient norm (before clipping)", title="gradient norm (0 is shown)")
-    ax3.set_yscale("symlog", linthresh=1e-3)  # log-like above 1e-3, linear through 0
+    ax3.set(xlabel="step", ylabel="gradient norm before clipping (symlog)", title="gradient norm against step")
+    ax3.set_yscale("symlog", linthresh=1e-3)  # log-like above 1e-3, linear through 0 (a zero norm is drawn)
     ax1.legend()
-    fig.suptitle(f"{cfg.model} on {type(tasks.make_task(cfg)).__name__}, seed {cfg.seed}")
+    fig.suptitle(f"{title(cfg)}, seed {cfg.seed}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -225,8 +232,7 @@ def analyse_seeds(cfg, folder):
     (folder / "summary.md").write_text(seeds_table(cfg, names[0], rows, pairs, len(seeds)))
     (folder / "summary.json").write_text(json.dumps(dict(
         config=train_cli.applied(cfg), **train_cli.versions(), budget=B, seeds=seeds, per_run=per_run, configs=rows, paired=pairs), indent=1))
-    task = type(tasks.make_task(cfg)).__name__
-    plot_seeds(histories, B, folder / "compare.png", f"{cfg.model} on {task}, {len(seeds)} seeds")
+    plot_seeds(histories, B, folder / "compare.png", f"{title(cfg)}, {len(seeds)} seeds")
     return rows
 
 

