@@ -5,7 +5,8 @@
 sampler noise (both are functions of (seed, step) only), into ``<folder>/<estimator>-n<N>/``.
 This file holds what happens around those runs:
 
-- ``run_comparison``: the runs (a finished one, with its DONE marker, is kept on --resume), then
+- ``run_comparison``: the runs (a finished one, with its DONE marker, is kept on --resume; its
+  checkpoint, only with ``--keep-weights``), then
   ``summary.md`` / ``summary.json`` (one row per run: success at the start and the end, tokens
   sampled until the 10-step mean success first reaches ``--target-success``, gradient norms) and
   ``compare.png`` (success against tokens sampled and against steps, the gradient norm).
@@ -58,6 +59,8 @@ def run_comparison(cfg, out, model, tok, command, source, train, bars=None):
             model.load_state_dict(init)
             history = train(sub, run_dir, model, tok, resume=resume, keep_optimizer=False,
                             bar=bars[(cfg.seed, est, n)])
+            if not cfg.keep_weights:  # finished: its DONE marker is all a resume needs
+                (run_dir / "checkpoint.pt").unlink(missing_ok=True)
         histories[run_dir.name] = (sub, history)
     return write_summary(out, cfg, histories)
 

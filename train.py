@@ -134,6 +134,9 @@ class Config:
         "--log-every, --checkpoint-minutes and --device may be given with it")
     log_every: int = arg(10, "print one metrics line every k steps (the bar updates every step)")
     results_dir: Optional[str] = arg(None, "comparison only: also copy its plot, tables and metrics here")
+    keep_weights: bool = arg(
+        False, "comparison only: keep each finished configuration's final weights (<run>/checkpoint.pt); "
+        "without it a configuration's checkpoint is deleted when it finishes")
     target_success: float = arg(
         0.35, "comparison table: tokens sampled until the 10-step mean success first reaches this")
     token_budget: Optional[int] = arg(None, "B: a run ends at the step where its sampled tokens reach B")

@@ -45,7 +45,7 @@ DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
 GROUP_BASELINES = ("group_mean", "grpo", "rloo", "otb", "otb_loo", "otb_zero_tail")  # need N >= 2
 RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device")  # options a resume may change
 RUN_ONLY = ("estimator", "group_size", "zero_tail")  # a comparison takes these from --compare
-COMPARISON_ONLY = ("compare", "seeds", "results_dir")  # a single run (--estimator) has none of these
+COMPARISON_ONLY = ("compare", "seeds", "results_dir", "keep_weights")  # a single run (--estimator) has none
 AT_LEAST_1 = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "tiny_layers", "log_every",
               "horizon", "max_new_tokens", "minibatch_size", "chunk_size", "lr_warmup_window", "token_budget")
 POSITIVE = ("lr", "temperature", "clip_eps", "max_grad_norm")
@@ -171,6 +171,9 @@ def check_mode(cfg, given):
     if cfg.estimator and "results_dir" in given:
         raise UsageError("--results-dir applies to a comparison only (without --estimator); a single run's "
                          "metrics are in its own folder")
+    if cfg.estimator and cfg.keep_weights:
+        raise UsageError("--keep-weights applies to a comparison only (without --estimator); a single run "
+                         "always keeps its checkpoint.pt")
 
 
 def applied(cfg):

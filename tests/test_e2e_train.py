@@ -144,8 +144,10 @@ def test_mismatch_is_zero_for_same_precision_and_positive_for_bf16_rollout(out):
 
 def test_compare_writes_plot_and_tables(out, tmp_path):
     train.main(TINY + ["--out", str(out), "--name", "cmp", "--compare", "otb:2,group_mean:4",
-                       "--steps", "3", "--results-dir", str(tmp_path / "res")])
+                       "--steps", "3", "--results-dir", str(tmp_path / "res"), "--keep-weights"])
     d = out / "cmp"
+    # --keep-weights: each finished configuration keeps its final weights, not the optimizer state
+    assert torch.load(d / "otb-n2" / "checkpoint.pt", weights_only=True)["optimizer"] is None
     summary = json.loads((d / "summary.json").read_text())
     assert [r["run"] for r in summary["runs"]] == ["otb-n2", "group_mean-n4"]
     # same prompts per step: N = 4 samples about twice the tokens of N = 2
@@ -454,8 +456,7 @@ def test_an_interrupted_comparison_resumes_keeping_finished_configurations(out, 
     assert (cut / "otb-n2" / "metrics.jsonl").stat().st_mtime_ns == done_before  # kept, not rerun
     for sub in ("otb-n2", "group_mean-n4"):
         assert without_times(metrics(cut / sub)) == without_times(metrics(out / "cmp-full" / sub))
-        # a finished configuration of a comparison keeps its weights, not the optimizer state
-        assert torch.load(cut / sub / "checkpoint.pt", weights_only=True)["optimizer"] is None
+        assert not (cut / sub / "checkpoint.pt").exists()  # no weights kept without --keep-weights
     assert (cut / "summary.md").exists() and (cut / "compare.png").exists()
 
 

@@ -39,6 +39,7 @@ BAD = [
     (["--group-size", "8"], "--group-size"),  # a comparison takes its group sizes from --compare
     (["--compare", "otb:4", "--group-size=8"], "--group-size"),
     (["--estimator", "otb", "--results-dir", "res"], "--results-dir"),  # a run copies nothing
+    (["--estimator", "otb", "--keep-weights"], "--keep-weights"),  # a run keeps its checkpoint anyway
     (["--estimator", "otb_zero_tail", "--zero-tail"], "--zero-tail"),  # zero tail already
     (["--estimator", "otb", "--horizon", "0"], "--horizon"),
     (["--estimator", "otb", "--task", "periodic", "--horizon", "600"], "--horizon"),
