@@ -39,10 +39,15 @@ import argparse
 import itertools
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, fields
 from pathlib import Path
+
+# Before torch loads OpenMP: a thread waiting for the others sleeps instead of spinning. Spinning
+# costs nothing on an idle CPU and, on a busy one, each step 10-100x (docs/cost.md, busy machines).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 

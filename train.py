@@ -38,6 +38,7 @@ mismatch metrics instead of being corrected; the variance proxies (``total_power
 import copy
 import json
 import math
+import os
 import shlex
 import sys
 import time
@@ -45,6 +46,10 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional
+
+# Before torch loads OpenMP: a thread waiting for the others sleeps instead of spinning. Spinning
+# costs nothing on an idle CPU and, on a busy one, each step 10-100x (docs/cost.md, busy machines).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 from tqdm.auto import tqdm
