@@ -45,8 +45,8 @@ import time
 from dataclasses import asdict, fields
 from pathlib import Path
 
-# Before torch loads OpenMP: a thread waiting for the others sleeps instead of spinning. Spinning
-# costs nothing on an idle CPU and, on a busy one, each step 10-100x (docs/cost.md, busy machines).
+# Before torch loads OpenMP: a thread waiting for the others sleeps instead of spinning, which on a
+# busy CPU made each training step 8-100x slower (docs/cost.md, "Busy machines").
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch

@@ -12,9 +12,12 @@ is created. In train.py's ``main``:
         model, tok, source = train_cli.load(cfg, device)
 
 The rest: what options mean where train.py needs it (the configurations of a comparison, the
-task, the response limit, the schedule's arguments) and the run folder: config.json (the command
-and every setting), checkpoint.pt (everything --resume needs) and Ctrl-C (the first one stops
-after the step and saves, a second one at once; either way the message says how to resume).
+task, the response limit, the schedule's arguments); the run folder: config.json (the command
+and the settings applied), checkpoint.pt (everything --resume needs; a full disk or a damaged
+file is one line saying what to do) and Ctrl-C (the first one stops after the step and saves, a
+second one at once; either way the message says how to resume; SIGTERM is a Ctrl-C); the
+progress bars (one per run, advanced with the log line; a comparison's say "[k/K]" and the time
+left) and the plan that --resume prints.
 """
 import argparse
 import errno
