@@ -513,26 +513,29 @@ class Bar:
 
 
 class TimeLeft:
-    """A comparison's time left, from the steps done so far in this process: the seconds per sampled
-    response so far times the responses still to sample (steps left x prompts_per_step x N of each
-    configuration; a step's cost grows with N). With --token-budget a run may end before --steps,
-    so the estimate is an upper bound ("at most")."""
+    """A comparison's time left, from the steps done so far in this process: a configuration that
+    has run steps, its seconds per step times its steps left; one that has not, the seconds per
+    sampled response so far times its responses (steps x prompts_per_step x N: a step's cost grows
+    with N). With --token-budget a run may end before --steps: the estimate is an upper bound."""
 
     def __init__(self, cfg, steps_left):
         self.left = dict(steps_left)  # (seed, estimator, N) -> steps still to run
         self.prompts, self.bound = cfg.prompts_per_step, cfg.token_budget is not None
-        self.seconds = self.responses = 0
+        self.seconds, self.steps = dict.fromkeys(self.left, 0.0), dict.fromkeys(self.left, 0)
 
     def done(self, key, seconds):
         self.left[key] -= 1
-        self.seconds, self.responses = self.seconds + seconds, self.responses + self.prompts * key[2]
+        self.seconds[key] += seconds
+        self.steps[key] += 1
 
     def finished(self, key):
         self.left[key] = 0
 
     def text(self):
-        todo = sum(steps * self.prompts * key[2] for key, steps in self.left.items())
-        return ("at most " if self.bound and todo else "") + duration(self.seconds / self.responses * todo) + " left"
+        per_response = sum(self.seconds.values()) / sum(self.prompts * k[2] * n for k, n in self.steps.items())
+        todo = sum(steps * (self.seconds[k] / self.steps[k] if self.steps[k] else per_response * self.prompts * k[2])
+                   for k, steps in self.left.items())
+        return ("at most " if self.bound and todo else "") + duration(todo) + " left"
 
 
 def duration(seconds):

@@ -569,6 +569,20 @@ def test_the_bar_shows_the_logged_step_and_ends_at_100_percent(out, monkeypatch,
     assert "[2/2] group_mean N=4" in text.err and " left" in text.err  # the comparison's time left
 
 
+def test_the_time_left_counts_each_configuration_at_its_own_pace():
+    """A configuration that has run steps: its seconds per step; one that has not: the seconds per
+    sampled response so far times its responses (16 prompts x N per step)."""
+    cfg = dataclasses.replace(train.Config(), prompts_per_step=16)
+    left = train_cli.TimeLeft(cfg, {(0, "otb", 4): 10, (0, "group_mean", 16): 10})
+    left.done((0, "otb", 4), 2.0)
+    left.done((0, "otb", 4), 2.0)  # 2 s per step, 4 s per 128 responses
+    assert left.text() == "96 s left"  # 8 x 2 s + 10 x (256 x 4 / 128) s
+    left.done((0, "group_mean", 16), 10.0)
+    assert left.text() == "2 min left"  # 8 x 2 + 9 x 10 = 106 s
+    left.finished((0, "group_mean", 16))  # its token budget ended it
+    assert left.text() == "16 s left"
+
+
 def test_a_resumed_comparison_prints_its_plan(out, monkeypatch, capsys):
     """Finished configurations are kept, a stopped one continues after its checkpoint and says
     which logged steps it runs again, one not started starts."""
