@@ -574,13 +574,13 @@ def test_the_time_left_counts_each_configuration_at_its_own_pace():
     sampled response so far times its responses (16 prompts x N per step)."""
     cfg = dataclasses.replace(train.Config(), prompts_per_step=16)
     left = train_cli.TimeLeft(cfg, {(0, "otb", 4): 10, (0, "group_mean", 16): 10})
-    left.done((0, "otb", 4), 2.0)
-    left.done((0, "otb", 4), 2.0)  # 2 s per step, 4 s per 128 responses
-    assert left.text() == "96 s left"  # 8 x 2 s + 10 x (256 x 4 / 128) s
+    left.done((0, "otb", 4), 1.0)
+    left.done((0, "otb", 4), 1.0)  # 1 s per step, 2 s per 128 responses
+    assert left.text() == "48 s left"  # 8 x 1 s + 10 x (256 x 2 / 128) s
     left.done((0, "group_mean", 16), 10.0)
-    assert left.text() == "2 min left"  # 8 x 2 + 9 x 10 = 106 s
+    assert left.text() == "2 min left"  # 8 x 1 + 9 x 10 = 98 s
     left.finished((0, "group_mean", 16))  # its token budget ended it
-    assert left.text() == "16 s left"
+    assert left.text() == "8 s left"
 
 
 def test_a_resumed_comparison_prints_its_plan(out, monkeypatch, capsys):
