@@ -234,7 +234,8 @@ def analyse_seeds(cfg, folder):
         p["verdict"] = verdict(p, names[0])
     (folder / "summary.md").write_text(seeds_table(cfg, names[0], rows, pairs, len(seeds)))
     (folder / "summary.json").write_text(json.dumps(dict(
-        config=train_cli.applied(cfg), **train_cli.versions(), budget=B, seeds=seeds, per_run=per_run, configs=rows, paired=pairs), indent=1))
+        config=train_cli.applied(cfg), **train_cli.versions(), budget=B, seeds=seeds, per_run=per_run,
+        configs=rows, paired=pairs), indent=1))
     plot_seeds(histories, B, folder / "compare.png", f"{title(cfg)}, {len(seeds)} seeds")
     return rows
 

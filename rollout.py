@@ -33,12 +33,6 @@ import otb
 # Padding helpers
 # =====================================================================================
 
-def cache_name(model):
-    """What the model's forward calls its KV cache: ``cache`` in recent transformers (which warn
-    that ``past_key_values`` goes away), ``past_key_values`` in earlier 5.x."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 def left_pad(seqs, pad_id):
     """List of token-id lists -> (ids, mask), both (B, P), padding on the left."""
     width = max(len(s) for s in seqs)
@@ -154,6 +148,12 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
                    group_index=group_index,
                    logp=torch.stack(logps, 1),  # (B, T)
                    finished=done)
+
+
+def cache_name(model):
+    """What the model's forward calls its KV cache: ``cache`` in recent transformers (which warn
+    that ``past_key_values`` goes away), ``past_key_values`` in earlier 5.x."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def action_mask(tool, response):
