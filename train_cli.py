@@ -45,13 +45,16 @@ import plumbing
 import tasks
 
 DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
-GROUP_BASELINES = ("group_mean", "grpo", "rloo", "otb", "otb_loo", "otb_zero_tail")  # need N >= 2
+GROUP_BASELINES = ("group_mean", "grpo", "rloo", "otb", "otb_loo", "otb_zero_tail", "otb_tir",
+                   "otb_tir_zero_tail")  # need N >= 2
 RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device")  # options a resume may change
-RUN_ONLY = ("estimator", "group_size", "zero_tail")  # a comparison takes these from --compare
-COMPARISON_ONLY = ("compare", "seeds", "results_dir", "keep_weights")  # a single run (--estimator) has none
+RUN_ONLY = ("estimator", "group_size")  # a comparison takes these from --compare
+COMPARISON_ONLY = ("compare", "seeds", "results_dir", "keep_weights", "lr_pilot", "lr_pilot_run", "lr_pilot_seed",
+                   "lr_pilot_budget")  # a single run (--estimator) has none of these
 AT_LEAST_1 = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "tiny_layers", "log_every",
-              "horizon", "max_new_tokens", "minibatch_size", "chunk_size", "lr_warmup_window", "token_budget")
-POSITIVE = ("lr", "temperature", "clip_eps", "max_grad_norm")
+              "horizon", "max_new_tokens", "minibatch_size", "micro_batch_rows", "chunk_size", "lr_warmup_window",
+              "token_budget", "lr_pilot_budget")
+POSITIVE = ("lr", "temperature", "clip_eps", "max_grad_norm", "memory_limit")
 NOT_NEGATIVE = ("weight_decay", "warmup_max_steps", "checkpoint_minutes")
 
 # What each column of train.py's log line means (printed before every run and under --help).
@@ -141,7 +144,7 @@ def parse_config(argv, config, presets, epilog=None):
     if rest:
         raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
     if cfg.estimator:  # a single run: the preset's comparison settings (--compare, --seeds) do not apply
-        preset_only = [k for k in ("compare", "seeds") if getattr(cfg, k) == presets[preset].get(k)]
+        preset_only = [k for k in ("compare", "seeds", "lr_pilot") if getattr(cfg, k) == presets[preset].get(k)]
         cfg = replace(cfg, **dict.fromkeys(preset_only))
     return cfg
 
@@ -168,12 +171,13 @@ def check_mode(cfg, given):
         n = cfg.group_size
         raise UsageError(f"--group-size applies to a single run (--estimator); a comparison takes each group "
                          f"size from --compare, e.g. --compare otb:{n},group_mean:{n}")
-    if not cfg.estimator and cfg.zero_tail:
-        raise UsageError("--zero-tail applies to a single run (--estimator otb); in a comparison name the "
-                         "estimator, e.g. --compare otb_zero_tail:4,otb:4")
     if cfg.estimator and "results_dir" in given:
         raise UsageError("--results-dir applies to a comparison only (without --estimator); a single run's "
                          "metrics are in its own folder")
+    pilot = sorted({"lr_pilot_run", "lr_pilot_seed", "lr_pilot_budget"} & given)
+    if pilot and (cfg.estimator or not cfg.lr_pilot):
+        raise UsageError(f"{flag(pilot[0])} applies to a comparison's learning-rate pilot only: give it with "
+                         "--lr-pilot RATES and without --estimator")
     if cfg.estimator and cfg.keep_weights:
         raise UsageError("--keep-weights applies to a comparison only (without --estimator); a single run "
                          "always keeps its checkpoint.pt")
@@ -181,7 +185,7 @@ def check_mode(cfg, given):
 
 def applied(cfg):
     """The settings a run or a comparison uses (config.json, summary.json): a comparison has no
-    estimator, group size or zero tail of its own (--compare gives them), a run no comparison options."""
+    estimator or group size of its own (--compare gives them), a run no comparison options."""
     return {k: v for k, v in asdict(cfg).items() if k not in (COMPARISON_ONLY if cfg.estimator else RUN_ONLY)}
 
 
@@ -291,9 +295,11 @@ def check(cfg):
                          else "needs --token-budget (the budget B its endpoints are measured at)"))
     if cfg.seeds:
         seed_list(cfg)
-    if cfg.zero_tail and cfg.estimator and cfg.estimator != "otb":
-        raise UsageError("--zero-tail applies to the estimator otb only (otb_loo is leave-one-out: no "
-                         "row is alone in its own baseline)")
+    if cfg.lr_pilot:
+        check_lr_pilot(cfg)
+    if cfg.zero_tail and not {"otb", "otb_tir"} & {est for est, _ in runs_of(cfg)}:
+        raise UsageError("--zero-tail applies to the estimators otb and otb_tir only (otb_loo is "
+                         "leave-one-out: no row is alone in its own baseline)")
     try:
         lr_schedule.check_args(**schedule_kwargs(cfg))
     except ValueError as e:  # e.g. "floor=2.0 is invalid: ..." -> --lr-floor
@@ -312,6 +318,23 @@ def check(cfg):
     if cfg.name and (Path(cfg.out) / cfg.name).exists():
         raise UsageError(f"--name: {Path(cfg.out) / cfg.name} already exists; choose another name or "
                          "--resume it")
+
+
+def check_lr_pilot(cfg):
+    """--lr-pilot and its settings: a comparison's, a valid run, a budget, a seed the comparison does not use."""
+    import compare
+    compare.pilot_rates(cfg)  # the rates themselves
+    if cfg.estimator:
+        raise UsageError(f"--lr-pilot {cfg.lr_pilot}: precedes a comparison, not one --estimator run")
+    est, _, n = cfg.lr_pilot_run.partition(":")
+    if est not in otb.ESTIMATORS or not n.isdigit() or int(n) < (2 if est in GROUP_BASELINES else 1):
+        raise UsageError(f"--lr-pilot-run {cfg.lr_pilot_run!r}: expected estimator:group_size (a group baseline "
+                         f"with group size >= 2), estimator in {sorted(otb.ESTIMATORS)}")
+    if not (cfg.lr_pilot_budget or cfg.token_budget):
+        raise UsageError("--lr-pilot needs --lr-pilot-budget or --token-budget (the pilot's default is a quarter of it)")
+    if cfg.seeds and cfg.lr_pilot_seed in seed_list(cfg):
+        raise UsageError(f"--lr-pilot-seed {cfg.lr_pilot_seed} is one of --seeds {cfg.seeds}: the rate would be "
+                         "chosen on a seed the comparison then reports")
 
 
 def check_folder(name, path):

@@ -44,14 +44,15 @@ def main(argv=None):
                    help="folder for success.json (not written without it)")
     a = p.parse_args(argv)
     task = tasks.CountTask(horizon=a.horizon)
-    model, tok, _ = models.load_model("smollm2", task, "cpu", max_new=task.max_new_tokens(), cache_dir=None)
+    model, tok, source = models.load_model("smollm2", task, "cpu", max_new=task.max_new_tokens(), cache_dir=None)
     t0, wins, lengths = time.time(), [], []
     for b in tqdm(range(0, a.prompts, a.batch), desc=f"count horizon {a.horizon}, tau {a.temperature}"):
         n = min(a.batch, a.prompts - b)
         prompts, answers = tasks.prompt_batch(task, tok, a.seed, b, n)
         ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=task.max_new_tokens(),
                             temperature=a.temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                            generator=torch.Generator().manual_seed(a.seed + b))
+                            generator=torch.Generator().manual_seed(a.seed + b),
+                            stop=tasks.stop_rule(task, tok, answers, 1))  # as train.py samples
         R, _, _ = tasks.rewards(task, tok, ro, answers, 1)
         wins += R.tolist()
         lengths += ro.response_mask.sum(-1).tolist()
@@ -59,7 +60,8 @@ def main(argv=None):
     lo, hi = wilson(k, n)
     correct = [len(tok(task.target_text(ans), add_special_tokens=False)["input_ids"]) + 1
                for _, ans in task.sample(random.Random(0), 200)]
-    result = dict(command=command("smollm2_task_success.py", argv), horizon=a.horizon,
+    result = dict(command=command("smollm2_task_success.py", argv), model_weights=source["weights"],
+                  stop_rule="graded_end (a row ends once its reward is decided)", horizon=a.horizon,
                   temperature=a.temperature, prompts=n, successes=k, success=k / n,
                   wilson_95=[lo, hi], mean_response_tokens=sum(lengths) / n,
                   correct_response_tokens=[min(correct), max(correct)], max_new_tokens=task.max_new_tokens(),

@@ -86,10 +86,11 @@ def test_two_preset_steps_on_the_cpu(tmp_path):
     assert (config["model"], config["task"], config["lr"]) == ("smollm2", "arithmetic", 1e-5)
 
 
-# --preset gpu's comparison shrunk to a CPU smoke check (docs/training.md): 2 seeds x 2 configurations,
-# 1 prompt per step, 8 new tokens, a budget of 32 tokens (1 or 2 steps)
+# --preset gpu's comparison shrunk to a CPU smoke check (docs/training.md): the preflight, the pilot at one
+# rate, then 2 seeds x 2 configurations, 1 prompt per step, 8 new tokens, a budget of 32 tokens (a few steps)
 SMOKE_COMPARE = ["--preset", "gpu", "--device", "cpu", "--prompts-per-step", "1", "--max-new-tokens", "8",
-                 "--compare", "otb:2,group_mean:4", "--seeds", "0,1", "--token-budget", "32", "--steps", "3"]
+                 "--compare", "otb:2,group_mean:4", "--seeds", "0,1", "--token-budget", "32", "--steps", "10",
+                 "--lr-pilot", "1e-5"]
 
 
 @needs_smollm2
@@ -133,7 +134,7 @@ def test_preset_gpu_comparison_smoke_two_seeds_two_configurations(tmp_path):
             rows = [json.loads(line) for line in path.read_text().splitlines()]
             tokens = [r["tokens"] for r in rows]
             assert tokens[-1] >= 32 and all(t < 32 for t in tokens[:-1])  # ended at the step that reached B
-            assert len(rows) < 3  # by the budget, not by --steps
+            assert len(rows) < 10  # by the budget, not by --steps
             assert not (path.parent / "checkpoint.pt").exists()  # no final weights without --keep-weights
     out = json.loads((folder / "summary.json").read_text())
     assert out["budget"] == 32 and out["seeds"] == [0, 1]
@@ -143,3 +144,5 @@ def test_preset_gpu_comparison_smoke_two_seeds_two_configurations(tmp_path):
     assert "otb:2 minus comparator" in (folder / "summary.md").read_text()
     config = json.loads((folder / "config.json").read_text())["config"]
     assert (config["task"], config["temperature"], config["seeds"]) == ("count", 0.7, "0,1")
+    assert json.loads((folder / "preflight.json").read_text())["largest"] == "group_mean:4"  # run first
+    assert json.loads((folder / "pilot.json").read_text())["chosen"] == 1e-5

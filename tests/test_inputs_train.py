@@ -35,12 +35,30 @@ BAD = [
     (["--estimator", "otb", "--compare", "otb:8"], "--compare"),
     (["--estimator", "otb_loo", "--zero-tail"], "--zero-tail"),
     (["--compare", "group_mean:4,otb_loo:4", "--zero-tail"], "--zero-tail"),
-    (["--compare", "otb:4,grpo:4", "--zero-tail"], "--zero-tail"),  # a comparison names otb_zero_tail
     (["--group-size", "8"], "--group-size"),  # a comparison takes its group sizes from --compare
     (["--compare", "otb:4", "--group-size=8"], "--group-size"),
     (["--estimator", "otb", "--results-dir", "res"], "--results-dir"),  # a run copies nothing
     (["--estimator", "otb", "--keep-weights"], "--keep-weights"),  # a run keeps its checkpoint anyway
+    (["--estimator", "otb", "--lr-pilot-seed", "7"], "--lr-pilot-seed"),  # no pilot before one run
+    (["--compare", "otb:4", "--lr-pilot-run", "otb:4"], "--lr-pilot-run"),  # no --lr-pilot: no pilot
     (["--estimator", "otb_zero_tail", "--zero-tail"], "--zero-tail"),  # zero tail already
+    (["--estimator", "otb_tir_zero_tail", "--zero-tail"], "--zero-tail"),
+    (["--estimator", "otb_tir", "--group-size", "1"], "--group-size"),  # a group baseline
+    (["--compare", "otb_tir_zero_tail:1"], "--compare"),
+    (["--estimator", "otb", "--micro-batch-rows", "0"], "--micro-batch-rows"),
+    (["--estimator", "otb", "--memory-limit", "0"], "--memory-limit"),
+    (["--compare", "otb:2,group_mean:2", "--token-budget", "50", "--lr-pilot", "1e-3,x"], "--lr-pilot"),
+    (["--compare", "otb:2,group_mean:2", "--token-budget", "50", "--lr-pilot", "1e-3,1e-3"], "--lr-pilot"),
+    (["--compare", "otb:2,group_mean:2", "--token-budget", "50", "--lr-pilot", "-1e-3"], "--lr-pilot"),
+    (["--compare", "otb:2,group_mean:2", "--lr-pilot", "1e-3"], "--lr-pilot"),  # no budget
+    (["--compare", "otb:2,group_mean:2", "--token-budget", "50", "--lr-pilot", "1e-3", "--lr-pilot-run", "otb:1"],
+     "--lr-pilot-run"),
+    (["--compare", "otb:2,group_mean:2", "--token-budget", "50", "--lr-pilot", "1e-3", "--lr-pilot-run", "nope:4"],
+     "--lr-pilot-run"),
+    (["--compare", "otb:2,group_mean:2", "--token-budget", "50", "--seeds", "0,100", "--lr-pilot", "1e-3"],
+     "--lr-pilot-seed"),
+    (["--estimator", "otb", "--lr-pilot", "1e-3", "--token-budget", "50"], "--lr-pilot"),
+    (["--estimator", "otb", "--lr-pilot-budget", "0"], "--lr-pilot-budget"),
     (["--estimator", "otb", "--horizon", "0"], "--horizon"),
     (["--estimator", "otb", "--task", "periodic", "--horizon", "600"], "--horizon"),
     (["--resume", "/no/such/run"], "--resume"),
@@ -126,7 +144,6 @@ def test_an_unreachable_hub_id_fails_fast_with_one_line(tmp_path, capsys, monkey
 
 def test_an_option_of_the_other_mode_names_the_form_that_applies(tmp_path, capsys):
     for argv, form in ((["--group-size", "8"], "--compare otb:8,group_mean:8"),
-                       (["--zero-tail"], "--compare otb_zero_tail:4,otb:4"),
                        (["--estimator", "otb", "--results-dir", "res"], "without --estimator")):
         with pytest.raises(SystemExit) as e:
             train.main(argv + ["--out", str(tmp_path)])
