@@ -23,7 +23,7 @@ length limit; ``train.py --task NAME --horizon H``):
 import random
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -65,6 +65,7 @@ class Tool:
     close_id: int
     respond: Callable[[list], list]
     max_calls: int
+    is_error: Optional[Callable[[list], bool]] = None  # is this output (a list of ids) an error reply?
 
 
 def tool_for(task, tokenizer):
@@ -179,7 +180,7 @@ class CalculatorTask(Task):
         """The correct response to ``numbers``, tool output included (EOS excluded)."""
         text, total = "", numbers[0]
         for x in numbers[1:]:
-            text += f"{total}+{x}={total + x},"
+            text += f"{total}+{x}=" + self.calculator(f"{total}+{x}=")
             total += x
         return text + str(total)
 
@@ -198,19 +199,66 @@ class CalculatorTask(Task):
         output counts towards it."""
         return len(self.transcript([10 ** self.digits - 1] * self.horizon)) + 1 + 8
 
-    @staticmethod
-    def calculator(call):
-        """The tool: ``"46+56="`` -> ``"102,"``; anything else -> ``"error,"``."""
+    error = "error,"  # the tool's reply to a malformed call
+
+    def calculator(self, call):
+        """The tool: ``"46+56="`` -> ``"102,"``; anything else -> ``self.error``."""
         match = re.fullmatch(r"(\d+)\+(\d+)=", call)
-        return f"{int(match[1]) + int(match[2])}," if match else "error,"
+        return self.reply(int(match[1]) + int(match[2])) if match else self.error
+
+    def reply(self, total):
+        """The tool's reply to a well-formed call whose sum is ``total``."""
+        return f"{total},"
 
     def tool(self, tokenizer):
         """The calculator bound to ``tokenizer``: the call is the row's text after the last comma."""
         def respond(ids):
             call = tokenizer.decode(ids, skip_special_tokens=True).rsplit(",", 1)[-1]
             return tokenizer(self.calculator(call), add_special_tokens=False)["input_ids"]
+        error = tokenizer(self.error, add_special_tokens=False)["input_ids"]
         return Tool(close_id=tokenizer.convert_tokens_to_ids("="), respond=respond,
-                    max_calls=2 * self.horizon)
+                    max_calls=2 * self.horizon, is_error=lambda output: list(output) == error)
+
+
+def prime_factors(n):
+    """The prime factors of n >= 2 in increasing order, with repeats: 102 -> [2, 3, 17]."""
+    factors, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    return factors + ([n] if n > 1 else [])
+
+
+@dataclass
+class FactorsTask(CalculatorTask):
+    """The calculator task with a tool whose replies vary in length: the sum and its prime factors.
+
+    Where the calculator's replies are 3-4 tokens in every row, this tool replies with a list, so two
+    calls whose sums differ by 1 can get replies of very different lengths (k = 3)::
+
+        prompt    <bos>12+34+56?
+        response  12+34=[46:2*23,]46+56=[102:2*3*17,]102<eos>
+                                                           (101 would get [101:101,], 96 [96:2*2*2*2*2*3,])
+
+    and a malformed call gets a long error message. The policy needs only the sum, the first item of
+    the list. Everything else is the calculator task's: the calls, the reward (the text after the
+    last comma is the sum), the warm-up. Rows of a group whose calls differ have holes of different
+    lengths before their next actions: the case where aligning by action (``otb_tir``) and by
+    position (``otb``) pool different tokens (docs/tool_use.md).
+    """
+    error = "error: a call is two numbers joined by a plus,"
+
+    def reply(self, total):
+        return f"{total}:" + "*".join(map(str, prime_factors(total))) + "," if total > 1 else f"{total},"
+
+    def max_new_tokens(self):
+        """The longest correct transcript, EOS, and 8 tokens of slack, where the reply of each call
+        may be the longest this tool gives for any sum up to k (10^d - 1)."""
+        longest = max(len(self.reply(n)) for n in range(self.horizon * (10 ** self.digits - 1) + 1))
+        calls = self.horizon - 1
+        return len(self.transcript([10 ** self.digits - 1] * self.horizon)) + calls * longest + 1 + 8
 
 
 @dataclass
@@ -252,7 +300,7 @@ class CountTask(Task):
 
 
 TASKS = {"reverse": ReverseTask, "periodic": PeriodicTask, "arithmetic": ArithmeticTask,
-         "calculator": CalculatorTask, "count": CountTask}
+         "calculator": CalculatorTask, "factors": FactorsTask, "count": CountTask}
 
 
 def step_seed(seed, step):
