@@ -58,9 +58,11 @@ class Tool:
     When a row *samples* ``close_id`` (the token that ends a call) and has made fewer than
     ``max_calls`` calls, ``respond(ids)`` gets the row's response tokens so far (a list, the
     closing token last) and returns the tokens of the tool's output, which the sampler then
-    forces into that row over the next positions. A closing token beyond ``max_calls`` is an
-    ordinary token. The total length stays capped by ``max_new_tokens``: a row still receiving
-    output when the cap comes is cut there.
+    forces into that row over the next positions; or None: no call there, the closing token is an
+    ordinary one. So ``close_id`` may be the EOS token (a chat's turn end): a turn that holds a
+    call goes on with the tool's turn, any other turn end ends the row. A closing token beyond
+    ``max_calls`` is an ordinary token. The total length stays capped by ``max_new_tokens``: a row
+    still receiving output when the cap comes is cut there (``Rollout.tool_cut``).
     """
     close_id: int
     respond: Callable[[list], list]

@@ -283,7 +283,16 @@ def step_metrics(step, s, tokens, lr):
                 entropy=masked_mean(s.entropy, m), **diagnostics.noise_diagnostics(power, mean_g_sq),
                 mismatch_mean_abs=masked_mean(delta.abs(), m), mismatch_max_abs=delta.abs().max().item(),
                 mismatch_k3=masked_mean(torch.expm1(delta) - delta, m),  # KL(rollout || train)
-                **dict(zip(TIME_KEYS, s.seconds)))
+                **dict(zip(TIME_KEYS, s.seconds)), **tool_metrics(s.ro))
+
+
+def tool_metrics(ro):
+    """With a tool, per response on average: calls answered, error replies, tool tokens forced in (not
+    counted in ``tokens``), and the fraction of responses whose reply the length limit cut. {} without."""
+    if ro.tool_calls is None:
+        return {}
+    return dict(tool_calls=ro.tool_calls.float().mean().item(), tool_errors=ro.tool_errors.float().mean().item(),
+                tool_tokens=ro.tool_tokens.float().mean().item(), tool_cut=ro.tool_cut.float().mean().item())
 
 
 def log(run_dir, cfg, bar, r):
@@ -297,7 +306,8 @@ def log(run_dir, cfg, bar, r):
                    f"| len {r['response_len']:5.1f} | tokens {r['tokens']:7d} | gnorm {r['grad_norm']:6.3f} "
                    f"| adv {r['adv_mean']:+.3f}±{r['adv_std']:.3f} | H {r['entropy']:.3f} "
                    f"| power {r['total_power']:.3g} | mism {r['mismatch_mean_abs']:.1e} | lr {r['lr']:.1e} "
-                   f"| s {r['t_rollout']:.2f}/{r['t_score']:.2f}/{r['t_update']:.2f}/{r['t_log']:.2f}")
+                   f"| s {r['t_rollout']:.2f}/{r['t_score']:.2f}/{r['t_update']:.2f}/{r['t_log']:.2f}"
+                   + (f" | tool {r['tool_calls']:.2f}/{r['tool_errors']:.2f}/{r['tool_cut']:.2f}" if "tool_calls" in r else ""))
 
 
 # ===== The training loop (checkpoints, Ctrl-C and --resume are in train_cli.py) =============================
