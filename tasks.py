@@ -301,8 +301,86 @@ class CountTask(Task):
         return len(", ".join(map(str, range(a, a + self.horizon)))) + 1 + 48
 
 
+@dataclass
+class ChatCalculatorTask(ArithmeticTask):
+    """Add two numbers of ``horizon`` digits with a calculator called through the chat template.
+
+    The multi-turn task for a pretrained chat model (SmolLM2-135M-Instruct). The user message says how
+    to call the tool, and one worked exchange before it shows the round trip. A correct response,
+    the tool's turn (forced in, mask 0) in brackets::
+
+        calc: 487 + 356<|im_end|>[\n<|im_start|>tool\n843<|im_end|>\n<|im_start|>assistant\n]843<|im_end|>
+
+    The turn end ``<|im_end|>`` (the EOS token) closes a call when the assistant's turn holds
+    ``calc:``: the tool's turn follows and the next assistant turn goes on in the same rollout. Any
+    other turn end ends the response. A call that is not ``calc: a + b`` gets an error reply. The
+    reward is 1 if the last integer of the last assistant turn is the sum (the tool's turn is not
+    the model's answer).
+    """
+    horizon: int = 3
+    max_calls: int = 2  # calls per response
+    error = "error: write calc: a + b"
+    DEMO = (487, 356)  # the worked exchange's numbers
+
+    def question(self, a, b):
+        return (f"What is {a} + {b}? You have a calculator: to use it, reply with only calc: {a} + {b}. "
+                "When its result comes back, reply with the number only.")
+
+    def draw(self, rng):
+        lo, hi = 10 ** (self.horizon - 1), 10 ** self.horizon - 1
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        return self.question(a, b), str(a + b)
+
+    def conversation(self, question, calls=()):
+        """The chat up to the assistant's answer: the worked exchange, the question, and the
+        (call, reply) turns of ``calls``."""
+        a, b = self.DEMO
+        demo = [{"role": "user", "content": self.question(a, b)},
+                {"role": "assistant", "content": f"calc: {a} + {b}"}, {"role": "tool", "content": str(a + b)},
+                {"role": "assistant", "content": str(a + b)}]
+        turns = [m for call, reply in calls for m in ({"role": "assistant", "content": call},
+                                                      {"role": "tool", "content": reply})]
+        return demo + [{"role": "user", "content": question}] + turns
+
+    def prompt_text(self, tokenizer, question):
+        return tokenizer.apply_chat_template(self.conversation(question), add_generation_prompt=True,
+                                             tokenize=False)
+
+    def calculator(self, turn):
+        """The tool: ``"calc: 487 + 356"`` -> ``"843"``; a turn with ``calc:`` in another form -> the error."""
+        match = re.fullmatch(r"\s*calc:\s*(\d+)\s*\+\s*(\d+)\s*", turn)
+        return str(int(match[1]) + int(match[2])) if match else self.error
+
+    def tool_turn(self, reply):
+        """The text the sampler forces after the assistant's turn end: the tool's turn, then the next
+        assistant turn opened (the chat template's layout, ``<|im_start|>role\n ... <|im_end|>\n``)."""
+        return f"\n<|im_start|>tool\n{reply}<|im_end|>\n<|im_start|>assistant\n"
+
+    def tool(self, tokenizer):
+        """The calculator behind the turn end: the turn is the text since the last assistant turn opened."""
+        opener = "<|im_start|>assistant\n"
+
+        def respond(ids):
+            turn = tokenizer.decode(ids).rsplit(opener, 1)[-1].removesuffix(tokenizer.eos_token)
+            if "calc:" not in turn:
+                return None  # an answer, not a call: the turn end ends the response
+            return tokenizer(self.tool_turn(self.calculator(turn)), add_special_tokens=False)["input_ids"]
+        error = tokenizer(self.tool_turn(self.error), add_special_tokens=False)["input_ids"]
+        return Tool(close_id=tokenizer.eos_token_id, respond=respond, max_calls=self.max_calls,
+                    is_error=lambda output: list(output) == error)
+
+    def reward(self, text, answer, finished):
+        """The last integer of the last assistant turn (``text`` is decoded without special tokens, so
+        the turns are joined by ``\ntool\n`` and ``\nassistant\n``)."""
+        return ArithmeticTask.reward(self, text.rsplit("\nassistant\n", 1)[-1], answer, finished)
+
+    def max_new_tokens(self):
+        return 64
+
+
 TASKS = {"reverse": ReverseTask, "periodic": PeriodicTask, "arithmetic": ArithmeticTask,
-         "calculator": CalculatorTask, "factors": FactorsTask, "count": CountTask}
+         "calculator": CalculatorTask, "factors": FactorsTask, "count": CountTask,
+         "chat_calculator": ChatCalculatorTask}
 
 
 def step_seed(seed, step):

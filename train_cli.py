@@ -242,7 +242,7 @@ def check(cfg):
     if cfg.model == "tiny" and tasks.response_limit(cfg, tasks.make_task(cfg)) > 480:
         raise UsageError(f"--horizon {cfg.horizon}: responses of up to {tasks.response_limit(cfg, tasks.make_task(cfg))} "
                          "tokens do not fit the tiny model's 512 positions (prompt included)")
-    if cfg.model == "tiny" and cfg.task in ("arithmetic", "count"):
+    if cfg.model == "tiny" and cfg.task in ("arithmetic", "count", "chat_calculator"):
         raise UsageError(f"--task {cfg.task} needs a pretrained chat model (--model smollm2 or a folder); "
                          "the tiny character model learns --task reverse, periodic or calculator")
     looks_like_path = cfg.model.startswith((".", "/", "~")) or os.sep + os.sep in cfg.model
