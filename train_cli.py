@@ -275,8 +275,8 @@ def load(cfg, device):
     task = tasks.make_task(cfg)
     tiny = dict(hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, seed=cfg.seed, temperature=cfg.temperature,
                 warmup_max_steps=cfg.warmup_max_steps, warmup_target=cfg.warmup_target)
-    if cfg.preset == "gpu" and device.type != "cuda":
-        print(f"note: --preset gpu is sized for one CUDA GPU; on {device} a step takes minutes, not "
+    if cfg.preset in ("gpu", "gpu_tool") and device.type != "cuda":
+        print(f"note: --preset {cfg.preset} is sized for one CUDA GPU; on {device} a step takes minutes, not "
               "seconds (docs/training.md gives a smoke check that runs in minutes)",
               file=sys.stderr, flush=True)
     try:

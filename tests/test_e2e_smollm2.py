@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import models
+import rollout
 import tasks
 import train
 
@@ -142,3 +143,82 @@ def test_preset_gpu_comparison_smoke_two_seeds_two_configurations(tmp_path):
     assert "otb:2 minus comparator" in (folder / "summary.md").read_text()
     config = json.loads((folder / "config.json").read_text())["config"]
     assert (config["task"], config["temperature"], config["seeds"]) == ("count", 0.7, "0,1")
+
+
+# ----------------------------------------------------------------------------- a tool through the chat template
+
+@needs_smollm2
+def test_chat_calculator_round_trip_on_known_strings(smollm2):
+    """The call, the tool's turn and the answer, as the sampler lays them out, are the chat template's
+    rendering of the conversation token for token; the mask is 0 exactly on the tool's turn; an answer
+    turn is no call (the turn end ends the row); a malformed call gets the error reply; the tool's
+    number is not the model's answer."""
+    tok, task = smollm2[1], tasks.ChatCalculatorTask()
+    question, answer = task.question(964, 494), "1458"
+    call = "calc: 964 + 494"
+    prompt = task.prompt_text(tok, question)
+    conversation = task.conversation(question, [(call, answer)]) + [{"role": "assistant", "content": answer}]
+    whole = tok.apply_chat_template(conversation, tokenize=False)
+    tool = task.tool(tok)
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    response = ids(call) + [tok.eos_token_id]
+    reply = tool.respond(response)
+    response += reply + ids(answer) + [tok.eos_token_id]
+    assert ids(prompt) + response == ids(whole)[:-1]  # the template ends with a newline after <|im_end|>
+    assert tok.decode(reply) == "\n<|im_start|>tool\n1458<|im_end|>\n<|im_start|>assistant\n"
+    mask = rollout.action_mask(tool, response)
+    assert tok.decode([y for y, m in zip(response, mask) if not m]) == tok.decode(reply)  # 0 on the tool's turn
+    assert tok.decode([y for y, m in zip(response, mask) if m]) == f"{call}<|im_end|>{answer}<|im_end|>"
+    assert tool.respond(ids("1458") + [tok.eos_token_id]) is None  # an answer: the row ends there
+    assert tool.respond(response) is None  # the second turn end, after the tool's turn, is the answer's
+    wrong = tool.respond(ids("calc: 964 plus 494") + [tok.eos_token_id])
+    assert tool.is_error(wrong) and not tool.is_error(reply) and "error" in tok.decode(wrong)
+    text = tok.decode(response, skip_special_tokens=True)
+    assert text == f"{call}\ntool\n{answer}\nassistant\n{answer}" and task.reward(text, answer, True) == 1.0
+    unanswered = tok.decode(response[:len(response) - len(ids(answer)) - 1], skip_special_tokens=True)
+    assert task.reward(unanswered, answer, False) == 0.0  # the tool's 1458 is not the answer
+    assert task.reward(answer, answer, True) == 1.0  # no call, the right sum: a success
+    (q, a), = task.sample(random.Random(0), 1)
+    x, y = (int(v) for v in q.removeprefix("What is ").split("?")[0].split(" + "))
+    assert a == str(x + y) and 100 <= x <= 999 and 100 <= y <= 999
+
+
+@needs_smollm2
+def test_chat_calculator_trains_two_steps(smollm2, tmp_path, monkeypatch):
+    """Two otb_tir steps of SmolLM2 on --task chat_calculator (2 prompts x N = 4, the module's loaded
+    model, copied): every row's mask is the tool replayed over it, each hole is a whole tool turn,
+    the sampler's call counts are the holes', metrics.jsonl has the tool metrics, and the update is
+    finite."""
+    import copy
+    import re
+    import train_cli
+    model, tok, source, _ = smollm2
+    monkeypatch.setattr(train_cli, "load", lambda cfg, device: (copy.deepcopy(model), tok, source))
+    rollouts, real_sample = [], rollout.sample
+
+    def sample(*a, **k):  # the real sampler, its rollouts kept
+        rollouts.append(real_sample(*a, **k))
+        return rollouts[-1]
+    monkeypatch.setattr(rollout, "sample", sample)
+    train.main(["--model", "smollm2", "--device", "cpu", "--task", "chat_calculator", "--estimator", "otb_tir",
+                "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "40", "--temperature", "0.7",
+                "--lr", "1e-5", "--steps", "2", "--out", str(tmp_path), "--name", "tool"])
+    tool = tasks.ChatCalculatorTask().tool(tok)
+    calls = 0
+    for ro in rollouts:
+        m = ro.response_mask
+        for i in range(len(m)):
+            n = int(tasks.last_valid(m[i:i + 1])) + 1
+            row = ro.response[i, :n].tolist()
+            assert m[i, :n].tolist() == rollout.action_mask(tool, row)
+            text = "".join("|" if a else tok.decode([y]) for y, a in zip(row, m[i, :n].tolist()))
+            holes = re.findall(r"[^|]+", text)
+            assert all(re.fullmatch(r"\n<\|im_start\|>tool\n(\d+|error: write calc: a \+ b)<\|im_end\|>\n"
+                                    r"<\|im_start\|>assistant\n", h) for h in holes), holes
+            assert ro.tool_calls[i] == len(holes) + ro.tool_cut[i]
+            calls += int(ro.tool_calls[i])
+    assert calls > 0, "SmolLM2 must call the tool in some of the 16 rows"
+    rows = metrics(tmp_path / "tool")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r[k]) for r in rows for k in ("grad_norm", "loss", "tool_calls", "tool_errors"))
+    assert [r["tool_calls"] for r in rows] == [ro.tool_calls.float().mean().item() for ro in rollouts]
