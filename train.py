@@ -8,7 +8,8 @@
 
 One training step (everything except the marked line is identical for every estimator):
 
-    rollout   N responses to each of P prompts, y ~ pi_tau, log-probs of the sampler kept
+    rollout   P prompts (tasks.py), N responses to each, y ~ pi_tau, log-probs of the sampler kept,
+              their 0/1 rewards (tasks.py)
     score     the training forward pass: log pi(y_t), sum_k pi_k^2, entropy
     estimate  A_t = otb.ESTIMATORS[estimator](...)                       <- the only difference
     update    L = -(1 / sum m) sum_{i,t} m_t min(rho_t A_t, clip(rho_t, 1 -+ eps) A_t),
@@ -49,9 +50,9 @@ from typing import Literal, Optional
 import torch
 from tqdm.auto import tqdm
 
+import compare  # a comparison's runs, table and plot (and --seeds: paired seeds at a token budget)
 import diagnostics
 import lr_schedule
-import compare  # a comparison's runs, table and plot (and --seeds: paired seeds at a token budget)
 import otb
 import rollout
 import tasks

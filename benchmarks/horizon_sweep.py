@@ -46,9 +46,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
-import tasks  # noqa: E402
 import scale_free  # noqa: E402
 import stats  # noqa: E402
+import tasks  # noqa: E402
 import train  # noqa: E402
 import train_cli  # noqa: E402
 from benchmarks.common import (draw_pool, group_gradients, group_ids_of,  # noqa: E402

@@ -11,9 +11,9 @@ import torch
 
 import otb
 import rollout
-import tasks
 import scale_free
 import stats
+import tasks
 from benchmarks import common
 from benchmarks import grad_variance as gv
 

@@ -1,13 +1,16 @@
-"""The classroom exercises: solutions pass their checks, blanks fail them helpfully, checks diagnose.
+"""The classroom exercises: grading never touches a notebook, and every check names the slip it sees.
 
-Three kinds of test:
-1. the stored notebooks are exactly what ``notebooks/exercises/build.py`` makes from the solutions
-   (so a blank and its solution cannot drift) and carry no outputs;
-2. every solution notebook runs and every check cell prints CORRECT; every blank notebook runs top to
-   bottom without an exception and its first check prints NOT YET CORRECT with a problem and a hint;
-3. the check functions recognise the usual mistakes (overflow, bf16, missing clamp, padding, interleaved
-   or singleton groups, a dropped eps, a biased variance) and say so, and accept the project's own code.
+Four kinds of test:
+1. build.py: the committed blanks are what it makes from the committed solutions, the blanks hide
+   every answer, and it refuses to overwrite a blank someone filled in (a backup when forced);
+2. running the notebooks that build.py makes (never the ones in a student's folder): every solution
+   check prints CORRECT, every blank runs top to bottom and fails its checks with a hint, and
+   grade.py grades a filled-in notebook without changing a byte of it;
+3. every notebook, copied out of the project, stops at its first cell with a one-line message;
+4. the checks: each usual slip gets the hint that names it, no listed wrong answer passes (calling
+   the reference included), and the values a check prints are the same on every run.
 """
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,42 +24,55 @@ sys.path.insert(0, str(EXERCISES))
 
 import build  # noqa: E402
 import check  # noqa: E402
+import grade  # noqa: E402
 import otb  # noqa: E402
 
 NAMES = sorted(p.name for p in (EXERCISES / "solutions").glob("*.ipynb"))
+TUTORIALS = ["01_toy_bandit.ipynb", "02_training_comparison.ipynb", "03_saved_results.ipynb"]
 
 
-def _check_outputs(nb):
-    """The printed text of every cell tagged 'check', in order."""
-    out = []
-    for cell in nb.cells:
-        if "check" in cell.get("metadata", {}).get("tags", []):
-            out.append("".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream"))
-    return out
+def _built(name):
+    """(solution, blank) notebooks as build.py makes them from the solution in the repository."""
+    sol = build.clean(nbformat.read(str(EXERCISES / "solutions" / name), as_version=4))
+    return sol, build.make_blank(sol)
+
+
+def _git_show(path):
+    out = subprocess.run(["git", "show", f"HEAD:{path}"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout if out.returncode == 0 else None
 
 
 # =====================================================================================
-# 1. The stored notebooks
+# 1. build.py
 # =====================================================================================
 
 def test_five_exercises_in_order():
     assert [n[:3] for n in NAMES] == ["01_", "02_", "03_", "04_", "05_"]
-    assert sorted(p.name for p in EXERCISES.glob("*.ipynb")) == NAMES
 
 
-def test_blank_notebooks_are_built_from_the_solutions():
-    stale = [str(p.relative_to(ROOT)) for p, text in build.expected_files().items() if p.read_text() != text]
-    assert not stale, f"run `python notebooks/exercises/build.py`; out of date: {stale}"
+def test_committed_blanks_are_built_from_the_committed_solutions():
+    """Compares what git holds (a fresh clone's files), never the working copies a student edits."""
+    if _git_show("notebooks/exercises/build.py") is None:
+        pytest.skip("not a git checkout: nothing committed to compare")
+    stale = []
+    for name in NAMES:
+        sol = _git_show(f"notebooks/exercises/solutions/{name}")
+        blank = _git_show(f"notebooks/exercises/{name}")
+        want = build._dumps(build.make_blank(build.clean(nbformat.reads(sol, as_version=4))))
+        stale += [] if blank == want else [name]
+    assert not stale, (f"the committed blanks {stale} differ from what build.py makes from the committed "
+                       f"solutions: a maintainer runs `python notebooks/exercises/build.py` and commits")
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_blanks_hide_every_solution_and_are_marked(name):
-    blank = nbformat.read(str(EXERCISES / name), as_version=4)
+    sol, blank = _built(name)
     text = "\n".join(c.source for c in blank.cells)
     assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text
     assert "TODO(student)" in text
-    solution_text = "\n".join(c.source for c in nbformat.read(str(EXERCISES / "solutions" / name), as_version=4).cells)
+    solution_text = "\n".join(c.source for c in sol.cells)
     assert solution_text.count("### BEGIN SOLUTION") == text.count("TODO(student): fill in the lines above")
+    assert blank.metadata["otb_exercise"]["built"] == build.fingerprint(blank)
 
 
 def test_builder_replaces_blocks_and_keeps_indentation():
@@ -69,32 +85,147 @@ def test_builder_replaces_blocks_and_keeps_indentation():
         build.blank_code("### BEGIN SOLUTION\nx = 1\n")
 
 
+@pytest.fixture
+def exercise_copy(tmp_path):
+    """A copy of notebooks/exercises/ (solutions and freshly built blanks) to run build.py on."""
+    (tmp_path / "solutions").mkdir()
+    for name in NAMES:
+        sol, blank = _built(name)
+        (tmp_path / "solutions" / name).write_text(build._dumps(sol))
+        (tmp_path / name).write_text(build._dumps(blank))
+    return tmp_path
+
+
+def _fill(path, answer="    return 42  # my answer"):
+    nb = nbformat.read(str(path), as_version=4)
+    cell = next(c for c in nb.cells if "TODO(student): fill in the lines above" in c.source)
+    cell.source = cell.source.replace("    return None  # TODO(student): fill in the lines above", answer)
+    nbformat.write(nb, str(path))
+
+
+def test_build_refuses_to_overwrite_a_filled_blank_and_keeps_a_backup_when_forced(exercise_copy, capsys):
+    name = NAMES[0]
+    sol_path, blank_path = exercise_copy / "solutions" / name, exercise_copy / name
+    sol = nbformat.read(str(sol_path), as_version=4)
+    sol.cells[0].source += "\n\nA sentence the teacher added."  # the blank is now out of date ...
+    nbformat.write(sol, str(sol_path))
+    _fill(blank_path)  # ... and a student has filled it in
+    filled = blank_path.read_bytes()
+    assert build.main([], folder=exercise_copy) == 1
+    assert "refusing to overwrite" in capsys.readouterr().err
+    assert blank_path.read_bytes() == filled and not (exercise_copy / "backups").exists()
+    assert build.main(["--force"], folder=exercise_copy) == 0
+    backups = list((exercise_copy / "backups").glob("*.ipynb"))
+    assert len(backups) == 1 and backups[0].read_bytes() == filled
+    assert "A sentence the teacher added." in blank_path.read_text()
+    assert build.main(["--check"], folder=exercise_copy) == 0
+
+
+def test_build_rewrites_an_untouched_blank_after_a_solution_edit(exercise_copy):
+    name = NAMES[1]
+    sol = nbformat.read(str(exercise_copy / "solutions" / name), as_version=4)
+    sol.cells[0].source += "\n\nAnother sentence."
+    nbformat.write(sol, str(exercise_copy / "solutions" / name))
+    assert build.main(["--check"], folder=exercise_copy) == 1
+    assert build.main([], folder=exercise_copy) == 0  # nobody edited the blank: no refusal, no backup
+    assert "Another sentence." in (exercise_copy / name).read_text()
+    assert not (exercise_copy / "backups").exists()
+
+
 # =====================================================================================
-# 2. Running the notebooks
+# 2. Running the notebooks build.py makes, and grading
 # =====================================================================================
 
 @pytest.mark.parametrize("name", NAMES)
-def test_solution_notebook_passes_every_check(run_notebook, name):
-    nb = run_notebook(f"notebooks/exercises/solutions/{name}", timeout=120)
-    outputs = _check_outputs(nb)
-    assert len(outputs) >= 2, "each exercise has at least two checks"
-    for text in outputs:
-        assert check.CORRECT in text and check.NOT_YET not in text, text
+def test_solution_notebook_passes_every_check(name):
+    found = grade.results(grade.run_copy(EXERCISES / "solutions" / name, timeout=120))
+    assert len(found) >= 2, "each exercise has at least two checks"
+    assert all(ok for _, ok, _ in found), found
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_blank_notebook_runs_and_fails_its_checks_helpfully(run_notebook, name):
-    nb = run_notebook(f"notebooks/exercises/{name}", timeout=120)  # raises if any cell crashes
-    outputs = _check_outputs(nb)
-    first = outputs[0]
-    assert check.NOT_YET in first and "problem:" in first and "hint:" in first, first
-    assert "TODO(student)" in first  # points the student at the blank
-    for text in outputs:
-        assert check.NOT_YET in text and f"{check.CORRECT}." not in text.replace(check.NOT_YET, ""), text
+def test_blank_notebook_runs_and_fails_its_checks_helpfully(tmp_path, name):
+    path = tmp_path / name  # outside the project: grade.py finds it through OTB_ROOT
+    path.write_text(build._dumps(_built(name)[1]))
+    nb = grade.run_copy(path, timeout=120)
+    errors = [grade._error(c) for c in nb.cells if c.cell_type == "code" and grade._error(c)]
+    assert not errors, errors  # a blank runs top to bottom
+    found = grade.results(nb)
+    assert found and not any(ok for _, ok, _ in found)
+    first = "\n".join(found[0][2])
+    assert "problem:" in first and "hint:" in first and "TODO(student)" in first, first
+
+
+def test_grading_a_filled_notebook_reports_each_exercise_and_changes_no_byte(tmp_path, capsys):
+    """The lecturer's scenario: 1a right, 1b without its clamp; exercise 2 all right."""
+    ex1 = _built(NAMES[0])[0]
+    cell = next(c for c in ex1.cells if "def token_energy" in c.source)
+    cell.source = cell.source.replace(".clamp(0.0, 2.0)", "")
+    (tmp_path / "mine_01.ipynb").write_text(build._dumps(ex1))
+    (tmp_path / "mine_02.ipynb").write_text(build._dumps(_built(NAMES[1])[0]))
+    before = {p: p.read_bytes() for p in tmp_path.iterdir()}
+    assert grade.main([str(tmp_path / "mine_01.ipynb"), str(tmp_path / "mine_02.ipynb")]) == 1
+    out = capsys.readouterr().out
+    assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing written, nothing added
+    assert "CORRECT   Exercise 1a" in out and "NOT YET   Exercise 1b" in out and "clamp" in out
+    assert "CORRECT   Exercise 2c" in out and "4 of 5 checks correct" in out
+    assert grade.main([str(tmp_path / "mine_02.ipynb")]) == 0
+    with pytest.raises(SystemExit) as e:
+        grade.main([str(tmp_path / "missing.ipynb")])
+    assert e.value.code == 2
+
+
+def test_grading_reports_a_cell_that_raises(tmp_path, capsys):
+    nb = _built(NAMES[0])[1]
+    cell = next(c for c in nb.cells if "def sum_pi_squared" in c.source)
+    cell.source = cell.source.replace("return None  # TODO", "return (  # a syntax error\n    # TODO")
+    (tmp_path / "broken.ipynb").write_text(build._dumps(nb))
+    assert grade.main([str(tmp_path / "broken.ipynb")]) == 1
+    out = capsys.readouterr().out
+    assert "raised SyntaxError" in out and "NOT YET" in out
 
 
 # =====================================================================================
-# 3. The checks themselves
+# 3. Notebooks outside the project
+# =====================================================================================
+
+def _setup_cell(path):
+    return nbformat.read(str(path), as_version=4).cells[1].source
+
+
+def test_every_notebook_finds_the_project_the_same_way():
+    paths = [ROOT / "notebooks" / t for t in TUTORIALS] + [EXERCISES / "solutions" / n for n in NAMES]
+    finder = _setup_cell(paths[0])
+    finder = finder[finder.index("here = Path.cwd()"):finder.index("sys.path.insert")]
+    assert "here.parents" in finder and "OTB_ROOT" in finder
+    for path in paths:
+        assert finder in _setup_cell(path), path
+
+
+@pytest.mark.parametrize("path", ["notebooks/01_toy_bandit.ipynb", "notebooks/exercises/03_optimal_token_baseline.ipynb"])
+def test_a_copied_notebook_outside_the_project_says_what_to_do(tmp_path, monkeypatch, path):
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+    monkeypatch.delenv("OTB_ROOT", raising=False)
+    copy = tmp_path / Path(path).name
+    copy.write_bytes((ROOT / path).read_bytes())
+    nb = nbformat.read(str(copy), as_version=4)
+    for cell in nb.cells:  # the tutorials are stored with outputs: clear them to see what runs
+        if cell.cell_type == "code":
+            cell.outputs = []
+    with pytest.raises(CellExecutionError) as e:
+        NotebookClient(nb, timeout=60, kernel_name="python3",
+                       resources={"metadata": {"path": str(tmp_path)}}).execute()
+    assert e.value.ename == "FileNotFoundError"  # raised by the first code cell, which stops the run
+    error = next(o for o in nb.cells[1].outputs if o.output_type == "error")
+    message = error.evalue
+    assert "\n" not in message and message.startswith(f"otb.py not found from {tmp_path.resolve()}"), message
+    assert "open this notebook inside the OTB project folder" in message and "OTB_ROOT" in message
+    assert not any(c.get("outputs") for c in nb.cells[2:] if c.cell_type == "code")
+
+
+# =====================================================================================
+# 4. The checks themselves
 # =====================================================================================
 
 def _verdict(capsys, fn, *args, **kwargs):
@@ -102,22 +233,104 @@ def _verdict(capsys, fn, *args, **kwargs):
     return ok, capsys.readouterr().out
 
 
+# Plain implementations, written here from the formulas, so that a slip can be made on purpose.
+
+def _groups(g, B):
+    gid, _ = otb.group_ids(g, B)
+    return [gid == gid[i] for i in range(B)]  # the rows of row i's group, (B,) bool each
+
+
+def _group_estimator(kind):
+    """Group baselines, correct ('mean', 'loo') or with a slip ('over_n', 'flipped', 'no_mask')."""
+    def f(r, m, g):
+        mm = torch.ones_like(m) if kind == "no_mask" else m
+        R = (r * mm).sum(-1)  # R_i, (B,)
+        A = torch.zeros_like(R)
+        for i, same in enumerate(_groups(g, len(R))):
+            n = int(same.sum())
+            others = R[same].sum() - R[i]
+            b = 0.0 if n == 1 else {"mean": R[same].mean(), "no_mask": R[same].mean(), "flipped": others / (n - 1),
+                                    "loo": others / (n - 1), "over_n": others / n}[kind]
+            A[i] = b - R[i] if kind == "flipped" else R[i] - b
+        return A[:, None] * m
+    return f
+
+
+def _otb_plain(weight="W", own=(True, True), eps=1e-8, ignore_mask=False, singletons=False):
+    """OTB row by row. weight: 'W' (right), '1', 'w', 'W2', '1/W'; own: whether leave-one-out removes the
+    row's own term from (numerator, denominator); singletons: treat every row as its own group."""
+    def f(r, m, g, lp, s, leave_one_out=False):
+        m = torch.ones_like(m) if ignore_mask else m
+        G = (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t
+        w = (1 - 2 * lp.exp() + s).clamp(0, 2) * m  # w_t
+        W = w.cumsum(-1) * m  # W_t
+        V = {"W": W, "1": torch.ones_like(W), "w": w, "W2": W ** 2,
+             "1/W": torch.where(W > 0, 1 / W, 0.0)}[weight] * m
+        B = torch.zeros_like(G)
+        for i, same in enumerate(_groups(list(range(len(r))) if singletons else g, len(r))):
+            num, den = (G[same] * V[same]).sum(0), V[same].sum(0)
+            if leave_one_out:
+                active = m[same].sum(0) - m[i] > 0
+                num, den = num - own[0] * G[i] * V[i], den - own[1] * V[i]
+                B[i] = torch.where(active, num / (den.clamp(min=0) + eps), 0.0)
+            elif same.sum() > 1:
+                B[i] = num / (den + eps)
+        return (G - B) * m
+    return f
+
+
+def _stable_idx(m):
+    return torch.argsort(m == 0, dim=-1, stable=True)
+
+
+def _to_actions(idx_fn):
+    return lambda x, m: (x.gather(-1, idx_fn(m)), m.gather(-1, idx_fn(m)))
+
+
+def _from_actions(idx_fn):
+    return lambda y, m: torch.zeros_like(y).scatter(-1, idx_fn(m), y) * m
+
+
+def _aligned(pass_loo=True, mask_k=True):
+    to, back = _to_actions(_stable_idx), _from_actions(_stable_idx)
+
+    def f(r, m, g, lp, s, leave_one_out=False):
+        (r_k, m_k), (lp_k, _), (s_k, _) = to(r, m), to(lp, m), to(s, m)
+        A_k = otb.optimal_token_baseline(r_k, m_k if mask_k else m, g, lp_k, s_k,
+                                         leave_one_out=leave_one_out and pass_loo)[0]
+        return back(A_k, m)
+    return f
+
+
+def test_checks_accept_plain_implementations(capsys):
+    assert _verdict(capsys, check.ex2b_group_mean, _group_estimator("mean"))[0]
+    assert _verdict(capsys, check.ex2c_rloo, _group_estimator("loo"))[0]
+    assert _verdict(capsys, check.ex3c_optimal_token_baseline, _otb_plain())[0]
+    assert _verdict(capsys, check.ex3c_optimal_token_baseline, _otb_plain(), leave_one_out=True)[0]
+    assert _verdict(capsys, check.ex5b_compaction, _to_actions(_stable_idx), _from_actions(_stable_idx))[0]
+    assert _verdict(capsys, check.ex5c_action_aligned_otb, _aligned())[0]
+
+
 def _group(fn):
     return lambda r, m, g: fn(r, m, g)[0]
 
 
-def _otb(**fixed):
-    return lambda *a, **k: otb.optimal_token_baseline(*a, **{**k, **fixed})[0]
-
-
-def test_checks_accept_the_project_functions(capsys):
-    assert _verdict(capsys, check.ex1a_sum_pi_squared, otb.sum_pi_squared)[0]
-    assert _verdict(capsys, check.ex1b_token_energy, otb.token_energy)[0]
-    assert _verdict(capsys, check.ex2b_group_mean, _group(otb.group_mean))[0]
-    assert _verdict(capsys, check.ex2c_rloo, _group(otb.rloo))[0]
-    assert _verdict(capsys, check.ex3c_optimal_token_baseline, _otb())[0]
-    assert _verdict(capsys, check.ex3c_optimal_token_baseline, _otb(), leave_one_out=True)[0]
-    assert _verdict(capsys, check.ex5c_action_aligned_otb, lambda *a, **k: otb.action_aligned_otb(*a, **k)[0])[0]
+def test_the_project_functions_pass_but_only_when_calling_the_reference_is_allowed(capsys, monkeypatch):
+    answers = [(check.ex1a_sum_pi_squared, otb.sum_pi_squared, {}),
+               (check.ex1b_token_energy, otb.token_energy, {}),
+               (check.ex2b_group_mean, _group(otb.group_mean), {}),
+               (check.ex2c_rloo, _group(otb.rloo), {}),
+               (check.ex3c_optimal_token_baseline, lambda *a, **k: otb.optimal_token_baseline(*a, **k)[0], {}),
+               (check.ex3c_optimal_token_baseline, lambda *a, **k: otb.optimal_token_baseline(*a, **k)[0],
+                {"leave_one_out": True}),
+               (check.ex5c_action_aligned_otb, lambda *a, **k: otb.ESTIMATORS["otb_tir"](*a, **k)[0], {})]
+    for fn, answer, kw in answers:  # the reference itself is a right answer, but handing it in is not
+        ok, out = _verdict(capsys, fn, answer, **kw)
+        assert not ok and "the project's reference" in out, out
+    watch = check._Watch
+    monkeypatch.setattr(check, "_Watch", lambda references: watch({}))
+    for fn, answer, kw in answers:
+        assert _verdict(capsys, fn, answer, **kw)[0]
 
 
 def _naive_group_mean(r, m, g):
@@ -134,82 +347,128 @@ def _mean_including_singletons(r, m, g):
     return (R - means[gid])[:, None] * m
 
 
-MISTAKES = [  # (check, wrong implementation, words the message must contain)
-    (check.ex1a_sum_pi_squared, lambda z: (z.exp() ** 2).sum(-1) / z.exp().sum(-1) ** 2, ["huge", "logsumexp"]),
-    (check.ex1a_sum_pi_squared, lambda z: (z.softmax(-1) ** 2).sum(-1), ["bf16", "float32"]),
-    (check.ex1a_sum_pi_squared, lambda z: (z.float().softmax(-1) ** 2).sum(-1), ["float64"]),
-    (check.ex1b_token_energy, lambda lp, s: 1 - 2 * lp.exp() + s, ["clamp"]),
-    (check.ex1b_token_energy, lambda lp, s: 1 - lp.exp() + s, ["factor 2"]),
-    (check.ex2a_sequence_scores, lambda r, m: r.sum(-1), ["padding"]),
-    (check.ex2b_group_mean, lambda r, m, g: _group(otb.group_mean)(r * 0 + r, torch.ones_like(m), g) * m,
-     ["padding"]),
-    (check.ex2b_group_mean, _naive_group_mean, ["interleaved"]),
-    (check.ex2b_group_mean, _mean_including_singletons, ["singleton"]),
-    (check.ex2c_rloo, _group(otb.group_mean), ["one group of 4"]),
-    (check.ex3a_reward_to_go, lambda r, m: (r * m).sum(-1, keepdim=True) * m, ["dense", "reversed cumulative"]),
-    (check.ex3c_optimal_token_baseline, _otb(eps=0.0), ["certain", "eps"]),
-    (check.ex3c_optimal_token_baseline,
-     lambda r, m, g, lp, s, **k: _otb()(r, torch.ones_like(m), g, lp, s) * m, ["padding", "active"]),
-    (check.ex3c_optimal_token_baseline, lambda r, m, g, lp, s, **k: _otb()(r, m, list(range(len(r))), lp, s),
-     ["one group of 4"]),
-    (check.ex5a_action_index, lambda m: torch.where(m.bool(), torch.arange(m.shape[1]), -1), ["position t"]),
-    (check.ex5a_action_index, lambda m: torch.where(m.bool(), m.long().cumsum(-1), -1), ["starts at 1"]),
-    (check.ex5c_action_aligned_otb, _otb(), ["by position", "to_actions"]),
-    (check.ex5c_action_aligned_otb, lambda *a, **k: otb.action_aligned_otb(*a)[0], ["leave_one_out"]),
+def _unstable_argsort(m):
+    return torch.argsort(m == 0, dim=-1)
+
+
+def _sort_descending(m):
+    return torch.sort(m, descending=True).indices
+
+
+MISTAKES = [  # (check, wrong implementation, keyword arguments, words the message must contain)
+    (check.ex1a_sum_pi_squared, lambda z: (z.exp() ** 2).sum(-1) / z.exp().sum(-1) ** 2, {}, ["huge", "logsumexp"]),
+    (check.ex1a_sum_pi_squared, lambda z: (z.softmax(-1) ** 2).sum(-1), {}, ["bf16", "float32"]),
+    (check.ex1a_sum_pi_squared, lambda z: (z.float().softmax(-1) ** 2).sum(-1), {}, ["float64"]),
+    (check.ex1b_token_energy, lambda lp, s: 1 - 2 * lp.exp() + s, {}, ["clamp"]),
+    (check.ex1b_token_energy, lambda lp, s: 1 - lp.exp() + s, {}, ["factor 2"]),
+    (check.ex2a_sequence_scores, lambda r, m: r.sum(-1), {}, ["padding"]),
+    (check.ex2b_group_mean, _group_estimator("no_mask"), {}, ["padding"]),
+    (check.ex2b_group_mean, _naive_group_mean, {}, ["interleaved"]),
+    (check.ex2b_group_mean, _mean_including_singletons, {}, ["singleton"]),
+    (check.ex2b_group_mean, _group_estimator("loo"), {}, ["leave-one-out", "row i included"]),
+    (check.ex2b_group_mean, lambda r, m, g: -_group_estimator("mean")(r, m, g), {}, ["opposite sign", "R - b"]),
+    # 2c: forgetting leave-one-out, dividing by n, flipping the sign
+    (check.ex2c_rloo, _group_estimator("mean"), {}, ["own score", "leave row i out", "n - 1"]),
+    (check.ex2c_rloo, _group_estimator("over_n"), {}, ["divided", "n - 1 other rows"]),
+    (check.ex2c_rloo, _group_estimator("flipped"), {}, ["opposite sign", "R - b"]),
+    (check.ex3a_reward_to_go, lambda r, m: (r * m).sum(-1, keepdim=True) * m, {}, ["dense", "reversed cumulative"]),
+    (check.ex3c_optimal_token_baseline, _otb_plain(eps=0.0), {}, ["certain", "eps"]),
+    (check.ex3c_optimal_token_baseline, _otb_plain(ignore_mask=True), {}, ["padding", "active"]),
+    (check.ex3c_optimal_token_baseline, _otb_plain(singletons=True), {}, ["one group of 4"]),
+    # 3c: the weighting slips, caught on the first case (mixed rewards)
+    (check.ex3c_optimal_token_baseline, _otb_plain(weight="1"), {}, ["unweighted mean", "realized energy W_t"]),
+    (check.ex3c_optimal_token_baseline, _otb_plain(weight="w"), {}, ["weights w_t", "running sum"]),
+    (check.ex3c_optimal_token_baseline, _otb_plain(weight="W2"), {}, ["W_t^2", "not by its square"]),
+    (check.ex3c_optimal_token_baseline, _otb_plain(weight="1/W"), {}, ["1 / W_t", "W_t multiplies"]),
+    # 3d: the leave-one-out slips
+    (check.ex3c_optimal_token_baseline, lambda *a, **k: _otb_plain()(*a[:5]), {"leave_one_out": True},
+     ["own term left in both sums", "leave row i out"]),
+    (check.ex3c_optimal_token_baseline, _otb_plain(own=(True, False)), {"leave_one_out": True},
+     ["numerator only", "denominator as well"]),
+    (check.ex3c_optimal_token_baseline, _otb_plain(own=(False, True)), {"leave_one_out": True},
+     ["denominator only", "numerator as well"]),
+    (check.ex5a_action_index, lambda m: torch.where(m.bool(), torch.arange(m.shape[1]), -1), {}, ["position t"]),
+    (check.ex5a_action_index, lambda m: torch.where(m.bool(), m.long().cumsum(-1), -1), {}, ["starts at 1"]),
+    # 5a: cumsum - 1 without -1 on masked positions
+    (check.ex5a_action_index, lambda m: m.long().cumsum(-1) - 1, {}, ["right on the actions", "not -1", "torch.where"]),
+    (check.ex5c_action_aligned_otb, lambda *a, **k: otb.optimal_token_baseline(*a, **k)[0], {},
+     ["by position", "to_actions"]),
+    (check.ex5c_action_aligned_otb, _aligned(pass_loo=False), {}, ["leave_one_out"]),
+    # 5c: an error raised inside otb.py names the file and the student's line
+    (check.ex5c_action_aligned_otb, _aligned(mask_k=False), {}, ["raised inside otb.py, line", "called from your code",
+                                                                  "otb.py rejected the arguments"]),
+    # 5c: calling the reference (4c's is in the toy test below)
+    (check.ex5c_action_aligned_otb, lambda *a, **k: otb.action_aligned_otb(*a, **k)[0], {},
+     ["calls otb.action_aligned_otb", "the project's reference"]),
 ]
-
-
-def test_compaction_check_names_a_lost_order_and_a_hole_that_is_not_zero(capsys):
-    def to_actions(x, m):  # unstable: the actions' order is lost
-        idx = torch.argsort((m == 0).float() + 1e-3 * torch.rand(m.shape), dim=-1)
-        return x.gather(-1, idx), m.gather(-1, idx)
-
-    def from_actions(y_k, m):
-        idx = torch.argsort(m == 0, dim=-1, stable=True)
-        return torch.zeros_like(y_k).scatter(-1, idx, y_k) * m
-    ok, out = _verdict(capsys, check.ex5b_compaction, to_actions, from_actions)
-    assert not ok and "stable=True" in out
-    ok, out = _verdict(capsys, check.ex5b_compaction, lambda x, m: (x.gather(-1, torch.argsort(m == 0, dim=-1,
-                       stable=True)), m.gather(-1, torch.argsort(m == 0, dim=-1, stable=True))),
-                       lambda y, m: from_actions(y, m) / m.clamp(min=1) + (1 - m))  # holes hold 1
-    assert not ok and "must be 0" in out
 
 
 @pytest.mark.parametrize("k", range(len(MISTAKES)))
 def test_checks_name_the_mistake(capsys, k):
-    fn, wrong, words = MISTAKES[k]
-    ok, out = _verdict(capsys, fn, wrong)
-    assert not ok and check.NOT_YET in out and "hint:" in out
+    fn, wrong, kw, words = MISTAKES[k]
+    ok, out = _verdict(capsys, fn, wrong, **kw)
+    assert not ok and check.NOT_YET in out and "hint:" in out, out
     for word in words:
         assert word in out, (word, out)
 
 
-def test_loo_check_requires_zero_baseline_without_other_rows(capsys):
-    ok, out = _verdict(capsys, check.ex3c_optimal_token_baseline,
-                       lambda *a, **k: otb.optimal_token_baseline(*a)[0], leave_one_out=True)
-    assert not ok and check.NOT_YET in out
+@pytest.mark.parametrize("idx_fn", [_unstable_argsort, _sort_descending], ids=["argsort_unstable", "sort_descending"])
+def test_compaction_without_a_stable_sort_is_not_correct(capsys, idx_fn):
+    for to_fn, from_fn in ((_to_actions(idx_fn), _from_actions(_stable_idx)),
+                           (_to_actions(_stable_idx), _from_actions(idx_fn))):
+        ok, out = _verdict(capsys, check.ex5b_compaction, to_fn, from_fn)
+        assert not ok and "long responses" in out and "stable=True" in out, out
+
+
+def test_compaction_check_names_a_hole_that_is_not_zero(capsys):
+    ok, out = _verdict(capsys, check.ex5b_compaction, _to_actions(_stable_idx),
+                       lambda y, m: _from_actions(_stable_idx)(y, m) + (1 - m))  # holes hold 1
+    assert not ok and "must be 0" in out
 
 
 def test_a_crashing_student_function_is_reported_not_raised(capsys):
     def broken(z):
         raise IndexError("oops")
     ok, out = _verdict(capsys, check.ex1a_sum_pi_squared, broken)
-    assert not ok and "IndexError: oops" in out
+    assert not ok and "IndexError: oops" in out and "line" in out
+
+
+def test_checks_print_the_same_values_on_every_run_and_leave_the_global_generator_alone(capsys):
+    def runs():
+        state = torch.get_rng_state()
+        out = [_verdict(capsys, check.ex1b_token_energy, lambda lp, s: (1 - 2 * lp.exp() + s) * 1.01)[1],
+               _verdict(capsys, check.ex3b_realized_energy, lambda lp, s, m: otb.token_energy(lp, s) * m)[1],
+               _verdict(capsys, check.ex3c_optimal_token_baseline, _otb_plain(weight="1"))[1]]
+        assert torch.equal(torch.get_rng_state(), state), "a check drew from the global generator"
+        return out
+    torch.manual_seed(1)
+    first = runs()
+    torch.manual_seed(2)
+    assert runs() == first
+    assert "expected" in first[0] and "expected" in first[1]  # the values shown are part of what is compared
 
 
 @pytest.fixture(scope="module")
 def toy():
     import toy_env
-    import toy_harness
     return toy_env.enumerate_toy(toy_env.ToyConfig())
 
 
-def test_toy_checks_diagnose_sum_instead_of_mean_and_biased_statistics(capsys, toy):
-    import toy_env
+def _my_batch_gradients(en, A, rows, N):
+    g = torch.einsum("bt,btp->bp", A, en.scores[rows])
+    return g.reshape(-1, N, g.shape[-1]).mean(1)
+
+
+def _my_bias_and_variance(g_hat, grad_J):
+    var = ((g_hat - g_hat.mean(0)) ** 2).sum() / (len(g_hat) - 1)
+    return (((g_hat.mean(0) - grad_J) ** 2).sum() - var / len(g_hat)).item(), var.item()
+
+
+def test_toy_checks_diagnose_sum_instead_of_mean_biased_statistics_and_the_reference(capsys, toy):
     import toy_harness
 
     def summed(en, A, rows, N):
-        return N * toy_harness.batch_gradients(en, A, rows, N)
+        return N * _my_batch_gradients(en, A, rows, N)
     ok, out = _verdict(capsys, check.ex4a_batch_gradients, summed, toy)
     assert not ok and "mean" in out
 
@@ -225,19 +484,26 @@ def test_toy_checks_diagnose_sum_instead_of_mean_and_biased_statistics(capsys, t
     assert not ok and "en.scores[rows]" in out
 
     def naive_bias(g_hat, grad_J):
-        var = ((g_hat - g_hat.mean(0)) ** 2).sum() / (len(g_hat) - 1)
-        return ((g_hat.mean(0) - grad_J) ** 2).sum().item(), var.item()
+        return ((g_hat.mean(0) - grad_J) ** 2).sum().item(), _my_bias_and_variance(g_hat, grad_J)[1]
     ok, out = _verdict(capsys, check.ex4b_bias_and_variance, naive_bias)
     assert not ok and "variance / G" in out
 
     def var_over_G(g_hat, grad_J):
-        stats = toy_harness.gradient_stats(g_hat, grad_J)[0]
-        return stats["bias2"], stats["variance"] * (len(g_hat) - 1) / len(g_hat)
+        bias2, var = _my_bias_and_variance(g_hat, grad_J)
+        return bias2, var * (len(g_hat) - 1) / len(g_hat)
     ok, out = _verdict(capsys, check.ex4b_bias_and_variance, var_over_G)
     assert not ok and "G - 1" in out
 
-    def unseeded(en, name, N, groups, seed):  # different groups than asked for
-        r = toy_harness.measure(en, Ns=(N,), groups=groups, seed=seed + 1, names=[name])[0]
+    def measure(en, name, N, groups, seed, shift=0):
+        rows, gid = toy_harness.sample_groups(en, N, groups, torch.Generator().manual_seed(seed + shift))
+        A = otb.ESTIMATORS[name](**en.batch(rows), group_index=gid)[0]
+        return _my_bias_and_variance(_my_batch_gradients(en, A, rows, N), en.grad_J)
+    assert _verdict(capsys, check.ex4c_measure, measure, toy, Ns=(2,), groups=500)[0]
+    ok, out = _verdict(capsys, check.ex4c_measure, lambda *a: measure(*a, shift=1), toy, Ns=(2,), groups=500)
+    assert not ok and "sample_groups" in out  # different groups than asked for
+
+    def calls_the_harness(en, name, N, groups, seed):
+        r = toy_harness.measure(en, Ns=(N,), groups=groups, seed=seed, names=[name])[0]
         return r["bias2"], r["variance"]
-    ok, out = _verdict(capsys, check.ex4c_measure, unseeded, toy, Ns=(2,), groups=500)
-    assert not ok and "sample_groups" in out
+    ok, out = _verdict(capsys, check.ex4c_measure, calls_the_harness, toy, Ns=(2,), groups=500)
+    assert not ok and "calls toy_harness.measure" in out

@@ -5,6 +5,13 @@ notebook (in Jupyter or any editor), then runs
 
     python notebooks/exercises/build.py          # rewrite the blank notebooks, strip outputs
     python notebooks/exercises/build.py --check  # exit 1 if a blank notebook is out of date
+    python notebooks/exercises/build.py --force  # also overwrite blanks that someone filled in
+
+Students never need this script: they check their answers with ``grade.py``, which changes
+nothing. build.py refuses to overwrite a blank notebook whose cells were edited since it was built
+(a student's answers), unless given ``--force``; forced, it first copies the edited notebook to
+``backups/`` with the time in its name. It tells the two apart by a fingerprint of the cells that it
+stores in each blank notebook's metadata (``otb_exercise.built``) when it writes it.
 
 Markers inside the solution notebooks (the convention nbgrader made familiar):
 
@@ -25,8 +32,12 @@ Markers inside the solution notebooks (the convention nbgrader made familiar):
 Both versions are written without outputs; the test suite executes them.
 """
 import argparse
+import hashlib
+import json
 import re
+import shutil
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -74,15 +85,31 @@ def clean(nb):
     return nb
 
 
+def fingerprint(nb):
+    """A hash of what a student edits: the type and source of every cell (not outputs or metadata)."""
+    cells = [[c.cell_type, c.source] for c in nb.cells]
+    return hashlib.sha256(json.dumps(cells).encode()).hexdigest()[:16]
+
+
 def make_blank(solution_nb):
-    """The student version of a (cleaned) solution notebook."""
+    """The student version of a (cleaned) solution notebook, carrying the fingerprint of its cells."""
     nb = nbformat.from_dict(clean(nbformat.from_dict(solution_nb)))
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.source = blank_code(cell.source)
         elif cell.cell_type == "markdown":
             cell.source = _MD_BLOCK.sub("*Your answer here.*", cell.source)
+    nb.metadata["otb_exercise"] = {"built": fingerprint(nb)}
     return nb
+
+
+def edited_since_built(path, built):
+    """True if the blank notebook at ``path`` has cells that are neither those of ``built`` (the blank
+    about to be written) nor those build.py stored it with (its fingerprint): someone's answers. A
+    notebook without a fingerprint counts as edited unless its cells are those of ``built``."""
+    nb = nbformat.read(str(path), as_version=4)
+    now = fingerprint(nb)
+    return now not in (nb.metadata.get("otb_exercise", {}).get("built"), fingerprint(built))
 
 
 def _dumps(nb) -> str:
@@ -90,32 +117,58 @@ def _dumps(nb) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
-def expected_files():
-    """{path: text} for every notebook this script owns (cleaned solutions and blanks)."""
+def expected_files(folder=HERE):
+    """{path: text} for every notebook this script owns (cleaned solutions and blanks) in ``folder``."""
     files = {}
-    for sol_path in sorted(SOLUTIONS.glob("*.ipynb")):
+    for sol_path in sorted((folder / "solutions").glob("*.ipynb")):
         sol = clean(nbformat.read(str(sol_path), as_version=4))
         files[sol_path] = _dumps(sol)
-        files[HERE / sol_path.name] = _dumps(make_blank(sol))
+        files[folder / sol_path.name] = _dumps(make_blank(sol))
     return files
 
 
-def main(argv=None):
+def backup(path):
+    """Copy ``path`` to backups/<name>.<UTC time>.ipynb next to it; returns the copy's path."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = path.parent / "backups" / f"{path.stem}.{stamp}{path.suffix}"
+    k = 1
+    while target.exists():  # two backups within one second
+        target, k = path.parent / "backups" / f"{path.stem}.{stamp}-{k}{path.suffix}", k + 1
+    target.parent.mkdir(exist_ok=True)
+    shutil.copy2(path, target)
+    return target
+
+
+def main(argv=None, folder=HERE):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="only compare; exit 1 if a stored notebook differs from what would be built")
+    parser.add_argument("--force", action="store_true",
+                        help="also overwrite blank notebooks whose cells were edited (a copy of each goes to "
+                             "backups/ first)")
     args = parser.parse_args(argv)
-    stale = []
-    for path, text in expected_files().items():
-        if not path.exists() or path.read_text() != text:
-            stale.append(path)
-            if not args.check:
-                path.write_text(text)
-    for path in stale:
-        print(("out of date: " if args.check else "wrote ") + str(path.relative_to(HERE)))
-    if args.check and stale:
-        print("run: python notebooks/exercises/build.py")
+    files = expected_files(folder)
+    stale = [path for path, text in files.items() if not path.exists() or path.read_text() != text]
+    if args.check:
+        for path in stale:
+            print("out of date: " + str(path.relative_to(folder)))
+        if stale:
+            print("run: python notebooks/exercises/build.py")
+        return 1 if stale else 0
+    blanks = {folder / p.name for p in (folder / "solutions").glob("*.ipynb")}
+    edited = [p for p in stale if p in blanks and p.exists() and edited_since_built(p, nbformat.reads(files[p], 4))]
+    if edited and not args.force:
+        for path in edited:
+            print(f"refusing to overwrite {path.relative_to(folder)}: its cells were edited since it was built "
+                  f"(answers filled in?)", file=sys.stderr)
+        print("students: check answers with `python notebooks/exercises/grade.py`, which changes nothing. "
+              "Teachers: `build.py --force` overwrites them and keeps a copy in backups/.", file=sys.stderr)
         return 1
+    for path in stale:
+        if path in edited:
+            print(f"backed up {path.relative_to(folder)} to {backup(path).relative_to(folder)}")
+        path.write_text(files[path])
+        print("wrote " + str(path.relative_to(folder)))
     return 0
 
 

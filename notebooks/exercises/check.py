@@ -13,9 +13,20 @@ positions where every token is certain), and compares the answer with the projec
 and returns True or False. A check never raises, whatever the student's code does (an
 exception inside it, or a blank that still returns None, is reported as "not yet correct"),
 so a half-finished notebook still runs top to bottom.
+
+Three rules keep the verdicts honest:
+
+* every random draw comes from a ``torch.Generator`` seeded here, never from the global one, so the
+  numbers a check prints are the same on every run and every student's screen;
+* while the student's function runs, the check watches which functions it calls: calling the
+  reference the check compares with (``otb.action_aligned_otb`` in 5c, ``toy_harness.measure`` in
+  4c, ...) is reported as NOT YET, since the comparison would then prove nothing;
+* an error raised inside the project's code names its file and the student's line that called it.
 """
 import math
+import sys
 import traceback
+from pathlib import Path
 
 import torch
 
@@ -48,17 +59,73 @@ def _verdict(title, body):
     return True
 
 
-def _call(fn, case, *args, **kwargs):
-    """Call the student's function; an exception or a None result becomes NotYet."""
+_PROJECT = Path(otb.__file__).resolve().parent  # the repository root
+_LIBRARIES = tuple(str(Path(p).resolve()) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
+
+
+def _is_project(filename):
+    """True for a module of this project (otb.py, toy_harness.py, check.py) or of an installed library."""
+    path = Path(filename).resolve()
+    return str(path).startswith(_LIBRARIES) or path.parent in (_PROJECT, Path(__file__).resolve().parent)
+
+
+def _where(tb):
+    """Where an exception was raised: the file, line and code, and the student's line that led there."""
+    frames = traceback.extract_tb(tb)
+    last = frames[-1]
+    here = f"{Path(last.filename).name}, line {last.lineno}, in {last.name}: {last.line}"
+    if not _is_project(last.filename):
+        return f"your code, line {last.lineno}: {last.line}"
+    yours = [f for f in frames if not _is_project(f.filename)]
+    if not yours:
+        return here
+    return f"raised inside {here}; called from your code, line {yours[-1].lineno}: {yours[-1].line}"
+
+
+class _Watch:
+    """Records whether any of ``references`` ({name: function}) runs while the block runs.
+
+    A profile hook sees every Python call, whatever name the student reached the function by
+    (``otb.action_aligned_otb``, ``otb.ESTIMATORS["otb_tir"]``, ``from otb import ...``)."""
+
+    def __init__(self, references):
+        self.codes = {id(fn.__code__): name for name, fn in references.items()}  # the functions stay alive
+        self.called = None
+
+    def _hook(self, frame, event, arg):
+        if event == "call" and self.called is None and id(frame.f_code) in self.codes:
+            self.called = self.codes[id(frame.f_code)]
+
+    def __enter__(self):
+        self.previous = sys.getprofile()
+        sys.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(self.previous)
+        return False
+
+
+def _call(fn, case, *args, references=None, **kwargs):
+    """Call the student's function; an exception, a None result or a call to one of ``references``
+    (the functions the check compares with, {name: function}) becomes NotYet."""
     try:
-        out = fn(*args, **kwargs)
+        with _Watch(references or {}) as watch:
+            out = fn(*args, **kwargs)
     except Exception as e:
-        where = traceback.extract_tb(e.__traceback__)[-1]
-        raise NotYet(f"on the case '{case}' your function raised {type(e).__name__}: {e} "
-                     f"(line {where.lineno}: {where.line})",
+        last = traceback.extract_tb(e.__traceback__)[-1].filename
+        raise NotYet(f"on the case '{case}' your function raised {type(e).__name__}: {e}\n"
+                     f"           ({_where(e.__traceback__)})",
                      "a function you call still returns None: finish the earlier blanks first"
                      if "NoneType" in str(e) else
+                     f"{Path(last).name} rejected the arguments your line passed it: print them and compare with "
+                     f"what that function expects (which mask, which shape)" if _is_project(last) else
                      "call your function on the example inputs in the notebook and read the traceback")
+    if watch.called:
+        raise NotYet(f"on the case '{case}' your function calls {watch.called}, the project's reference that "
+                     f"this check compares with, so the comparison would prove nothing",
+                     "write this step yourself from the formulas above (the helpers the instructions name "
+                     "are fine)")
     if out is None:
         raise NotYet("your function returned None: the blank marked TODO(student) is not filled in yet",
                      "replace the `return None` line with your code (the markdown above the cell says what "
@@ -103,21 +170,26 @@ def _compare(got, want, case, hint, *, atol=1e-5, rtol=1e-5, dtype=None):
 # Random but reproducible inputs shaped like a real batch
 # =====================================================================================
 
-def _batch(lengths, T=None, V=11, scale=2.0, seed=0, dense=False, junk=None, certain=False):
-    """Right-padded batch: rewards (outcome at the last valid token, or dense), mask, log_probs, sum pi^2."""
+def _batch(lengths, T=None, V=11, scale=2.0, seed=0, dense=False, junk=None, certain=False, outcome=None):
+    """Right-padded batch: rewards (outcome at the last valid token, or dense), mask, log_probs, sum pi^2.
+
+    ``outcome``: the rows' outcome rewards R (a list), instead of random ones; a first case uses mixed
+    values, so that a baseline weighted in the wrong way cannot pass it by luck."""
     g = torch.Generator().manual_seed(seed)
     B, T = len(lengths), T or max(lengths)
     mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).float()  # (B, T)
     logits = scale * torch.randn(B, T, V, generator=g)  # (B, T, V)
     if certain:
         logits[..., 0] += 100.0  # token 0 has probability 1 in float32: w_t = 0 exactly
-    tokens = torch.distributions.Categorical(logits=logits).sample()  # (B, T)
+    probs = logits.softmax(-1).reshape(B * T, V)  # (B*T, V)
+    tokens = torch.multinomial(probs, 1, generator=g).reshape(B, T)  # y_t ~ pi, from g only, (B, T)
     log_probs = logits.log_softmax(-1).gather(-1, tokens[..., None])[..., 0] * mask  # (B, T)
     sum_pi_sq = otb.sum_pi_squared(logits) * mask  # (B, T)
     if dense:
         rewards = torch.randn(B, T, generator=g).round(decimals=1) * mask
     else:
-        outcome = torch.randint(0, 2, (B,), generator=g).float()  # R in {0, 1}
+        drawn = torch.randint(0, 2, (B,), generator=g).float()  # R in {0, 1}
+        outcome = drawn if outcome is None else torch.tensor(outcome, dtype=torch.float32)
         rewards = torch.zeros(B, T)
         rewards[torch.arange(B), torch.tensor(lengths) - 1] = outcome
     if junk is not None:
@@ -129,6 +201,10 @@ def _batch(lengths, T=None, V=11, scale=2.0, seed=0, dense=False, junk=None, cer
 # =====================================================================================
 # Exercise 1: sum pi^2 and the Logit-Gradient Proxy
 # =====================================================================================
+
+_REF_1A = {"otb.sum_pi_squared": otb.sum_pi_squared, "otb._sum_pi_squared_dense": otb._sum_pi_squared_dense}
+_REF_1B = {"otb.token_energy": otb.token_energy}
+
 
 def ex1a_sum_pi_squared(student_fn):
     """student_fn(logits) -> sum_k softmax(logits)_k^2 over the last dim (float32; float64 stays)."""
@@ -154,13 +230,14 @@ def ex1a_sum_pi_squared(student_fn):
         for case, z, hint in cases:
             want = otb.sum_pi_squared(z)
             atol = 1e-12 if z.dtype == torch.float64 else 1e-6
-            _compare(_call(student_fn, case, z.clone()), want, case, hint, atol=atol, dtype=want.dtype)
+            _compare(_call(student_fn, case, z.clone(), references=_REF_1A), want, case, hint, atol=atol,
+                     dtype=want.dtype)
         return ("Matches otb.sum_pi_squared on small, huge, confident-bf16, float64 and batched logits.")
     return _verdict("Exercise 1a (sum_k pi_k^2 from logits)", body)
 
 
 def _autograd_token_energy(logits, tokens):
-    """||d log softmax(z)_y / dz||^2 per position by autograd: the exact quantity eq. (7) claims."""
+    """||d log softmax(z)_y / dz||^2 per position by autograd: the exact quantity eq. (7) of otb.py claims."""
     z = logits.detach().double().requires_grad_(True)  # (B, T, V)
     lp = z.log_softmax(-1).gather(-1, tokens[..., None])[..., 0]  # (B, T)
     (grad,) = torch.autograd.grad(lp.sum(), z)  # positions do not interact: each gets its own gradient
@@ -184,7 +261,7 @@ def ex1b_token_energy(student_fn):
 
     def body():
         case = "random tokens, compared with autograd"
-        got = _call(student_fn, case, lp.clone(), s.clone())
+        got = _call(student_fn, case, lp.clone(), s.clone(), references=_REF_1B)
         if isinstance(got, torch.Tensor) and got.shape == lp.shape:
             for name, w in wrong.items():
                 if torch.allclose(got.double(), w.double(), atol=1e-5):
@@ -193,7 +270,8 @@ def ex1b_token_energy(student_fn):
         err = _compare(got, exact, case, "d log softmax(z)_y / dz_k = 1[k=y] - pi_k; square and sum over k",
                        atol=1e-5)
         case = "confident tokens where rounding gives 1 - 2 pi(y) + sum pi^2 < 0"
-        _compare(_call(student_fn, case, lp_c.clone(), s_c.clone()), otb.token_energy(lp_c, s_c), case,
+        _compare(_call(student_fn, case, lp_c.clone(), s_c.clone(), references=_REF_1B),
+                 otb.token_energy(lp_c, s_c), case,
                  "a squared norm cannot be negative: clamp the result to [0, 2]")
         return (f"Equals ||d log pi(y)/dz||^2 from autograd (max error {err:.1e}) and clamps like "
                 f"otb.token_energy.")
@@ -204,9 +282,11 @@ def ex1b_token_energy(student_fn):
 # Exercise 2: group baselines
 # =====================================================================================
 
-_GROUP_CASES = [  # (case, lengths, group_index, batch options, hint)
-    ("one group of 4 rows, no padding", [5, 5, 5, 5], [0, 0, 0, 0], {},
-     "the baseline is the mean score of the group; A = R - baseline on every valid token"),
+_REF_2 = {f"otb.{f.__name__}": f for f in (otb.reinforce, otb.group_mean, otb.grpo, otb.rloo, otb._sequence_setup)}
+
+_GROUP_CASES = [  # (case, lengths, group_index, batch options, hint; None: the estimator's own first hint)
+    ("one group of 4 rows, no padding, rewards 1, 0, 0, 1", [5, 5, 5, 5], [0, 0, 0, 0], {"outcome": [1, 0, 0, 1]},
+     None),
     ("right padding with junk (7.0) in the padded rewards", [5, 2, 4, 3], [0, 0, 0, 0], {"junk": 7.0},
      "only valid tokens count: multiply the rewards by response_mask before summing, and multiply the "
      "advantage by response_mask so padded positions are exactly 0"),
@@ -222,6 +302,54 @@ _GROUP_CASES = [  # (case, lengths, group_index, batch options, hint)
      "group_index may be a tensor; otb.group_ids(group_index, B) handles both lists and tensors"),
 ]
 
+_FIRST_HINT = {
+    "group_mean": "b_i = the mean score of row i's group, row i included; A = R - b on every valid token",
+    "rloo": "b_i = the mean score of the *other* rows of i's group, (sum of the group - R_i) / (n - 1); "
+            "A = R - b on every valid token",
+}
+
+
+def _group_slips(b, gi):
+    """The advantages that the usual slips in 2b and 2c give, {description: (A (B, T), hint)}."""
+    m = b["response_mask"]
+    R = (b["token_rewards"] * m).sum(-1)  # R_i, (B,)
+    gid, n_groups = otb.group_ids(gi, len(R))
+    size = torch.bincount(gid, minlength=n_groups).float()[gid]  # n, the size of row i's group, (B,)
+    total = torch.zeros(n_groups).index_add_(0, gid, R)[gid]  # sum of R over row i's group, (B,)
+    single = size == 1
+
+    def adv(baseline):
+        return torch.where(single, R, R - baseline)[:, None] * m  # (B, T)
+    return {
+        "group_mean": (adv(total / size), "a baseline that includes the row's own score (the group mean of 2b)",
+                       "leave row i out: b_i = (sum of the group - R_i) / (n - 1), the mean of the others"),
+        "rloo": (adv((total - R) / (size - 1).clamp(min=1)),
+                 "a leave-one-out baseline (that is RLOO, Exercise 2c)",
+                 "2b's baseline is the mean of the whole group, row i included: b_i = sum of the group / n"),
+        "over_n": (adv((total - R) / size), "(sum of the others) / n, the sum of the n - 1 other scores divided "
+                   "by n", "there are n - 1 other rows: divide their sum by n - 1"),
+    }
+
+
+def _check_group_estimator(title, student_fn, reference, name):
+    def body():
+        for k, (case, lengths, gi, opts, hint) in enumerate(_GROUP_CASES):
+            b = _batch(lengths, seed=10 + k, **opts)
+            want = reference(b["token_rewards"], b["response_mask"], gi)[0]
+            got = _call(student_fn, case, b["token_rewards"].clone(), b["response_mask"].clone(), gi,
+                        references=_REF_2)
+            if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.allclose(got, want, atol=1e-5):
+                if torch.allclose(got, -want, atol=1e-5):
+                    raise NotYet(f"on the case '{case}' your advantages have the opposite sign",
+                                 "the advantage is the score minus the baseline: A = R - b, not b - R")
+                for slip, (A, what, slip_hint) in _group_slips(b, gi).items():
+                    if slip != name and torch.allclose(got, A, atol=1e-5):
+                        raise NotYet(f"on the case '{case}' you computed {what}", slip_hint)
+            _compare(got, want, case, hint or _FIRST_HINT[name])
+        return (f"Matches otb.{name} with padding, interleaved groups, unequal sizes, singletons and "
+                f"tensor ids.")
+    return _verdict(title, body)
+
 
 def ex2a_sequence_scores(student_fn):
     """student_fn(token_rewards, response_mask) -> R (B,): sum of valid token rewards."""
@@ -234,22 +362,10 @@ def ex2a_sequence_scores(student_fn):
     def body():
         for case, b, hint in cases:
             want = otb.reinforce(b["token_rewards"], b["response_mask"], range(len(b["log_probs"])))[0][:, 0]
-            _compare(_call(student_fn, case, b["token_rewards"].clone(), b["response_mask"].clone()), want,
-                     case, hint)
+            _compare(_call(student_fn, case, b["token_rewards"].clone(), b["response_mask"].clone(),
+                           references=_REF_2), want, case, hint)
         return "Matches the score otb.reinforce uses."
     return _verdict("Exercise 2a (sequence scores R)", body)
-
-
-def _check_group_estimator(title, student_fn, reference, name):
-    def body():
-        for k, (case, lengths, gi, opts, hint) in enumerate(_GROUP_CASES):
-            b = _batch(lengths, seed=10 + k, **opts)
-            want = reference(b["token_rewards"], b["response_mask"], gi)[0]
-            got = _call(student_fn, case, b["token_rewards"].clone(), b["response_mask"].clone(), gi)
-            _compare(got, want, case, hint)
-        return (f"Matches otb.{name} with padding, interleaved groups, unequal sizes, singletons and "
-                f"tensor ids.")
-    return _verdict(title, body)
 
 
 def ex2b_group_mean(student_fn):
@@ -266,6 +382,9 @@ def ex2c_rloo(student_fn):
 # Exercise 3: the Optimal Token Baseline
 # =====================================================================================
 
+_REF_3 = {"otb.optimal_token_baseline": otb.optimal_token_baseline, "otb.action_aligned_otb": otb.action_aligned_otb}
+
+
 def ex3a_reward_to_go(student_fn):
     """student_fn(token_rewards, response_mask) -> G (B, T), 0 on padding."""
     cases = [("outcome reward only", _batch([4, 4, 4], seed=20),
@@ -281,8 +400,8 @@ def ex3a_reward_to_go(student_fn):
         for case, b, hint in cases:
             want = otb.optimal_token_baseline(b["token_rewards"], b["response_mask"], [0] * len(b["log_probs"]),
                                               b["log_probs"], b["sum_pi_sq"])[1]
-            _compare(_call(student_fn, case, b["token_rewards"].clone(), b["response_mask"].clone()), want,
-                     case, hint)
+            _compare(_call(student_fn, case, b["token_rewards"].clone(), b["response_mask"].clone(),
+                           references=_REF_3), want, case, hint)
         return "Matches the returns of otb.optimal_token_baseline, padding included."
     return _verdict("Exercise 3a (reward-to-go G_t)", body)
 
@@ -296,17 +415,18 @@ def ex3b_realized_energy(student_fn):
         for case, b in cases:
             w = _autograd_token_energy(b["logits"], b["tokens"])  # w_t exactly, by autograd
             want = (w * b["response_mask"]).cumsum(-1) * b["response_mask"]  # W_t on valid positions
-            got = _call(student_fn, case, b["log_probs"].clone(), b["sum_pi_sq"].clone(), b["response_mask"].clone())
+            got = _call(student_fn, case, b["log_probs"].clone(), b["sum_pi_sq"].clone(), b["response_mask"].clone(),
+                        references=_REF_3)
             if isinstance(got, torch.Tensor) and got.shape == want.shape:
                 got = got * b["response_mask"]  # padded positions are not compared
-            _compare(got, want, case, "W_t = w_1 + ... + w_t: a cumulative sum over positions (dim=-1) of the "
+            _compare(got, want, case, "W_t = w_0 + ... + w_t: a cumulative sum over positions (dim=-1) of the "
                      "token energy otb.token_energy(log_probs, sum_pi_sq)", atol=1e-4)
         return "W_t equals the running sum of squared logit-gradient norms computed by autograd."
     return _verdict("Exercise 3b (realized energy W_t)", body)
 
 
 _OTB_CASES = [  # (case, lengths, group_index, batch options, hint)
-    ("one group of 4 rows, no padding", [5, 5, 5, 5], [0, 0, 0, 0], {},
+    ("one group of 4 rows, no padding, rewards 1, 0, 1, 0", [5, 5, 5, 5], [0, 0, 0, 0], {"outcome": [1, 0, 1, 0]},
      "B_t = sum_i G_t W_t / (sum_i W_t + 1e-8) over the rows of the group, one value per position t; "
      "A_t = G_t - B_t"),
     ("rows of different lengths (right padding)", [6, 2, 4, 3], [0, 0, 0, 0], {"dense": True, "junk": 7.0},
@@ -320,12 +440,56 @@ _OTB_CASES = [  # (case, lengths, group_index, batch options, hint)
      "when sum_i W_t = 0 the eps = 1e-8 in the denominator keeps B_t = 0 / 1e-8 = 0; do not drop it"),
 ]
 
-_OTB_LOO_CASES = _OTB_CASES[:3] + [
+_OTB_LOO_CASES = [(_OTB_CASES[0][:4] + (
+    "B_t^(-i) = (sum_j G_t W_t m_t - G_t^i W_t^i m_t^i) / (sum_j W_t m_t - W_t^i m_t^i + eps): row i's own "
+    "term leaves both sums",))] + _OTB_CASES[1:3] + [
     ("a singleton group", [4, 3, 4], ["solo", "x", "x"], {"dense": True},
      "with leave-one-out, a row whose group has no other active row at t gets B_t = 0"),
     ("tail of the longest row (no other row active)", [6, 2, 3], [0, 0, 0], {"dense": True},
      "at positions where no other row of the group is active, B_t = 0 (there is nothing to average)"),
 ]
+
+
+def _otb_slips(b, gi, leave_one_out):
+    """The advantages that the usual slips in 3c (weights other than W_t) and 3d (the row's own term
+    left in one of the two sums) give, {name: (A (B, T), what, hint)}. Computed on cases without
+    padding, singletons or certain tokens, where they all differ from the right answer."""
+    m = b["response_mask"]
+    G = (b["token_rewards"] * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t, (B, T)
+    w = otb.token_energy(b["log_probs"], b["sum_pi_sq"]) * m  # w_t, (B, T)
+    W = w.cumsum(-1) * m  # W_t, (B, T)
+    gid, n_groups = otb.group_ids(gi, len(G))
+
+    def group_sum(x):  # sum over the rows of each row's group, (B, T)
+        return torch.zeros(n_groups, x.shape[1]).index_add_(0, gid, x)[gid]
+
+    def adv(num, den):
+        return (G - num / (den + 1e-8)) * m  # A_t, (B, T)
+    if not leave_one_out:
+        weights = {
+            "an unweighted mean of G_t over the group": (
+                torch.ones_like(W), "B_t weighs each row by its realized energy W_t: sum_i G_t W_t m_t / "
+                "(sum_i W_t m_t + eps)"),
+            "weights w_t (this position's energy) instead of W_t": (
+                w, "W_t is the running sum w_0 + ... + w_t (your realized_energy of 3b), not w_t alone"),
+            "weights W_t^2 instead of W_t": (W ** 2, "weigh each row by W_t itself, not by its square"),
+            "weights 1 / W_t instead of W_t": (
+                1 / W, "W_t multiplies: rows that accumulated more energy pull B_t harder, "
+                "B_t = sum_i G_t W_t / (sum_i W_t + eps)"),
+        }
+        return {what: (adv(group_sum(G * v * m), group_sum(v * m)), what, hint) for what, (v, hint) in weights.items()}
+    GW = G * W
+    return {
+        "the row's own term left in both sums (the 3c baseline)": (
+            adv(group_sum(GW), group_sum(W)), "the row's own term left in both sums (that is 3c's baseline)",
+            "leave row i out: subtract its own G_t W_t from the numerator and its own W_t from the denominator"),
+        "the row's own term removed from the numerator only": (
+            adv(group_sum(GW) - GW, group_sum(W)), "the row's own term removed from the numerator only",
+            "subtract the row's own W_t^i from the denominator as well: sum_j W_t - W_t^i"),
+        "the row's own term removed from the denominator only": (
+            adv(group_sum(GW), group_sum(W) - W), "the row's own term removed from the denominator only",
+            "subtract the row's own G_t^i W_t^i from the numerator as well: sum_j G_t W_t - G_t^i W_t^i"),
+    }
 
 
 def ex3c_optimal_token_baseline(student_fn, leave_one_out=False):
@@ -339,7 +503,12 @@ def ex3c_optimal_token_baseline(student_fn, leave_one_out=False):
             args = (b["token_rewards"], b["response_mask"], gi, b["log_probs"], b["sum_pi_sq"])
             want = otb.optimal_token_baseline(*args, **extra)[0]
             got = _call(student_fn, case, *(a.clone() if isinstance(a, torch.Tensor) else a for a in args),
-                        **extra)
+                        references=_REF_3, **extra)
+            if k == 0 and isinstance(got, torch.Tensor) and got.shape == want.shape and \
+                    not torch.allclose(got, want, atol=1e-4, rtol=1e-4):
+                for A, what, slip_hint in _otb_slips(b, gi, leave_one_out).values():
+                    if torch.allclose(got, A, atol=1e-4, rtol=1e-4):
+                        raise NotYet(f"on the case '{case}' you computed {what}", slip_hint)
             _compare(got, want, case, hint, atol=1e-4, rtol=1e-4)
         what = "leave_one_out=True" if leave_one_out else "the default (own row included)"
         return f"Matches otb.optimal_token_baseline with {what} on every case."
@@ -366,6 +535,12 @@ def _toy_rows_and_advantages(en, N, groups, seed):
     return rows, A
 
 
+def _ref_4(toy_harness):
+    """The harness functions Exercise 4 rebuilds: calling them from the answer proves nothing."""
+    return {f"toy_harness.{f.__name__}": f for f in (toy_harness.measure, toy_harness.batch_gradients,
+                                                     toy_harness.gradient_stats, toy_harness.raw_stats)}
+
+
 def ex4a_batch_gradients(student_fn, en):
     """student_fn(en, A, rows, N) -> g_hat (groups, P), compared with toy_harness.batch_gradients."""
     import toy_env
@@ -376,7 +551,7 @@ def ex4a_batch_gradients(student_fn, en):
             case = f"{groups} groups of N = {N}"
             rows, A = _toy_rows_and_advantages(en, N, groups, seed=N)
             want = toy_harness.batch_gradients(en, A, rows, N)  # (groups, P), the mean over each group
-            got = _call(student_fn, case, en, A.clone(), rows.clone(), N)
+            got = _call(student_fn, case, en, A.clone(), rows.clone(), N, references=_ref_4(toy_harness))
             if isinstance(got, torch.Tensor) and got.shape == want.shape and N > 1 and \
                     want.abs().max() > 0 and torch.allclose(got, N * want, rtol=1e-9, atol=1e-12):
                 raise NotYet(f"on the case '{case}' your gradients are N = {N} times too large",
@@ -398,7 +573,7 @@ def ex4b_bias_and_variance(student_fn):
 
     def body():
         case = "200 noisy estimates of a 6-dimensional gradient"
-        got = _call(student_fn, case, g_hat.clone(), grad_J.clone())
+        got = _call(student_fn, case, g_hat.clone(), grad_J.clone(), references=_ref_4(toy_harness))
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             raise NotYet(f"on the case '{case}' your function returned {type(got).__name__} "
                          f"{got if not isinstance(got, torch.Tensor) else tuple(got.shape)}",
@@ -443,7 +618,7 @@ def ex4c_measure(student_fn, en, Ns=(2, 4, 8), groups=4000, seed=0):
             got, ref = {}, {}
             for name in ("group_mean", "rloo"):
                 case = f"{name}, N = {N}"
-                out = _call(student_fn, case, en, name, N, groups, seed)
+                out = _call(student_fn, case, en, name, N, groups, seed, references=_ref_4(toy_harness))
                 if not (isinstance(out, (tuple, list)) and len(out) == 2):
                     raise NotYet(f"on the case '{case}' your function returned {out!r:.80}",
                                  "return the pair (bias2, variance) from your bias_and_variance")
@@ -508,7 +683,29 @@ def _naive_action_index(mask):
     return k
 
 
+_REF_5 = {"otb.action_aligned_otb": otb.action_aligned_otb}
+
 _HOLES = ["1110011100", "1111111111", "1001110000", "0000000000"]  # a hole, none, an early hole, empty
+
+
+def _long_masks(rows=4, T=256, seed=5):
+    """Masks of long responses as strings: runs of actions, tool holes of 2-8 tokens, right padding.
+
+    Long rows matter: a sort without stable=True keeps equal keys in order on short rows by luck,
+    but not on rows of a hundred or more positions (and on a GPU the order is unspecified)."""
+    g = torch.Generator().manual_seed(seed)
+    masks = []
+    for _ in range(rows):
+        length = int(torch.randint(T // 2, T + 1, (), generator=g))
+        row = ""
+        while len(row) < length:
+            row += "1" * int(torch.randint(3, 20, (), generator=g)) + "0" * int(torch.randint(2, 9, (), generator=g))
+        masks.append((row[:length - 1] + "1").ljust(T, "0"))
+    return masks
+
+
+_COMPACTION_CASES = [("tool output inside the responses (junk 7.0 in the holes)", _HOLES),
+                     ("long responses (256 positions) with many tool holes", _long_masks())]
 
 
 def ex5a_action_index(student_fn):
@@ -520,14 +717,21 @@ def ex5a_action_index(student_fn):
         for case, masks in cases:
             m = torch.tensor([[float(c) for c in s] for s in masks])
             want = _naive_action_index(m)
-            got = _call(student_fn, case, m.clone())
-            if isinstance(got, torch.Tensor) and got.shape == want.shape:
-                positions = (torch.arange(m.shape[1]) * m).long()  # t on valid positions
-                if torch.equal(got.long() * m.long(), positions) and not torch.equal(got.long(), want):
+            got = _call(student_fn, case, m.clone(), references=_REF_5)
+            if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.equal(got.long(), want):
+                valid = m.bool()
+                positions = torch.arange(m.shape[1]).expand(m.shape)  # t, (B, T)
+                if torch.equal(got.long()[valid], want[valid]):
+                    bad = (~valid & (got.long() != -1)).nonzero()[0].tolist()
+                    raise NotYet(f"on the case '{case}' your k_t is right on the actions, but at the masked "
+                                 f"position {tuple(bad)} it is {got[tuple(bad)].item()}, not -1",
+                                 "cumsum(m) - 1 also runs on holes and padding: put -1 there with "
+                                 "torch.where(m.bool(), k, -1)")
+                if torch.equal(got.long()[valid], positions[valid]):
                     raise NotYet(f"on the case '{case}' your k_t is the position t",
                                  "count only the policy's tokens: k_t = cumsum(m) - 1, so a hole does not "
                                  "advance k")
-                if torch.equal(got.long() * m.long(), (want + 1) * m.long()):
+                if torch.equal(got.long()[valid], want[valid] + 1):
                     raise NotYet(f"on the case '{case}' your k_t starts at 1", "the first action has k = 0: "
                                  "subtract 1 from the cumulative sum")
             _compare(got.double() if isinstance(got, torch.Tensor) else got, want.double(), case,
@@ -540,31 +744,33 @@ def ex5b_compaction(to_actions, from_actions):
     """to_actions(x, m) -> (x_k, m_k): valid entries moved left in order, 0 after them; m_k right-padded.
     from_actions(y_k, m) -> y_t, the inverse on valid positions, 0 on masked ones."""
     def body():
-        b = _tool_batch(_HOLES, seed=50)
-        x, m = b["log_probs"], b["response_mask"]
-        case = "tool output inside the responses (junk 7.0 in the holes)"
-        out = _call(to_actions, case, x.clone(), m.clone())
-        if not (isinstance(out, (tuple, list)) and len(out) == 2):
-            raise NotYet(f"on the case '{case}' to_actions returned {type(out).__name__}, not a pair",
-                         "return (x_k, m_k)")
-        n = m.sum(-1, keepdim=True)  # actions per row, (B, 1)
-        m_k = (torch.arange(m.shape[1]) < n).float()  # (B, T)
-        x_k = torch.zeros_like(x)
-        for i in range(len(x)):
-            x_k[i, :int(n[i])] = x[i][m[i].bool()]
-        _compare(out[1], m_k, case + ": m_k", "m_k is 1 on the first n_i positions of row i "
-                 "(n_i = its number of actions) and 0 after: right padding, no holes", atol=0)
-        _compare(out[0] * m_k, x_k, case + ": x_k", "keep the order of the valid entries: "
-                 "idx = torch.argsort(m == 0, dim=-1, stable=True) lists them first; then x.gather(-1, idx)",
-                 atol=0)
-        y_k = torch.randn(x.shape, generator=torch.Generator().manual_seed(51)) * m_k
-        want = torch.zeros_like(x)
-        for i in range(len(x)):
-            want[i][m[i].bool()] = y_k[i, :int(n[i])]
-        case = "scattering values over k back to the positions t"
-        _compare(_call(from_actions, case, y_k.clone(), m.clone()), want, case,
-                 "the inverse of the gather: torch.zeros_like(y_k).scatter(-1, idx, y_k) with the same idx; "
-                 "masked positions (holes, padding) must be 0", atol=0)
+        for k, (case, masks) in enumerate(_COMPACTION_CASES):
+            b = _tool_batch(masks, seed=50 + k)
+            x, m = b["log_probs"], b["response_mask"]
+            out = _call(to_actions, case, x.clone(), m.clone(), references=_REF_5)
+            if not (isinstance(out, (tuple, list)) and len(out) == 2):
+                raise NotYet(f"on the case '{case}' to_actions returned {type(out).__name__}, not a pair",
+                             "return (x_k, m_k)")
+            n = m.sum(-1, keepdim=True)  # actions per row, (B, 1)
+            m_k = (torch.arange(m.shape[1]) < n).float()  # (B, T)
+            x_k = torch.zeros_like(x)
+            for i in range(len(x)):
+                x_k[i, :int(n[i])] = x[i][m[i].bool()]
+            _compare(out[1], m_k, case + ": m_k", "m_k is 1 on the first n_i positions of row i "
+                     "(n_i = its number of actions) and 0 after: right padding, no holes", atol=0)
+            _compare(out[0] * m_k, x_k, case + ": x_k", "keep the order of the valid entries: a sort "
+                     "without stable=True may reorder equal keys (it does on long rows, and on a GPU the order "
+                     "is unspecified): idx = torch.argsort(m == 0, dim=-1, stable=True), then x.gather(-1, idx)",
+                     atol=0)
+            y_k = torch.randn(x.shape, generator=torch.Generator().manual_seed(51 + k)) * m_k
+            want = torch.zeros_like(x)
+            for i in range(len(x)):
+                want[i][m[i].bool()] = y_k[i, :int(n[i])]
+            case = f"scattering values over k back to the positions t ({case})"
+            _compare(_call(from_actions, case, y_k.clone(), m.clone(), references=_REF_5), want, case,
+                     "the inverse of the gather: torch.zeros_like(y_k).scatter(-1, idx, y_k) with the same stable "
+                     "idx (argsort(m == 0, dim=-1, stable=True)); masked positions (holes, padding) must be 0",
+                     atol=0)
         return "to_actions gathers each row's actions to the left in order, and from_actions puts them back."
     return _verdict("Exercise 5b (gather the actions, scatter back)", body)
 
@@ -587,7 +793,7 @@ def ex5c_action_aligned_otb(student_fn):
             args = (b["token_rewards"], b["response_mask"], gi, b["log_probs"], b["sum_pi_sq"])
             want = otb.action_aligned_otb(*args, **extra)[0]
             got = _call(student_fn, case, *(a.clone() if isinstance(a, torch.Tensor) else a for a in args),
-                        **extra)
+                        references=_REF_5, **extra)
             by_position = otb.optimal_token_baseline(*args, **extra)[0]
             if isinstance(got, torch.Tensor) and got.shape == want.shape and \
                     not torch.allclose(by_position, want) and torch.allclose(got, by_position, atol=1e-5):
