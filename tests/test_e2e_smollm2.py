@@ -222,3 +222,74 @@ def test_chat_calculator_trains_two_steps(smollm2, tmp_path, monkeypatch):
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r[k]) for r in rows for k in ("grad_norm", "loss", "tool_calls", "tool_errors"))
     assert [r["tool_calls"] for r in rows] == [ro.tool_calls.float().mean().item() for ro in rollouts]
+
+
+# ----------------------------------------------------------------------------- TRL's own tool loop
+
+def add(a: int, b: int) -> int:
+    """Add two whole numbers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+def trl_tool_prompt(a, b):
+    """A conversation for TRL: one worked exchange with a call of ``add``, then the question."""
+    ask = lambda x, y: f"What is {x} + {y}? Use the add tool, then reply with the number only."  # noqa: E731
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 487, "b": 356}}}
+    return [{"role": "user", "content": ask(487, 356)}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": "add", "content": "843"}, {"role": "assistant", "content": "843"},
+            {"role": "user", "content": ask(a, b)}]
+
+
+def last_number_reward(completions, answer, **_):
+    """1 if the last integer of the last message is the sum (TRL's conversational completions)."""
+    import re
+    texts = [c[-1]["content"] or "" if isinstance(c, list) else c for c in completions]
+    return [float(re.findall(r"-?\d+", t)[-1:] == [a]) for t, a in zip(texts, answer)]
+
+
+@needs_smollm2
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None and not IN_CI, reason="trl is not installed")
+def test_otb_grpo_trainer_runs_trls_tool_loop_for_two_steps(smollm2, tmp_path, caplog):
+    """OTBGRPOTrainer with TRL's tools=[add] on SmolLM2 (its tokenizer given TRL's Qwen2.5 chat template,
+    which renders tool calls; TRL parses them): TRL runs the calls, builds the tool_mask, the trainer
+    switches to otb_tir and says so, and two steps train. The advantages are 0 on the tool's tokens."""
+    import copy
+    import logging
+    import trl
+    from datasets import Dataset
+    import otb_trl
+    model, tok, _, _ = smollm2
+    tok = copy.deepcopy(tok)
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text()
+    rng = random.Random(0)
+    pairs = [(rng.randint(100, 999), rng.randint(100, 999)) for _ in range(4)]
+    data = Dataset.from_list([{"prompt": trl_tool_prompt(a, b), "answer": str(a + b)} for a, b in pairs])
+    cfg = train.Config(group_size=4, lr=1e-5, temperature=0.7)
+    seen = []
+
+    class Spy(otb_trl.OTBGRPOTrainer):
+        def _compute_loss(self, model, inputs):
+            loss = super()._compute_loss(model, inputs)
+            seen.append(inputs)
+            return loss
+    args = otb_trl.grpo_config(tmp_path / "trl", cfg, 2, 2, 48, max_grad_norm=1e9)
+    trainer = Spy(copy.deepcopy(model), reward_funcs=last_number_reward, args=args, train_dataset=data,
+                  processing_class=tok, tools=[add])
+    with caplog.at_level(logging.WARNING, logger="otb_trl"):
+        trainer.train()
+    assert len(seen) == 2 and trainer.estimator == "otb_tir"
+    assert sum("estimator otb_tir" in r.getMessage() for r in caplog.records) == 1
+    holes = 0
+    for batch in seen:
+        assert "tool_mask" in batch
+        m = batch["completion_mask"] * batch["tool_mask"]
+        holes += int((batch["completion_mask"] * (1 - batch["tool_mask"])).sum())
+        assert (batch["advantages"][m == 0] == 0).all() and batch["advantages"].isfinite().all()
+    assert holes > 0, "TRL must have run the tool in some completions"
+    logged = [r for r in trainer.state.log_history if "loss" in r]
+    assert len(logged) == 2 and all(math.isfinite(r["loss"]) for r in logged)
