@@ -185,7 +185,7 @@ def test_chat_calculator_round_trip_on_known_strings(smollm2):
 
 @needs_smollm2
 def test_chat_calculator_trains_two_steps(smollm2, tmp_path, monkeypatch):
-    """Two otb_tir steps of SmolLM2 on --task chat_calculator (2 prompts x N = 4, the module's loaded
+    """Two otb_tir steps of SmolLM2 on --task chat_calculator (1 prompt x N = 4, the module's loaded
     model, copied): every row's mask is the tool replayed over it, each hole is a whole tool turn,
     the sampler's call counts are the holes', metrics.jsonl has the tool metrics, and the update is
     finite."""
@@ -201,7 +201,7 @@ def test_chat_calculator_trains_two_steps(smollm2, tmp_path, monkeypatch):
         return rollouts[-1]
     monkeypatch.setattr(rollout, "sample", sample)
     train.main(["--model", "smollm2", "--device", "cpu", "--task", "chat_calculator", "--estimator", "otb_tir",
-                "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "40", "--temperature", "0.7",
+                "--prompts-per-step", "1", "--group-size", "4", "--max-new-tokens", "36", "--temperature", "0.7",
                 "--lr", "1e-5", "--steps", "2", "--out", str(tmp_path), "--name", "tool"])
     tool = tasks.ChatCalculatorTask().tool(tok)
     calls = 0
@@ -211,13 +211,13 @@ def test_chat_calculator_trains_two_steps(smollm2, tmp_path, monkeypatch):
             n = int(tasks.last_valid(m[i:i + 1])) + 1
             row = ro.response[i, :n].tolist()
             assert m[i, :n].tolist() == rollout.action_mask(tool, row)
-            text = "".join("|" if a else tok.decode([y]) for y, a in zip(row, m[i, :n].tolist()))
-            holes = re.findall(r"[^|]+", text)
+            text = "".join("\0" if a else tok.decode([y]) for y, a in zip(row, m[i, :n].tolist()))
+            holes = re.findall(r"[^\0]+", text)  # each run of the tool's tokens, in full
             assert all(re.fullmatch(r"\n<\|im_start\|>tool\n(\d+|error: write calc: a \+ b)<\|im_end\|>\n"
                                     r"<\|im_start\|>assistant\n", h) for h in holes), holes
             assert ro.tool_calls[i] == len(holes) + ro.tool_cut[i]
             calls += int(ro.tool_calls[i])
-    assert calls > 0, "SmolLM2 must call the tool in some of the 16 rows"
+    assert calls > 0, "SmolLM2 must call the tool in some of the 8 rows (it does in 47 of 48 before RL)"
     rows = metrics(tmp_path / "tool")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r[k]) for r in rows for k in ("grad_norm", "loss", "tool_calls", "tool_errors"))
@@ -277,9 +277,11 @@ def test_otb_grpo_trainer_runs_trls_tool_loop_for_two_steps(smollm2, tmp_path, c
             loss = super()._compute_loss(model, inputs)
             seen.append(inputs)
             return loss
-    args = otb_trl.grpo_config(tmp_path / "trl", cfg, 2, 2, 48, max_grad_norm=1e9)
-    trainer = Spy(copy.deepcopy(model), reward_funcs=last_number_reward, args=args, train_dataset=data,
-                  processing_class=tok, tools=[add])
+    args = otb_trl.grpo_config(tmp_path / "trl", cfg, 2, 1, 48, max_grad_norm=1e9)
+    policy = copy.deepcopy(model)
+    policy.hf_quantizer = None  # the GGUF weights were de-quantized to float32 on loading: a plain model
+    trainer = Spy(policy, reward_funcs=last_number_reward, args=args, train_dataset=data, processing_class=tok,
+                  tools=[add])
     with caplog.at_level(logging.WARNING, logger="otb_trl"):
         trainer.train()
     assert len(seen) == 2 and trainer.estimator == "otb_tir"
