@@ -141,3 +141,16 @@ def test_the_alignment_figures_baselines_are_the_hand_computed_ones():
     for name, rows in saved["baselines"].items():
         torch.testing.assert_close(torch.tensor([[nan if v is None else v for v in r] for r in rows]), out[name],
                                    equal_nan=True, rtol=0, atol=1e-6)
+
+
+def test_alignment_gaps_alone_counts_the_actions_without_a_partner():
+    """benchmarks/alignment_gap.alone on the teaching figure's group: by position, row 0's actions at
+    t = 5..7 (row 1's tool reply) and row 1's at t = 11 (row 0's padding) are alone; by action, only
+    row 0's 8th and 9th actions (row 1 has 7)."""
+    from benchmarks import alignment_figure, alignment_gap
+    m = alignment_figure.group()["response_mask"]
+    gid = torch.zeros(2, dtype=torch.long)
+    by_position = alignment_gap.alone(m, gid)
+    assert by_position.nonzero().tolist() == [[0, 5], [0, 6], [0, 7], [1, 11]]
+    at_k = torch.argsort(m == 0, dim=-1, stable=True)
+    assert alignment_gap.alone(m.gather(-1, at_k), gid).nonzero().tolist() == [[0, 7], [0, 8]]  # k = 8, 9
