@@ -279,7 +279,7 @@ def test_otb_grpo_trainer_runs_trls_tool_loop_for_two_steps(smollm2, tmp_path, c
             return loss
     args = otb_trl.grpo_config(tmp_path / "trl", cfg, 2, 1, 48, max_grad_norm=1e9)
     policy = copy.deepcopy(model)
-    policy.hf_quantizer = None  # the GGUF weights were de-quantized to float32 on loading: a plain model
+    policy.hf_quantizer, policy.is_quantized = None, False  # GGUF weights de-quantized to float32 on loading
     trainer = Spy(policy, reward_funcs=last_number_reward, args=args, train_dataset=data, processing_class=tok,
                   tools=[add])
     with caplog.at_level(logging.WARNING, logger="otb_trl"):
