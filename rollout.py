@@ -14,7 +14,9 @@ Two jobs, in the order a training step needs them (the prompts and rewards come 
    ``"compiled"`` (train.py ``--compile-decode``) runs them on fast_decode.py's static cache.
 2. ``score``: one forward pass over prompt + response that returns, for every response token,
    log pi_tau(y_t), sum_k pi_k^2 (through ``otb.sum_pi_squared``) and the entropy, all at the
-   same temperature as sampling, ``chunk_size`` response positions at a time.
+   same temperature as sampling. The LM head runs in float32 on ``chunk_size`` positions at a
+   time, and each chunk's logits are recomputed in the backward: the graph holds the last hidden
+   states (B, T, H), never the (B, T, V) logits.
 
 Layout: prompts are left-padded (so every row's last prompt token sits in the same column),
 responses are right-padded; ``position_ids`` are computed from the attention mask, so left
@@ -23,6 +25,7 @@ padding does not shift positions.
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 
 import fast_decode
 import otb
@@ -62,7 +65,7 @@ class Rollout:
     response_mask: torch.Tensor  # (B, T) float, 1 on sampled tokens (EOS included), 0 on tool output
     group_index: torch.Tensor  # (B,) prompt id of each row
     logp: torch.Tensor  # (B, T) sampler's log pi_tau(y_t), 0 on padding and tool output
-    finished: torch.Tensor  # (B,) bool, True where the row emitted EOS
+    finished: torch.Tensor  # (B,) bool, True where the row emitted EOS or a stop rule ended it
     # With a tool (None without one), per row: calls answered, error replies among them (Tool.is_error),
     # tool tokens forced in, and whether the limit cut a reply short (B,) each
     tool_calls: torch.Tensor = None
@@ -73,7 +76,7 @@ class Rollout:
 
 @torch.no_grad()
 def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, pad_id,
-           generator=None, tool=None, decode="plain"):
+           generator=None, tool=None, decode="plain", stop=None, sync_every=None):
     """Sample ``group_size`` responses to every prompt (a list of token-id lists).
 
     Returns a ``Rollout`` on the model's device. ``generator`` (a torch.Generator) makes the
@@ -88,6 +91,18 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
     does not depend on the tool), and the position gets mask 0 and log-prob 0. A forced token is context like any other: it goes
     through the same batched decode step into the KV cache, and the policy's next token sees it.
     Without a tool, or before a row's first call, sampling is exactly the single-turn sampler.
+
+    ``stop`` (or None) is the environment's stop rule, as a stop string is in vLLM: ``stop(i, ids)``
+    gets row i's response tokens so far (a list) and returns how many of them the row keeps once
+    the part its reward grades is complete, or None while it is not. The row then ends there: the
+    tokens after that point are cut (padding, mask 0, log-prob 0) and the row is ``finished``.
+
+    ``sync_every``: decode steps between the checks that need the tokens on the host (whether
+    every row has ended, the stop rule). Without a tool the loop otherwise never waits for the
+    device, so on a GPU the checks come every 8 steps (rows that ended earlier only pad, and a stop
+    rule cuts back to where it would have stopped: the same rollout, up to 7 columns of padding);
+    on the CPU, where nothing waits, every step (default None: 1 on the CPU, 8 elsewhere). A tool
+    needs the tokens at every step, so with a tool the loop waits every step anyway.
 
     ``decode`` picks how the forward passes run: "plain" (the default, a cache that grows by one
     column per token), or fast_decode.py's "static" (a static cache of fixed shape) or "compiled"
@@ -117,20 +132,27 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
     done = torch.zeros(B, dtype=torch.bool, device=device)
     queue = [[] for _ in range(B)]  # per row: the tool's output tokens still to be forced
     calls, errors, forced_in = [0] * B, [0] * B, [0] * B  # per row: tool calls, error replies, reply tokens
-    for _ in range(max_new_tokens):
+    keep = [None] * B  # per row: the tokens a stop rule keeps (None: not stopped)
+    if sync_every is None:
+        sync_every = 1 if device.type == "cpu" else 8
+    for t in range(max_new_tokens):
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # log pi_tau, (B, V)
         draw_on = generator.device if generator is not None else device
         y = torch.multinomial(logprobs.exp().to(draw_on), 1, generator=generator).to(device)  # (B, 1)
-        forced = torch.tensor([len(q) > 0 for q in queue], device=device)  # (B,) bool
-        if bool(forced.any()):  # the environment's tokens replace the draws of those rows
-            y[forced, 0] = torch.tensor([q.pop(0) for q in queue if q], device=device)
-        y = y.squeeze(-1).masked_fill(done, pad_id)  # finished rows only pad
-        action = ~done & ~forced  # (B,) positions the policy chose
+        y = y.squeeze(-1)  # (B,)
+        action = ~done  # (B,) positions the policy chooses
+        if tool is not None and any(queue):  # the environment's tokens replace the draws of those rows
+            forced = torch.tensor([len(q) > 0 for q in queue], device=device)  # (B,) bool
+            y[forced] = torch.tensor([q.pop(0) for q in queue if q], device=device)
+            action = action & ~forced
+        y = y.masked_fill(done, pad_id)  # finished rows only pad
         actions.append(action)
         tokens.append(y)
         logps.append(logprobs.gather(-1, y[:, None]).squeeze(-1).masked_fill(~action, 0.0))
-        goes_on = torch.zeros_like(done)  # (B,) rows whose closing token was a call (EOS too, in a chat)
-        if tool is not None:  # a row that just closed a call receives the tool's output next
+        if tool is None:
+            done = done | (action & (y == eos_id))
+        else:  # a row that just closed a call receives the tool's output next
+            goes_on = torch.zeros_like(done)  # (B,) rows whose closing token was a call (a chat's turn end too)
             for i in torch.nonzero(action & (y == tool.close_id)).flatten().tolist():
                 output = tool.respond(torch.stack(tokens, 1)[i].tolist()) if calls[i] < tool.max_calls else None
                 if output is not None:  # None: not a call, an ordinary token
@@ -139,9 +161,12 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
                     errors[i] += bool(tool.is_error and tool.is_error(queue[i]))
                     forced_in[i] += len(queue[i])
                     goes_on[i] = True
-        done = done | (action & (y == eos_id) & ~goes_on)
-        if bool(done.all()):
-            break
+            done = done | (action & (y == eos_id) & ~goes_on)
+        if (t + 1) % sync_every == 0 or t + 1 == max_new_tokens:  # the host looks at the tokens
+            if stop is not None:
+                done = apply_stop(stop, tokens, keep, done)
+            if bool(done.all()):
+                break
         # Decode one token: the cache holds every earlier key/value, so the pass costs O(1) tokens.
         if decoder is None:
             attn = torch.cat([attn, attn.new_ones((B, 1))], dim=1)  # (B, P + t)
@@ -152,16 +177,29 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
             logits = decoder.step(y, next_pos)  # (B, V)
         next_pos = next_pos + 1
 
+    response, m, logp = torch.stack(tokens, 1), torch.stack(actions, 1).float(), torch.stack(logps, 1)  # (B, T)
+    if stop is not None:  # cut each stopped row after the tokens it keeps
+        done = apply_stop(stop, tokens, keep, done)
+        kept = torch.tensor([response.shape[1] if n is None else n for n in keep], device=device)  # (B,)
+        cut = torch.arange(response.shape[1], device=device)[None] >= kept[:, None]  # (B, T)
+        response, m, logp = response.masked_fill(cut, pad_id), m.masked_fill(cut, 0.0), logp.masked_fill(cut, 0.0)
     per_row = (lambda xs: torch.tensor(xs, device=device)) if tool is not None else (lambda xs: None)
-    return Rollout(prompt_ids=ids, prompt_mask=mask,
-                   response=torch.stack(tokens, 1),  # (B, T)
-                   response_mask=torch.stack(actions, 1).float(),  # (B, T)
-                   group_index=group_index,
-                   logp=torch.stack(logps, 1),  # (B, T)
-                   finished=done,
+    return Rollout(prompt_ids=ids, prompt_mask=mask, response=response, response_mask=m,
+                   group_index=group_index, logp=logp, finished=done,
                    tool_calls=per_row(calls), tool_errors=per_row(errors),
                    tool_tokens=per_row([n - len(q) for n, q in zip(forced_in, queue)]),  # the cut part never came
                    tool_cut=per_row([len(q) > 0 for q in queue]))
+
+
+def apply_stop(stop, tokens, keep, done):
+    """Ask the stop rule about every row not stopped yet (one copy of the tokens to the host);
+    records in ``keep`` how many tokens a newly stopped row keeps; returns ``done`` with those rows."""
+    so_far = torch.stack(tokens, 1).tolist()  # (B, t) on the host
+    for i, row in enumerate(so_far):
+        if keep[i] is None:
+            keep[i] = stop(i, row)
+    stopped = torch.tensor([n is not None for n in keep], device=done.device)  # (B,)
+    return done | stopped
 
 
 def action_mask(tool, response):
@@ -199,6 +237,12 @@ def score(model, prompt_ids, prompt_mask, response, response_mask, temperature, 
     ``entropy`` are detached diagnostics. ``chunk_size`` = response positions per chunk
     (None: all at once).
 
+    The pass runs the decoder (``model.base_model``) to its last hidden states h, then the LM head
+    z = W h (+ b) in float32 (autocast off), ``chunk_size`` positions at a time. A chunk's logits are
+    recomputed from h in the backward (``torch.utils.checkpoint``), so the graph keeps h, (B, T, H),
+    and never more than one chunk's (B, c, V) logits: the full float32 (B, T, V) tensor is never held,
+    not even for the backward of logsumexp. Without ``chunk_size`` it is one chunk, not recomputed.
+
     Every response position is attended to, whatever its mask: a tool's output (mask 0) is part
     of the context of the tokens after it, as it was for the sampler. Padding after a row's end
     is attended to as well, which changes nothing: attention is causal, so a position only ever
@@ -207,19 +251,34 @@ def score(model, prompt_ids, prompt_mask, response, response_mask, temperature, 
     T = response.shape[1]  # response positions
     ids = torch.cat([prompt_ids, response], dim=1)  # (B, P+T)
     attn = torch.cat([prompt_mask.long(), torch.ones_like(response)], dim=1)  # (B, P+T)
-    # Keep only the last T + 1 columns: the logit at column j predicts token j + 1, so columns
-    # P-1 .. P+T-2 score the response; the prompt's other logits are never materialised.
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=positions(attn),
-                   logits_to_keep=T + 1).logits[:, :-1]  # (B, T, V)
-
+    hidden = model.base_model(input_ids=ids, attention_mask=attn, position_ids=positions(attn),
+                              use_cache=False).last_hidden_state  # (B, P+T, H); no KV cache to keep
+    # The hidden state at column j predicts token j + 1, so columns P-1 .. P+T-2 score the response.
+    h = hidden[:, -T - 1:-1]  # (B, T, H)
+    head = model.get_output_embeddings()  # the LM head: z = W h (+ b)
     step = T if chunk_size is None else chunk_size
     logp, spp, ent = [], [], []
     for s in range(0, T, step):  # a loop over memory chunks only
-        z = logits[:, s:s + step].float() / temperature  # z / tau, (B, c, V)
-        lse = torch.logsumexp(z, dim=-1)  # (B, c)
-        logp.append(z.gather(-1, response[:, s:s + step, None]).squeeze(-1) - lse)
-        with torch.no_grad():
-            spp.append(otb.sum_pi_squared(z))  # sum_k pi_k^2, (B, c)
-            ent.append(lse - (torch.softmax(z, -1) * z).sum(-1))  # H = lse - E_pi[z], (B, c)
+        args = (h[:, s:s + step], response[:, s:s + step], head.weight, head.bias, temperature)
+        if chunk_size is None:
+            out = _score_chunk(*args)
+        else:  # the backward recomputes this chunk's logits from h instead of keeping them
+            out = torch.utils.checkpoint.checkpoint(_score_chunk, *args, use_reentrant=False)
+        for lst, x in zip((logp, spp, ent), out):
+            lst.append(x)
     m = response_mask.float()
     return torch.cat(logp, 1) * m, torch.cat(spp, 1) * m, torch.cat(ent, 1) * m
+
+
+def _score_chunk(h, y, weight, bias, temperature):
+    """One chunk of c positions: hidden states h (B, c, H) and tokens y (B, c) -> log pi_tau(y_t)
+    with its graph, and the detached sum_k pi_k^2 and entropy, all (B, c) float32."""
+    with torch.autocast(h.device.type, enabled=False):  # the head in float32, whatever autocast says
+        z = torch.nn.functional.linear(h.float(), weight.float(),
+                                       None if bias is None else bias.float()) / temperature  # z / tau, (B, c, V)
+        lse = torch.logsumexp(z, dim=-1)  # (B, c)
+        logp = z.gather(-1, y[..., None]).squeeze(-1) - lse  # log pi_tau(y_t), (B, c)
+        with torch.no_grad():
+            spp = otb.sum_pi_squared(z)  # sum_k pi_k^2, (B, c)
+            ent = lse - (torch.softmax(z, -1) * z).sum(-1)  # H = lse - E_pi[z], (B, c)
+    return logp, spp, ent

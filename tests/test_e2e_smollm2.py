@@ -87,10 +87,11 @@ def test_two_preset_steps_on_the_cpu(tmp_path):
     assert (config["model"], config["task"], config["lr"]) == ("smollm2", "arithmetic", 1e-5)
 
 
-# --preset gpu's comparison shrunk to a CPU smoke check (docs/training.md): 2 seeds x 2 configurations,
-# 1 prompt per step, 8 new tokens, a budget of 32 tokens (1 or 2 steps)
+# --preset gpu's comparison shrunk to a CPU smoke check (docs/training.md): the preflight, the pilot at one
+# rate, then 2 seeds x 2 configurations, 1 prompt per step, 8 new tokens, a budget of 32 tokens (a few steps)
 SMOKE_COMPARE = ["--preset", "gpu", "--device", "cpu", "--prompts-per-step", "1", "--max-new-tokens", "8",
-                 "--compare", "otb:2,group_mean:4", "--seeds", "0,1", "--token-budget", "32", "--steps", "3"]
+                 "--compare", "otb:2,group_mean:4", "--seeds", "0,1", "--token-budget", "32", "--steps", "10",
+                 "--lr-pilot", "1e-5"]
 
 
 @needs_smollm2
@@ -134,7 +135,7 @@ def test_preset_gpu_comparison_smoke_two_seeds_two_configurations(tmp_path):
             rows = [json.loads(line) for line in path.read_text().splitlines()]
             tokens = [r["tokens"] for r in rows]
             assert tokens[-1] >= 32 and all(t < 32 for t in tokens[:-1])  # ended at the step that reached B
-            assert len(rows) < 3  # by the budget, not by --steps
+            assert len(rows) < 10  # by the budget, not by --steps
     out = json.loads((folder / "summary.json").read_text())
     assert out["budget"] == 32 and out["seeds"] == [0, 1]
     assert [(p["comparator"], p["endpoint"]) for p in out["paired"]] == [("group_mean:4", "primary"),
@@ -143,6 +144,8 @@ def test_preset_gpu_comparison_smoke_two_seeds_two_configurations(tmp_path):
     assert "otb:2 minus comparator" in (folder / "summary.md").read_text()
     config = json.loads((folder / "config.json").read_text())["config"]
     assert (config["task"], config["temperature"], config["seeds"]) == ("count", 0.7, "0,1")
+    assert json.loads((folder / "preflight.json").read_text())["largest"] == "group_mean:4"  # run first
+    assert json.loads((folder / "pilot.json").read_text())["chosen"] == 1e-5
 
 
 # ----------------------------------------------------------------------------- a tool through the chat template
@@ -222,4 +225,3 @@ def test_chat_calculator_trains_two_steps(smollm2, tmp_path, monkeypatch):
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r[k]) for r in rows for k in ("grad_norm", "loss", "tool_calls", "tool_errors"))
     assert [r["tool_calls"] for r in rows] == [ro.tool_calls.float().mean().item() for ro in rollouts]
-

@@ -4,6 +4,9 @@ are in test_inputs_train.py."""
 import dataclasses
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,11 +16,14 @@ import compare
 import diagnostics
 import models
 import otb
+import preflight
 import rollout
 import tasks
 import train
 import train_cli
 from tiny_runs import TINY, interrupt_at, metrics, run, without_times
+
+ROOT = Path(train.__file__).resolve().parent
 
 RESUME = ["--estimator", "otb", "--steps", "6", "--lr-schedule", "length", "--lr-warmup-window", "2",
           "--lr-surge-ratio", "0.5", "--lr-decay-period-factor", "0.5"]  # the LR decays within 6 steps
@@ -406,7 +412,7 @@ def test_an_interrupted_comparison_resumes_keeping_finished_configurations(out, 
 
 # ----------------------------------------------------------------------------- options
 
-def test_zero_tail_reaches_the_otb_estimator_only(out, monkeypatch):
+def test_zero_tail_reaches_the_otb_estimators_only(out, monkeypatch):
     called = set()
     def spy(name, real):
         def estimator(*a, **k):
@@ -418,8 +424,13 @@ def test_zero_tail_reaches_the_otb_estimator_only(out, monkeypatch):
     train.main(TINY + ["--out", str(out), "--name", "zt", "--compare", "otb:2,group_mean:2", "--zero-tail",
                        "--steps", "1"])
     assert called == {"otb_zero_tail", "group_mean"}
+    called.clear()
+    train.main(TINY + ["--out", str(out), "--name", "zt-tir", "--compare", "otb_tir:2,rloo:2", "--zero-tail",
+                       "--steps", "1"])
+    assert called == {"otb_tir_zero_tail", "rloo"}
     monkeypatch.undo()
     assert otb.ESTIMATORS["otb_zero_tail"].keywords == {"zero_tail": True}
+    assert otb.ESTIMATORS["otb_tir_zero_tail"].keywords == {"zero_tail": True}
     assert train.Config().zero_tail is False  # the one place the default lives
     assert parse(["--estimator", "otb"]).zero_tail == train.Config().zero_tail
 
@@ -528,3 +539,103 @@ def test_the_docs_show_the_saved_default_run():
     assert saved[0].rstrip("|").split("|")[-1].strip() == "seconds"
     expected = "\n".join("|" + "|".join(line.strip("|").split("|")[:-1]) + "|" for line in saved)
     assert expected in (root / "docs/training.md").read_text()
+
+
+def test_the_hub_id_loads_the_unquantised_weights_from_a_mocked_hub(tmp_path):
+    """A mocked Hub: a Hugging Face cache folder that holds HuggingFaceTB/SmolLM2-135M-Instruct as a
+    small float32 safetensors model. --model with that id (offline) loads exactly those weights, with
+    no GGUF file and no dequantisation; --model smollm2 would name the Q4_1 GGUF instead."""
+    repo = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    snapshot = tmp_path / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / "0123abcd"
+    tok = models.char_tokenizer()
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    model = models.tiny_model(tok, hidden=16, layers=1, seed=3)
+    model.save_pretrained(snapshot)
+    tok.save_pretrained(snapshot)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0123abcd")
+    torch.save(model.state_dict(), tmp_path / "want.pt")
+    code = (
+        "import json, torch, train, train_cli\n"
+        f"cfg = train_cli.parse(['--preset', 'gpu', '--model', '{repo}', '--device', 'cpu', '--out', "
+        f"'{tmp_path}'], train.Config, train.PRESETS)\n"
+        "model, tok, source = train_cli.load(cfg, torch.device('cpu'))\n"
+        f"want = torch.load('{tmp_path / 'want.pt'}')\n"
+        "same = all(torch.equal(model.state_dict()[k], v) for k, v in want.items())\n"
+        "print(json.dumps(dict(source=source, same=same, dtype=str(next(model.parameters()).dtype))))\n")
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got == dict(source=dict(path=repo), same=True, dtype="torch.float32")
+    assert models.SMOLLM2_GGUF.endswith(".Q4_1.gguf") and "Q4_1" in models.SMOLLM2_WEIGHTS
+
+
+# ----------------------------------------------------------------------------- preflight
+
+def test_preflight_projects_the_run_and_stops_above_the_memory_limit(out, capsys):
+    """--preflight: one step at the largest configuration (group_mean:4 here), its numbers in
+    preflight.json and on the screen, the projection computed from them by its formula, no training;
+    with a --memory-limit below the measured peak it stops (exit status 2) naming the options that
+    lower the peak, and still writes preflight.json."""
+    args = TINY + ["--out", str(out), "--compare", "otb:2,group_mean:4", "--token-budget", "200", "--preflight"]
+    train.main(args + ["--name", "pf"])
+    shown = capsys.readouterr().out
+    r = json.loads((out / "pf" / "preflight.json").read_text())
+    assert "preflight: largest step group_mean:4 (16 rows" in shown and "projected:" in shown
+    assert (r["largest"], r["rows"]) == ("group_mean:4", 16) and r["peak_memory"] > 0 and not r["out_of_memory"]
+    L = r["mean_response_length"]
+    for run_, g in zip(r["runs"], (2, 4)):
+        assert run_["steps"] == min(100, math.ceil(200 / (4 * g * L))) and run_["runs"] == 1
+        assert run_["seconds_per_step"] == pytest.approx(r["seconds_rollout"] + r["seconds_score_update"] * g / 4)
+    assert r["projected_seconds"] == pytest.approx(sum(x["steps"] * x["seconds_per_step"] for x in r["runs"]))
+    model = models.tiny_model(models.char_tokenizer(), hidden=32, layers=1)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert r["projected_disk"] == (2 * 4 + 8) * n_params
+    assert not list((out / "pf").glob("*/metrics.jsonl"))  # nothing trained
+    train.main(args + ["--name", "pf-pilot", "--lr-pilot", "1e-3,3e-3", "--lr-pilot-run", "otb:2"])
+    r = json.loads((out / "pf-pilot" / "preflight.json").read_text())
+    pilot, L = r["runs"][0], r["mean_response_length"]  # the pilot's runs come first, at B / 4
+    assert (pilot["run"], pilot["runs"], pilot["steps"]) == ("pilot otb:2", 2, min(100, math.ceil(50 / (4 * 2 * L))))
+    assert r["projected_disk"] == ((2 + 2) * 4 + 8) * n_params  # 2 pilot runs and 2 configurations
+    with pytest.raises(SystemExit) as stop:
+        train.main(args + ["--name", "pf-small", "--memory-limit", "0.001"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "--memory-limit (0.00 GB)" in err and "--micro-batch-rows 8" in err
+    assert json.loads((out / "pf-small" / "preflight.json").read_text())["memory_limit"] == 1e6
+
+
+def test_preflight_leaves_the_weights_as_they_were(out):
+    cfg = train_cli.parse(TINY + ["--out", str(out), "--compare", "otb:2,group_mean:4"], train.Config, train.PRESETS)
+    model, tok, _ = train_cli.load(cfg, torch.device("cpu"))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    preflight.run(cfg, model, tok, out / "pf", train.train_step, train.learn, train.make_estimator)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+# ----------------------------------------------------------------------------- the learning-rate pilot
+
+def test_the_learning_rate_pilot_then_the_comparison_at_the_chosen_rate(out):
+    """The GPU preset's pipeline at tiny sizes: the pilot (group_mean:2 at two rates, seed 100, 40 tokens
+    each), the rule's choice recomputed from the pilot's saved metrics, then the paired comparison over
+    seeds 0 and 1 with every configuration at the chosen rate."""
+    train.main(TINY + ["--out", str(out), "--name", "lr", "--compare", "otb:2,group_mean:2", "--seeds", "0,1",
+                       "--token-budget", "60", "--steps", "6", "--lr-pilot", "3e-3,1e-4",
+                       "--lr-pilot-run", "group_mean:2", "--lr-pilot-budget", "40"])
+    folder = out / "lr"
+    finals = {}
+    for lr in (1e-4, 3e-3):
+        run_dir = folder / "pilot" / f"lr{lr:g}"
+        stored = json.loads((run_dir / "config.json").read_text())["config"]
+        assert (stored["lr"], stored["seed"], stored["estimator"], stored["group_size"]) == (lr, 100, "group_mean", 2)
+        e = compare.endpoints(metrics(run_dir), 6, budget=40, window=4, target=0.35)
+        finals[lr] = e["primary"] if e and e["primary"] == e["primary"] else -math.inf
+    best = max(finals.values())
+    chosen = min(lr for lr, f in finals.items() if f == best)  # the rule: highest final success, then the smaller rate
+    pilot = json.loads((folder / "pilot.json").read_text())
+    assert pilot["chosen"] == chosen and [r["lr"] for r in pilot["rates"]] == [1e-4, 3e-3]
+    assert f"**{chosen:g}**" in (folder / "pilot.md").read_text()
+    for s in (0, 1):
+        for run_ in ("otb-n2", "group_mean-n2"):
+            assert json.loads((folder / f"seed{s}" / run_ / "config.json").read_text())["config"]["lr"] == chosen
+    assert json.loads((folder / "summary.json").read_text())["seeds"] == [0, 1]

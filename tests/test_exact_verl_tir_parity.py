@@ -107,6 +107,20 @@ def test_otb_tir_matches_verl_multi_turn(case_name, zero_tail):
     assert (ret[~m] == 0).all() and (adv[~m] == 0).all()
 
 
+@pytest.mark.parametrize("case_name", sorted(CASES))
+def test_the_zero_tail_estimators_by_name_are_verls_default(case_name):
+    """verl 0.9.1 runs its two OTB functions with handle_zero_tail=True (their default; the trainer never
+    passes it): otb_tir_zero_tail equals verl's multi-turn function so run, everywhere, and
+    otb_zero_tail its position-aligned one wherever there are no holes."""
+    case = CASES[case_name]
+    exp = case["expected"]
+    adv, ret = _run(case, otb.ESTIMATORS["otb_tir_zero_tail"])
+    assert _max_err(adv, exp["otb_tir_zero_tail"]["advantages"], torch.ones_like(adv, dtype=torch.bool)) <= TOL
+    if not _holes(case["response_mask"]).any():
+        adv, _ = _run(case, otb.ESTIMATORS["otb_zero_tail"])
+        assert _max_err(adv, exp["otb_zero_tail"]["advantages"], torch.ones_like(adv, dtype=torch.bool)) <= TOL
+
+
 def test_otb_tir_departs_from_verl_only_for_a_groups_one_row_with_actions():
     # verl's multi-turn function leaves rows without a valid token out of their group, so the one
     # row of actions in a group of two is a singleton there: B = 0, A = G. Here the group has two

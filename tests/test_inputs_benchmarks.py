@@ -27,6 +27,8 @@ CASES = [
     ("grad_variance", ["--group-sizes", "2,3"], "--group-sizes: every N must divide --pool 32"),
     ("grad_variance", ["--estimators", "otb,ppo"], "--estimators: must be comma-separated names from"),
     ("lr_schedule_experiment", ["--steps", "0"], "--steps: must be an integer >= 1"),
+    ("bench_memory", ["--rows", "4,0"], "--rows: must be comma-separated integers >= 1"),
+    ("bench_memory", ["--chunk-size", "0"], "--chunk-size: must be an integer >= 1"),
     ("lr_schedule_experiment", ["--lr", "-1"], "--lr: must be a number > 0"),
     ("bench_vs_trl", ["--steps", "0"], "--steps: must be an integer >= 1"),
     ("bench_vs_trl", ["--steps", "5", "--skip", "5"], "--skip: must be smaller than --steps (5), got 5"),

@@ -36,6 +36,23 @@ BAD = [
     (["--estimator", "otb_loo", "--zero-tail"], "--zero-tail"),
     (["--compare", "group_mean:4,otb_loo:4", "--zero-tail"], "--zero-tail"),
     (["--estimator", "otb_zero_tail", "--zero-tail"], "--zero-tail"),  # zero tail already
+    (["--estimator", "otb_tir_zero_tail", "--zero-tail"], "--zero-tail"),
+    (["--estimator", "otb_tir", "--group-size", "1"], "--group-size"),  # a group baseline
+    (["--compare", "otb_tir_zero_tail:1"], "--compare"),
+    (["--estimator", "otb", "--micro-batch-rows", "0"], "--micro-batch-rows"),
+    (["--estimator", "otb", "--memory-limit", "0"], "--memory-limit"),
+    (["--compare", "otb:2,group_mean:2", "--token-budget", "50", "--lr-pilot", "1e-3,x"], "--lr-pilot"),
+    (["--compare", "otb:2,group_mean:2", "--token-budget", "50", "--lr-pilot", "1e-3,1e-3"], "--lr-pilot"),
+    (["--compare", "otb:2,group_mean:2", "--token-budget", "50", "--lr-pilot", "-1e-3"], "--lr-pilot"),
+    (["--compare", "otb:2,group_mean:2", "--lr-pilot", "1e-3"], "--lr-pilot"),  # no budget
+    (["--compare", "otb:2,group_mean:2", "--token-budget", "50", "--lr-pilot", "1e-3", "--lr-pilot-run", "otb:1"],
+     "--lr-pilot-run"),
+    (["--compare", "otb:2,group_mean:2", "--token-budget", "50", "--lr-pilot", "1e-3", "--lr-pilot-run", "nope:4"],
+     "--lr-pilot-run"),
+    (["--compare", "otb:2,group_mean:2", "--token-budget", "50", "--seeds", "0,100", "--lr-pilot", "1e-3"],
+     "--lr-pilot-seed"),
+    (["--estimator", "otb", "--lr-pilot", "1e-3", "--token-budget", "50"], "--lr-pilot"),
+    (["--estimator", "otb", "--lr-pilot-budget", "0"], "--lr-pilot-budget"),
     (["--estimator", "otb", "--horizon", "0"], "--horizon"),
     (["--estimator", "otb", "--task", "periodic", "--horizon", "600"], "--horizon"),
     (["--resume", "/no/such/run"], "--resume"),
