@@ -153,3 +153,23 @@ def test_committed_calculator_sweep_is_its_statistics_reanalysed_and_docs_tool_u
         assert mine["gain"] == pytest.approx(theirs["gain"], rel=1e-9, nan_ok=True)
     table = hs.compact_md(saved["gains"], saved["pooled"], estimators=hs.TOOL_ROWS)
     assert table in (root / "docs" / "tool_use.md").read_text()
+
+
+def test_committed_factors_sweep_is_its_statistics_reanalysed_and_docs_tool_use_shows_it():
+    # benchmarks/results/factors_sweep (horizon_sweep.py --task factors): the paired otb / otb_tir
+    # ratios are what head_to_head() makes of its stats.npz, and docs/tool_use.md's table shows them.
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    folder = root / "benchmarks" / "results" / "factors_sweep"
+    saved = json.loads((folder / "results.json").read_text())
+    assert saved["args"]["task"] == "factors" and saved["args"]["seeds"] == [0, 1, 2]
+    versus = hs.head_to_head(hs.load_grams(folder / "stats.npz"), replicates=saved["args"]["replicates"])
+    docs = (root / "docs" / "tool_use.md").read_text()
+    for mine, theirs in zip(versus, saved["otb_tir_over_otb"], strict=True):
+        assert (mine["n"], mine["N"]) == (theirs["n"], theirs["N"])
+        for a, b in zip(mine["per_seed"], theirs["per_seed"], strict=True):
+            assert a == pytest.approx(b, rel=1e-9, nan_ok=True)
+        cells = ["unresolved" if g[0] != g[0] else hs.stats.fmt(*g, low=0.0) for g in mine["per_seed"]]
+        combined = "unresolved" if mine["gain"][0] != mine["gain"][0] else hs.stats.fmt(*mine["gain"], low=0.0)
+        assert f"| {mine['N']} | {combined} | " + " | ".join(cells) + " |" in docs
