@@ -129,6 +129,14 @@ def quality_columns(metrics):
     return {k + sfx: v[i] for k, v in metrics.items() for i, sfx in enumerate(("", "_lo", "_hi"))}
 
 
+def out_of_range(quality, raw):
+    """The stored columns that lie outside their range, for a table to mark: the scale-free ones
+    scale_free.bootstrap flags, and bias2, an unbiased estimate that is negative when the squared bias
+    is smaller than its noise (stored as estimated: clipping it at 0 would bias it)."""
+    return [k for k in quality.get("out_of_range", []) if k in SCALE_FREE + ("gain",)] + \
+        (["bias2"] if raw["bias2"] < 0 else [])
+
+
 def raw_stats(g_hat, grad_J):
     """Raw (scale-dependent, never a quality by themselves) bias2, variance and MSE of g_hat (G, P)
     against grad_J (P,), with standard errors. Returns (dict, per-group squared errors (G,))."""
@@ -158,7 +166,8 @@ def gradient_stats(g_hat, grad_J, units=50, factor=None, replicates=1000):
     raw, sq = raw_stats(g_hat, grad_J)
     quality = scale_free.bootstrap({"e": block_stats(g_hat, grad_J, units)},
                                    {} if factor is None else {"e": factor}, replicates=replicates)["e"]
-    return {**quality_columns({k: quality[k] for k in SCALE_FREE}), **raw}, sq
+    return {**quality_columns({k: quality[k] for k in SCALE_FREE}), **raw,
+            "out_of_range": out_of_range(quality, raw)}, sq
 
 
 def measure(en, Ns=(2, 4, 8, 16, 32), groups=10000, seed=0, names=None, keep_errors=False, replicates=1000):
@@ -184,7 +193,9 @@ def measure(en, Ns=(2, 4, 8, 16, 32), groups=10000, seed=0, names=None, keep_err
         paired = scale_free.bootstrap(units, factors, baseline="group_mean" if "group_mean" in units else None,
                                       replicates=replicates, seed=seed + N)
         for r in block:  # the scale-free columns from the paired bootstrap
-            r.update(quality_columns({k: v for k, v in paired[r["estimator"]].items() if k in SCALE_FREE + ("gain",)}))
+            q = paired[r["estimator"]]
+            r.update(quality_columns({k: v for k, v in q.items() if k in SCALE_FREE + ("gain",)}),
+                     out_of_range=out_of_range(q, r))
         rows_out += block
     return (rows_out, errors) if keep_errors else rows_out
 

@@ -20,11 +20,13 @@ is also compared with the exact ||S(tau)||^2 per response (correlations and a sc
     OMP_NUM_THREADS=1 python benchmarks/grad_variance.py --out benchmarks/results/grad_variance  # 10 min, 5GB
     python benchmarks/grad_variance.py --prompts 8 --pool 16 --group-sizes 2,4   # a smoke run
 """
+import json
 import math
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -59,8 +61,12 @@ def parse_args(argv=None):
     p.add_argument("--temperature", type=float, default=1.0, help="sampling and scoring temperature")
     p.add_argument("--seed", type=int, default=1234, help="seed of the prompts, the sampler and the splits")
     p.add_argument("--out", type=out_folder, default=str(RUNS / "grad_variance"), help="folder for table.md, "
-                   "results.json and proxy_vs_true.png (benchmarks/results/grad_variance: the committed)")
+                   "results.json, stats.npz and proxy_vs_true.png (benchmarks/results/grad_variance: the committed)")
+    p.add_argument("--from-saved", default="", help="a folder with a saved run (results.json, stats.npz): "
+                   "re-analyse it into --out without a model; the measurement's record is kept")
     args = p.parse_args(argv)
+    if args.from_saved and not (Path(args.from_saved) / "stats.npz").is_file():
+        p.error(f"--from-saved {args.from_saved}: no stats.npz there (a run saved by this script)")
     if any(args.pool % n or args.pool // n < 2 for n in args.group_sizes):
         p.error(f"argument --group-sizes: every N must divide --pool {args.pool} at least twice (K >= 2 "
                 f"groups), got {','.join(map(str, args.group_sizes))!r}")
@@ -116,31 +122,63 @@ def measure(model, tok, args, progress=True):
     return cells, scatter, R, torch.stack(refs)
 
 
-def summarize(cells, scatter, refs, replicates=2000):
+def per_prompt_stats(cells, scatter, refs):
+    """What the analysis needs, per prompt: {(estimator, N): gram_stats + power (P,), noise (P,)},
+    and the per-response scatter (W, S_sq, R): small enough to save (stats.npz), so --from-saved
+    re-bootstraps without a model."""
+    grams = {}
+    for key, c in cells.items():
+        g = scale_free.gram_stats(torch.stack([u[0] for u in c["units"]]), [u[1] for u in c["units"]], refs)
+        grams[key] = {**g, "power": torch.tensor(c["power"], dtype=torch.float64),
+                      "noise": torch.tensor(c["noise"], dtype=torch.float64)}
+    return grams, {k: torch.tensor(v, dtype=torch.float64) for k, v in scatter.items()}
+
+
+def save_stats(path, grams, scatter):
+    """One .npz: keys 'otb/N4/gram' (and cross, ref_gram, V, power, noise) and 'scatter/W' etc."""
+    arrays = {f"{e}/N{N}/{k}": v.numpy() for (e, N), g in grams.items() for k, v in g.items()}
+    arrays.update({f"scatter/{k}": v.numpy() for k, v in scatter.items()})
+    np.savez_compressed(path, **arrays)
+
+
+def load_stats(path):
+    """The inverse of save_stats: (grams, scatter)."""
+    grams, scatter = {}, {}
+    with np.load(path) as data:
+        for key in data.files:
+            parts = key.split("/")
+            if parts[0] == "scatter":
+                scatter[parts[1]] = torch.from_numpy(data[key])
+            else:
+                grams.setdefault((parts[0], int(parts[1][1:])), {})[parts[2]] = torch.from_numpy(data[key])
+    return grams, scatter
+
+
+def summarize(grams, scatter, replicates=2000, boot_seed=0):
     """Per (estimator, N): scale-free quality (nvar, alpha, cosine, gain over group_mean; paired
-    bootstrap intervals over prompts), the raw true variance and the proxies; each also relative to
-    group_mean at the same N."""
+    bootstrap over prompts, nvar and gain as stats.py's eq. (4) sets), the raw true variance and the
+    proxies; each also relative to group_mean at the same N. boot_seed shifts the bootstrap's draws."""
     rows = []
-    for n in sorted({n for _, n in cells}):
-        units = {e: scale_free.gram_stats(torch.stack([u[0] for u in c["units"]]), [u[1] for u in c["units"]], refs)
-                 for (e, nn), c in cells.items() if nn == n}
+    for n in sorted({n for _, n in grams}):
+        units = {e: {k: g[k] for k in ("gram", "cross", "ref_gram", "V")} for (e, nn), g in grams.items() if nn == n}
         factors = {e: scale_free.FACTORS[e](n) for e in units if e in scale_free.FACTORS}
         j_gram = scale_free.pooled_reference(units["reinforce"]) if "reinforce" in units else None  # eq. (8)
         quality = scale_free.bootstrap(units, factors, baseline="group_mean" if "group_mean" in units else None,
-                                       replicates=replicates, seed=n, j_gram=j_gram)
+                                       replicates=replicates, seed=n + boot_seed, j_gram=j_gram)
         for e in units:
-            c = cells[(e, n)]
-            true, se = stats.mean_se(c["true"])
-            rows.append(dict(estimator=e, N=n, factor=factors.get(e), **{k: list(v) for k, v in quality[e].items()},
-                             true_var=true, true_var_se=se, total_power=stats.mean_se(c["power"])[0],
-                             pure_noise=stats.mean_se(c["noise"])[0]))
+            g = grams[(e, n)]
+            true, se = stats.mean_se(g["V"].tolist())
+            rows.append(dict(estimator=e, N=n, factor=factors.get(e),
+                             **{k: v if isinstance(v, str) else list(v) for k, v in quality[e].items()},
+                             true_var=true, true_var_se=se, total_power=g["power"].mean().item(),
+                             pure_noise=g["noise"].mean().item()))
     for r in rows:  # relative to group_mean at the same N
         ref = next((q for q in rows if q["estimator"] == "group_mean" and q["N"] == r["N"]), None)
         r.setdefault("gain", [math.nan] * 3)
         for k in ("true_var", "total_power", "pure_noise"):
             r[k + "_rel"] = r[k] / ref[k] if ref and ref[k] else float("nan")
         r["pure_noise_over_true"] = r["pure_noise"] / r["true_var"] if r["true_var"] else float("nan")
-    W, S2 = torch.tensor(scatter["W"]), torch.tensor(scatter["S_sq"])
+    W, S2 = scatter["W"], scatter["S_sq"]
     corr = dict(pearson=stats.pearson(W, S2), spearman=stats.spearman(W, S2),
                 pearson_log=stats.pearson(W.clamp_min(1e-12).log(), S2.clamp_min(1e-12).log()), responses=len(W))
     tv = torch.tensor([r["true_var"] for r in rows])
@@ -149,15 +187,33 @@ def summarize(cells, scatter, refs, replicates=2000):
     return rows, corr, across
 
 
+def verdicts(rows):
+    """The table's verdict per (estimator, N): the gain above 1, below, around it, or at the Monte Carlo
+    edge (stats.replicate_verdict)."""
+    return {(r["estimator"], r["N"]): r["verdict"] for r in rows if r["estimator"] != "group_mean"}
+
+
 def table_md(rows):
     cols = ["estimator", "N", "nvar = tr Var / ||E g||^2 [95%]", "gain over group_mean (nvar ratio) [95%]",
             "alpha", "cosine", "raw tr Var / group_mean's", "raw pure_noise / group_mean's", "pure_noise / raw tr Var"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += [f"| {r['estimator']} | {r['N']} | {stats.fmt(*r['nvar'], low=0.0, digits=3)} | "
-              f"{stats.fmt(*r['gain'], low=0.0)} | {scale_free.cell('alpha', r['alpha'], r['factor'])} | "
+    lines += [f"| {r['estimator']} | {r['N']} | {scale_free.cell('nvar', r['nvar'], digits=3)} | "
+              f"{scale_free.cell('gain', r['gain'])}{' (edge)' if r.get('verdict') == 'edge' else ''} | "
+              f"{scale_free.cell('alpha', r['alpha'], r['factor'])} | "
               f"{scale_free.cell('cosine', r['cosine'], r['factor'])} | {r['true_var_rel']:.3f} | "
               f"{r['pure_noise_rel']:.3f} | {r['pure_noise_over_true']:.3g} |"
               for r in sorted(rows, key=lambda r: (r["N"], r["estimator"]))]
+    return "\n".join(lines)
+
+
+def docs_md(rows, estimators=("otb", "otb_loo", "reinforce", "grpo")):
+    """The gains as one N x estimator table (docs/variance.md shows it, tested)."""
+    by = {(r["estimator"], r["N"]): r for r in rows}
+    lines = ["| N | " + " | ".join(estimators) + " |", "|---" * (len(estimators) + 1) + "|"]
+    for n in sorted({r["N"] for r in rows}):
+        cells = [scale_free.cell("gain", by[(e, n)]["gain"]) + (" (edge)" if by[(e, n)].get("verdict") == "edge" else "")
+                 for e in estimators]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -181,8 +237,40 @@ def plot(scatter, corr, path):
     plt.close(fig)
 
 
+def report(record, rows, corr, across):
+    """table.md's text from a results record and its analysis."""
+    a = record["args"]
+    return (f"# True gradient variance vs the forward-only proxies\n\n`{record['command']}`  \n"
+            f"model: {Path(record['model_dir']).name} ({record['parameters']} parameters), {a['prompts']} prompts x "
+            f"{a['pool']} responses, success rate of the pool {record['success_rate']:.3f}; {record['seconds']:.0f} s "
+            f"on {describe(record['machine'])}. Intervals: 2,000 bootstrap draws of prompts; nvar and the gain "
+            f"are test-inversion sets (stats.py eq. 4'): \u2265 / \u2264 where only one end is resolved, (edge) a verdict "
+            f"against 1 within Monte Carlo error; * marks a number shown clipped to its range.\n\n{table_md(rows)}\n\n"
+            f"Proxy W(tau) vs exact ||grad log pi(tau)||^2 over {corr['responses']} responses: "
+            f"Pearson {corr['pearson']:.3f}, Spearman {corr['spearman']:.3f}, log-log Pearson "
+            f"{corr['pearson_log']:.3f}.  \nAcross the table's cells, Spearman(true, pure_noise) = "
+            f"{across['spearman_true_vs_pure_noise']:.3f}, Spearman(true, total_power) = "
+            f"{across['spearman_true_vs_total_power']:.3f}.\n")
+
+
+def write(out, record, grams, scatter):
+    """Analyse the per-prompt statistics and write results.json, table.md, stats.npz, proxy_vs_true.png."""
+    rows, corr, across = summarize(grams, scatter)
+    record = {**record, "sufficient_statistics": "stats.npz", "rows": rows, "proxy_correlation": corr,
+              "across_cells": across}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    save_stats(Path(out) / "stats.npz", grams, scatter)
+    write_results(out, "results", record, report(record, rows, corr, across), md_stem="table")
+    plot({k: v.tolist() for k, v in scatter.items()}, corr, Path(out) / "proxy_vs_true.png")
+    return rows, corr, across
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.from_saved:  # re-analyse: the measurement's record (command, machine, time) is kept as it was
+        record = json.loads((Path(args.from_saved) / "results.json").read_text())
+        record = {k: v for k, v in record.items() if k not in ("rows", "proxy_correlation", "across_cells")}
+        return write(args.out, record, *load_stats(Path(args.from_saved) / "stats.npz"))
     torch.manual_seed(args.seed)
     model, tok, model_dir = load_model(args.model_dir)
     info = machine()
@@ -190,24 +278,12 @@ def main(argv=None):
     print(f"model {model_dir} ({n_params / 1e6:.2f}M parameters); {info}", flush=True)
     t0 = time.time()
     cells, scatter, R, refs = measure(model, tok, args)
-    rows, corr, across = summarize(cells, scatter, refs)
-    seconds = time.time() - t0
-    cmd = command("grad_variance.py", argv)
-    text = (f"# True gradient variance vs the forward-only proxies\n\n`{cmd}`  \n"
-            f"model: {model_dir.name} ({n_params} parameters), {args.prompts} prompts x {args.pool} responses, "
-            f"success rate of the pool {R.mean().item():.3f}; {seconds:.0f} s on "
-            f"{describe(info)}\n\n{table_md(rows)}\n\n"
-            f"Proxy W(tau) vs exact ||grad log pi(tau)||^2 over {corr['responses']} responses: "
-            f"Pearson {corr['pearson']:.3f}, Spearman {corr['spearman']:.3f}, log-log Pearson "
-            f"{corr['pearson_log']:.3f}.  \nAcross the table's cells, Spearman(true, pure_noise) = "
-            f"{across['spearman_true_vs_pure_noise']:.3f}, Spearman(true, total_power) = "
-            f"{across['spearman_true_vs_total_power']:.3f}.\n")
-    write_results(args.out, "results", dict(
-        command=cmd, args=vars(args), model_dir=str(model_dir), parameters=n_params,
-        machine=info, seconds=seconds, success_rate=R.mean().item(), rows=rows, proxy_correlation=corr,
-        across_cells=across), text, md_stem="table")
-    plot(scatter, corr, Path(args.out) / "proxy_vs_true.png")
-    return rows, corr, across
+    grams, scatter = per_prompt_stats(cells, scatter, refs)
+    record = dict(command=command("grad_variance.py", argv), args={k: v for k, v in vars(args).items()
+                                                                    if k != "from_saved"},
+                  model_dir=str(model_dir), parameters=n_params, machine=info, seconds=time.time() - t0,
+                  success_rate=R.mean().item())
+    return write(args.out, record, grams, scatter)
 
 
 if __name__ == "__main__":

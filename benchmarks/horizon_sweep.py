@@ -11,8 +11,10 @@ for sequence-level advantages, one per group for OTB's token-level ones). Per pr
 M pooled responses are split into M / N disjoint groups (i.i.d. samples of (1)); quality is the
 scale-free normalised variance nvar = tr Var(g) / ||E g||^2 (scale_free.py), with alpha and the
 cosine against a separate reference pool, and the headline is the gain over the group mean,
-nvar(group_mean) / nvar(estimator). Prompts are the bootstrap's unit, seeds are combined on the
-log scale (stats.py; how and why: docs/variance.md); the per-prompt sufficient statistics are
+nvar(group_mean) / nvar(estimator). Prompts are the bootstrap's unit, resampled within each seed;
+the seeds are strata whose signal and noise are summed, the ratio's interval is a test inversion,
+and a random-effects fit over the seeds shows whether they agree (stats.py; how and why:
+docs/variance.md). The per-prompt sufficient statistics are
 saved in stats.npz, so --from-saved re-bootstraps without a model:
 
     python benchmarks/horizon_sweep.py                               # n = 16, 64, 128; 3 seeds
@@ -173,83 +175,162 @@ def load_grams(path):
 
 
 # =====================================================================================
-# Analysis: bootstrap over prompts per seed, seeds combined on the log scale (stats.py)
+# Analysis: prompts resampled within each seed, seeds as strata, a random-effects check (stats.py)
 # =====================================================================================
 
-def analyse(grams_by_cell, replicates=2000):
-    """Per (n, seed, estimator, N): every metric and the gain over group_mean with a paired bootstrap
-    interval over prompts. Returns (rows, gains, pooled)."""
-    rows = []
+def seed_evaluations(grams_by_cell, replicates=2000, boot_seed=0):
+    """{(n, N): {seed: (point, boot, factors, j_gram)}}: every estimator at the point and on R draws of
+    prompts (scale_free.evaluations), the same draws for all estimators of a checkpoint, independent
+    draws for each checkpoint; boot_seed shifts every draw (0: the saved tables)."""
+    out = {}
     for (n, seed), grams in sorted(grams_by_cell.items()):
         for N in sorted({N for _, N in grams}):
             units = {e: s for (e, NN), s in grams.items() if NN == N}
             factors = {e: scale_free.FACTORS[e](N) for e in units if e in scale_free.FACTORS}
-            out = scale_free.bootstrap(units, factors, baseline="group_mean", replicates=replicates,
-                                       seed=1000 * n + seed, j_gram=scale_free.pooled_reference(units["reinforce"]))
-            raw_gm = units["group_mean"]["V"].mean().item()
+            j_gram = scale_free.pooled_reference(units["reinforce"])  # eq. (8) of scale_free.py
+            point, boot = scale_free.evaluations(units, factors, replicates, 1000 * n + seed + 100_003 * boot_seed,
+                                                 j_gram)
+            out.setdefault((n, N), {})[seed] = (units, point, boot, factors, j_gram)
+    return out
+
+
+def combined(evals, e, b, factors):
+    """nvar(b) / nvar(e) over the seeds of one cell: the stratified pooled ratio (stats.py eqs. (4)-(5)),
+    each seed's own set, and DerSimonian-Laird over the seeds' log ratios (eq. (6))."""
+    pooled = scale_free.gain(evals, e, b, factors)
+    per_seed, per_seed_verdict, y, se = [], [], [], []
+    for ev in evals:
+        num, den, num_r, den_r = scale_free.gain_parts([ev], e, b, factors)
+        per_seed.append(list(stats.ratio_set(num, den, num_r, den_r, low=0.0)))
+        per_seed_verdict.append(stats.replicate_verdict(num_r, den_r))
+        y.append(math.log(num / den) if num > 0 and den > 0 else math.nan)
+        se.append(stats.log_ratio_se(num_r, den_r))
+    if all(x < 1e-6 for x in se):  # a ratio fixed by the known factors (rloo, up to float error)
+        return dict(gain=list(pooled), verdict=scale_free.gain_verdict(evals, e, b, factors), per_seed=per_seed,
+                    per_seed_verdict=per_seed_verdict, random_effects=dict(exact=True))
+    re = stats.random_effects(y, se)
+    ok = not math.isnan(re["mean"])
+    return dict(gain=list(pooled), verdict=scale_free.gain_verdict(evals, e, b, factors), per_seed=per_seed,
+                per_seed_verdict=per_seed_verdict, random_effects=dict(
+        gain=[math.exp(re[k]) if ok else math.nan for k in ("mean", "lo", "hi")],
+        Q=re["Q"], df=re["df"], p=re["p"], I2=re["I2"], tau2=re["tau2"]))
+
+
+def pooled_direction(evals, e, factor, level=0.95):
+    """alpha = sum <E g, r> / sum ||r||^2 (eq. (4) set) and the cosine sum <E g, r> / sqrt(sum ||E g||^2
+    sum ||r||^2) (percentile, nan unless both sums are resolved) over the seeds' strata; exact where
+    E g = c grad J is known. Values as estimated; the caller flags those outside the range."""
+    if factor is not None:
+        return [factor] * 3, [1.0] * 3
+    total = {k: stats.stratified([(pt[e][k].item(), bt[e][k]) for pt, bt in evals]) for k in ("dot", "ref_sq", "signal")}
+    (dot, dot_r), (ref, ref_r), (sig, sig_r) = total["dot"], total["ref_sq"], total["signal"]
+    alpha = list(stats.ratio_set(dot, ref, dot_r, ref_r, level=level))
+    if math.isinf(alpha[1]) or math.isinf(alpha[2]):  # ||grad J||^2 not resolved: no size to report
+        alpha = [math.nan] * 3
+    if any(stats.covers_zero(*stats.interval(x, level)) for x in (ref_r, sig_r)) or not (sig > 0 and ref > 0):
+        return alpha, [math.nan] * 3
+    reps = dot_r / (sig_r.clamp_min(1e-300) * ref_r.clamp_min(1e-300)).sqrt()
+    return alpha, [dot / math.sqrt(sig * ref), *stats.interval(reps[(sig_r > 0) & (ref_r > 0)], level)]
+
+
+def analyse(grams_by_cell, replicates=2000, boot_seed=0, baseline="group_mean"):
+    """Per (n, seed, estimator, N): every metric with its bootstrap interval over prompts (rows); per
+    (estimator, N, n): the seeds combined (summary). Returns (rows, summary, evaluations)."""
+    evaluations = seed_evaluations(grams_by_cell, replicates, boot_seed)
+    rows, summary = [], []
+    for (n, N), by_seed in sorted(evaluations.items()):
+        for seed, (units, point, boot, factors, j_gram) in by_seed.items():
+            out = scale_free.bootstrap(units, factors, baseline=baseline, j_gram=j_gram, evals=(point, boot))
+            raw_b = units[baseline]["V"].mean().item()
             for e, metrics in out.items():
                 rows.append(dict(n=n, seed=seed, estimator=e, N=N, factor=factors.get(e),
-                                 raw_var_ratio=units[e]["V"].mean().item() / raw_gm if raw_gm else math.nan,
-                                 **{k: list(v) for k, v in metrics.items()}))
-    return rows, gains(rows), pooled(rows)
+                                 raw_var_ratio=units[e]["V"].mean().item() / raw_b if raw_b else math.nan,
+                                 **{k: v if isinstance(v, str) else list(v) for k, v in metrics.items()}))
+        evals = [(pt, bt) for _, pt, bt, _, _ in by_seed.values()]
+        factors = next(iter(by_seed.values()))[3]
+        for e in evals[0][0]:
+            alpha, cosine = pooled_direction(evals, e, factors.get(e))
+            V = {x: sum(pt[x]["raw_variance"].item() for pt, _ in evals) for x in (e, baseline)}
+            row = dict(estimator=e, N=N, n=n, seeds=len(evals), factor=factors.get(e), alpha=alpha, cosine=cosine,
+                       raw_var_ratio=V[e] / V[baseline])
+            if e != baseline:
+                row.update(combined(evals, e, baseline, factors))
+            row["out_of_range"] = [k for k in ("cosine",) if stats.clip(*row[k], *scale_free.RANGE[k])[3]]
+            summary.append(row)
+    summary.sort(key=lambda r: (r["n"], r["N"], r["estimator"]))
+    return rows, summary, evaluations
 
 
-def gains(rows):
-    """Per (estimator, N, n): the gain's geometric mean over seeds with a t interval (eq. (4) of stats.py),
-    alpha and cosine as means over seeds with t intervals; nan (unresolved) if any seed is."""
-    cells = {}
-    for r in rows:
-        cells.setdefault((r["estimator"], r["N"], r["n"]), []).append(r)
-    summary = []
-    for (e, N, n), rs in sorted(cells.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
-        g = stats.geometric_mean([r["gain"][0] for r in rs])
-        summary.append(dict(estimator=e, N=N, n=n, gain=list(g), seeds=len(rs), factor=rs[0]["factor"],
-                            per_seed=[r["gain"] for r in rs],
-                            alpha=list(stats.mean_interval([r["alpha"][0] for r in rs])),
-                            cosine=list(stats.mean_interval([r["cosine"][0] for r in rs])),
-                            raw_var_ratio=stats.geometric_mean([r["raw_var_ratio"] for r in rs])[0]))
-    return summary
+def head_to_head(evaluations, a="otb_tir", b="otb"):
+    """nvar(b) / nvar(a) per (n, N), seeds combined as the gains are (``combined``, no known factor).
+    [] without both estimators."""
+    out = []
+    for (n, N), by_seed in sorted(evaluations.items()):
+        evals = [(pt, bt) for _, pt, bt, _, _ in by_seed.values()]
+        if a in evals[0][0] and b in evals[0][0]:
+            out.append(dict(n=n, N=N, seeds=len(evals), **combined(evals, a, b, {})))
+    return out
 
 
-def pooled(rows):
-    """Per (estimator, N): the gain's geometric mean over every (n, seed) cell, t interval."""
-    cells = {}
-    for r in rows:
-        cells.setdefault((r["estimator"], r["N"]), []).append(r["gain"][0])
-    return [dict(estimator=e, N=N, cells=len(xs), gain=list(stats.geometric_mean(xs)))
-            for (e, N), xs in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
+def verdicts(summary, versus):
+    """Every verdict the tables print: each gain (seeds pooled, and each seed's) above 1, below, around
+    it, or at the Monte Carlo edge (stats.replicate_verdict)."""
+    out = {}
+    for s in summary:
+        if "gain" in s:
+            out[("gain", s["estimator"], s["N"], s["n"])] = s["verdict"]
+            out.update({("seed", s["estimator"], s["N"], s["n"], i): v for i, v in enumerate(s["per_seed_verdict"])})
+    for v in versus:
+        out[("otb_tir/otb", v["N"], v["n"])] = v["verdict"]
+        out.update({("otb_tir/otb seed", v["N"], v["n"], i): x for i, x in enumerate(v["per_seed_verdict"])})
+    return out
 
 
-def head_to_head(grams_by_cell, a="otb_tir", b="otb", replicates=2000):
-    """nvar(b) / nvar(a) per (n, N): paired bootstrap over prompts per seed, seeds on the log scale.
-    Neither has a known factor, so a cell is unresolved where b's signal is. [] without both."""
-    cells = {}
-    for (n, seed), grams in sorted(grams_by_cell.items()):
-        for N in sorted({N for e, N in grams if e == a and (b, N) in grams}):
-            out = scale_free.bootstrap({a: grams[(a, N)], b: grams[(b, N)]}, baseline=b,
-                                       replicates=replicates, seed=1000 * n + seed)
-            cells.setdefault((n, N), []).append(out[a]["gain"])
-    return [dict(n=n, N=N, gain=list(stats.geometric_mean([g[0] for g in gs])),
-                 per_seed=[list(g) for g in gs]) for (n, N), gs in sorted(cells.items())]
+def all_verdicts(grams_by_cell, replicates=2000, boot_seed=0, baseline="group_mean"):
+    """``verdicts`` of the tables from the gains alone (what a test re-draws with other boot_seeds)."""
+    evaluations, summary = seed_evaluations(grams_by_cell, replicates, boot_seed), []
+    for (n, N), by_seed in sorted(evaluations.items()):
+        evals, factors = [(pt, bt) for _, pt, bt, _, _ in by_seed.values()], next(iter(by_seed.values()))[3]
+        summary += [dict(estimator=e, N=N, n=n, **combined(evals, e, baseline, factors))
+                    for e in evals[0][0] if e != baseline]
+    return verdicts(summary, head_to_head(evaluations))
+
+
+def gain_cell(g, suffix="x", verdict=None):
+    """A gain's set; ' (edge)' where its verdict against 1 is within Monte Carlo error."""
+    return stats.fmt_set(*g, low=0.0, suffix=suffix) + (" (edge)" if verdict == "edge" else "")
+
+
+def random_effects_cell(r):
+    """'gain [lo, hi]; Q = q (p), I2' of a cell's random-effects check, '-' where a seed has no log gain."""
+    re = r["random_effects"]
+    if re.get("exact"):
+        return "- (no sampling error)"
+    if math.isnan(re["gain"][0]):
+        return "- (a seed not resolved)"
+    return (f"{stats.fmt(*re['gain'], suffix='x')}; Q = {re['Q']:.1f} (p {re['p']:.2f}), "
+            f"I\u00b2 {100 * re['I2']:.0f}%")
 
 
 def head_to_head_md(rows, a="otb_tir", b="otb"):
-    lines = [f"| n | N | nvar({b}) / nvar({a}) [95% t over seeds] | per seed [95% bootstrap] |",
-             "|---|---|---|---|"]
-    return "\n".join(lines + [f"| {r['n']} | {r['N']} | {stats.fmt(*r['gain'], low=0.0, suffix='x')} | "
-                              + "; ".join(stats.fmt(*g, low=0.0) for g in r["per_seed"]) + " |"
+    lines = [f"| n | N | nvar({b}) / nvar({a}), seeds pooled [95%] | random effects over seeds | "
+             "per seed [95%] |", "|---|---|---|---|---|"]
+    return "\n".join(lines + [f"| {r['n']} | {r['N']} | {gain_cell(r['gain'], 'x', r['verdict'])} | "
+                              f"{random_effects_cell(r)} | " + "; ".join(
+                                  gain_cell(g, "", v) for g, v in zip(r["per_seed"], r["per_seed_verdict"])) + " |"
                               for r in rows])
 
 
-def table_md(rows, summary):
-    """The table: gains with seed intervals, per-seed bootstrap intervals, alpha, cosine, raw variance."""
-    lines = ["| n | N | estimator | gain over group_mean: geometric mean over seeds [95% t] | per seed [95% bootstrap "
-             "over prompts] | alpha | cosine | raw tr Var / group_mean's |", "|---|---|---|---|---|---|---|---|"]
+def table_md(summary):
+    """The table: the seeds pooled, the random-effects check, each seed, alpha, cosine, raw variance."""
+    lines = ["| n | N | estimator | gain over group_mean, seeds pooled [95%] | random effects over seeds | "
+             "per seed [95%] | alpha | cosine | raw tr Var / group_mean's |", "|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
-        if s["estimator"] == "group_mean":
+        if "gain" not in s:
             continue
-        per_seed = "; ".join(stats.fmt(*g, low=0.0) for g in s["per_seed"])
-        lines.append(f"| {s['n']} | {s['N']} | {s['estimator']} | {stats.fmt(*s['gain'], low=0.0, suffix='x')} | "
+        per_seed = "; ".join(gain_cell(g, "", v) for g, v in zip(s["per_seed"], s["per_seed_verdict"]))
+        lines.append(f"| {s['n']} | {s['N']} | {s['estimator']} | {gain_cell(s['gain'], 'x', s['verdict'])} | "
+                     f"{random_effects_cell(s)} | "
                      f"{per_seed} | {scale_free.cell('alpha', s['alpha'], s['factor'])} | "
                      f"{scale_free.cell('cosine', s['cosine'], s['factor'])} | {s['raw_var_ratio']:.2f} |")
     return "\n".join(lines)
@@ -258,17 +339,14 @@ def table_md(rows, summary):
 TOOL_ROWS = ("reinforce", "rloo", "otb", "otb_tir")  # docs/tool_use.md's columns (--task calculator)
 
 
-def compact_md(summary, pool, estimators=("otb", "otb_zero_tail", "otb_loo", "reinforce", "grpo")):
-    """The gains as one N x n table with a pooled row per N (docs/variance.md shows it, tested)."""
+def compact_md(summary, estimators=("otb", "otb_zero_tail", "otb_loo", "reinforce", "grpo")):
+    """The gains (seeds pooled) as one N x n table, one row per n (docs/variance.md shows it, tested)."""
     lines = ["| N | n | " + " | ".join(estimators) + " |", "|---" * (len(estimators) + 2) + "|"]
-    cell = {(s["estimator"], s["N"], s["n"]): s["gain"] for s in summary}
-    pooled_gain = {(p["estimator"], p["N"]): p["gain"] for p in pool}
+    cell = {(s["estimator"], s["N"], s["n"]): (s["gain"], s["verdict"]) for s in summary if "gain" in s}
     for N in sorted({s["N"] for s in summary}):
         for n in sorted({s["n"] for s in summary}):
-            lines.append(f"| {N} | {n} | " + " | ".join(stats.fmt(*cell[(e, N, n)], low=0.0, suffix="x")
+            lines.append(f"| {N} | {n} | " + " | ".join(gain_cell(*cell[(e, N, n)][:1], "x", cell[(e, N, n)][1])
                                                     for e in estimators) + " |")
-        lines.append(f"| {N} | pooled | " + " | ".join(stats.fmt(*pooled_gain[(e, N)], low=0.0, suffix="x")
-                                                       for e in estimators) + " |")
     return "\n".join(lines)
 
 
@@ -283,43 +361,41 @@ def checkpoints_md(checkpoints):
                       "mean actions |", "|---|---|---|---|---|", *rows, ""])
 
 
-def pooled_md(pool):
-    lines = ["| N | estimator | gain over group_mean pooled over n and seeds [95% t] | cells |", "|---|---|---|---|"]
-    lines += [f"| {p['N']} | {p['estimator']} | {stats.fmt(*p['gain'], low=0.0, suffix='x')} | {p['cells']} |"
-              for p in pool if p["estimator"] != "group_mean"]
-    return "\n".join(lines)
-
-
 def plot(summary, path=None, task="periodic"):
-    """Gain over group_mean against n (geometric mean over seeds, 95% t interval), one panel per N, and
-    each resolved seed's own gain as a hollow marker; unresolved values are left out. Returns the figure."""
+    """Gain over group_mean against n, one panel per N: filled, the seeds pooled with their 95% set (an
+    arrow from the lower end where only that end is resolved); hollow, each seed's own gain where its
+    set is bounded. Returns the figure."""
     import matplotlib.pyplot as plt
-    Ns = sorted({s["N"] for s in summary})
+    rows = [s for s in summary if "gain" in s]
+    Ns = sorted({s["N"] for s in rows})
     fig, axes = plt.subplots(1, len(Ns), figsize=(5.2 * len(Ns), 4.2), squeeze=False)
     style = {"otb": dict(lw=2.6, marker="o", zorder=5), "otb_zero_tail": dict(ls="--", marker="s"),
              "otb_loo": dict(ls=":", marker="D"), "reinforce": dict(marker="^"), "rloo": dict(marker="v"),
              "grpo": dict(marker="x"), "otb_tir": dict(lw=2.6, marker="*", ms=10, zorder=6)}
-    ns = sorted({s["n"] for s in summary})
+    ns = sorted({s["n"] for s in rows})
     for ax, N in zip(axes[0], Ns):
         for i, (e, st) in enumerate(style.items()):
-            pts = sorted((s["n"], *s["gain"]) for s in summary if s["estimator"] == e and s["N"] == N
-                         and not math.isnan(s["gain"][0]))
             shift = 1.03 ** (i - 2.5)  # side by side, not on top of each other
-            if pts:
-                n, g, lo, hi = zip(*pts)
-                err = [[max(a - b, 0) if not math.isnan(b) else 0 for a, b in zip(g, lo)],
-                       [max(b - a, 0) if not math.isnan(b) else 0 for a, b in zip(g, hi)]]
-                ax.errorbar([x * shift for x in n], g, yerr=err, capsize=3, label=e, color=f"C{i}", **st)
-            seeds = [(s["n"] * shift, g[0]) for s in summary if s["estimator"] == e and s["N"] == N
-                     for g in s["per_seed"] if not math.isnan(g[0])]
-            if seeds:  # hollow: each seed's own gain, drawn also where the seeds together are unresolved
-                ax.plot(*zip(*seeds), ls="none", marker=st["marker"], mfc="none", color=f"C{i}", alpha=0.6,
-                        label=None if pts else f"{e} (single seeds only)")
+            cells = sorted((s["n"], *s["gain"]) for s in rows if s["estimator"] == e and s["N"] == N)
+            bounded = [(n * shift, g, lo, hi) for n, g, lo, hi in cells if 0 < lo and hi < math.inf]
+            lower = [(n * shift, lo) for n, g, lo, hi in cells if 0 < lo and hi == math.inf]
+            if bounded:
+                x, g, lo, hi = zip(*bounded)
+                ax.errorbar(x, g, yerr=[[a - b for a, b in zip(g, lo)], [b - a for a, b in zip(g, hi)]], capsize=3,
+                            label=e, color=f"C{i}", **st)
+            if lower:  # only a lower bound: an arrow up from it
+                x, lo = zip(*lower)
+                ax.errorbar(x, lo, yerr=[[0] * len(lo), [v * 0.5 for v in lo]], lolims=True, ls="none",
+                            color=f"C{i}", marker="_", label=None if bounded else f"{e} (lower bound)")
+            seeds = [(s["n"] * shift, g[0]) for s in rows if s["estimator"] == e and s["N"] == N
+                     for g in s["per_seed"] if 0 < g[1] and g[2] < math.inf]
+            if seeds:
+                ax.plot(*zip(*seeds), ls="none", marker=st["marker"], mfc="none", color=f"C{i}", alpha=0.6)
         ax.axhline(1.0, color="k", lw=0.8, label="group_mean")
         ax.set(xscale="log", yscale="log", xlabel="answer length n (periodic copy)" if task == "periodic"
                else "k, numbers added with k - 1 calculator calls",
                ylabel="nvar(group_mean) / nvar(estimator)", title=f"N = {N}: gain over the group mean (> 1 is "
-               "better)\nfilled: geometric mean over seeds, 95% t interval; hollow: one seed")
+               "better)\nfilled: seeds pooled, 95% set (arrow: lower bound only); hollow: one seed")
         ax.title.set_fontsize(9)
         ax.xaxis.set_minor_locator(plt.NullLocator())  # only the measured n are labelled
         ax.set_xticks(ns)
@@ -332,22 +408,25 @@ def plot(summary, path=None, task="periodic"):
     return fig
 
 
-def write(out, command, args, seconds, checkpoints, grams_by_cell):
-    """Analyse and write results.json, table.md, gain_vs_horizon.png (and stats.npz when measured)."""
-    rows, summary, pool = analyse(grams_by_cell, args.replicates)
-    versus = head_to_head(grams_by_cell, replicates=args.replicates)
+def write(out, command, args, seconds, checkpoints, grams_by_cell, measured_on):
+    """Analyse and write results.json, table.md, gain_vs_horizon.png (stats.npz is written by the
+    caller). measured_on: the machine record of the measurement (kept as it was by --from-saved)."""
+    rows, summary, evaluations = analyse(grams_by_cell, args.replicates)
+    versus = head_to_head(evaluations)
     (out / "results.json").write_text(json.dumps(dict(
-        command=command, args=vars(args), machine=machine(), seconds=seconds, checkpoints=checkpoints,
-        sufficient_statistics="stats.npz", rows=rows, gains=summary, pooled=pool, otb_tir_over_otb=versus),
-        indent=1))
+        command=command, args=vars(args), machine=measured_on, seconds=seconds, checkpoints=checkpoints,
+        sufficient_statistics="stats.npz", rows=rows, gains=summary, otb_tir_over_otb=versus,
+        verdicts=[[*k, v] for k, v in verdicts(summary, versus).items()]), indent=1))
     seeds = sorted({s for _, s in grams_by_cell})
     prompts = next(iter(next(iter(grams_by_cell.values())).values()))["V"].shape[0]
     text = (f"# Normalised gradient variance against the horizon\n\n`{command}`  \n"
             f"{len(seeds)} seeds x {prompts} prompts x {args.pool} responses per checkpoint; measured in "
-            f"{seconds:.0f} s; intervals: {args.replicates} bootstrap draws of prompts per seed, seeds "
-            f"combined on the log scale (t with {len(seeds) - 1} degrees of freedom). \"unresolved\": the "
-            f"denominator's interval covers 0. alpha and cosine are exact where E g is known "
-            f"(scale_free.FACTORS).\n\n" + table_md(rows, summary) + "\n\n## Pooled over n\n\n" + pooled_md(pool)
+            f"{seconds:.0f} s. Seeds pooled: prompts resampled within each seed ({args.replicates} draws), "
+            f"signal and noise summed over seeds, the ratio's 95% set by test inversion (stats.py eqs. 4-5): "
+            f"\u2265 where only the lower end is resolved, \"unresolved\" where neither is. Random effects: "
+            f"DerSimonian-Laird over the seeds' log gains (eq. 6), with Cochran's Q (p) and I\u00b2; \"-\" "
+            f"where a seed's gain is not resolved away from 0. alpha and cosine are exact where E g is known "
+            f"(scale_free.FACTORS); * marks a number shown clipped to its range.\n\n" + table_md(summary)
             + "\n" + ("\n## Action-aligned against position-aligned OTB, paired\n\n" + head_to_head_md(versus)
                        + "\n" if versus else "") + checkpoints_md(checkpoints))
     (out / "table.md").write_text(text)
@@ -382,7 +461,7 @@ def main(argv=None):
         if out.resolve() != Path(args.from_saved).resolve():
             shutil.copy(Path(args.from_saved) / "stats.npz", out / "stats.npz")
         return write(out, saved["command"], argparse.Namespace(**{**saved["args"], "replicates": args.replicates}),
-                     saved["seconds"], saved["checkpoints"], grams)
+                     saved["seconds"], saved["checkpoints"], grams, saved.get("machine"))  # the measurement's
     out.mkdir(parents=True, exist_ok=True)
     grams_by_cell, checkpoints, t0 = {}, [], time.time()
     if args.resume:
@@ -398,8 +477,8 @@ def main(argv=None):
               f"{info['mean_length']:.1f}", flush=True)
         save_grams(out / "stats.npz", grams_by_cell)  # after every checkpoint: nothing measured is lost,
         if i + 1 < len(todo):  # and a results.json that --resume continues from
-            write(out, command + "  # partial", args, time.time() - t0, checkpoints, grams_by_cell)
-    return write(out, command, args, time.time() - t0, checkpoints, grams_by_cell)
+            write(out, command + "  # partial", args, time.time() - t0, checkpoints, grams_by_cell, machine())
+    return write(out, command, args, time.time() - t0, checkpoints, grams_by_cell, machine())
 
 
 if __name__ == "__main__":

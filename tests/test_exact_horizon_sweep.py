@@ -1,37 +1,64 @@
-"""The horizon sweep's analysis (benchmarks/horizon_sweep.py): seeds on the log scale, unresolved
-cells, and the saved sufficient statistics re-bootstrapped to the same numbers."""
+"""The horizon sweep's analysis (benchmarks/horizon_sweep.py): seeds pooled as strata with a
+random-effects check, one-sided sets, verdicts that do not turn with the bootstrap's seed, and the
+saved sufficient statistics re-analysed to the committed files byte for byte."""
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 import scale_free
+import stats
 from benchmarks import horizon_sweep as hs
 
 
-def row(est, gain, seed, n=64, N=4, factor=None):
-    return dict(estimator=est, N=N, n=n, seed=seed, factor=factor, gain=[gain, gain / 2, gain * 2],
-                alpha=[0.5, 0.4, 0.6], cosine=[0.9, 0.8, 1.0], raw_var_ratio=0.5)
+def two_seeds():
+    """Two checkpoints of 6 prompts; group_mean, reinforce (known factors) and otb (estimated signal)."""
+    gen = torch.Generator().manual_seed(0)
+    grams = {}
+    for seed, scale in ((0, 1.0), (1, 3.0)):
+        refs = torch.randn(6, 5, generator=gen, dtype=torch.float64) + 2
+        grams[(64, seed)] = {(e, 4): scale_free.gram_stats(
+            refs * c + 0.3 * torch.randn(6, 5, generator=gen, dtype=torch.float64),
+            scale * (torch.rand(6, generator=gen, dtype=torch.float64) + v), refs)
+            for e, c, v in [("group_mean", 0.75, 3.0), ("reinforce", 1.0, 1.0), ("otb", 0.6, 0.5)]}
+    return grams
 
 
-def test_gain_over_seeds_is_a_geometric_mean_with_a_t_interval():
-    rows = [row("otb", 2.0, 0), row("otb", 8.0, 1)]
-    g = hs.gains(rows)[0]
-    assert g["gain"][0] == pytest.approx(4.0)  # sqrt(2 * 8)
-    half = math.tan(math.pi * (0.975 - 0.5)) * (math.log(8) - math.log(2)) / math.sqrt(2) / math.sqrt(2)  # t(1 df)
-    assert g["gain"][1:] == pytest.approx([4.0 * math.exp(-half), 4.0 * math.exp(half)])
-    assert g["per_seed"] == [[2.0, 1.0, 4.0], [8.0, 4.0, 16.0]]
+def test_seeds_are_pooled_as_strata_with_a_random_effects_check():
+    # Known factors: the pooled gain is (sum_s V_gm,s) / (0.75^2 sum_s V_re,s) exactly (signal cancels),
+    # each seed's is its own variance ratio; DerSimonian-Laird runs on the seeds' log gains.
+    grams = two_seeds()
+    rows, summary, evaluations = hs.analyse(grams, replicates=400)
+    V = {(e, s): grams[(64, s)][(e, 4)]["V"].mean().item() for e in ("group_mean", "reinforce") for s in (0, 1)}
+    r = next(x for x in summary if x["estimator"] == "reinforce")
+    pooled = (V[("group_mean", 0)] + V[("group_mean", 1)]) / (V[("reinforce", 0)] + V[("reinforce", 1)]) / 0.75 ** 2
+    assert r["gain"][0] == pytest.approx(pooled, rel=1e-12)
+    assert [g[0] for g in r["per_seed"]] == pytest.approx([V[("group_mean", s)] / V[("reinforce", s)] / 0.75 ** 2
+                                                            for s in (0, 1)], rel=1e-12)
+    assert r["gain"][1] < r["gain"][0] < r["gain"][2] and r["seeds"] == 2
+    # the random-effects row is stats.random_effects of log(per-seed gain) with each seed's bootstrap s.e.
+    ses = []
+    for s in (0, 1):
+        _, pt, bt, f, _ = evaluations[(64, 4)][s]
+        _, _, num, den = scale_free.gain_parts([(pt, bt)], "reinforce", "group_mean", f)
+        ses.append((num.log() - den.log()).std().item())
+    re = stats.random_effects([math.log(g[0]) for g in r["per_seed"]], ses)
+    assert r["random_effects"]["gain"] == pytest.approx([math.exp(re[k]) for k in ("mean", "lo", "hi")])
+    assert r["random_effects"]["Q"] == pytest.approx(re["Q"])
+    # no row pools across horizons, and the verdicts are those of the printed sets
+    assert {x["n"] for x in summary} == {64} and "pooled" not in hs.compact_md(summary, estimators=("otb", "reinforce"))
+    assert hs.verdicts(summary, [])[("gain", "reinforce", 4, 64)] == r["verdict"]
 
 
-def test_one_unresolved_seed_makes_the_cell_unresolved():
-    g = hs.gains([row("otb", math.nan, 0), row("otb", 3.0, 1)])[0]
-    assert math.isnan(g["gain"][0])
-    assert "| unresolved |" in hs.table_md([], [g])
-
-
-def test_pooled_over_n_combines_every_cell():
-    p = hs.pooled([row("otb", 2.0, 0, n=16), row("otb", 2.0, 1, n=64), row("otb", 2.0, 0, n=128)])
-    assert p[0]["cells"] == 3 and p[0]["gain"][0] == pytest.approx(2.0)
+def test_a_weak_signal_gives_a_one_sided_set_not_a_number():
+    g = dict(estimator="otb", N=4, n=64, seeds=3, factor=None, gain=[3.0, 1.4, math.inf], verdict="above",
+             per_seed=[[2.0, 0.0, math.inf], [3.0, 1.1, 9.0], [4.0, 0.5, 8.0]],
+             per_seed_verdict=["covers", "above", "covers"], random_effects=dict(gain=[math.nan] * 3),
+             alpha=[0.5, 0.4, 0.6], cosine=[1.02, 0.9, 1.05], raw_var_ratio=0.5)
+    line = hs.table_md([g]).splitlines()[-1]
+    assert "| \u2265 1.40x |" in line and "unresolved; 3.00 [1.10, 9.00]; 4.00 [0.50, 8.00]" in line
+    assert "- (a seed not resolved)" in line and "1.00* [0.90, 1.00*]" in line  # a clipped cosine is marked
 
 
 def test_saved_statistics_round_trip_and_reproduce_the_analysis(tmp_path):
@@ -71,19 +98,40 @@ def test_resume_keeps_saved_cells_only_with_the_same_settings(tmp_path):
         hs.resumed(tmp_path, other, 1000.0)
 
 
-def test_committed_results_are_the_saved_statistics_reanalysed_and_the_docs_show_them():
-    # results.json is what analyse() makes of the committed stats.npz, and docs/variance.md shows
-    # compact_md() of it, not numbers copied by hand.
+ROOT = Path(__file__).resolve().parent.parent
+SWEEPS = [("horizon_sweep", "variance.md", ("otb", "otb_zero_tail", "otb_loo", "reinforce", "grpo")),
+          ("calculator_sweep", "tool_use.md", hs.TOOL_ROWS)]
+
+
+@pytest.mark.parametrize("folder, doc, columns", SWEEPS, ids=[s[0] for s in SWEEPS])
+def test_committed_sweep_is_its_statistics_reanalysed_byte_for_byte(folder, doc, columns, tmp_path):
+    # --from-saved remakes results.json and table.md exactly, keeps the measuring machine's record,
+    # and the docs show compact_md() of the saved gains, not numbers copied by hand.
     import json
-    from pathlib import Path
-    root = Path(__file__).resolve().parent.parent
-    folder = root / "benchmarks" / "results" / "horizon_sweep"
-    saved = json.loads((folder / "results.json").read_text())
-    rows, gains, pool = hs.analyse(hs.load_grams(folder / "stats.npz"), saved["args"]["replicates"])
-    for mine, theirs in zip(gains, saved["gains"]):
-        assert (mine["estimator"], mine["N"], mine["n"]) == (theirs["estimator"], theirs["N"], theirs["n"])
-        assert mine["gain"] == pytest.approx(theirs["gain"], rel=1e-9, nan_ok=True)
-    assert hs.compact_md(saved["gains"], saved["pooled"]) in (root / "docs" / "variance.md").read_text()
+    saved = ROOT / "benchmarks" / "results" / folder
+    hs.main(["--from-saved", str(saved), "--out", str(tmp_path)])
+    for name in ("results.json", "table.md"):
+        assert (tmp_path / name).read_bytes() == (saved / name).read_bytes(), name
+    record = json.loads((saved / "results.json").read_text())
+    assert record["machine"]["logical_cpus"] == 2  # the machine that measured, not the one that re-analysed
+    assert hs.compact_md(record["gains"], estimators=columns) in (ROOT / "docs" / doc).read_text()
+
+
+@pytest.mark.parametrize("folder", [s[0] for s in SWEEPS])
+def test_verdicts_do_not_turn_with_the_bootstrap_seed(folder):
+    # 20 independent sets of bootstrap draws: a verdict may fall to "edge" (within Monte Carlo error of
+    # the threshold) but never turns from above to covers or below (or back).
+    import json
+    saved = ROOT / "benchmarks" / "results" / folder
+    grams = hs.load_grams(saved / "stats.npz")
+    first = hs.all_verdicts(grams)
+    assert first == {tuple(v[:-1]): v[-1] for v in json.loads((saved / "results.json").read_text())["verdicts"]}
+    seen = {k: {v} for k, v in first.items()}
+    for boot_seed in range(1, 20):
+        for k, v in hs.all_verdicts(grams, boot_seed=boot_seed).items():
+            seen[k].add(v)
+    turned = {k: v for k, v in seen.items() if len(v - {"edge"}) > 1}
+    assert not turned, turned
 
 
 def test_subset_keeps_a_tool_output_inside_a_response():
@@ -136,23 +184,6 @@ def test_calculator_sweep_samples_with_the_tool_and_saves_otb_tir(tmp_path, monk
     assert all(math.isfinite(g["gain"][0]) for g in saved["gains"] if g["estimator"] == "reinforce")
     with pytest.raises(SystemExit):
         hs.parse_args(["--estimators", "otb,rloo"])  # no group_mean, no reinforce
-
-
-def test_committed_calculator_sweep_is_its_statistics_reanalysed_and_docs_tool_use_shows_it():
-    # benchmarks/results/calculator_sweep (horizon_sweep.py --task calculator): the gains are what
-    # analyse() makes of its stats.npz, and docs/tool_use.md shows compact_md() of them.
-    import json
-    from pathlib import Path
-    root = Path(__file__).resolve().parent.parent
-    folder = root / "benchmarks" / "results" / "calculator_sweep"
-    saved = json.loads((folder / "results.json").read_text())
-    assert saved["args"]["task"] == "calculator"
-    _, gains, _ = hs.analyse(hs.load_grams(folder / "stats.npz"), saved["args"]["replicates"])
-    for mine, theirs in zip(gains, saved["gains"], strict=True):
-        assert (mine["estimator"], mine["N"], mine["n"]) == (theirs["estimator"], theirs["N"], theirs["n"])
-        assert mine["gain"] == pytest.approx(theirs["gain"], rel=1e-9, nan_ok=True)
-    table = hs.compact_md(saved["gains"], saved["pooled"], estimators=hs.TOOL_ROWS)
-    assert table in (root / "docs" / "tool_use.md").read_text()
 
 
 def test_committed_factors_sweep_is_its_statistics_reanalysed_and_docs_tool_use_shows_it():

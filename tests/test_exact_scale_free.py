@@ -178,7 +178,8 @@ def test_signal_lost_in_noise_is_unresolved():
     gen = torch.Generator().manual_seed(3)
     means, V = _gaussian_units(gen, 8, 2, torch.zeros(50, dtype=torch.float64), 1.0)  # E g = 0
     out = scale_free.bootstrap({"e": scale_free.gram_stats(means, V, torch.ones(50))}, replicates=300)
-    assert all(math.isnan(x) for x in out["e"]["nvar"]) and all(math.isnan(x) for x in out["e"]["cosine"])
+    assert out["e"]["nvar"][2] == math.inf and all(math.isnan(x) for x in out["e"]["cosine"])  # no upper end
+    assert scale_free.cell("nvar", out["e"]["nvar"]).startswith(("\u2265", "unresolved"))
     assert out["e"]["raw_variance"][0] > 0  # the noise itself is measured
 
 
@@ -207,6 +208,9 @@ def test_pooled_reference_is_the_gram_of_the_averaged_estimates():
 def test_cell_marks_known_expectations_exact_and_keeps_values_in_range():
     assert scale_free.cell("alpha", (0.7, 0.6, 0.8), factor=0.75) == "0.75 (exact)"
     assert scale_free.cell("cosine", (0.7, 0.6, 0.8), factor=0.75) == "1 (exact)"
-    assert scale_free.cell("cosine", (1.02, 0.95, 1.05)) == "1.00* [0.95, 1.00]"  # a cosine never above 1
+    assert scale_free.cell("cosine", (1.02, 0.95, 1.05)) == "1.00* [0.95, 1.00*]"  # a cosine never above 1
+    assert scale_free.cell("cosine", (1.0, 0.95, 1.0), moved=True) == "1.00* [0.95, 1.00]"
     assert scale_free.cell("nvar", (float("nan"), 0.0, 1.0)) == "unresolved"
+    assert scale_free.cell("gain", (3.0, 1.5, math.inf)) == "\u2265 1.50"  # a one-sided set
+    assert scale_free.cell("gain", (0.8, 0.0, 2.5)) == "\u2264 2.50"
     assert scale_free.cell("alpha", (1.2, 1.1, 1.3), digits=1) == "1.2 [1.1, 1.3]"  # alpha has no bound

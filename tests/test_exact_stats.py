@@ -51,11 +51,12 @@ def test_bootstrap_weights_are_resamples():
         stats.bootstrap_weights(1)
 
 
-def test_unresolved_ratio_and_printing_inside_the_range():
-    assert all(math.isnan(x) for x in stats.ratio(3.0, torch.ones(10), -0.1, 0.5))  # den covers 0
-    assert stats.ratio(3.0, torch.arange(100.0), 0.2, 0.5)[0] == 3.0
+def test_printing_inside_the_range():
+    assert stats.covers_zero(-0.1, 0.5) and not stats.covers_zero(0.2, 0.5) and stats.covers_zero(math.nan, 1.0)
     assert stats.fmt(math.nan) == "unresolved"
-    assert stats.fmt(1.08, 0.93, 1.2, low=-1, high=1) == "1.00* [0.93, 1.00]"
+    assert stats.fmt(1.08, 0.93, 1.2, low=-1, high=1) == "1.00* [0.93, 1.00*]"  # each clipped number marked
+    assert stats.fmt(0.3, -2.71, 1.2, low=0.0) == "0.30 [0.00*, 1.20]"
+    assert stats.fmt(1.0, 0.9, 1.0, moved=True) == "1.00* [0.90, 1.00]"  # clipped before it was stored
     assert stats.fmt(0.5, 0.4, 0.6) == "0.50 [0.40, 0.60]"
     assert stats.fmt(2.0, digits=1, suffix="x") == "2.0x"
 
@@ -87,3 +88,187 @@ def test_helpers():
     assert stats.pearson(x, 2 * x + 1) == pytest.approx(1.0)
     assert stats.spearman(x, x ** 3) == pytest.approx(1.0)
     assert stats.spearman(x, -x) == pytest.approx(-1.0)
+
+
+# ---- Ratios near zero: the Fieller set, eq. (4)
+
+def _accepted(rho, a, b, v_aa, v_bb, v_ab, z):
+    return (a - rho * b) ** 2 <= z * z * (v_aa - 2 * rho * v_ab + rho * rho * v_bb)
+
+
+@pytest.mark.parametrize("a, b, v_aa, v_bb, v_ab", [
+    (4.0, 2.0, 1.0, 0.25, 0.0),     # b resolved: a bounded interval
+    (4.0, 2.0, 1.0, 0.25, 0.3),     # with a covariance
+    (4.0, 0.5, 1.0, 0.25, 0.0),     # b not resolved, a is: two rays
+    (0.5, 0.5, 1.0, 0.25, 0.0),     # neither: the whole line
+    (-3.0, 1.5, 0.5, 0.2, -0.1),    # a negative ratio
+])
+def test_fieller_set_matches_a_scan_of_the_test(a, b, v_aa, v_bb, v_ab):
+    # Enumerate rho on a fine grid and keep those the z test accepts: the set must agree.
+    z = NormalDist().inv_cdf(0.975)
+    lo, hi = stats.fieller(a, b, v_aa, v_bb, v_ab)
+    grid = torch.linspace(-60, 60, 240_001, dtype=torch.float64).tolist()
+    accepted = [r for r in grid if _accepted(r, a, b, v_aa, v_bb, v_ab, z)]
+    if b * b > z * z * v_bb:  # bounded: the accepted grid points fill [lo, hi]
+        assert min(accepted) == pytest.approx(lo, abs=1e-3) and max(accepted) == pytest.approx(hi, abs=1e-3)
+        assert len(accepted) == pytest.approx((hi - lo) / 5e-4, abs=2)
+    else:  # unbounded: both ends of the grid are accepted, and the set says nothing on the whole line
+        assert accepted[0] == -60 and accepted[-1] == 60 and (lo, hi) == (-math.inf, math.inf)
+        if len(accepted) < len(grid):  # two rays: restricted to rho >= 0 only the upper ray is left
+            first_gap = next(r for r in grid if r > 0 and not _accepted(r, a, b, v_aa, v_bb, v_ab, z))
+            glo, ghi = stats.fieller(a, b, v_aa, v_bb, v_ab, low=0.0)
+            upper = min(r for r in accepted if r > first_gap)
+            assert ghi == math.inf and glo == pytest.approx(upper, abs=1e-3)
+        else:
+            assert stats.fieller(a, b, v_aa, v_bb, v_ab, low=0.0) == (0.0, math.inf)
+
+
+def test_fieller_without_denominator_noise_is_the_delta_interval():
+    # v_bb = v_ab = 0: (a - rho b)^2 <= z^2 v_aa  <=>  rho in a/b -+ z sqrt(v_aa) / |b|, exactly.
+    z = NormalDist().inv_cdf(0.975)
+    lo, hi = stats.fieller(3.0, -2.0, 0.49, 0.0, 0.0)
+    assert (lo, hi) == pytest.approx((-1.5 - z * 0.7 / 2, -1.5 + z * 0.7 / 2), rel=1e-12)
+
+
+def test_fieller_covers_95_percent_even_with_a_weak_denominator():
+    # (a, b) normal with known covariance: a - rho b is exactly normal at the true rho, so the set
+    # covers it with probability 0.95, bounded or not. Here b's mean is 2 sd: often unresolved.
+    gen = torch.Generator().manual_seed(5)
+    rho, mean_b, sims = 2.0, 2.0, 6000
+    v_aa, v_bb, v_ab = 1.0, 1.0, 0.4
+    L = torch.linalg.cholesky(torch.tensor([[v_aa, v_ab], [v_ab, v_bb]], dtype=torch.float64))
+    ab = torch.randn(sims, 2, generator=gen, dtype=torch.float64) @ L.T + torch.tensor([rho * mean_b, mean_b],
+                                                                                           dtype=torch.float64)
+    hits = unbounded = hull = 0
+    for a, b in ab.tolist():
+        lo, hi = stats.fieller(a, b, v_aa, v_bb, v_ab, low=0.0)  # the ratio is known to be >= 0
+        hits += lo <= rho <= hi
+        unbounded += math.isinf(hi)
+        hull += (lo, hi) == (0.0, math.inf)  # nothing said (it may hide a gap): covers by construction
+    assert 0.94 <= hits / sims <= 0.96 + hull / sims  # binomial s.e. 0.0028
+    assert unbounded > 0.3 * sims and hull < 0.03 * sims  # the weak regime was exercised
+
+
+def test_verdicts_with_the_monte_carlo_error_in_view():
+    assert stats.verdict(1.2, 3.0) == "above" and stats.verdict(0.2, 0.9) == "below"
+    assert stats.verdict(0.8, 1.3) == "covers" and stats.verdict(math.nan, math.nan) == "covers"
+    b = torch.ones(400, dtype=torch.float64)
+
+    def shares(k):  # k of 400 replicates with a* > b*, the rest with a* < b*
+        return torch.cat([torch.full((k,), 2.0), torch.full((400 - k,), 0.5)]).double()
+    # t = 0.975, s.e. = sqrt(0.975 * 0.025 / 400) = 0.0078: the edge band is 0.952-0.998, i.e. 381-399
+    assert stats.replicate_verdict(shares(400), b) == "above"
+    assert stats.replicate_verdict(shares(390), b) == "edge" and stats.replicate_verdict(shares(381), b) == "edge"
+    assert stats.replicate_verdict(shares(380), b) == "covers" and stats.replicate_verdict(shares(200), b) == "covers"
+    assert stats.replicate_verdict(shares(0), b) == "below" and stats.replicate_verdict(shares(15), b) == "edge"
+
+
+def test_inverted_set_is_the_percentile_interval_when_the_denominator_stays_positive():
+    gen = torch.Generator().manual_seed(6)
+    a = 5 + torch.randn(2000, generator=gen, dtype=torch.float64)
+    b = 2 + 0.3 * torch.randn(2000, generator=gen, dtype=torch.float64)
+    assert (b > 0).all()
+    assert stats.inverted_set(a, b) == stats.interval(a / b)  # the same order statistics
+    assert stats.ratio_set(5.0, 2.0, a, b, low=0.0) == (2.5, *stats.interval(a / b))
+
+
+@pytest.mark.parametrize("mean_b", [0.1, 0.6, 1.5])
+def test_inverted_set_matches_a_scan_of_its_rule(mean_b):
+    # Enumerate rho on a grid: keep rho unless more than 97.5% of a* - rho b* lie on one side of 0.
+    gen = torch.Generator().manual_seed(7)
+    a = 2 + torch.randn(400, generator=gen, dtype=torch.float64)
+    b = mean_b + 0.5 * torch.randn(400, generator=gen, dtype=torch.float64)  # some b* <= 0
+    grid = torch.linspace(-40, 40, 80_001, dtype=torch.float64)
+    t = a[None, :] - grid[:, None] * b[None, :]  # (rho, R)
+    kept = grid[((t < 0).sum(1) <= 0.975 * 400) & ((t > 0).sum(1) <= 0.975 * 400)].tolist()
+    lo, hi = stats.inverted_set(a, b, low=0.0)
+    kept = [r for r in kept if r >= 0]
+    gaps = [y - x for x, y in zip(kept, kept[1:]) if y - x > 2e-3]
+    if hi == math.inf and lo > 0:  # one-sided: a lower bound, kept up to the grid's end
+        assert kept[-1] == 40 and kept[0] == pytest.approx(lo, abs=2e-3) and not gaps
+    elif hi == math.inf:  # nothing said within [0, inf)
+        assert kept[-1] == 40 and (kept[0] == 0 or gaps)
+    else:
+        assert (kept[0], kept[-1]) == pytest.approx((lo, hi), abs=2e-3) and not gaps
+
+
+def test_printing_a_set():
+    assert stats.fmt_set(3.3, 1.2, 7.2, low=0.0, suffix="x") == "3.30x [1.20x, 7.20x]"
+    assert stats.fmt_set(3.3, 1.2, math.inf, low=0.0, suffix="x") == "\u2265 1.20x"  # only the lower end
+    assert stats.fmt_set(1.1, 0.0, 2.71, low=0.0) == "\u2264 2.71"  # only the upper end
+    assert stats.fmt_set(1.1, 0.0, math.inf, low=0.0) == "unresolved"
+    assert stats.clip(1.02, 0.9, 1.1, -1.0, 1.0) == (1.0, 0.9, 1.0, True)
+    assert stats.clip(0.5, 0.4, 0.6, -1.0, 1.0) == (0.5, 0.4, 0.6, False)
+
+
+# ---- Seeds: strata and the random-effects check, eqs. (5)-(6)
+
+def test_stratified_bootstrap_variance_is_the_sum_of_the_strata():
+    # The bootstrap variance of a mean of U values is exactly s^2 / U with s^2 = (1/U) sum (x - xbar)^2
+    # (plug-in); independent draws per stratum add: Var(sum_s mean_s) = sum_s s_s^2 / U_s.
+    gen = torch.Generator().manual_seed(3)
+    xs = [torch.randn(U, generator=gen, dtype=torch.float64) * sd for U, sd in ((12, 1.0), (20, 3.0), (8, 0.5))]
+    parts = [(x.mean().item(), stats.bootstrap_weights(len(x), 40_000, seed=10 + i) @ x) for i, x in enumerate(xs)]
+    point, reps = stats.stratified(parts)
+    assert point == pytest.approx(sum(x.mean().item() for x in xs))
+    exact = sum(((x - x.mean()) ** 2).mean().item() / len(x) for x in xs)
+    assert reps.var().item() == pytest.approx(exact, rel=0.03)  # 40,000 draws: s.e. of a variance ~0.7%
+
+
+def test_chi2_survival_function():
+    for x in (0.5, 2.0, 7.3):
+        assert stats.chi2_sf(x, 1) == pytest.approx(2 * (1 - NormalDist().cdf(math.sqrt(x))), rel=1e-12)
+        assert stats.chi2_sf(x, 2) == pytest.approx(math.exp(-x / 2), rel=1e-12)
+    # the 95% critical values of the chi-square tables (df 1-5)
+    for df, crit in [(1, 3.841459), (2, 5.991465), (3, 7.814728), (4, 9.487729), (5, 11.070498)]:
+        assert stats.chi2_sf(crit, df) == pytest.approx(0.05, abs=2e-7)
+
+    def pdf(x, df):
+        return math.exp((df / 2 - 1) * math.log(x) - x / 2 - df / 2 * math.log(2) - math.lgamma(df / 2))
+    for df in (3, 4, 7):  # Simpson's rule on [x, 60]
+        x, n = 2.5, 20000
+        h = (60 - x) / n
+        tail = h / 3 * (pdf(x, df) + pdf(60, df) + sum((4 if i % 2 else 2) * pdf(x + i * h, df) for i in range(1, n)))
+        assert stats.chi2_sf(x, df) == pytest.approx(tail, abs=1e-9)
+
+
+def test_random_effects_by_hand():
+    # y = (0, 1), se = (1, 1): Q = 0.5 < df, tau^2 = 0, the fixed-effect mean 0.5 with s.e. sqrt(1/2).
+    z = NormalDist().inv_cdf(0.975)
+    r = stats.random_effects([0.0, 1.0], [1.0, 1.0])
+    assert (r["Q"], r["tau2"], r["mean"], r["se"], r["I2"]) == pytest.approx((0.5, 0.0, 0.5, math.sqrt(0.5), 0.0))
+    # y = (0, 4), se = (1, 1): Q = 2^2 + 2^2 = 8, c = 2 - 2/2 = 1, tau^2 = 7, w* = 1/8 each,
+    # mean 2, s.e. sqrt(1 / (2/8)) = 2, I^2 = 7/8, p = P(chi2_1 >= 8) = erfc(2).
+    r = stats.random_effects([0.0, 4.0], [1.0, 1.0])
+    assert (r["Q"], r["tau2"], r["mean"], r["se"], r["I2"]) == pytest.approx((8.0, 7.0, 2.0, 2.0, 7 / 8))
+    assert (r["lo"], r["hi"]) == pytest.approx((2 - 2 * z, 2 + 2 * z)) and r["p"] == pytest.approx(math.erfc(2.0))
+    assert r["df"] == 1 and r["k"] == 2
+    assert math.isnan(stats.random_effects([0.0, math.nan], [1.0, 1.0])["mean"])  # a seed without a log-ratio
+
+
+def test_random_effects_reproduces_the_bcg_meta_analysis():
+    # The BCG vaccine trials (Colditz et al. 1994; metafor's dat.bcg: tpos, tneg, cpos, cneg), log risk
+    # ratios with var 1/a - 1/(a+b) + 1/c - 1/(c+d). metafor's rma(method = "DL") reports estimate
+    # -0.7141, CI [-1.0644, -0.3638], tau^2 0.3088, I^2 92.12%, Q(df = 12) = 152.2330 (its test file
+    # tests/testthat/test_misc_metan_vs_rma.uni_with_dat.bcg.r, checked against Stata's metan).
+    bcg = [(4, 119, 11, 128), (6, 300, 29, 274), (3, 228, 11, 209), (62, 13536, 248, 12619),
+           (33, 5036, 47, 5761), (180, 1361, 372, 1079), (8, 2537, 10, 619), (505, 87886, 499, 87892),
+           (29, 7470, 45, 7232), (17, 1699, 65, 1600), (186, 50448, 141, 27197), (5, 2493, 3, 2338),
+           (27, 16886, 29, 17825)]
+    y = [math.log(a / (a + b) / (c / (c + d))) for a, b, c, d in bcg]
+    se = [math.sqrt(1 / a - 1 / (a + b) + 1 / c - 1 / (c + d)) for a, b, c, d in bcg]
+    r = stats.random_effects(y, se)
+    assert r["mean"] == pytest.approx(-0.7141, abs=1e-4) and r["lo"] == pytest.approx(-1.0644, abs=1e-4)
+    assert r["hi"] == pytest.approx(-0.3638, abs=1e-4) and r["tau2"] == pytest.approx(0.3088, abs=1e-4)
+    assert r["Q"] == pytest.approx(152.2330, abs=1e-4) and r["I2"] == pytest.approx(0.9212, abs=1e-4)
+    assert r["df"] == 12 and r["p"] < 1e-20
+
+
+def test_log_ratio_se():
+    a = torch.tensor([2.0, 3.0, 4.0], dtype=torch.float64)
+    b = torch.tensor([1.0, 1.0, 2.0], dtype=torch.float64)
+    assert stats.log_ratio_se(a, b) == pytest.approx(torch.tensor([2.0, 3.0, 2.0]).log().std().item())
+    assert math.isnan(stats.log_ratio_se(a, -b)) and math.isnan(stats.log_ratio_se(a * math.inf, b))
+    a40, b40 = torch.cat([a.repeat(13), torch.tensor([-1.0])]), torch.cat([b.repeat(13), torch.tensor([1.0])])
+    assert stats.log_ratio_se(a40, b40) == pytest.approx(torch.tensor([2.0, 3.0, 2.0]).repeat(13).log().std().item())
+    assert math.isnan(stats.log_ratio_se(a40, b40, share=0.99))  # 39 of 40 positive: 97.5%

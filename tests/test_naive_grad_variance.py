@@ -5,6 +5,7 @@ log_softmax written out, so padding, position ids and the shortcut through S_i a
 """
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,3 +155,30 @@ def test_measure_end_to_end(tiny, tmp_path, monkeypatch):
     assert power[2] == pytest.approx(power[4])  # A = R for every grouping
     assert all(r["true_var"] >= 0 and math.isfinite(r["true_var"]) for r in rows)
     assert power[2] > 0 and any(r["true_var"] > 0 for r in rows)  # the reward swap gave real signal
+
+
+ROOT = Path(__file__).resolve().parent.parent
+SAVED = ROOT / "benchmarks" / "results" / "grad_variance"
+
+
+def test_committed_results_are_the_saved_statistics_reanalysed_byte_for_byte(tmp_path):
+    # --from-saved remakes results.json and table.md exactly from stats.npz, keeps the measuring
+    # machine's record, and docs/variance.md shows docs_md() of the saved rows.
+    gv.main(["--from-saved", str(SAVED), "--out", str(tmp_path)])
+    for name in ("results.json", "table.md"):
+        assert (tmp_path / name).read_bytes() == (SAVED / name).read_bytes(), name
+    saved = json.loads((SAVED / "results.json").read_text())
+    assert saved["machine"]["logical_cpus"] == 2 and saved["seconds"] > 60  # the measurement's record
+    assert gv.docs_md(saved["rows"]) in (ROOT / "docs" / "variance.md").read_text()
+
+
+def test_verdicts_do_not_turn_with_the_bootstrap_seed():
+    # 20 independent sets of bootstrap draws: a verdict may fall to "edge" but never turns.
+    grams, scatter = gv.load_stats(SAVED / "stats.npz")
+    saved = json.loads((SAVED / "results.json").read_text())
+    seen = {k: {v} for k, v in gv.verdicts(saved["rows"]).items()}
+    for boot_seed in range(1, 20):
+        for k, v in gv.verdicts(gv.summarize(grams, scatter, boot_seed=boot_seed)[0]).items():
+            seen[k].add(v)
+    turned = {k: v for k, v in seen.items() if len(v - {"edge"}) > 1}
+    assert not turned, turned

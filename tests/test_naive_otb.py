@@ -84,7 +84,7 @@ def test_sequence_estimators_match_naive_loop(args, kind):
 
 def test_estimators_dict_contract():
     assert set(otb.ESTIMATORS) == {"reinforce", "group_mean", "grpo", "rloo", "otb", "otb_loo", "otb_zero_tail",
-                                   "otb_tir"}
+                                   "otb_tir", "otb_tir_zero_tail"}
     b = make_batch(3, [4, 2, 1, 5], 7, process=True)
     kw = dict(token_rewards=torch.tensor(b["r"]), response_mask=torch.tensor(b["m"]),
               group_index=b["gid"], log_probs=torch.tensor(b["lp"]), sum_pi_sq=torch.tensor(b["spi"]))
@@ -98,6 +98,8 @@ def test_estimators_dict_contract():
            naive_otb(b["r"], b["m"], b["gid"], b["lp"], b["spi"], zero_tail=True)[0])
     _close(otb.ESTIMATORS["otb_tir"](**kw)[0],
            naive_otb_by_action(b["r"], b["m"], b["gid"], b["lp"], b["spi"])[0])
+    _close(otb.ESTIMATORS["otb_tir_zero_tail"](**kw)[0],
+           naive_otb_by_action(b["r"], b["m"], b["gid"], b["lp"], b["spi"], zero_tail=True)[0])
     for name in ["reinforce", "group_mean", "grpo", "rloo"]:
         _close(otb.ESTIMATORS[name](**kw)[0], naive_scores(b["r"], b["m"], b["gid"], name)[0], atol=1e-7)
 
