@@ -100,6 +100,17 @@ def parse(argv):
     return train_cli.parse_config(argv, train.Config, train.PRESETS)
 
 
+def test_gpu_tool_preset_is_the_gpu_preset_on_the_chat_calculator():
+    tool = parse(["--preset", "gpu_tool"])
+    assert (tool.model, tool.task, tool.token_budget) == ("smollm2", "chat_calculator", 100_000)
+    assert tool.compare.split(",")[:2] == ["otb_tir:4", "otb:4"]
+    gpu = parse(["--preset", "gpu"])
+    same = {k for k in train.PRESETS["gpu"] if k not in ("task", "token_budget", "steps", "compare")}
+    assert {k: getattr(tool, k) for k in same} == {k: getattr(gpu, k) for k in same}
+    with pytest.raises(train_cli.UsageError, match="--task chat_calculator needs a pretrained chat model"):
+        train_cli.check(parse(["--task", "chat_calculator"]))
+
+
 def test_preset_sets_defaults_that_explicit_flags_override():
     gpu = parse(["--preset", "gpu"])
     help_text = " ".join(train_cli.make_parser(train.Config, train.PRESETS).format_help().split())
