@@ -225,3 +225,84 @@ def test_chat_calculator_trains_two_steps(smollm2, tmp_path, monkeypatch):
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r[k]) for r in rows for k in ("grad_norm", "loss", "tool_calls", "tool_errors"))
     assert [r["tool_calls"] for r in rows] == [ro.tool_calls.float().mean().item() for ro in rollouts]
+
+
+# ----------------------------------------------------------------------------- TRL's own tool loop
+
+def add(a: int, b: int) -> int:
+    """Add two whole numbers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+@needs_smollm2
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None and not IN_CI, reason="trl is not installed")
+def test_otb_grpo_trainer_runs_trls_tool_loop_for_two_steps(smollm2, tmp_path, caplog):
+    """OTBGRPOTrainer with TRL's tools=[add]: TRL parses the tool call, runs it, inserts the result and
+    builds tool_mask; the trainer switches to otb_tir, says so once, and trains 2 steps with advantages
+    0 on the tool's tokens. The policy is a 2-layer Llama on SmolLM2's tokenizer (given TRL's Qwen2.5
+    chat template, which renders and parses tool calls) that first memorises one conversation with a
+    call, so that TRL's loop has calls to run (SmolLM2-135M itself wrote none in 8 tries)."""
+    import copy
+    import logging
+    import torch
+    import trl
+    from datasets import Dataset
+    from transformers import LlamaConfig, LlamaForCausalLM
+    import otb_trl
+    tok = copy.deepcopy(smollm2[1])
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text()
+    question = [{"role": "user", "content": "What is 12 + 30?"}]
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 12, "b": 30}}}
+    answered = question + [{"role": "assistant", "content": "", "tool_calls": [call]},
+                           {"role": "tool", "name": "add", "content": "42"}, {"role": "assistant", "content": "42"}]
+    prompt = tok.apply_chat_template(question, tools=[add], add_generation_prompt=True, tokenize=False)
+    ids = tok(tok.apply_chat_template(answered, tools=[add], tokenize=False), return_tensors="pt")["input_ids"]
+    labels = ids.clone()
+    labels[:, :len(tok(prompt)["input_ids"])] = -100  # memorise the completion: the call, the tool turn, 42
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                                         tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
+                                         eos_token_id=tok.eos_token_id))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(200):
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if loss.item() < 0.05:
+            break
+    assert loss.item() < 0.05, "the conversation must be memorised"
+    seen = []
+
+    class Spy(otb_trl.OTBGRPOTrainer):
+        def _compute_loss(self, model, inputs):
+            seen.append(inputs)
+            return super()._compute_loss(model, inputs)
+    cfg = train.Config(group_size=4, lr=1e-4, temperature=0.3)  # near-greedy: the memorised call
+    args = otb_trl.grpo_config(tmp_path / "trl", cfg, 2, 1, 96, max_grad_norm=1e9)
+    data = Dataset.from_list([{"prompt": question, "answer": "42"}] * 2)
+    reward = lambda completions, answer, **_: [float(c[-1]["content"].strip() == a)  # noqa: E731
+                                                for c, a in zip(completions, answer)]
+    trainer = Spy(model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok, tools=[add])
+    before = [p.detach().clone() for p in model.parameters()]
+    with caplog.at_level(logging.WARNING, logger="otb_trl"):
+        trainer.train()
+    assert len(seen) == 2 and trainer.estimator == "otb_tir"
+    assert sum("estimator otb_tir" in r.getMessage() for r in caplog.records) == 1
+    holes = 0
+    for batch in seen:
+        tool_tokens = batch["completion_mask"] * (1 - batch["tool_mask"])  # (B, T) the tool's turn
+        holes += int(tool_tokens.sum())
+        A = batch["advantages"]
+        assert A.shape == batch["completion_mask"].shape and A.isfinite().all() and (A[tool_tokens.bool()] == 0).all()
+        texts = [tok.decode(r[m.bool()]) for r, m in zip(batch["completion_ids"], tool_tokens)]
+        assert any("<tool_response>\n42\n</tool_response>" in t for t in texts)  # TRL ran add(12, 30)
+    assert holes > 0
+    assert [r["tools/call_frequency"] for r in trainer.state.log_history if "loss" in r][:2] != [0, 0]
+    assert sum((p.detach() - b).abs().sum().item() for p, b in zip(model.parameters(), before)) > 0
