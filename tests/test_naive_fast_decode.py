@@ -87,14 +87,17 @@ def test_a_batch_that_fills_the_static_cache_to_its_last_slot():
     assert_same_rollout(plain, draw(model, "static", seed=4, eos_id=-1, max_new=max_new, batch=batch))
 
 
-def test_the_traced_compiled_step_gives_the_plain_loops_rollout(monkeypatch):
+def test_the_traced_compiled_step_gives_the_plain_loops_rollout(monkeypatch, capsys):
     """torch.compile(fullgraph=True) traces the whole decode step (a graph break would raise);
-    the aot_eager backend runs the traced graph without generating code."""
+    the aot_eager backend runs the traced graph without generating code. Compiling a shape says
+    so in one line, once."""
     monkeypatch.setattr(fast_decode, "BACKEND", "aot_eager")
     model, tool = tiny(layers=1, seed=2), calls_on("a")
     for seed in (5, 6):  # the second call reuses the compiled graph and the cache
         assert_same_rollout(draw(model, "plain", seed=seed, tool=tool, max_new=24),
                             draw(model, "compiled", seed=seed, tool=tool, max_new=24))
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("compiling")]
+    assert len(said) == 1 and "once per shape" in said[0] and "minute" in said[0], said
 
 
 @pytest.mark.skipif(not (os.environ.get("OTB_SLOW_TESTS") or os.environ.get("CI")),

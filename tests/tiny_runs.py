@@ -9,7 +9,7 @@ import train
 # A tiny model (hidden 32, 1 layer) with a 60-step warm-up on strings of length 1-2, so rewards are
 # not all zero and the updates are not trivially zero.
 TINY = ["--tiny-hidden", "32", "--tiny-layers", "1", "--horizon", "2", "--warmup-max-steps", "60",
-        "--prompts-per-step", "4", "--group-size", "4", "--log-every", "100"]
+        "--prompts-per-step", "4", "--log-every", "100"]  # N = 4, the default: a comparison gives its own
 TIME_KEYS = set(train.TIME_KEYS)
 
 
@@ -25,10 +25,11 @@ def without_times(rows):
     return [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in rows]
 
 
-def interrupt_at(monkeypatch, step, hard=False):
+def interrupt_at(monkeypatch, step, hard=False, sig=signal.SIGINT):
     """Simulate Ctrl-C late in training step `step` (1-based; counted over the whole process): a SIGINT
-    (the loop finishes the step, saves and stops) or, hard=True, a KeyboardInterrupt raised there
-    (a second Ctrl-C: the step is lost, the last checkpoint is kept)."""
+    (the loop finishes the step, saves and stops; sig=SIGTERM: the same from `timeout` or a cluster)
+    or, hard=True, a KeyboardInterrupt raised there (a second Ctrl-C: the step is lost, the last
+    checkpoint is kept)."""
     seen = []
     real = train.step_metrics
     # A shell can start the tests with SIGINT ignored (nohup, some CI runners), and train.py then
@@ -40,6 +41,6 @@ def interrupt_at(monkeypatch, step, hard=False):
         if len(seen) == step:
             if hard:
                 raise KeyboardInterrupt
-            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(sig)
         return real(*a, **k)
     monkeypatch.setattr(train, "step_metrics", step_metrics)
