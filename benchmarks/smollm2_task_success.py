@@ -1,12 +1,16 @@
-"""Success of SmolLM2-135M-Instruct on the counting task before any RL: sampling only, on the CPU.
+"""Success of SmolLM2-135M-Instruct on a chat task before any RL: sampling only, on the CPU.
 
-    python benchmarks/smollm2_task_success.py                        # horizon 70, tau 0.7, 128 prompts
+    python benchmarks/smollm2_task_success.py                        # count: horizon 70, tau 0.7, 128 prompts
     python benchmarks/smollm2_task_success.py --out benchmarks/results/smollm2_count
+    python benchmarks/smollm2_task_success.py --task chat_calculator --prompts 64   # with its tool
+    python benchmarks/smollm2_task_success.py --task arithmetic --horizon 3 --prompts 64  # the same sums, no tool
 
-One response per prompt of ``tasks.CountTask`` (chat template, the task's response limit,
+One response per prompt of the task (``tasks.CountTask`` by default; chat template, the task's response limit,
 prompts from ``tasks.prompt_batch`` on a seed no training run uses); the success rate with
 Wilson's 95% score interval (each prompt one trial), and the token count of correct responses in
-SmolLM2's tokenizer (EOS included). Writes success.json into --out only when --out is given.
+SmolLM2's tokenizer (EOS included). A task with a tool (``chat_calculator``) samples with it, in
+the same batched loop as training, and reports its calls, error replies and cut replies per
+response. Writes success.json into --out only when --out is given.
 """
 import json
 import math
@@ -35,7 +39,10 @@ def wilson(k, n, z=1.959964):
 
 def main(argv=None):
     p = parser(__doc__)
-    p.add_argument("--horizon", type=at_least(1), default=tasks.CountTask.horizon, help="numbers to list")
+    p.add_argument("--task", default="count", choices=("count", "arithmetic", "chat_calculator"),
+                   help="the task (tasks.py): count, or the sums of arithmetic, without and with a tool")
+    p.add_argument("--horizon", type=at_least(1), default=None,
+                   help="numbers to list (count) or digits per number; default: the task's own")
     p.add_argument("--temperature", type=positive_float, default=0.7, help="sampling temperature tau")
     p.add_argument("--prompts", type=at_least(1), default=128, help="prompts, one response each")
     p.add_argument("--batch", type=at_least(1), default=16, help="prompts sampled together")
@@ -43,29 +50,35 @@ def main(argv=None):
     p.add_argument("--out", type=out_folder, default=None,
                    help="folder for success.json (not written without it)")
     a = p.parse_args(argv)
-    task = tasks.CountTask(horizon=a.horizon)
+    task = tasks.TASKS[a.task]() if a.horizon is None else tasks.TASKS[a.task](horizon=a.horizon)
     model, tok, source = models.load_model("smollm2", task, "cpu", max_new=task.max_new_tokens(), cache_dir=None)
-    t0, wins, lengths = time.time(), [], []
-    for b in tqdm(range(0, a.prompts, a.batch), desc=f"count horizon {a.horizon}, tau {a.temperature}"):
+    tool = tasks.tool_for(task, tok)
+    t0, wins, lengths, counts = time.time(), [], [], {"calls": [], "errors": [], "cut": []}
+    for b in tqdm(range(0, a.prompts, a.batch), desc=f"{a.task} horizon {task.horizon}, tau {a.temperature}"):
         n = min(a.batch, a.prompts - b)
         prompts, answers = tasks.prompt_batch(task, tok, a.seed, b, n)
         ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=task.max_new_tokens(),
                             temperature=a.temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                            generator=torch.Generator().manual_seed(a.seed + b),
+                            generator=torch.Generator().manual_seed(a.seed + b), tool=tool,
                             stop=tasks.stop_rule(task, tok, answers, 1))  # as train.py samples
         R, _, _ = tasks.rewards(task, tok, ro, answers, 1)
         wins += R.tolist()
         lengths += ro.response_mask.sum(-1).tolist()
+        if tool is not None:
+            for key, v in (("calls", ro.tool_calls), ("errors", ro.tool_errors), ("cut", ro.tool_cut)):
+                counts[key] += v.float().tolist()
     k, n = int(sum(wins)), len(wins)
     lo, hi = wilson(k, n)
     correct = [len(tok(task.target_text(ans), add_special_tokens=False)["input_ids"]) + 1
                for _, ans in task.sample(random.Random(0), 200)]
+    tools = {f"tool_{k}_per_response": sum(v) / n for k, v in counts.items()} if tool is not None else {}
+    stop = "graded_end (a row ends once its reward is decided)" if hasattr(task, "graded_end") else None
     result = dict(command=command("smollm2_task_success.py", argv), model_weights=source["weights"],
-                  stop_rule="graded_end (a row ends once its reward is decided)", horizon=a.horizon,
+                  task=a.task, stop_rule=stop, horizon=task.horizon,
                   temperature=a.temperature, prompts=n, successes=k, success=k / n,
                   wilson_95=[lo, hi], mean_response_tokens=sum(lengths) / n,
                   correct_response_tokens=[min(correct), max(correct)], max_new_tokens=task.max_new_tokens(),
-                  seconds=round(time.time() - t0, 1), torch_threads=torch.get_num_threads())
+                  seconds=round(time.time() - t0, 1), torch_threads=torch.get_num_threads(), **tools)
     print(json.dumps(result, indent=1))
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import models
+import rollout
 import tasks
 import train
 
@@ -146,3 +147,163 @@ def test_preset_gpu_comparison_smoke_two_seeds_two_configurations(tmp_path):
     assert (config["task"], config["temperature"], config["seeds"]) == ("count", 0.7, "0,1")
     assert json.loads((folder / "preflight.json").read_text())["largest"] == "group_mean:4"  # run first
     assert json.loads((folder / "pilot.json").read_text())["chosen"] == 1e-5
+
+
+# ----------------------------------------------------------------------------- a tool through the chat template
+
+@needs_smollm2
+def test_chat_calculator_round_trip_on_known_strings(smollm2):
+    """The call, the tool's turn and the answer, as the sampler lays them out, are the chat template's
+    rendering of the conversation token for token; the mask is 0 exactly on the tool's turn; an answer
+    turn is no call (the turn end ends the row); a malformed call gets the error reply; the tool's
+    number is not the model's answer."""
+    tok, task = smollm2[1], tasks.ChatCalculatorTask()
+    question, answer = task.question(964, 494), "1458"
+    call = "calc: 964 + 494"
+    prompt = task.prompt_text(tok, question)
+    conversation = task.conversation(question, [(call, answer)]) + [{"role": "assistant", "content": answer}]
+    whole = tok.apply_chat_template(conversation, tokenize=False)
+    tool = task.tool(tok)
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    response = ids(call) + [tok.eos_token_id]
+    reply = tool.respond(response)
+    response += reply + ids(answer) + [tok.eos_token_id]
+    assert ids(prompt) + response == ids(whole)[:-1]  # the template ends with a newline after <|im_end|>
+    assert tok.decode(reply) == "\n<|im_start|>tool\n1458<|im_end|>\n<|im_start|>assistant\n"
+    mask = rollout.action_mask(tool, response)
+    assert tok.decode([y for y, m in zip(response, mask) if not m]) == tok.decode(reply)  # 0 on the tool's turn
+    assert tok.decode([y for y, m in zip(response, mask) if m]) == f"{call}<|im_end|>{answer}<|im_end|>"
+    assert tool.respond(ids("1458") + [tok.eos_token_id]) is None  # an answer: the row ends there
+    assert tool.respond(response) is None  # the second turn end, after the tool's turn, is the answer's
+    wrong = tool.respond(ids("calc: 964 plus 494") + [tok.eos_token_id])
+    assert tool.is_error(wrong) and not tool.is_error(reply) and "error" in tok.decode(wrong)
+    text = tok.decode(response, skip_special_tokens=True)
+    assert text == f"{call}\ntool\n{answer}\nassistant\n{answer}" and task.reward(text, answer, True) == 1.0
+    unanswered = tok.decode(response[:len(response) - len(ids(answer)) - 1], skip_special_tokens=True)
+    assert task.reward(unanswered, answer, False) == 0.0  # the tool's 1458 is not the answer
+    assert task.reward(answer, answer, True) == 1.0  # no call, the right sum: a success
+    (q, a), = task.sample(random.Random(0), 1)
+    x, y = (int(v) for v in q.removeprefix("What is ").split("?")[0].split(" + "))
+    assert a == str(x + y) and 100 <= x <= 999 and 100 <= y <= 999
+
+
+@needs_smollm2
+def test_chat_calculator_trains_two_steps(smollm2, tmp_path, monkeypatch):
+    """Two otb_tir steps of SmolLM2 on --task chat_calculator (1 prompt x N = 4, the module's loaded
+    model, copied): every row's mask is the tool replayed over it, each hole is a whole tool turn,
+    the sampler's call counts are the holes', metrics.jsonl has the tool metrics, and the update is
+    finite."""
+    import copy
+    import re
+    import train_cli
+    model, tok, source, _ = smollm2
+    monkeypatch.setattr(train_cli, "load", lambda cfg, device: (copy.deepcopy(model), tok, source))
+    rollouts, real_sample = [], rollout.sample
+
+    def sample(*a, **k):  # the real sampler, its rollouts kept
+        rollouts.append(real_sample(*a, **k))
+        return rollouts[-1]
+    monkeypatch.setattr(rollout, "sample", sample)
+    train.main(["--model", "smollm2", "--device", "cpu", "--task", "chat_calculator", "--estimator", "otb_tir",
+                "--prompts-per-step", "1", "--group-size", "4", "--max-new-tokens", "36", "--temperature", "0.7",
+                "--lr", "1e-5", "--steps", "2", "--out", str(tmp_path), "--name", "tool"])
+    tool = tasks.ChatCalculatorTask().tool(tok)
+    calls = 0
+    for ro in rollouts:
+        m = ro.response_mask
+        for i in range(len(m)):
+            n = int(tasks.last_valid(m[i:i + 1])) + 1
+            row = ro.response[i, :n].tolist()
+            assert m[i, :n].tolist() == rollout.action_mask(tool, row)
+            text = "".join("\0" if a else tok.decode([y]) for y, a in zip(row, m[i, :n].tolist()))
+            holes = re.findall(r"[^\0]+", text)  # each run of the tool's tokens, in full
+            assert all(re.fullmatch(r"\n<\|im_start\|>tool\n(\d+|error: write calc: a \+ b)<\|im_end\|>\n"
+                                    r"<\|im_start\|>assistant\n", h) for h in holes), holes
+            assert ro.tool_calls[i] == len(holes) + ro.tool_cut[i]
+            calls += int(ro.tool_calls[i])
+    assert calls > 0, "SmolLM2 must call the tool in some of the 8 rows (it does in 47 of 48 before RL)"
+    rows = metrics(tmp_path / "tool")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r[k]) for r in rows for k in ("grad_norm", "loss", "tool_calls", "tool_errors"))
+    assert [r["tool_calls"] for r in rows] == [ro.tool_calls.float().mean().item() for ro in rollouts]
+
+
+# ----------------------------------------------------------------------------- TRL's own tool loop
+
+def add(a: int, b: int) -> int:
+    """Add two whole numbers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+@needs_smollm2
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None and not IN_CI, reason="trl is not installed")
+def test_otb_grpo_trainer_runs_trls_tool_loop_for_two_steps(smollm2, tmp_path, caplog):
+    """OTBGRPOTrainer with TRL's tools=[add]: TRL parses the tool call, runs it, inserts the result and
+    builds tool_mask; the trainer switches to otb_tir, says so once, and trains 2 steps with advantages
+    0 on the tool's tokens. The policy is a 2-layer Llama on SmolLM2's tokenizer (given TRL's Qwen2.5
+    chat template, which renders and parses tool calls) that first memorises one conversation with a
+    call, so that TRL's loop has calls to run (SmolLM2-135M itself wrote none in 8 tries)."""
+    import copy
+    import logging
+    import torch
+    import trl
+    from datasets import Dataset
+    from transformers import LlamaConfig, LlamaForCausalLM
+    import otb_trl
+    tok = copy.deepcopy(smollm2[1])
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text()
+    question = [{"role": "user", "content": "What is 12 + 30?"}]
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 12, "b": 30}}}
+    answered = question + [{"role": "assistant", "content": "", "tool_calls": [call]},
+                           {"role": "tool", "name": "add", "content": "42"}, {"role": "assistant", "content": "42"}]
+    prompt = tok.apply_chat_template(question, tools=[add], add_generation_prompt=True, tokenize=False)
+    ids = tok(tok.apply_chat_template(answered, tools=[add], tokenize=False), return_tensors="pt")["input_ids"]
+    labels = ids.clone()
+    labels[:, :len(tok(prompt)["input_ids"])] = -100  # memorise the completion: the call, the tool turn, 42
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                                         tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
+                                         eos_token_id=tok.eos_token_id))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(200):
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if loss.item() < 0.05:
+            break
+    assert loss.item() < 0.05, "the conversation must be memorised"
+    seen = []
+
+    class Spy(otb_trl.OTBGRPOTrainer):
+        def _compute_loss(self, model, inputs):
+            seen.append(inputs)
+            return super()._compute_loss(model, inputs)
+    cfg = train.Config(group_size=4, lr=1e-4, temperature=0.3)  # near-greedy: the memorised call
+    args = otb_trl.grpo_config(tmp_path / "trl", cfg, 2, 1, 96, max_grad_norm=1e9)
+    data = Dataset.from_list([{"prompt": question, "answer": "42"}] * 2)
+    reward = lambda completions, answer, **_: [float(c[-1]["content"].strip() == a)  # noqa: E731
+                                                for c, a in zip(completions, answer)]
+    trainer = Spy(model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok, tools=[add])
+    before = [p.detach().clone() for p in model.parameters()]
+    with caplog.at_level(logging.WARNING, logger="otb_trl"):
+        trainer.train()
+    assert len(seen) == 2 and trainer.estimator == "otb_tir"
+    assert sum("estimator otb_tir" in r.getMessage() for r in caplog.records) == 1
+    holes = 0
+    for batch in seen:
+        tool_tokens = batch["completion_mask"] * (1 - batch["tool_mask"])  # (B, T) the tool's turn
+        holes += int(tool_tokens.sum())
+        A = batch["advantages"]
+        assert A.shape == batch["completion_mask"].shape and A.isfinite().all() and (A[tool_tokens.bool()] == 0).all()
+        texts = [tok.decode(r[m.bool()]) for r, m in zip(batch["completion_ids"], tool_tokens)]
+        assert any("<tool_response>\n42\n</tool_response>" in t for t in texts)  # TRL ran add(12, 30)
+    assert holes > 0
+    assert [r["tools/call_frequency"] for r in trainer.state.log_history if "loss" in r][:2] != [0, 0]
+    assert sum((p.detach() - b).abs().sum().item() for p, b in zip(model.parameters(), before)) > 0

@@ -102,6 +102,17 @@ def parse(argv):
     return train_cli.parse_config(argv, train.Config, train.PRESETS)
 
 
+def test_gpu_tool_preset_is_the_gpu_preset_on_the_chat_calculator():
+    tool = parse(["--preset", "gpu_tool"])
+    assert (tool.model, tool.task, tool.token_budget) == ("smollm2", "chat_calculator", 100_000)
+    assert tool.compare.split(",")[:2] == ["otb_tir:4", "otb:4"]
+    gpu = parse(["--preset", "gpu"])
+    same = {k for k in train.PRESETS["gpu"] if k not in ("task", "token_budget", "steps", "compare")}
+    assert {k: getattr(tool, k) for k in same} == {k: getattr(gpu, k) for k in same}
+    with pytest.raises(train_cli.UsageError, match="--task chat_calculator needs a pretrained chat model"):
+        train_cli.check(parse(["--task", "chat_calculator"]))
+
+
 def test_preset_sets_defaults_that_explicit_flags_override():
     gpu = parse(["--preset", "gpu"])
     help_text = " ".join(train_cli.make_parser(train.Config, train.PRESETS).format_help().split())
@@ -500,11 +511,13 @@ def test_periodic_task_trains(out):
     assert all(r["response_len"] <= 6 + 4 for r in rows)  # the task's own limit: horizon + 4
 
 
-def test_calculator_task_trains_with_holes_where_the_tool_output_sits(out, monkeypatch):
+def test_calculator_task_trains_with_holes_where_the_tool_output_sits(out, monkeypatch, capsys):
     """The tool task (k = 2: one call) through --compare otb_tir:4,otb:4 for 2 steps. Every sampled
     row's mask is the tool replayed over it (rollout.action_mask), some rows have holes inside the
     response, each hole holds the calculator's output ('<sum>,' or 'error,'), otb_tir's
-    advantages are 0 there, and the metrics are finite."""
+    advantages are 0 there, and the metrics are finite; the tool's counts (calls, error replies,
+    tool tokens, cut replies) are the holes', in metrics.jsonl and the log line, and ``tokens``
+    counts the policy's tokens only."""
     import re
     rollouts, advantages = [], []
     real_sample, real_tir = rollout.sample, otb.ESTIMATORS["otb_tir"]
@@ -532,16 +545,32 @@ def test_calculator_task_trains_with_holes_where_the_tool_output_sits(out, monke
             row = ro.response[i, :n].tolist()
             assert m[i, :n].tolist() == rollout.action_mask(tool, row) and not m[i, n:].any()
             text = "".join("|" if a else tok.decode([y]) for y, a in zip(row, m[i, :n].tolist()))
-            for run in re.findall(r"[^|]+", text):  # each hole inside the response, in full
+            runs = re.findall(r"[^|]+", text)  # each hole inside the response, in full
+            for run in runs:
                 assert re.fullmatch(r"(\d+|error),", run), run
                 holes += len(run)
+            # the sampler's counts: a hole per call (a reply is never empty), error replies, tool tokens;
+            # a reply the limit cut sits after the last action (tail), or never began (a call at the limit)
+            tail = [y for y in ro.response[i, n:].tolist() if y != tok.pad_token_id]
+            cut = bool(tail) or (n == ro.response.shape[1] and row[-1] == tool.close_id)
+            assert ro.tool_cut[i] == cut and ro.tool_calls[i] == len(runs) + cut
+            assert ro.tool_errors[i] == runs.count("error,") + (cut and tool.is_error(tool.respond(row)))
+            assert ro.tool_tokens[i] == sum(map(len, runs)) + len(tail)
     assert holes > 0, "the sampled rows must make tool calls"
     for m, adv in advantages:
         assert (adv[m == 0] == 0).all() and adv.isfinite().all()
-    for sub in ("otb_tir-n4", "otb-n4"):
+    for sub, pair in (("otb_tir-n4", training[:2]), ("otb-n4", training[2:])):
         rows = metrics(out / "calc" / sub)
         values = [v for r in rows for v in r.values() if isinstance(v, float)]
         assert len(rows) == 2 and all(math.isfinite(v) for v in values)
+        for r, ro in zip(rows, pair):  # metrics.jsonl: per response, the step's means
+            assert r["tool_calls"] == pytest.approx(ro.tool_calls.float().mean().item())
+            assert r["tool_errors"] == pytest.approx(ro.tool_errors.float().mean().item())
+            assert r["tool_tokens"] == pytest.approx(ro.tool_tokens.float().mean().item())
+            assert r["tool_cut"] == pytest.approx(ro.tool_cut.float().mean().item())
+            assert r["tokens"] - (rows[0]["tokens"] if r is rows[1] else 0) == int(ro.response_mask.sum())
+    r = rows[-1]
+    assert f"| tool {r['tool_calls']:.2f}/{r['tool_errors']:.2f}/{r['tool_cut']:.2f}" in capsys.readouterr().out
     stored = json.loads((out / "calc" / "otb_tir-n4" / "config.json").read_text())["config"]
     assert stored["task"] == "calculator" and stored["horizon"] == 2
 

@@ -244,13 +244,10 @@ def test_bad_arguments_are_one_line_errors(setup):
                      config=dict(multi_objective_aggregation="normalize_then_sum"))
 
 
-@needs_trl
-def test_otb_tir_with_trls_tool_mask_is_otb_tir_of_the_same_tensors(setup):
-    # A fabricated batch as GRPOTrainer builds it when it runs tools: completion_mask (1 up to the
-    # end of each completion) and tool_mask (0 on the tool results, padded with 1). The advantages
-    # the trainer writes are otb.ESTIMATORS["otb_tir"] of the product mask, R at the last action.
-    import otb_trl
-    trainer = make_trainer(setup, otb_trl.OTBGRPOTrainer, "tir", estimator="otb_tir")
+def tool_batch():
+    """A fabricated batch as GRPOTrainer builds it when it runs tools: completion_mask (1 up to the end
+    of each completion) and tool_mask (0 on the tool results, padded with 1); with the log-probs and
+    sum pi^2, and the estimator's keyword arguments on the product mask, R at the last action."""
     g = torch.Generator().manual_seed(0)
     B, T = 8, 14
     lengths = torch.randint(6, T + 1, (B,), generator=g)
@@ -264,15 +261,68 @@ def test_otb_tir_with_trls_tool_mask_is_otb_tir_of_the_same_tensors(setup):
     sum_pi_sq = torch.softmax(logits, -1).square().sum(-1)
     batch = {"completion_mask": completion_mask, "tool_mask": tool_mask, "otb_group": torch.arange(B) // 4,
              "otb_rewards": torch.randint(0, 2, (B,), generator=g).float()}
-    trainer._set_advantages(batch, log_probs, sum_pi_sq)
-
     m = (completion_mask * tool_mask).float()  # the policy's own tokens
     rewards = torch.zeros(B, T)
     for i in range(B):
         rewards[i, max(t for t in range(T) if m[i, t])] = batch["otb_rewards"][i]  # R at the last action
     kw = dict(token_rewards=rewards, response_mask=m, group_index=batch["otb_group"], log_probs=log_probs,
               sum_pi_sq=sum_pi_sq)
+    return batch, log_probs, sum_pi_sq, kw
+
+
+@needs_trl
+def test_otb_tir_with_trls_tool_mask_is_otb_tir_of_the_same_tensors(setup):
+    # The advantages the trainer writes are otb.ESTIMATORS["otb_tir"] of the product mask.
+    import otb_trl
+    trainer = make_trainer(setup, otb_trl.OTBGRPOTrainer, "tir", estimator="otb_tir")
+    batch, log_probs, sum_pi_sq, kw = tool_batch()
+    trainer._set_advantages(batch, log_probs, sum_pi_sq)
     expected, _ = otb.ESTIMATORS["otb_tir"](**kw)
     torch.testing.assert_close(batch["advantages"], expected, rtol=0, atol=1e-7)
-    assert (batch["advantages"][m == 0] == 0).all()  # nothing on tool results or padding
+    assert (batch["advantages"][kw["response_mask"] == 0] == 0).all()  # nothing on tool results or padding
     assert (expected - otb.ESTIMATORS["otb"](**kw)[0]).abs().max() > 1e-3  # the alignment mattered
+
+
+@needs_trl
+def test_without_an_estimator_a_tool_mask_switches_to_otb_tir_and_says_so_once(setup, caplog):
+    import logging
+    import warnings
+    import otb_trl
+    trainer = make_trainer(setup, otb_trl.OTBGRPOTrainer, "auto")  # no estimator=
+    batch, log_probs, sum_pi_sq, kw = tool_batch()
+    plain = {k: v for k, v in batch.items() if k != "tool_mask"}  # a batch without tools first: otb
+    plain["completion_mask"] = kw["response_mask"].long()
+    with caplog.at_level(logging.WARNING, logger="otb_trl"), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning: nothing was chosen explicitly
+        trainer._set_advantages(plain, log_probs, sum_pi_sq)
+        assert trainer.estimator == "otb" and not caplog.records
+        torch.testing.assert_close(plain["advantages"], otb.ESTIMATORS["otb"](**kw)[0], rtol=0, atol=1e-7)
+        for _ in range(2):
+            trainer._set_advantages(batch, log_probs, sum_pi_sq)
+    assert trainer.estimator == "otb_tir"
+    assert [r.getMessage() for r in caplog.records] == [
+        "OTBGRPOTrainer: the completions hold tool results (tool_mask): estimator otb_tir, OTB aligned by the "
+        "policy's own tokens (pass estimator= to choose another)"]  # once
+    torch.testing.assert_close(batch["advantages"], otb.ESTIMATORS["otb_tir"](**kw)[0], rtol=0, atol=1e-7)
+
+
+@needs_trl
+@pytest.mark.parametrize("estimator", ["otb", "otb_zero_tail", "group_mean"])
+def test_an_explicit_estimator_is_kept_and_a_position_aligned_otb_warned_about_once(setup, estimator):
+    import warnings
+    import otb_trl
+    trainer = make_trainer(setup, otb_trl.OTBGRPOTrainer, "explicit-" + estimator, estimator=estimator)
+    batch, log_probs, sum_pi_sq, kw = tool_batch()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            trainer._set_advantages(batch, log_probs, sum_pi_sq)
+    ours = [str(w.message) for w in caught if "OTBGRPOTrainer" in str(w.message)]
+    if estimator == "group_mean":  # one number per completion: holes change nothing
+        assert ours == []
+    else:
+        assert ours == [f"OTBGRPOTrainer: estimator {estimator!r} pools a group's rows by position, but the "
+                        "completions hold tool results of different lengths (tool_mask); otb_tir pools them by "
+                        "action (docs/tool_use.md)"]
+    assert trainer.estimator == estimator
+    torch.testing.assert_close(batch["advantages"], otb.ESTIMATORS[estimator](**kw)[0], rtol=0, atol=1e-7)

@@ -100,7 +100,7 @@ def test_resume_keeps_saved_cells_only_with_the_same_settings(tmp_path):
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = [("horizon_sweep", "variance.md", ("otb", "otb_zero_tail", "otb_loo", "reinforce", "grpo")),
-          ("calculator_sweep", "tool_use.md", hs.TOOL_ROWS)]
+          ("calculator_sweep", "tool_use.md", hs.TOOL_ROWS), ("factors_sweep", "tool_use.md", hs.TOOL_ROWS)]
 
 
 @pytest.mark.parametrize("folder, doc, columns", SWEEPS, ids=[s[0] for s in SWEEPS])
@@ -184,3 +184,13 @@ def test_calculator_sweep_samples_with_the_tool_and_saves_otb_tir(tmp_path, monk
     assert all(math.isfinite(g["gain"][0]) for g in saved["gains"] if g["estimator"] == "reinforce")
     with pytest.raises(SystemExit):
         hs.parse_args(["--estimators", "otb,rloo"])  # no group_mean, no reinforce
+
+
+
+def test_committed_factors_sweep_shows_its_paired_otb_otb_tir_table_in_docs_tool_use():
+    # benchmarks/results/factors_sweep (horizon_sweep.py --task factors): docs/tool_use.md shows
+    # head_to_head_md() of the saved otb / otb_tir ratios (the byte-for-byte re-analysis: SWEEPS above).
+    import json
+    saved = json.loads((ROOT / "benchmarks" / "results" / "factors_sweep" / "results.json").read_text())
+    assert saved["args"]["task"] == "factors" and saved["args"]["seeds"] == [0, 1, 2]
+    assert hs.head_to_head_md(saved["otb_tir_over_otb"]) in (ROOT / "docs" / "tool_use.md").read_text()

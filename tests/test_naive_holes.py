@@ -119,3 +119,38 @@ def test_group_baselines_with_holes_equal_the_compacted_twin(args, hole_seed, na
     _close(_at_actions(ret, where), R.numpy(), atol=1e-12)
     masked = torch.tensor(b["m"]) == 0
     assert (adv[masked] == 0).all() and (ret[masked] == 0).all()  # the reward 7 in the holes never counts
+
+
+def test_the_alignment_figures_baselines_are_the_hand_computed_ones():
+    """benchmarks/alignment_figure.py (docs/tool_use.md's teaching figure): with w = 0.5 on every action
+    and R = 1, 0, by action the shared k get (1 W + 0 W) / (2 W) = 1/2; by position a row alone is its
+    own return and at t = 8..10 the weights are the rows' action counts so far, 7:4, 8:5, 9:6. The
+    committed baselines.json is what the script computes."""
+    import json
+    from pathlib import Path
+    from benchmarks import alignment_figure
+    out, m = alignment_figure.baselines()
+    nan = float("nan")
+    by_position = [[.5, .5, .5, nan, nan, 1, 1, 1, 7 / 11, 8 / 13, 9 / 15, nan],
+                   [.5, .5, .5, nan, nan, nan, nan, nan, 7 / 11, 8 / 13, 9 / 15, 0]]
+    by_action = [[.5, .5, .5, nan, nan, .5, .5, .5, .5, 1, 1, nan],
+                 [.5, .5, .5, nan, nan, nan, nan, nan, .5, .5, .5, .5]]
+    torch.testing.assert_close(out["otb"], torch.tensor(by_position), equal_nan=True, rtol=0, atol=1e-6)
+    torch.testing.assert_close(out["otb_tir"], torch.tensor(by_action), equal_nan=True, rtol=0, atol=1e-6)
+    saved = json.loads((Path(__file__).parent.parent / "benchmarks/results/alignment/baselines.json").read_text())
+    for name, rows in saved["baselines"].items():
+        torch.testing.assert_close(torch.tensor([[nan if v is None else v for v in r] for r in rows]), out[name],
+                                   equal_nan=True, rtol=0, atol=1e-6)
+
+
+def test_alignment_gaps_alone_counts_the_actions_without_a_partner():
+    """benchmarks/alignment_gap.alone on the teaching figure's group: by position, row 0's actions at
+    t = 5..7 (row 1's tool reply) and row 1's at t = 11 (row 0's padding) are alone; by action, only
+    row 0's 8th and 9th actions (row 1 has 7)."""
+    from benchmarks import alignment_figure, alignment_gap
+    m = alignment_figure.group()["response_mask"]
+    gid = torch.zeros(2, dtype=torch.long)
+    by_position = alignment_gap.alone(m, gid)
+    assert by_position.nonzero().tolist() == [[0, 5], [0, 6], [0, 7], [1, 11]]
+    at_k = torch.argsort(m == 0, dim=-1, stable=True)
+    assert alignment_gap.alone(m.gather(-1, at_k), gid).nonzero().tolist() == [[0, 7], [0, 8]]  # k = 8, 9

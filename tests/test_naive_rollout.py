@@ -1,4 +1,5 @@
 """rollout.py: sampling shapes / masks / EOS, score against a naive per-sequence loop, tasks."""
+import math
 import random
 
 import pytest
@@ -246,7 +247,8 @@ def scripted():
     def respond(ids):  # the output depends on the row so far: 7 8 at the first call, 10 8 later
         seen.append(list(ids))
         return [7, 8] if ids.count(CLOSE) == 1 else [10, 8]
-    return Bigram(table), tasks.Tool(close_id=CLOSE, respond=respond, max_calls=2), seen
+    tool = tasks.Tool(close_id=CLOSE, respond=respond, max_calls=2, is_error=lambda out: out[0] == 10)
+    return Bigram(table), tool, seen
 
 
 @pytest.mark.parametrize("max_new", [20, 3])
@@ -268,6 +270,34 @@ def test_tool_output_is_forced_with_mask_zero_at_known_positions(max_new):
     assert seen == ([[3, CLOSE], [3, CLOSE, 7, 8, 9, CLOSE]] if max_new > 3 else [[3, CLOSE]])
     assert rollout.action_mask(tool, row) == mask  # the single-row replay agrees
     assert tasks.last_valid(ro.response_mask).tolist() == [T - 1 - (max_new == 3), 0]
+    # the tool's counts per row: calls answered, error replies ([10 8] is one), tokens forced in, cut
+    if max_new > 3:
+        assert (ro.tool_calls.tolist(), ro.tool_errors.tolist(), ro.tool_tokens.tolist(),
+                ro.tool_cut.tolist()) == ([2, 0], [1, 0], [4, 0], [False, False])
+    else:  # cut after the 7 of [7 8]
+        assert (ro.tool_calls.tolist(), ro.tool_errors.tolist(), ro.tool_tokens.tolist(),
+                ro.tool_cut.tolist()) == ([1, 0], [0, 0], [1, 0], [True, False])
+
+
+def test_a_turn_end_that_holds_a_call_goes_on_with_the_tools_turn():
+    """EOS as the closing token, as in a chat: a turn that holds a call (token 3) ends with EOS, the
+    tool's turn [7 8] is forced in (mask 0) and the row goes on; a turn end without a call ends the
+    row (the tool answers None). Script: after 5: 3; after 3: EOS; after 8: 9; after 9: EOS."""
+    table = torch.full((V, V), -50.0)
+    for before, after in {5: 3, 3: EOS, 8: 9, 9: EOS, 6: EOS}.items():
+        table[before, after] = 50.0
+
+    def respond(ids):  # the turn: the tokens after the tool's last turn (which ends in 8)
+        turn = ids[len(ids) - ids[::-1].index(8):] if 8 in ids else ids
+        return [7, 8] if 3 in turn else None
+    tool = tasks.Tool(close_id=EOS, respond=respond, max_calls=4)
+    ro = rollout.sample(Bigram(table), [[BOS, 5], [BOS, 6]], group_size=1, max_new_tokens=20, temperature=1.0,
+                        eos_id=EOS, pad_id=PAD, tool=tool, generator=torch.Generator().manual_seed(0))
+    row, mask = [3, EOS, 7, 8, 9, EOS], [1, 1, 0, 0, 1, 1]
+    assert ro.response.tolist() == [row, [EOS] + [PAD] * 5]
+    assert ro.response_mask.tolist() == [mask, [1] + [0] * 5]
+    assert ro.finished.tolist() == [True, True] and ro.tool_calls.tolist() == [1, 0]
+    assert rollout.action_mask(tool, row) == mask
 
 
 def test_a_random_model_with_a_tool_agrees_with_the_replay_and_the_scoring_pass():
@@ -326,3 +356,30 @@ def test_calculator_task_transcript_tool_reward_and_masks():
     # every character of the task is in the tokenizer (no <unk>)
     assert tok.unk_token_id not in tok(task.prompt_text(tok, "12+34+56") + answer,
                                        add_special_tokens=False)["input_ids"]
+
+
+def test_factors_task_replies_with_the_sum_and_its_prime_factors():
+    """The tool's reply is the sum and its prime factors (their product is the sum, each one prime),
+    so replies differ in length; an error reply is long; the warm-up's mask is 0 exactly on them;
+    the length limit holds the longest transcript with the longest reply at every call."""
+    import models
+    tok = models.char_tokenizer()
+    task = tasks.FactorsTask(horizon=3, digits=2)
+    assert task.transcript([12, 34, 56]) == "12+34=46:2*23,46+56=102:2*3*17,102"
+    assert task.calculator("46+55=") == "101:101," and task.calculator("40+56=") == "96:2*2*2*2*2*3,"
+    for n in range(2, 300):
+        factors = tasks.prime_factors(n)
+        assert math.prod(factors) == n and factors == sorted(factors)
+        assert all(all(p % d for d in range(2, p)) for p in factors)  # each one prime
+    tool = task.tool(tok)
+    error = tool.respond(tok("7+x=", add_special_tokens=False)["input_ids"])
+    assert tool.is_error(error) and len(error) > 40 and not tool.is_error(tok("101:101,")["input_ids"])
+    answer = task.transcript([12, 34, 56])
+    flags = rollout.action_mask(tool, tok(answer, add_special_tokens=False)["input_ids"])
+    assert "".join(c if f else "_" for c, f in zip(answer, flags)) == "12+34=________46+56=___________102"
+    assert task.reward(answer, answer, True) == 1.0 and task.reward("12+34=46:2*23,101", answer, True) == 0.0
+    longest = max(len(task.reply(n)) for n in range(2, 3 * 99 + 1))  # 256 = 2^8: 20 characters
+    assert task.max_new_tokens() == len(task.transcript([99, 99, 99])) + 2 * longest + 1 + 8
+    for q, a in task.sample(random.Random(0), 50):
+        assert len(a) + 1 <= task.max_new_tokens()
+    assert tok.unk_token_id not in tok(task.error + answer, add_special_tokens=False)["input_ids"]
