@@ -283,30 +283,37 @@ def cell_summary(runs):
     km_steps = kaplan_meier([runs[s]["time_steps"] for s in seeds], [runs[s]["collapsed"] for s in seeds])
     km_tokens = kaplan_meier([runs[s]["time_tokens"] for s in seeds], [runs[s]["collapsed"] for s in seeds]) \
         if k else []
-    rises = [runs[s]["power_rise"] for s in seeds if runs[s]["collapsed"] and runs[s]["power_rise"] is not None]
-    rises_ok = [runs[s]["power_rise"] for s in seeds if not runs[s]["collapsed"] and runs[s]["power_rise"] is not None]
+    judged = [s for s in seeds if runs[s]["power_rise"] is not None]
+    rises = [runs[s]["power_rise"] for s in judged if runs[s]["collapsed"]]
+    rises_ok = [runs[s]["power_rise"] for s in judged if not runs[s]["collapsed"]]
     gn = [runs[s]["max_grad_norm"] for s in seeds]
     return dict(seeds=seeds, collapsed=k, rate=rate[0], rate_lo=rate[1], rate_hi=rate[2],
-                last_step=max(runs[s]["time_steps"] for s in seeds), last_tokens=max(runs[s]["time_tokens"] for s in seeds),
+                last_step=max(runs[s]["time_steps"] for s in seeds),
+                last_tokens=max(runs[s]["time_tokens"] for s in seeds),
                 median_steps=km_median(km_steps), median_tokens=km_median(km_tokens) if k else None,
                 survival={t: survival_at(km_steps, t) for t in SURVIVAL_AT},
                 km_steps=km_steps, km_tokens=km_tokens,
                 max_grad_norm_median=median(gn), max_grad_norm_min=min(gn), max_grad_norm_max=max(gn),
-                power_rose=sum(r > RISE for r in rises), power_evaluable=len(rises), power_rise_median=median(rises) if rises else None,
+                power_rose=sum(r > RISE for r in rises), power_evaluable=len(rises),
+                power_rise_median=median(rises) if rises else None,
                 power_rose_no_collapse=sum(r > RISE for r in rises_ok), power_evaluable_no_collapse=len(rises_ok),
                 power_rise_median_no_collapse=median(rises_ok) if rises_ok else None,
                 final_success_mean=fmean(runs[s]["final_success"] for s in seeds))
 
 
 def analyse(histories, primary=PRIMARY_LR):
-    per_run = {cell: {s: summarize_run(h) for s, h in by_seed.items()} for cell, by_seed in histories.items()}
+    """Per run, per cell, the primary test and the secondary ones; a cell with fewer than 2 seeds is
+    left out (the protocol's stopping rule; ``too_few`` names them)."""
+    too_few = sorted(f"{e} lr {lr:g}" for (e, lr), by_seed in histories.items() if len(by_seed) < 2)
+    per_run = {cell: {s: summarize_run(h) for s, h in by_seed.items()} for cell, by_seed in histories.items()
+               if len(by_seed) >= 2}
     cells = {cell: cell_summary(runs) for cell, runs in sorted(per_run.items(), key=lambda kv: (kv[0][1], kv[0][0]))}
     primary_test = paired(per_run, ("otb", primary), ("group_mean", primary))
     secondary = [paired(per_run, ("otb", primary), (e, primary)) for e in ESTIMATORS
                  if e not in ("otb", "group_mean") and (e, primary) in per_run]
     secondary += [paired(per_run, ("otb", lr), ("group_mean", lr)) for lr in sorted({lr for _, lr in per_run})
                   if lr != primary and ("otb", lr) in per_run and ("group_mean", lr) in per_run]
-    return per_run, cells, primary_test, secondary
+    return per_run, cells, primary_test, secondary, too_few
 
 
 # =====================================================================================
@@ -370,7 +377,8 @@ def around_table(histories, per_run, primary=PRIMARY_LR):
         judged = [g for g in got if g["grad_before"] is not None]
         med = lambda key: median(g[key] for g in judged) if judged else None  # noqa: E731
         lines.append(f"| {est} | {len(got)} ({len(judged)}) | {num(med('grad_before'), '.3f')} | "
-                     f"{num(med('grad_last'), '.3f')} | {num(med('len_before'), '.1f')} | {num(med('len_last'), '.1f')} |")
+                     f"{num(med('grad_last'), '.3f')} | {num(med('len_before'), '.1f')} | "
+                     f"{num(med('len_last'), '.1f')} |")
     return lines
 
 
@@ -387,7 +395,7 @@ def seed_table(per_run, primary=PRIMARY_LR):
     return lines
 
 
-def report(cells, primary_test, secondary, source, primary=PRIMARY_LR, per_run=None, histories=None):
+def report(cells, primary_test, secondary, source, primary=PRIMARY_LR, per_run=None, histories=None, too_few=()):
     lines = ["# Stability study: results", "",
              f"Protocol: docs/stability_protocol.md (pre-registered, with its dated addenda). Written by `{source}`.",
              "", f"Collapse: the first step t >= {WINDOW} from which the {WINDOW}-step trailing success mean stays "
@@ -406,6 +414,9 @@ def report(cells, primary_test, secondary, source, primary=PRIMARY_LR, per_run=N
                      f"{c['final_success_mean']:.3f} |")
     lines += ["", f"## Primary endpoint: otb vs group_mean at lr {primary:g}", ""] + PAIR_HEAD + [
         pair_line(primary_test), "", f"Verdict (as pre-registered): **{primary_test['verdict']}**.", ""]
+    if too_few:
+        lines += ["Cells with fewer than 2 seeds, not analysed (the protocol's stopping rule): "
+                  + ", ".join(too_few) + ".", ""]
     if primary_test["pairs"] < 8:
         lines += [f"Shortfall: {primary_test['pairs']} paired seeds, fewer than the 8 the protocol requires.", ""]
     lines += [f"Per seed at lr {primary:g} (- : none; dip: the first fall below half the best level, "
@@ -425,7 +436,8 @@ def report(cells, primary_test, secondary, source, primary=PRIMARY_LR, per_run=N
               "| estimator | lr | collapsed runs where it rose | median rise (collapsed) | runs without collapse "
               "where it rose (whole run) | median rise (no collapse) |", "|---|---|---|---|---|---|"]
     for (est, lr), c in cells.items():
-        lines.append(f"| {est} | {lr:g} | {c['power_rose']}/{c['power_evaluable']} (of {c['collapsed']}) | {num(c['power_rise_median'])} | "
+        lines.append(f"| {est} | {lr:g} | {c['power_rose']}/{c['power_evaluable']} (of {c['collapsed']}) | "
+                     f"{num(c['power_rise_median'])} | "
                      f"{c['power_rose_no_collapse']}/{c['power_evaluable_no_collapse']} | "
                      f"{num(c['power_rise_median_no_collapse'])} |")
     t = later(per_run or {}, ("otb", primary), ("group_mean", primary))
@@ -470,10 +482,12 @@ def plot(cells, path=None, primary=PRIMARY_LR):
         pts = sorted((lr, c) for (e, lr), c in cells.items() if e == est)
         if pts:
             axes[2].errorbar([lr * shift for lr, _ in pts], [c["rate"] for _, c in pts],
-                             yerr=[[c["rate"] - c["rate_lo"] for _, c in pts], [c["rate_hi"] - c["rate"] for _, c in pts]],
+                             yerr=[[c["rate"] - c["rate_lo"] for _, c in pts],
+                                   [c["rate_hi"] - c["rate"] for _, c in pts]],
                              marker="o", capsize=3, color=COLORS[est],
                              label=f"{est} ({', '.join(str(len(c['seeds'])) for _, c in pts)} seeds)")
-    axes[0].set(xlabel="step", ylabel="fraction of seeds not collapsed (KM)", title=f"lr {primary:g}", ylim=(-0.03, 1.03))
+    axes[0].set(xlabel="step", ylabel="fraction of seeds not collapsed (KM)", title=f"lr {primary:g}",
+                ylim=(-0.03, 1.03))
     axes[1].set(xlabel="sampled response tokens", ylabel="fraction not collapsed (KM)", title=f"lr {primary:g}",
                 ylim=(-0.03, 1.03))
     axes[2].set(xscale="log", xlabel="learning rate", ylabel="collapse rate (95% Wilson)", ylim=(-0.03, 1.03),
@@ -535,9 +549,9 @@ def main(argv=None):
     histories = load_saved(saved)
     if not histories:
         sys.exit(f"no saved runs in {saved}")
-    per_run, cells, primary_test, secondary = analyse(histories, args.primary_lr)
+    per_run, cells, primary_test, secondary, too_few = analyse(histories, args.primary_lr)
     source = "python benchmarks/stability.py --from-saved benchmarks/results/stability"
-    text = report(cells, primary_test, secondary, source, args.primary_lr, per_run, histories)
+    text = report(cells, primary_test, secondary, source, args.primary_lr, per_run, histories, too_few)
     key = lambda cell: f"{cell[0]} lr {cell[1]:g}"  # noqa: E731
     record = dict(protocol="docs/stability_protocol.md", command=source, primary_lr=args.primary_lr,
                   collapse_rule=dict(window=WINDOW, ratio=RATIO), rise=RISE,
