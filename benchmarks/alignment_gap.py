@@ -88,8 +88,7 @@ def main(argv=None):
                   **info, **{k: list(stats.mean_interval(v)) for k, v in per_prompt.items()}, per_prompt=per_prompt)
     print(json.dumps({k: v for k, v in result.items() if k != "per_prompt"}, indent=1))
     if a.out:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "gap.json").write_text(json.dumps(result, indent=1) + "\n")
+        cli.write_json(a.out, "gap.json", result)
     return result
 
 

@@ -28,6 +28,14 @@ def command(script, argv=None):
     return f"python benchmarks/{script} {shlex.join(sys.argv[1:] if argv is None else argv)}".strip()
 
 
+def write_json(out, name, record):
+    """``record`` as JSON in ``out/name``, the folder made if needed; returns the path."""
+    path = Path(out) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
 def write_results(out, stem, record, text, md_stem=None):
     """<out>/<stem>.json (the record) and <out>/<md_stem or stem>.md (the text, also printed), the
     folder made if needed."""

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import models  # noqa: E402
 import rollout  # noqa: E402
 import tasks  # noqa: E402
-from benchmarks.cli import at_least, command, out_folder, parser, positive_float  # noqa: E402
+from benchmarks.cli import at_least, command, out_folder, parser, positive_float, write_json  # noqa: E402
 
 
 def wilson(k, n, z=1.959964):
@@ -81,8 +81,7 @@ def main(argv=None):
                   seconds=round(time.time() - t0, 1), torch_threads=torch.get_num_threads(), **tools)
     print(json.dumps(result, indent=1))
     if a.out:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "success.json").write_text(json.dumps(result, indent=1) + "\n")
+        write_json(a.out, "success.json", result)
     return result
 
 
