@@ -63,17 +63,8 @@ def lr_pilot(cfg, folder, model, tok, device, command, source, train):
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
     rows = []
     for lr in tqdm(rates, desc=f"learning-rate pilot {cfg.lr_pilot_run}"):
-        run_dir = folder / "pilot" / f"lr{lr:g}"
-        if (run_dir / "DONE").exists():
-            history = plumbing.read_jsonl(run_dir / "metrics.jsonl")
-        else:
-            resume = (run_dir / "checkpoint.pt").exists()
-            if not resume:
-                train_cli.write_config(run_dir, replace(sub, lr=lr), command, source)
-            model.load_state_dict(init)
-            history = train(replace(sub, lr=lr), run_dir, model, tok, resume=resume, keep_optimizer=False)
-            if not cfg.keep_weights:  # finished: its DONE marker is all a resume needs
-                (run_dir / "checkpoint.pt").unlink(missing_ok=True)
+        history = run_one(replace(sub, lr=lr), folder / "pilot" / f"lr{lr:g}", model, init, tok, command,
+                          source, train, cfg.keep_weights)
         e = endpoints(history, sub.steps, budget=budget, window=max(1, budget // 10), target=cfg.target_success)
         rows.append(dict(lr=lr, final=None if e is None else e["primary"], auc=None if e is None else e["auc"],
                          steps=len(history)))
@@ -126,19 +117,26 @@ def run_comparison(cfg, out, model, tok, command, source, train, bars=None):
     histories = {}
     for est, n in train_cli.runs_of(cfg):
         sub, run_dir = replace(cfg, estimator=est, group_size=n, compare=None), out / f"{est}-n{n}"
-        if (run_dir / "DONE").exists():
-            history = plumbing.read_jsonl(run_dir / "metrics.jsonl")
-        else:
-            resume = (run_dir / "checkpoint.pt").exists()
-            if not resume:
-                train_cli.write_config(run_dir, sub, command, source)
-            model.load_state_dict(init)
-            history = train(sub, run_dir, model, tok, resume=resume, keep_optimizer=False,
-                            bar=bars[(cfg.seed, est, n)])
-            if not cfg.keep_weights:  # finished: its DONE marker is all a resume needs
-                (run_dir / "checkpoint.pt").unlink(missing_ok=True)
+        history = run_one(sub, run_dir, model, init, tok, command, source, train, cfg.keep_weights,
+                          bar=bars[(cfg.seed, est, n)])
         histories[run_dir.name] = (sub, history)
     return write_summary(out, cfg, histories)
+
+
+def run_one(sub, run_dir, model, init, tok, command, source, train, keep_weights, bar=None):
+    """One configuration ``sub`` in run_dir from the weights ``init``; returns its metrics. A finished
+    run (DONE) is read back, a stopped one continues from its checkpoint; once finished, its checkpoint
+    is deleted unless keep_weights (its DONE marker is all a resume needs)."""
+    if (run_dir / "DONE").exists():
+        return plumbing.read_jsonl(run_dir / "metrics.jsonl")
+    resume = (run_dir / "checkpoint.pt").exists()
+    if not resume:
+        train_cli.write_config(run_dir, sub, command, source)
+    model.load_state_dict(init)
+    history = train(sub, run_dir, model, tok, resume=resume, keep_optimizer=False, bar=bar)
+    if not keep_weights:
+        (run_dir / "checkpoint.pt").unlink(missing_ok=True)
+    return history
 
 
 def make_bars(cfg, folder):
@@ -267,9 +265,10 @@ def paired_diff(a, b, seeds, endpoint, comparator):
 
 
 def verdict(p, who):
-    """What a paired difference's interval shows; nan (fewer than 2 seeds) shows nothing."""
-    return (f"{who} is better (interval above 0)" if p["ci_low"] > 0 else f"{who} is worse (interval below 0)"
-            if p["ci_high"] < 0 else "no difference shown (interval contains 0)")
+    """What a paired difference's interval shows (stats.verdict against 0, in words); nan (fewer than 2
+    seeds) shows nothing."""
+    return {"above": f"{who} is better (interval above 0)", "below": f"{who} is worse (interval below 0)",
+            "covers": "no difference shown (interval contains 0)"}[stats.verdict(p["ci_low"], p["ci_high"], 0.0)]
 
 
 # ===== Paired seeds at a token budget (train.py --seeds) ====================================================

@@ -64,8 +64,8 @@ stored as estimated and listed by the caller as out of range (``clip`` says whet
 it); printing clips them and marks every clipped number ``*``.
 
 The t distribution (``t_cdf``, ``t_quantile``: exact for integer degrees of freedom, Abramowitz &
-Stegun 26.7.3-4) serves paired differences over seeds (``mean_interval``). Small helpers used by
-the benchmarks sit at the end: mean and standard error, Pearson and Spearman correlations.
+Stegun 26.7.3-4) serves paired differences over seeds (``mean_interval``); ``wilson`` is the
+score interval of a success rate. Small helpers used by the benchmarks sit at the end: mean and standard error, Pearson and Spearman correlations.
 """
 import math
 from statistics import NormalDist
@@ -328,6 +328,16 @@ def mean_interval(xs, level=0.95):
     sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / (k - 1))
     half = t_quantile((1 + level) / 2, k - 1) * sd / math.sqrt(k)
     return mu, mu - half, mu + half
+
+
+def wilson(k, n, z=NormalDist().inv_cdf(0.975)):
+    """(k / n, lo, hi): the Wilson score interval of a binomial proportion (95% by default)."""
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return p, max(0.0, centre - half), min(1.0, centre + half)
 
 
 def geometric_mean(xs, level=0.95):

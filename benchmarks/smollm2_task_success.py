@@ -13,7 +13,6 @@ the same batched loop as training, and reports its calls, error replies and cut 
 response. Writes success.json into --out only when --out is given.
 """
 import json
-import math
 import random
 import sys
 import time
@@ -26,15 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import models  # noqa: E402
 import rollout  # noqa: E402
+import stats  # noqa: E402
 import tasks  # noqa: E402
 from benchmarks.cli import at_least, command, out_folder, parser, positive_float, write_json  # noqa: E402
-
-
-def wilson(k, n, z=1.959964):
-    """Wilson's 95% score interval (lo, hi) for k successes in n trials."""
-    p, d = k / n, 1 + z * z / n
-    mid, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return mid - half, mid + half
 
 
 def main(argv=None):
@@ -68,7 +61,7 @@ def main(argv=None):
             for key, v in (("calls", ro.tool_calls), ("errors", ro.tool_errors), ("cut", ro.tool_cut)):
                 counts[key] += v.float().tolist()
     k, n = int(sum(wins)), len(wins)
-    lo, hi = wilson(k, n)
+    _, lo, hi = stats.wilson(k, n)  # Wilson's 95% score interval
     correct = [len(tok(task.target_text(ans), add_special_tokens=False)["input_ids"]) + 1
                for _, ans in task.sample(random.Random(0), 200)]
     tools = {f"tool_{k}_per_response": sum(v) / n for k, v in counts.items()} if tool is not None else {}

@@ -68,14 +68,7 @@ SURVIVAL_AT = [10, 25, 50, 100, 120]  # steps at which the survival table reads 
 # Statistics, eqs. (4)-(7): pure functions
 # =====================================================================================
 
-def wilson(k, n, z=Z):
-    """Eq. (4): (k / n, lo, hi), the Wilson score interval of a binomial proportion."""
-    if not 0 <= k <= n or n < 1:
-        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return p, max(0.0, centre - half), min(1.0, centre + half)
+wilson = stats.wilson  # eq. (4): (k / n, lo, hi), the Wilson score interval of a binomial proportion
 
 
 def mcnemar_exact(b, c):
