@@ -62,13 +62,17 @@ def reset_peak(device):
 
 def peak(device):
     """Bytes: the CUDA allocator's peak, or this process's resident peak (None where unknown)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else resident("VmHWM")
+
+
+def resident(field="VmRSS"):
+    """Bytes of this process's resident memory (VmRSS: now; VmHWM: the peak since ``reset_peak``), from
+    /proc/self/status; None where there is no such file or field."""
     status = Path("/proc/self/status")
-    if status.exists():
-        line = next((ln for ln in status.read_text().splitlines() if ln.startswith("VmHWM")), None)
-        return int(line.split()[1]) * 1024 if line else None
-    return None
+    if not status.exists():
+        return None
+    line = next((ln for ln in status.read_text().splitlines() if ln.startswith(field + ":")), None)
+    return int(line.split()[1]) * 1024 if line else None
 
 
 def device_memory(device):

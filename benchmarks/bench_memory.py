@@ -39,6 +39,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
+import preflight  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
 from benchmarks import cli  # noqa: E402
@@ -61,36 +62,24 @@ def fabricated(rows):
         logp=torch.zeros(rows, RESPONSE), finished=torch.zeros(rows, dtype=torch.bool))
 
 
-def rss(field="VmRSS"):
-    """Resident memory of this process in bytes (VmRSS now, or VmHWM: the peak since the last reset)."""
-    line = next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith(field))
-    return int(line.split()[1]) * 1024
-
-
 def one_update(rows, micro, chunk):
     """Child process: build, then one update as train_step makes it; returns the measurements."""
-    before = rss()
+    before = preflight.resident()
     model = smollm2_shaped(layers=SHAPE["layers"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     cfg = replace(train.Config(), chunk_size=chunk, activation_checkpointing=True, micro_batch_rows=micro,
                   temperature=0.7)
     ro = fabricated(rows)
-    built = rss()
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident size
+    built = preflight.resident()
+    preflight.reset_peak(torch.device("cpu"))  # VmHWM back to the current resident size
     t0 = time.time()
-    m = ro.response_mask
-    one_pass = train.one_update_per_batch(cfg, rows)
-    with torch.set_grad_enabled(one_pass), (train.checkpointing(model, cfg) if one_pass else nullcontext()):
-        parts = [rollout.score(model, ro.prompt_ids[r], ro.prompt_mask[r], ro.response[r], m[r], cfg.temperature,
-                               chunk) for r in train.micro_batches(cfg, torch.arange(rows))]
-    logp = torch.cat([p[0] for p in parts])
     R = (torch.rand(rows, generator=torch.Generator().manual_seed(1)) < 0.3).float()
-    token_rewards = torch.zeros_like(m)
+    token_rewards = torch.zeros_like(ro.response_mask)
     token_rewards[:, -1] = R  # the outcome reward at the last token
-    adv, _ = otb.ESTIMATORS["group_mean"](token_rewards=token_rewards, response_mask=m, group_index=ro.group_index)
-    train.update(model, opt, cfg, ro, logp.detach(), adv, torch.Generator(), logp=logp if one_pass else None)
+    train.learn(cfg, model, opt, ro, R, token_rewards, otb.ESTIMATORS["group_mean"], torch.Generator())  # score,
+    # estimate, update: train_step after its rollout
     return dict(rows=rows, micro_batch_rows=micro, chunk_size=chunk, rss_before_model=before, rss_built=built,
-                peak_rss=rss("VmHWM"), seconds=round(time.time() - t0, 1),
+                peak_rss=preflight.resident("VmHWM"), seconds=round(time.time() - t0, 1),
                 params=sum(p.numel() for p in model.parameters()))
 
 

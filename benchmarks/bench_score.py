@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import preflight  # noqa: E402
 import rollout  # noqa: E402
 from benchmarks.machine import describe, interleaved_rounds, machine  # noqa: E402
 from benchmarks.common import model_options, smollm2_shaped, sum_pi_squared  # noqa: E402
@@ -69,11 +70,6 @@ def call(model, inputs, chunk, variant="with"):
     return out
 
 
-def rss_kb(field):
-    with open("/proc/self/status") as f:
-        return int(next(l.split()[1] for l in f if l.startswith(field + ":")))
-
-
 def child(args, device):
     """One variant in a fresh process: the working memory of one call, printed as JSON."""
     variant, chunk = args.child.split(":")
@@ -84,11 +80,10 @@ def child(args, device):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     else:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the peak resident set (VmHWM) to the current one
-    before = torch.cuda.memory_allocated() if cuda else rss_kb("VmRSS") * 1024
+        preflight.reset_peak(device)  # the peak resident set (VmHWM) back to the current one
+    before = torch.cuda.memory_allocated() if cuda else preflight.resident()
     call(model, inputs, int(chunk), variant)
-    peak = torch.cuda.max_memory_allocated() if cuda else rss_kb("VmHWM") * 1024
+    peak = torch.cuda.max_memory_allocated() if cuda else preflight.resident("VmHWM")
     print(json.dumps(dict(before=before, peak=peak)))
 
 
