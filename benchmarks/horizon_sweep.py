@@ -20,6 +20,7 @@ saved in stats.npz, so --from-saved re-bootstraps without a model:
     python benchmarks/horizon_sweep.py                               # n = 16, 64, 128; 3 seeds
     python benchmarks/horizon_sweep.py --horizons 16 --seeds 0 --prompts 4 --pool 16   # smoke run
     python benchmarks/horizon_sweep.py --from-saved benchmarks/results/horizon_sweep --out /tmp/re
+    python benchmarks/horizon_sweep.py --from-saved DIR_SEED0,DIR_SEED1 --out DIR   # seeds run side by side
     python benchmarks/horizon_sweep.py --horizons 16,64,128,256 --resume --out DIR   # add n = 256 to DIR
 
 With tool use (``--task calculator``, tasks.CalculatorTask) the horizon is k, the number of
@@ -35,7 +36,6 @@ committed results (results.json, stats.npz, table.md, gain_vs_horizon.png).
 import argparse
 import json
 import math
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -80,8 +80,9 @@ def parse_args(argv=None):
     p.add_argument("--cache", default=str(ROOT / "runs"), help="folder of train.py's warm-up cache")
     p.add_argument("--replicates", type=cli.at_least(100), default=2000,
                    help="bootstrap draws of prompts per checkpoint")
-    p.add_argument("--from-saved", default="", help="a folder with a saved sweep (results.json, stats.npz): "
-                   "re-analyse it into --out without measuring anything")
+    p.add_argument("--from-saved", default="", help="a folder with a saved sweep (results.json, stats.npz), or "
+                   "several, comma-separated, measured with the same settings for different seeds: re-analyse "
+                   "them together into --out without measuring anything")
     p.add_argument("--resume", action="store_true", help="keep the (n, seed) cells already saved in --out "
                    "(results.json, stats.npz, same pool settings) and measure only the missing ones")
     p.add_argument("--out", type=cli.out_folder, default=str(cli.RUNS / "horizon_sweep"), help="the results")
@@ -96,8 +97,9 @@ def parse_args(argv=None):
                 f"--pool {args.pool} at least twice")
     if args.resume and not all((Path(args.out) / f).is_file() for f in ("results.json", "stats.npz")):
         p.error(f"--resume: {args.out} holds no finished sweep (results.json and stats.npz)")
-    if args.from_saved and not (Path(args.from_saved) / "stats.npz").is_file():
-        p.error(f"--from-saved {args.from_saved}: no stats.npz there (a sweep saved by this script)")
+    for folder in filter(None, args.from_saved.split(",")):
+        if not all((Path(folder) / f).is_file() for f in ("results.json", "stats.npz")):
+            p.error(f"--from-saved {folder}: no results.json and stats.npz there (a sweep saved by this script)")
     if not 0 < args.warmup_target < 1:
         p.error(f"--warmup-target {args.warmup_target} must be in (0, 1)")
     return args
@@ -408,9 +410,17 @@ def plot(summary, path=None, task="periodic"):
     return fig
 
 
+def took(seconds):
+    """'3279 s', or for sweeps measured side by side '1200 s + 1300 s (side by side)'."""
+    if isinstance(seconds, list):
+        return " + ".join(f"{t:.0f} s" for t in seconds) + (" (side by side)" if len(seconds) > 1 else "")
+    return f"{seconds:.0f} s"
+
+
 def write(out, command, args, seconds, checkpoints, grams_by_cell, measured_on):
     """Analyse and write results.json, table.md, gain_vs_horizon.png (stats.npz is written by the
-    caller). measured_on: the machine record of the measurement (kept as it was by --from-saved)."""
+    caller). measured_on: the machine record of the measurement (kept as it was by --from-saved);
+    seconds: its time, or a list of the times of sweeps measured side by side."""
     rows, summary, evaluations = analyse(grams_by_cell, args.replicates)
     versus = head_to_head(evaluations)
     (out / "results.json").write_text(json.dumps(dict(
@@ -421,7 +431,7 @@ def write(out, command, args, seconds, checkpoints, grams_by_cell, measured_on):
     prompts = next(iter(next(iter(grams_by_cell.values())).values()))["V"].shape[0]
     text = (f"# Normalised gradient variance against the horizon\n\n`{command}`  \n"
             f"{len(seeds)} seeds x {prompts} prompts x {args.pool} responses per checkpoint; measured in "
-            f"{seconds:.0f} s. Seeds pooled: prompts resampled within each seed ({args.replicates} draws), "
+            f"{took(seconds)}. Seeds pooled: prompts resampled within each seed ({args.replicates} draws), "
             f"signal and noise summed over seeds, the ratio's 95% set by test inversion (stats.py eqs. 4-5): "
             f"\u2265 where only the lower end is resolved, \"unresolved\" where neither is. Random effects: "
             f"DerSimonian-Laird over the seeds' log gains (eq. 6), with Cochran's Q (p) and I\u00b2; \"-\" "
@@ -439,29 +449,55 @@ def write(out, command, args, seconds, checkpoints, grams_by_cell, measured_on):
     return rows, summary
 
 
+SAME = ("prompts", "pool", "ref_pool", "group_sizes", "warmup_target", "task", "estimators")  # cells that mix
+
+
+def settings(saved, estimators):
+    """The settings of a saved sweep that its cells share with any cell analysed beside them."""
+    args = {"task": "periodic", "estimators": estimators, **saved["args"]}  # older sweeps
+    return {k: args[k] for k in SAME}
+
+
 def resumed(out, args, t0):
     """The cells a finished earlier run saved in ``out``, its checkpoints, and t0 moved back by its time."""
     saved = json.loads((out / "results.json").read_text())
-    same = ("prompts", "pool", "ref_pool", "group_sizes", "warmup_target", "task", "estimators")
-    saved["args"] = {"task": "periodic", "estimators": args.estimators, **saved["args"]}  # older sweeps
-    if any(saved["args"][k] != getattr(args, k) for k in same):
+    if settings(saved, args.estimators) != {k: getattr(args, k) for k in SAME}:
         raise SystemExit(f"--resume: {out} was measured with other settings "
-                         f"({ {k: saved['args'][k] for k in same} }); use another --out")
+                         f"({settings(saved, args.estimators)}); use another --out")
     return load_grams(out / "stats.npz"), saved["checkpoints"], t0 - saved["seconds"]
+
+
+def from_saved(folders, out, replicates):
+    """Re-analyse one saved sweep, or several measured side by side (same settings, different cells),
+    into ``out``: their cells together, their commands and times side by side, nothing measured."""
+    saved = [json.loads((Path(f) / "results.json").read_text()) for f in folders]
+    grams = {}
+    for folder, s in zip(folders, saved):
+        if settings(s, None) != settings(saved[0], None):
+            raise SystemExit(f"--from-saved: {folder} was measured with other settings than {folders[0]} "
+                             f"({settings(s, None)})")
+        cells = load_grams(Path(folder) / "stats.npz")
+        if grams.keys() & cells.keys():
+            raise SystemExit(f"--from-saved: {folder} holds (n, seed) cells already read from another folder: "
+                             f"{sorted(grams.keys() & cells.keys())}")
+        grams.update(cells)
+    out.mkdir(parents=True, exist_ok=True)
+    if len(folders) > 1 or out.resolve() != Path(folders[0]).resolve():
+        save_grams(out / "stats.npz", grams)
+    args = {**saved[0]["args"], "replicates": replicates}
+    if len(saved) > 1:
+        args.update(seeds=sorted({seed for _, seed in grams}), horizons=sorted({n for n, _ in grams}))
+    return write(out, " ; ".join(s["command"] for s in saved), argparse.Namespace(**args),
+                 saved[0]["seconds"] if len(saved) == 1 else [s["seconds"] for s in saved],
+                 [c for s in saved for c in s["checkpoints"]], grams, saved[0].get("machine"))  # the measurement's
 
 
 def main(argv=None):
     args = parse_args(argv)
     command = ("python benchmarks/horizon_sweep.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     out = Path(args.out)
-    if args.from_saved:  # re-bootstrap a saved sweep: nothing is measured
-        saved = json.loads((Path(args.from_saved) / "results.json").read_text())
-        grams = load_grams(Path(args.from_saved) / "stats.npz")
-        out.mkdir(parents=True, exist_ok=True)
-        if out.resolve() != Path(args.from_saved).resolve():
-            shutil.copy(Path(args.from_saved) / "stats.npz", out / "stats.npz")
-        return write(out, saved["command"], argparse.Namespace(**{**saved["args"], "replicates": args.replicates}),
-                     saved["seconds"], saved["checkpoints"], grams, saved.get("machine"))  # the measurement's
+    if args.from_saved:  # re-bootstrap saved sweeps: nothing is measured
+        return from_saved(args.from_saved.split(","), out, args.replicates)
     out.mkdir(parents=True, exist_ok=True)
     grams_by_cell, checkpoints, t0 = {}, [], time.time()
     if args.resume:

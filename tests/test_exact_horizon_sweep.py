@@ -98,6 +98,39 @@ def test_resume_keeps_saved_cells_only_with_the_same_settings(tmp_path):
         hs.resumed(tmp_path, other, 1000.0)
 
 
+def test_sweeps_measured_side_by_side_are_analysed_as_one(tmp_path):
+    # Seeds measured into separate folders (one process each): --from-saved A,B analyses the union of
+    # their cells exactly as one sweep of both seeds; overlapping cells or other settings are refused.
+    import json
+    grams = two_seeds()
+    args = hs.parse_args(["--horizons", "64", "--prompts", "6", "--pool", "8", "--group-sizes", "4",
+                          "--estimators", "reinforce,group_mean,otb"])
+    for seed in (0, 1):
+        folder = tmp_path / f"s{seed}"
+        folder.mkdir()
+        hs.save_grams(folder / "stats.npz", {(64, seed): grams[(64, seed)]})
+        folder.joinpath("results.json").write_text(json.dumps(dict(
+            command=f"sweep --seeds {seed}", args={**vars(args), "seeds": [seed]}, seconds=100.0 + seed,
+            checkpoints=[dict(n=64, seed=seed)], machine=dict(logical_cpus=2))))
+    hs.main(["--from-saved", f"{tmp_path / 's0'},{tmp_path / 's1'}", "--out", str(tmp_path / "both"),
+             "--replicates", "200"])
+    both = json.loads((tmp_path / "both" / "results.json").read_text())
+    rows, _, _ = hs.analyse(grams, replicates=200)
+    assert both["rows"] == json.loads(json.dumps(rows)) and both["args"]["seeds"] == [0, 1]
+    assert both["seconds"] == [100.0, 101.0] and both["checkpoints"] == [dict(n=64, seed=0), dict(n=64, seed=1)]
+    assert "measured in 100 s + 101 s (side by side)" in (tmp_path / "both" / "table.md").read_text()
+    assert set(hs.load_grams(tmp_path / "both" / "stats.npz")) == {(64, 0), (64, 1)}
+    with pytest.raises(SystemExit, match="already read"):
+        hs.main(["--from-saved", f"{tmp_path / 's0'},{tmp_path / 's0'}", "--out", str(tmp_path / "x")])
+    other = json.loads((tmp_path / "s1" / "results.json").read_text())
+    other["args"]["prompts"] = 7
+    (tmp_path / "s1" / "results.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="other settings"):
+        hs.main(["--from-saved", f"{tmp_path / 's0'},{tmp_path / 's1'}", "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit):
+        hs.parse_args(["--from-saved", f"{tmp_path / 's0'},{tmp_path / 'missing'}"])
+
+
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = [("horizon_sweep", "variance.md", ("otb", "otb_zero_tail", "otb_loo", "reinforce", "grpo")),
           ("calculator_sweep", "tool_use.md", hs.TOOL_ROWS), ("factors_sweep", "tool_use.md", hs.TOOL_ROWS)]
