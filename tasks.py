@@ -223,14 +223,12 @@ class CalculatorTask(Task):
 
 
 def prime_factors(n):
-    """The prime factors of n >= 2 in increasing order, with repeats: 102 -> [2, 3, 17]."""
-    factors, p = [], 2
-    while p * p <= n:
-        while n % p == 0:
-            factors.append(p)
-            n //= p
-        p += 1
-    return factors + ([n] if n > 1 else [])
+    """The prime factors of n >= 2 in increasing order, with repeats: 102 -> [2, 3, 17].
+
+    sympy's factorint, not trial division: a sampled call may add numbers of as many digits as the
+    response limit allows, and trial division of a 30-digit prime would never end."""
+    import sympy  # imported here: only the factors task needs it
+    return [p for p, k in sorted(sympy.factorint(n).items()) for _ in range(k)]
 
 
 @dataclass
@@ -324,44 +322,66 @@ class CountTask(Task):
 
 @dataclass
 class ChatCalculatorTask(ArithmeticTask):
-    """Add two numbers of ``horizon`` digits with a calculator called through the chat template.
+    """Add ``horizon`` = k numbers of ``digits`` digits with a calculator called through the chat
+    template; the calculator adds two numbers, so k numbers take k - 1 calls.
 
     The multi-turn task for a pretrained chat model (SmolLM2-135M-Instruct). The user message says how
-    to call the tool, and one worked exchange before it shows the round trip. A correct response,
-    the tool's turn (forced in, mask 0) in brackets::
+    to call the tool, and one worked exchange before it (with k numbers) shows the round trip. A
+    correct response for k = 2, the tool's turn (forced in, mask 0) in brackets::
 
         calc: 487 + 356<|im_end|>[\n<|im_start|>tool\n843<|im_end|>\n<|im_start|>assistant\n]843<|im_end|>
 
-    The turn end ``<|im_end|>`` (the EOS token) closes a call when the assistant's turn holds
-    ``calc:``: the tool's turn follows and the next assistant turn goes on in the same rollout. Any
-    other turn end ends the response. A call that is not ``calc: a + b`` gets an error reply. The
-    reward is 1 if the last integer of the last assistant turn is the sum (the tool's turn is not
-    the model's answer).
+    For k = 3 a second call ``calc: 843 + 125`` follows the first reply. The turn end ``<|im_end|>``
+    (the EOS token) closes a call when the assistant's turn holds ``calc:``: the tool's turn follows
+    and the next assistant turn goes on in the same rollout. Any other turn end ends the response. A
+    call that is not ``calc: a + b`` (three numbers included) gets an error reply. The reward is 1 if
+    the last integer of the last assistant turn is the sum (the tool's turn is not the model's answer).
+    At most k calls per response.
     """
-    horizon: int = 3
-    max_calls: int = 2  # calls per response
+    horizon: int = 2
+    digits: int = 3
     error = "error: write calc: a + b"
-    DEMO = (487, 356)  # the worked exchange's numbers
+    DEMO = (487, 356, 125, 609, 231, 874, 512, 938)  # the worked exchange's numbers
 
-    def question(self, a, b):
-        return (f"What is {a} + {b}? You have a calculator: to use it, reply with only calc: {a} + {b}. "
-                "When its result comes back, reply with the number only.")
+    def __post_init__(self):
+        if not 2 <= self.horizon <= len(self.DEMO):
+            raise ValueError(f"the chat calculator adds 2 to {len(self.DEMO)} numbers, not {self.horizon}")
+
+    @property
+    def max_calls(self):
+        return self.horizon  # the k - 1 calls needed and one more
+
+    def question(self, *numbers):
+        if len(numbers) == 2:
+            a, b = numbers
+            return (f"What is {a} + {b}? You have a calculator: to use it, reply with only calc: {a} + {b}. "
+                    "When its result comes back, reply with the number only.")
+        return (f"What is {' + '.join(map(str, numbers))}? You have a calculator that adds two numbers: to "
+                "use it, reply with only calc: x + y. When its result comes back, call it again or reply "
+                "with the number only.")
 
     def draw(self, rng):
-        lo, hi = 10 ** (self.horizon - 1), 10 ** self.horizon - 1
-        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
-        return self.question(a, b), str(a + b)
+        lo, hi = 10 ** (self.digits - 1), 10 ** self.digits - 1
+        numbers = [rng.randint(lo, hi) for _ in range(self.horizon)]
+        return self.question(*numbers), str(sum(numbers))
+
+    def calls(self, numbers):
+        """The correct (call, reply) turns for ``numbers``: the running sum plus the next number."""
+        total, turns = numbers[0], []
+        for x in numbers[1:]:
+            turns.append((f"calc: {total} + {x}", str(total + x)))
+            total += x
+        return turns
 
     def conversation(self, question, calls=()):
         """The chat up to the assistant's answer: the worked exchange, the question, and the
         (call, reply) turns of ``calls``."""
-        a, b = self.DEMO
-        demo = [{"role": "user", "content": self.question(a, b)},
-                {"role": "assistant", "content": f"calc: {a} + {b}"}, {"role": "tool", "content": str(a + b)},
-                {"role": "assistant", "content": str(a + b)}]
-        turns = [m for call, reply in calls for m in ({"role": "assistant", "content": call},
-                                                      {"role": "tool", "content": reply})]
-        return demo + [{"role": "user", "content": question}] + turns
+        demo_numbers = self.DEMO[:self.horizon]
+        turns = lambda pairs: [m for call, reply in pairs for m in (  # noqa: E731
+            {"role": "assistant", "content": call}, {"role": "tool", "content": reply})]
+        demo = ([{"role": "user", "content": self.question(*demo_numbers)}] + turns(self.calls(demo_numbers))
+                + [{"role": "assistant", "content": str(sum(demo_numbers))}])
+        return demo + [{"role": "user", "content": question}] + turns(calls)
 
     def prompt_text(self, tokenizer, question):
         return tokenizer.apply_chat_template(self.conversation(question), add_generation_prompt=True,
@@ -396,7 +416,7 @@ class ChatCalculatorTask(ArithmeticTask):
         return ArithmeticTask.reward(self, text.rsplit("\nassistant\n", 1)[-1], answer, finished)
 
     def max_new_tokens(self):
-        return 64
+        return 32 * self.horizon
 
 
 TASKS = {"reverse": ReverseTask, "periodic": PeriodicTask, "arithmetic": ArithmeticTask,

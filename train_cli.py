@@ -305,6 +305,10 @@ def check(cfg):
         lr_schedule.check_args(**schedule_kwargs(cfg))
     except ValueError as e:  # e.g. "floor=2.0 is invalid: ..." -> --lr-floor
         raise UsageError(f"{flag('lr_' + str(e).split('=')[0])}: {e}") from None
+    try:
+        tasks.make_task(cfg)
+    except ValueError as e:  # a horizon the task cannot draw
+        raise UsageError(f"--horizon {cfg.horizon}: {e}") from None
     if cfg.model == "tiny" and tasks.response_limit(cfg, tasks.make_task(cfg)) > 480:
         raise UsageError(f"--horizon {cfg.horizon}: responses of up to {tasks.response_limit(cfg, tasks.make_task(cfg))} "
                          "tokens do not fit the tiny model's 512 positions (prompt included)")

@@ -187,6 +187,52 @@ def test_chat_calculator_round_trip_on_known_strings(smollm2):
     assert a == str(x + y) and 100 <= x <= 999 and 100 <= y <= 999
 
 
+def test_chat_calculator_draws_k_numbers_and_chains_its_calls():
+    """k = horizon numbers of 3 digits; the correct calls add the running sum and the next number; the
+    worked exchange has k numbers too; k = 2 draws the same prompts as two randint calls; at most k calls."""
+    rng = random.Random(5)
+    a, b = rng.randint(100, 999), rng.randint(100, 999)
+    two = tasks.ChatCalculatorTask()
+    assert two.sample(random.Random(5), 1) == [(f"What is {a} + {b}? You have a calculator: to use it, reply with "
+                                                f"only calc: {a} + {b}. When its result comes back, reply with "
+                                                f"the number only.", str(a + b))]
+    three = tasks.ChatCalculatorTask(horizon=3)
+    (q, ans), = three.sample(random.Random(5), 1)
+    x = [int(v) for v in q.removeprefix("What is ").split("?")[0].split(" + ")]
+    assert len(x) == 3 and all(100 <= v <= 999 for v in x) and ans == str(x[0] + x[1] + x[2])
+    assert three.calls([12, 30, 100]) == [("calc: 12 + 30", "42"), ("calc: 42 + 100", "142")]
+    demo = three.conversation(q)
+    assert [m["role"] for m in demo] == ["user", "assistant", "tool", "assistant", "tool", "assistant", "user"]
+    d = three.DEMO
+    assert demo[3]["content"] == f"calc: {d[0] + d[1]} + {d[2]}" and demo[5]["content"] == str(d[0] + d[1] + d[2])
+    assert (two.max_calls, three.max_calls) == (2, 3) and three.max_new_tokens() == 96
+    assert three.calculator("calc: 1 + 2 + 3") == three.error  # two numbers a call
+    with pytest.raises(ValueError, match="not 1"):
+        tasks.ChatCalculatorTask(horizon=1)
+
+
+@needs_smollm2
+def test_chat_calculator_round_trip_with_two_calls(smollm2):
+    """k = 3: call, tool turn, second call, tool turn, answer, as the sampler lays them out, are the chat
+    template's rendering of the conversation token for token, with mask 0 on both tool turns."""
+    tok, task = smollm2[1], tasks.ChatCalculatorTask(horizon=3)
+    question, (first, second) = task.question(964, 494, 120), task.calls([964, 494, 120])
+    conversation = task.conversation(question, [first, second]) + [{"role": "assistant", "content": "1578"}]
+    whole = tok.apply_chat_template(conversation, tokenize=False)
+    tool = task.tool(tok)
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    response = ids(first[0]) + [tok.eos_token_id]
+    response += tool.respond(response)
+    response += ids(second[0]) + [tok.eos_token_id]
+    response += tool.respond(response) + ids("1578") + [tok.eos_token_id]
+    assert ids(task.prompt_text(tok, question)) + response == ids(whole)[:-1]
+    mask = rollout.action_mask(tool, response)
+    assert tok.decode([y for y, m in zip(response, mask) if m]) == (
+        "calc: 964 + 494<|im_end|>calc: 1458 + 120<|im_end|>1578<|im_end|>")
+    text = tok.decode(response, skip_special_tokens=True)
+    assert task.reward(text, "1578", True) == 1.0 and tool.respond(response) is None
+
+
 @needs_smollm2
 def test_chat_calculator_trains_two_steps(smollm2, tmp_path, monkeypatch):
     """Two otb_tir steps of SmolLM2 on --task chat_calculator (1 prompt x N = 4, the module's loaded

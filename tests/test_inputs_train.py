@@ -64,6 +64,8 @@ BAD = [
     (["--resume", "/no/such/run"], "--resume"),
     (["--estimator", "otb", "--task", "arithmetic"], "--task"),
     (["--estimator", "otb", "--task", "count"], "--task"),
+    (["--estimator", "otb_tir", "--model", "smollm2", "--task", "chat_calculator", "--horizon", "1"], "--horizon"),
+    (["--estimator", "otb_tir", "--model", "smollm2", "--task", "chat_calculator", "--horizon", "9"], "--horizon"),
     (["--compare", "otb:4,group_mean:4", "--seeds", "0,1"], "--seeds"),  # no --token-budget
     (["--compare", "otb:4,group_mean:4", "--seeds", "0,x", "--token-budget", "100"], "--seeds"),
     (["--compare", "otb:4,group_mean:4", "--seeds", "0,0", "--token-budget", "100"], "--seeds"),

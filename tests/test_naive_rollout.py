@@ -371,6 +371,11 @@ def test_factors_task_replies_with_the_sum_and_its_prime_factors():
         factors = tasks.prime_factors(n)
         assert math.prod(factors) == n and factors == sorted(factors)
         assert all(all(p % d for d in range(2, p)) for p in factors)  # each one prime
+    # a sampled call may hold long numbers: the Mersenne prime 2^89 - 1 (27 digits) and a product of
+    # two known 9- and 10-digit primes are answered at once (trial division would never end on the first)
+    m89, two_primes = 2 ** 89 - 1, 998244353 * 1000000007
+    assert task.calculator(f"{m89 - 5}+5=") == f"{m89}:{m89},"
+    assert task.calculator(f"{two_primes}+0=") == f"{two_primes}:998244353*1000000007,"
     tool = task.tool(tok)
     error = tool.respond(tok("7+x=", add_special_tokens=False)["input_ids"])
     assert tool.is_error(error) and len(error) > 40 and not tool.is_error(tok("101:101,")["input_ids"])
