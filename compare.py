@@ -116,7 +116,7 @@ def run_comparison(cfg, out, model, tok, command, source, train, bars=None):
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}  # every run starts here
     histories = {}
     for est, n in train_cli.runs_of(cfg):
-        sub, run_dir = replace(cfg, estimator=est, group_size=n, compare=None), out / f"{est}-n{n}"
+        sub, run_dir = replace(cfg, estimator=est, group_size=n, compare=None), out / train_cli.run_name(est, n, cfg.zero_tail)
         history = run_one(sub, run_dir, model, init, tok, command, source, train, cfg.keep_weights,
                           bar=bars[(cfg.seed, est, n)])
         histories[run_dir.name] = (sub, history)
@@ -158,7 +158,7 @@ def summarize(cfg, history, k=10):
     reached = [r["tokens"] for r, s in zip(history, smooth) if s >= cfg.target_success]
     norms = [r["grad_norm"] for r in history]
     seconds = sum(v for r in history for key, v in r.items() if key.startswith("t_"))  # train.TIME_KEYS
-    return dict(run=f"{cfg.estimator}-n{cfg.group_size}", estimator=cfg.estimator, group_size=cfg.group_size,
+    return dict(run=train_cli.run_name(cfg.estimator, cfg.group_size, cfg.zero_tail), estimator=cfg.estimator, group_size=cfg.group_size,
                 steps=len(history), tokens=history[-1]["tokens"],
                 initial_success=sum(success[:k]) / len(success[:k]),
                 final_success=sum(success[-k:]) / len(success[-k:]),
@@ -293,7 +293,8 @@ def analyse_seeds(cfg, folder):
     seeds, configs, B = train_cli.seed_list(cfg), train_cli.runs_of(cfg), cfg.token_budget
     window = max(1, B // 10)
     names = [f"{est}:{n}" for est, n in configs]
-    histories = {f"{est}:{n}": {s: plumbing.read_jsonl(folder / f"seed{s}" / f"{est}-n{n}" / "metrics.jsonl")
+    histories = {f"{est}:{n}": {s: plumbing.read_jsonl(folder / f"seed{s}" / train_cli.run_name(est, n, cfg.zero_tail)
+                                                       / "metrics.jsonl")
                                 for s in seeds} for est, n in configs}
     per_run = {c: {s: endpoints(h, cfg.steps, budget=B, window=window, target=cfg.target_success)  # final, auc, ...
                    for s, h in by_seed.items()} for c, by_seed in histories.items()}

@@ -230,6 +230,12 @@ def resume_config(cfg, argv):
 # What the options mean
 # =====================================================================================
 
+def run_name(est, n, zero_tail=False):
+    """A run's folder and label, '<estimator>-n<N>', named by the estimator that runs: otb and otb_tir
+    with --zero-tail are 'otb_zero_tail' and 'otb_tir_zero_tail' (train.make_estimator)."""
+    return f"{est}_zero_tail-n{n}" if zero_tail and est in ("otb", "otb_tir") else f"{est}-n{n}"
+
+
 def runs_of(cfg):
     """[(estimator, group size)]: one run, or the configurations of the comparison."""
     if cfg.estimator:
@@ -383,7 +389,8 @@ def run_folder(cfg, command):
     if cfg.resume:
         folder = Path(cfg.resume)
         return folder, json.loads((folder / "config.json").read_text())["command"] + f"  # resumed: {command}"
-    name = cfg.name or (f"{cfg.estimator}-n{cfg.group_size}-{stamp}" if cfg.estimator else f"compare-{stamp}")
+    name = cfg.name or (f"{run_name(cfg.estimator, cfg.group_size, cfg.zero_tail)}-{stamp}" if cfg.estimator
+                        else f"compare-{stamp}")
     return Path(cfg.out) / name, command
 
 
@@ -584,7 +591,7 @@ def configurations(cfg, folder):
     seeds = seed_list(cfg) if cfg.seeds else [cfg.seed]
     runs = [(s, est, n) for s in seeds for est, n in runs_of(cfg)]
     return [(f"[{k}/{len(runs)}] " + (f"seed {s} " if cfg.seeds else "") + f"{est} N={n}", s, est, n,
-             (Path(folder) / f"seed{s}" if cfg.seeds else Path(folder)) / f"{est}-n{n}")
+             (Path(folder) / f"seed{s}" if cfg.seeds else Path(folder)) / run_name(est, n, cfg.zero_tail))
             for k, (s, est, n) in enumerate(runs, start=1)]
 
 

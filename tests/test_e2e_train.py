@@ -491,6 +491,9 @@ def test_zero_tail_reaches_the_otb_estimators_only(out, monkeypatch):
     train.main(TINY + ["--out", str(out), "--name", "zt", "--compare", "otb:2,group_mean:2", "--zero-tail",
                        "--steps", "1"])
     assert called == {"otb_zero_tail", "group_mean"}
+    # the runs are named by the estimator that ran, in their folders and in the summary
+    assert sorted(p.name for p in (out / "zt").iterdir() if p.is_dir()) == ["group_mean-n2", "otb_zero_tail-n2"]
+    assert "otb_zero_tail-n2" in (out / "zt" / "summary.md").read_text()
     called.clear()
     train.main(TINY + ["--out", str(out), "--name", "zt-tir", "--compare", "otb_tir:2,rloo:2", "--zero-tail",
                        "--steps", "1"])
