@@ -116,7 +116,8 @@ def run_comparison(cfg, out, model, tok, command, source, train, bars=None):
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}  # every run starts here
     histories = {}
     for est, n in train_cli.runs_of(cfg):
-        sub, run_dir = replace(cfg, estimator=est, group_size=n, compare=None), out / train_cli.run_name(est, n, cfg.zero_tail)
+        sub = replace(cfg, estimator=est, group_size=n, compare=None)
+        run_dir = out / train_cli.run_name(est, n, cfg.zero_tail)
         history = run_one(sub, run_dir, model, init, tok, command, source, train, cfg.keep_weights,
                           bar=bars[(cfg.seed, est, n)])
         histories[run_dir.name] = (sub, history)
@@ -158,8 +159,8 @@ def summarize(cfg, history, k=10):
     reached = [r["tokens"] for r, s in zip(history, smooth) if s >= cfg.target_success]
     norms = [r["grad_norm"] for r in history]
     seconds = sum(v for r in history for key, v in r.items() if key.startswith("t_"))  # train.TIME_KEYS
-    return dict(run=train_cli.run_name(cfg.estimator, cfg.group_size, cfg.zero_tail), estimator=cfg.estimator, group_size=cfg.group_size,
-                steps=len(history), tokens=history[-1]["tokens"],
+    return dict(run=train_cli.run_name(cfg.estimator, cfg.group_size, cfg.zero_tail), estimator=cfg.estimator,
+                group_size=cfg.group_size, steps=len(history), tokens=history[-1]["tokens"],
                 initial_success=sum(success[:k]) / len(success[:k]),
                 final_success=sum(success[-k:]) / len(success[-k:]),
                 tokens_to_target=reached[0] if reached else None,

@@ -100,8 +100,8 @@ class Config:
         "dequantised to float32, not the released weights), a local folder or a Hugging Face model id "
         "(HuggingFaceTB/SmolLM2-135M-Instruct: the released weights; HF_HUB_OFFLINE=1: the local cache only)")
     task: Optional[Literal[tuple(tasks.TASKS)]] = arg(
-        None, "reverse, periodic (long horizon), calculator (with a tool), arithmetic, count (chat template; "
-        "tasks.py); default: reverse for the tiny model, arithmetic otherwise")
+        None, "reverse, periodic (long horizon), calculator and factors (with a tool); for a chat model: arithmetic, "
+        "count, chat_calculator (tasks.py); default: reverse for the tiny model, arithmetic otherwise")
     horizon: Optional[int] = arg(
         None, "the task's length knob: string length, answer length, numbers added / digits / numbers listed "
         "(default: the task's own, tasks.py)")

@@ -35,7 +35,8 @@ def main(argv=None):
     p.add_argument("--task", default="count", choices=("count", "arithmetic", "chat_calculator"),
                    help="the task (tasks.py): count, or the sums of arithmetic, without and with a tool")
     p.add_argument("--horizon", type=at_least(1), default=None,
-                   help="numbers to list (count) or digits per number; default: the task's own")
+                   help="numbers to list (count), digits per number (arithmetic) or numbers added "
+                   "(chat_calculator); default: the task's own")
     p.add_argument("--temperature", type=positive_float, default=0.7, help="sampling temperature tau")
     p.add_argument("--prompts", type=at_least(1), default=128, help="prompts, one response each")
     p.add_argument("--batch", type=at_least(1), default=16, help="prompts sampled together")
