@@ -21,6 +21,7 @@ saved in stats.npz, so --from-saved re-bootstraps without a model:
     python benchmarks/horizon_sweep.py --horizons 16 --seeds 0 --prompts 4 --pool 16   # smoke run
     python benchmarks/horizon_sweep.py --from-saved benchmarks/results/horizon_sweep --out /tmp/re
     python benchmarks/horizon_sweep.py --from-saved DIR_SEED0,DIR_SEED1 --out DIR   # seeds run side by side
+    python benchmarks/horizon_sweep.py --from-saved DIR --seeds 0,1 --out DIR2      # two of DIR's seeds
     python benchmarks/horizon_sweep.py --horizons 16,64,128,256 --resume --out DIR   # add n = 256 to DIR
 
 With tool use (``--task calculator``, tasks.CalculatorTask) the horizon is k, the number of
@@ -68,7 +69,8 @@ def parse_args(argv=None):
                    help="the task's horizons n (periodic: 16,64,128; calculator, factors: 2,4,8)")
     p.add_argument("--estimators", type=cli.choice_list(list(otb.ESTIMATORS)),
                    default=",".join(otb.ESTIMATORS), help="reinforce and group_mean are always needed")
-    p.add_argument("--seeds", type=cli.int_list(0), default="0,1,2", help="a warmed-up model per (seed, n)")
+    p.add_argument("--seeds", type=cli.int_list(0), default=None, help="a warmed-up model per (seed, n) "
+                   "(default 0,1,2); with --from-saved: analyse only these seeds' cells")
     p.add_argument("--group-sizes", type=cli.int_list(1), default="4,16",
                    help="N values; each must divide --pool at least twice")
     p.add_argument("--prompts", type=cli.at_least(2), default=48,
@@ -87,6 +89,7 @@ def parse_args(argv=None):
                    "(results.json, stats.npz, same pool settings) and measure only the missing ones")
     p.add_argument("--out", type=cli.out_folder, default=str(cli.RUNS / "horizon_sweep"), help="the results")
     args = p.parse_args(argv)
+    args.only_seeds, args.seeds = args.seeds, args.seeds or [0, 1, 2]
     args.horizons = args.horizons or ([16, 64, 128] if args.task == "periodic" else [2, 4, 8])
     if not {"reinforce", "group_mean"} <= set(args.estimators):
         p.error(f"--estimators {','.join(args.estimators)}: reinforce and group_mean are always needed")
@@ -467,9 +470,10 @@ def resumed(out, args, t0):
     return load_grams(out / "stats.npz"), saved["checkpoints"], t0 - saved["seconds"]
 
 
-def from_saved(folders, out, replicates):
+def from_saved(folders, out, replicates, seeds=None):
     """Re-analyse one saved sweep, or several measured side by side (same settings, different cells),
-    into ``out``: their cells together, their commands and times side by side, nothing measured."""
+    into ``out``: their cells together (only those of ``seeds`` if given), their commands and times
+    side by side, nothing measured."""
     saved = [json.loads((Path(f) / "results.json").read_text()) for f in folders]
     grams = {}
     for folder, s in zip(folders, saved):
@@ -481,15 +485,22 @@ def from_saved(folders, out, replicates):
             raise SystemExit(f"--from-saved: {folder} holds (n, seed) cells already read from another folder: "
                              f"{sorted(grams.keys() & cells.keys())}")
         grams.update(cells)
+    checkpoints = [c for s in saved for c in s["checkpoints"]]
+    if seeds:
+        missing = sorted(set(seeds) - {seed for _, seed in grams})
+        if missing:
+            raise SystemExit(f"--seeds: {missing} not in {','.join(map(str, folders))}")
+        grams = {cell: g for cell, g in grams.items() if cell[1] in seeds}
+        checkpoints = [c for c in checkpoints if c["seed"] in seeds]
     out.mkdir(parents=True, exist_ok=True)
-    if len(folders) > 1 or out.resolve() != Path(folders[0]).resolve():
+    if len(folders) > 1 or seeds or out.resolve() != Path(folders[0]).resolve():
         save_grams(out / "stats.npz", grams)
     args = {**saved[0]["args"], "replicates": replicates}
-    if len(saved) > 1:
+    if len(saved) > 1 or seeds:
         args.update(seeds=sorted({seed for _, seed in grams}), horizons=sorted({n for n, _ in grams}))
     return write(out, " ; ".join(s["command"] for s in saved), argparse.Namespace(**args),
                  saved[0]["seconds"] if len(saved) == 1 else [s["seconds"] for s in saved],
-                 [c for s in saved for c in s["checkpoints"]], grams, saved[0].get("machine"))  # the measurement's
+                 checkpoints, grams, saved[0].get("machine"))  # the measurement's
 
 
 def main(argv=None):
@@ -497,7 +508,7 @@ def main(argv=None):
     command = ("python benchmarks/horizon_sweep.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     out = Path(args.out)
     if args.from_saved:  # re-bootstrap saved sweeps: nothing is measured
-        return from_saved(args.from_saved.split(","), out, args.replicates)
+        return from_saved(args.from_saved.split(","), out, args.replicates, args.only_seeds)
     out.mkdir(parents=True, exist_ok=True)
     grams_by_cell, checkpoints, t0 = {}, [], time.time()
     if args.resume:

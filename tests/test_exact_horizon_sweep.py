@@ -120,6 +120,15 @@ def test_sweeps_measured_side_by_side_are_analysed_as_one(tmp_path):
     assert both["seconds"] == [100.0, 101.0] and both["checkpoints"] == [dict(n=64, seed=0), dict(n=64, seed=1)]
     assert "measured in 100 s + 101 s (side by side)" in (tmp_path / "both" / "table.md").read_text()
     assert set(hs.load_grams(tmp_path / "both" / "stats.npz")) == {(64, 0), (64, 1)}
+    # --seeds with --from-saved: only those seeds' cells, as if only they had been measured
+    hs.main(["--from-saved", str(tmp_path / "both"), "--seeds", "1", "--out", str(tmp_path / "one"),
+             "--replicates", "200"])
+    one = json.loads((tmp_path / "one" / "results.json").read_text())
+    rows, _, _ = hs.analyse({(64, 1): grams[(64, 1)]}, replicates=200)
+    assert one["rows"] == json.loads(json.dumps(rows)) and one["args"]["seeds"] == [1]
+    assert one["checkpoints"] == [dict(n=64, seed=1)]
+    with pytest.raises(SystemExit, match=r"--seeds: \[7\]"):
+        hs.main(["--from-saved", str(tmp_path / "both"), "--seeds", "1,7", "--out", str(tmp_path / "x")])
     with pytest.raises(SystemExit, match="already read"):
         hs.main(["--from-saved", f"{tmp_path / 's0'},{tmp_path / 's0'}", "--out", str(tmp_path / "x")])
     other = json.loads((tmp_path / "s1" / "results.json").read_text())
@@ -133,7 +142,8 @@ def test_sweeps_measured_side_by_side_are_analysed_as_one(tmp_path):
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = [("horizon_sweep", "variance.md", ("otb", "otb_zero_tail", "otb_loo", "reinforce", "grpo")),
-          ("calculator_sweep", "tool_use.md", hs.TOOL_ROWS), ("factors_sweep", "tool_use.md", hs.TOOL_ROWS)]
+          ("calculator_sweep", "tool_use.md", hs.TOOL_ROWS), ("factors_sweep", "tool_use.md", hs.TOOL_ROWS),
+          ("factors_sweep_128", "tool_use.md", hs.TOOL_ROWS)]
 
 
 @pytest.mark.parametrize("folder, doc, columns", SWEEPS, ids=[s[0] for s in SWEEPS])
