@@ -237,3 +237,18 @@ def test_committed_factors_sweep_shows_its_paired_otb_otb_tir_table_in_docs_tool
     saved = json.loads((ROOT / "benchmarks" / "results" / "factors_sweep" / "results.json").read_text())
     assert saved["args"]["task"] == "factors" and saved["args"]["seeds"] == [0, 1, 2]
     assert hs.head_to_head_md(saved["otb_tir_over_otb"]) in (ROOT / "docs" / "tool_use.md").read_text()
+
+
+def test_factors_sweep_at_128_prompts_and_its_seed_subsets_are_the_tables_in_docs_tool_use(tmp_path):
+    # The second measurement (docs/tool_use.md, Addenda 2-3): six seeds pooled (primary) and, from the
+    # same saved statistics, seeds 0-2 alone (secondary); both head-to-head tables are in the docs.
+    import json
+    folder = ROOT / "benchmarks" / "results" / "factors_sweep_128"
+    saved = json.loads((folder / "results.json").read_text())
+    assert saved["args"]["task"] == "factors" and saved["args"]["seeds"] == [0, 1, 2, 3, 4, 5]
+    assert saved["args"]["prompts"] == 128
+    doc = (ROOT / "docs" / "tool_use.md").read_text()
+    assert hs.head_to_head_md(saved["otb_tir_over_otb"]) in doc
+    hs.main(["--from-saved", str(folder), "--seeds", "0,1,2", "--out", str(tmp_path)])
+    secondary = json.loads((tmp_path / "results.json").read_text())
+    assert hs.head_to_head_md(secondary["otb_tir_over_otb"]) in doc
