@@ -498,8 +498,9 @@ def from_saved(folders, out, replicates, seeds=None):
     args = {**saved[0]["args"], "replicates": replicates}
     if len(saved) > 1 or seeds:
         args.update(seeds=sorted({seed for _, seed in grams}), horizons=sorted({n for n, _ in grams}))
+    times = [t for s in saved for t in (s["seconds"] if isinstance(s["seconds"], list) else [s["seconds"]])]
     return write(out, " ; ".join(s["command"] for s in saved), argparse.Namespace(**args),
-                 saved[0]["seconds"] if len(saved) == 1 else [s["seconds"] for s in saved],
+                 saved[0]["seconds"] if len(saved) == 1 else times,  # a folder of folders: every one's time
                  checkpoints, grams, saved[0].get("machine"))  # the measurement's
 
 

@@ -127,6 +127,11 @@ def test_sweeps_measured_side_by_side_are_analysed_as_one(tmp_path):
     rows, _, _ = hs.analyse({(64, 1): grams[(64, 1)]}, replicates=200)
     assert one["rows"] == json.loads(json.dumps(rows)) and one["args"]["seeds"] == [1]
     assert one["checkpoints"] == [dict(n=64, seed=1)]
+    # a folder analysed from several (seconds: a list) joins others the same way
+    hs.main(["--from-saved", f"{tmp_path / 's0'},{tmp_path / 'one'}", "--out", str(tmp_path / "again"),
+             "--replicates", "200"])
+    again = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert again["rows"] == both["rows"] and again["seconds"] == [100.0, 100.0, 101.0]
     with pytest.raises(SystemExit, match=r"--seeds: \[7\]"):
         hs.main(["--from-saved", str(tmp_path / "both"), "--seeds", "1,7", "--out", str(tmp_path / "x")])
     with pytest.raises(SystemExit, match="already read"):
@@ -143,7 +148,7 @@ def test_sweeps_measured_side_by_side_are_analysed_as_one(tmp_path):
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = [("horizon_sweep", "variance.md", ("otb", "otb_zero_tail", "otb_loo", "reinforce", "grpo")),
           ("calculator_sweep", "tool_use.md", hs.TOOL_ROWS), ("factors_sweep", "tool_use.md", hs.TOOL_ROWS),
-          ("factors_sweep_128", "tool_use.md", hs.TOOL_ROWS)]
+          ("factors_sweep_128", "tool_use.md", hs.TOOL_ROWS), ("factors_replication", "tool_use.md", hs.TOOL_ROWS)]
 
 
 @pytest.mark.parametrize("folder, doc, columns", SWEEPS, ids=[s[0] for s in SWEEPS])
@@ -252,3 +257,18 @@ def test_factors_sweep_at_128_prompts_and_its_seed_subsets_are_the_tables_in_doc
     hs.main(["--from-saved", str(folder), "--seeds", "0,1,2", "--out", str(tmp_path)])
     secondary = json.loads((tmp_path / "results.json").read_text())
     assert hs.head_to_head_md(secondary["otb_tir_over_otb"]) in doc
+
+
+def test_factors_replication_and_all_twelve_seeds_are_the_tables_in_docs_tool_use(tmp_path):
+    # Addendum 4: seeds 6-11 alone (the replication) and, from both saved folders, all twelve seeds.
+    import json
+    results = ROOT / "benchmarks" / "results"
+    rep = json.loads((results / "factors_replication" / "results.json").read_text())
+    assert rep["args"]["seeds"] == [6, 7, 8, 9, 10, 11] and rep["args"]["prompts"] == 128
+    doc = (ROOT / "docs" / "tool_use.md").read_text()
+    assert hs.head_to_head_md(rep["otb_tir_over_otb"]) in doc
+    hs.main(["--from-saved", f"{results / 'factors_sweep_128'},{results / 'factors_replication'}",
+             "--out", str(tmp_path)])
+    twelve = json.loads((tmp_path / "results.json").read_text())
+    assert twelve["args"]["seeds"] == list(range(12))
+    assert hs.head_to_head_md(twelve["otb_tir_over_otb"]) in doc
