@@ -31,6 +31,11 @@ position-aligned otb with action-aligned otb_tir (docs/tool_use.md):
 
     python benchmarks/horizon_sweep.py --task calculator --estimators reinforce,group_mean,rloo,otb,otb_tir
 
+Memory: every estimator's mean gradient per prompt and N is kept until the end (float32, the
+model's parameter count each): with the tiny model (0.8M parameters), 5 estimators and 2 group
+sizes, 32 MB per prompt, and --prompts 128 was measured near 10 GB at its end; measure seeds in separate processes (--seeds 0, --seeds 1,
+... each with its own --out) only as many at a time as memory holds, and join them with --from-saved.
+
 Writes runs/horizon_sweep/ by default; ``--out benchmarks/results/horizon_sweep`` updates the
 committed results (results.json, stats.npz, table.md, gain_vs_horizon.png).
 """
