@@ -330,7 +330,7 @@ def checkpointing(model, cfg):
 
 def make_estimator(name, zero_tail):
     """otb.ESTIMATORS[name]; --zero-tail turns otb and otb_tir into their zero-tail variants (verl's)."""
-    return otb.ESTIMATORS[f"{name}_zero_tail" if zero_tail and name in ("otb", "otb_tir") else name]
+    return otb.ESTIMATORS[train_cli.estimator_name(name, zero_tail)]
 
 
 def one_update_per_batch(cfg, batch):

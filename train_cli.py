@@ -230,10 +230,15 @@ def resume_config(cfg, argv):
 # What the options mean
 # =====================================================================================
 
+def estimator_name(est, zero_tail=False):
+    """The estimator that runs: --zero-tail turns otb and otb_tir into otb_zero_tail and
+    otb_tir_zero_tail (verl's); every other estimator is itself."""
+    return f"{est}_zero_tail" if zero_tail and est in ("otb", "otb_tir") else est
+
+
 def run_name(est, n, zero_tail=False):
-    """A run's folder and label, '<estimator>-n<N>', named by the estimator that runs: otb and otb_tir
-    with --zero-tail are 'otb_zero_tail' and 'otb_tir_zero_tail' (train.make_estimator)."""
-    return f"{est}_zero_tail-n{n}" if zero_tail and est in ("otb", "otb_tir") else f"{est}-n{n}"
+    """A run's folder and label, '<estimator>-n<N>', named by the estimator that runs."""
+    return f"{estimator_name(est, zero_tail)}-n{n}"
 
 
 def runs_of(cfg):
@@ -312,11 +317,11 @@ def check(cfg):
     except ValueError as e:  # e.g. "floor=2.0 is invalid: ..." -> --lr-floor
         raise UsageError(f"{flag('lr_' + str(e).split('=')[0])}: {e}") from None
     try:
-        tasks.make_task(cfg)
+        limit = tasks.response_limit(cfg, tasks.make_task(cfg))
     except ValueError as e:  # a horizon the task cannot draw
         raise UsageError(f"--horizon {cfg.horizon}: {e}") from None
-    if cfg.model == "tiny" and tasks.response_limit(cfg, tasks.make_task(cfg)) > 480:
-        raise UsageError(f"--horizon {cfg.horizon}: responses of up to {tasks.response_limit(cfg, tasks.make_task(cfg))} "
+    if cfg.model == "tiny" and limit > 480:
+        raise UsageError(f"--horizon {cfg.horizon}: responses of up to {limit} "
                          "tokens do not fit the tiny model's 512 positions (prompt included)")
     if cfg.model == "tiny" and cfg.task in ("arithmetic", "count", "chat_calculator"):
         raise UsageError(f"--task {cfg.task} needs a pretrained chat model (--model smollm2 or a folder); "
