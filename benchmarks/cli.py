@@ -72,6 +72,8 @@ def multiple_of(k, low):
 
 
 positive_float = _checked("number > 0", float, lambda v: v > 0, "must be a number > 0")
+positive_float_list = _checked("list of numbers > 0", lambda t: [float(x) for x in t.split(",")],
+                               lambda v: all(0 < x < float("inf") for x in v), "must be comma-separated numbers > 0")
 
 
 def int_list(low):

@@ -41,7 +41,8 @@ from statistics import NormalDist, fmean, median
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks import grid  # noqa: E402
-from benchmarks.cli import at_least, choice_list, out_folder, parser, write_results  # noqa: E402
+from benchmarks.cli import (at_least, choice_list, int_list, out_folder, parser,  # noqa: E402
+                            positive_float_list, write_results)
 import otb  # noqa: E402
 import stats  # noqa: E402
 from plumbing import read_jsonl  # noqa: E402
@@ -512,16 +513,16 @@ def parse_args(argv=None):
     p.add_argument("--jobs", type=at_least(1), default=1, help="training runs at a time (one thread each)")
     p.add_argument("--estimators", type=choice_list(list(otb.ESTIMATORS)), default=",".join(ESTIMATORS),
                    help="estimators to run (the protocol's by default)")
-    p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds (paired)")
-    p.add_argument("--lrs", default=",".join(f"{x:g}" for x in LADDER), help="the learning-rate ladder")
+    p.add_argument("--seeds", type=int_list(0), default=",".join(map(str, SEEDS)),
+                   help="comma-separated seeds (paired)")
+    p.add_argument("--lrs", type=positive_float_list, default=",".join(f"{x:g}" for x in LADDER),
+                   help="the learning-rate ladder")
     p.add_argument("--primary-lr", type=float, default=PRIMARY_LR, help="the rate of the primary endpoint")
     p.add_argument("--steps", type=at_least(1), default=STEPS, help="training steps per run")
     p.add_argument("--train-args", default="", help="extra train.py arguments (smoke tests only)")
     args = p.parse_args(argv)
     if args.from_saved is not None and not (Path(args.from_saved) / "runs").is_dir():
         p.error(f"--from-saved {args.from_saved}: no runs/ folder of saved metrics in it")
-    args.seeds = [int(x) for x in args.seeds.split(",")]
-    args.lrs = [float(x) for x in args.lrs.split(",")]
     return args
 
 
@@ -538,7 +539,8 @@ def main(argv=None):
                 grid.run([(command(e, s, lr, args.runs, args.steps, extra), Path(args.runs) / run_name(e, s, lr), s)
                           for e, s, lr in block], args.jobs)
                 collect(args.runs, saved)  # each finished block is saved at once
-        collect(args.runs, saved)
+        else:
+            collect(args.runs, saved)
     histories = load_saved(saved)
     if not histories:
         sys.exit(f"no saved runs in {saved}")

@@ -26,7 +26,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import otb  # noqa: E402
 import toy_env  # noqa: E402
 
 OUT = ROOT / "docs" / "figures"
@@ -37,10 +36,9 @@ TOOL = [(3, 6), (), (2, 8)]  # [start, end) of each row's tool output; every oth
 def baselines_by_position(en):
     """{name: (T,) tensor} for the figure: the three baselines and the share of responses active at t."""
     w = en.w_proxy * en.mask  # w_t (exact on the tabular policy), (M, T)
-    W = w.cumsum(-1) * en.mask  # W_t, (M, T)
     oracle = toy_env.oracle_baselines(en)
     return {
-        "otb": en.expect(en.G * W) / en.expect(W),  # B*_t, eq. (4), (T,)
+        "otb": oracle["otb_population"],  # B*_t = E[G_t W_t] / E[W_t], eq. (4), (T,)
         "w_weighted": en.expect(en.G * w) / en.expect(w),  # the same with w_t, (T,)
         "optimum": oracle["opt_per_position"],  # the exact per-position optimum, (T,)
         "b_star": oracle["b_star"],  # the classic constant, (T,)

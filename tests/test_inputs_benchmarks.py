@@ -33,6 +33,9 @@ CASES = [
     ("bench_vs_trl", ["--steps", "0"], "--steps: must be an integer >= 1"),
     ("bench_vs_trl", ["--steps", "5", "--skip", "5"], "--skip: must be smaller than --steps (5), got 5"),
     ("bench_vs_trl", ["--estimator", "otb"], "--estimator: invalid choice: 'otb'"),
+    ("stability", ["--seeds", "0,x"], "--seeds: must be comma-separated integers >= 0, got '0,x'"),
+    ("stability", ["--lrs", "1e-3,-1"], "--lrs: must be comma-separated numbers > 0, got '1e-3,-1'"),
+    ("stability", ["--lrs", "inf"], "--lrs: must be comma-separated numbers > 0"),
 ]
 
 if not torch.cuda.is_available():  # asking for a GPU that is not there is a bad option too
@@ -52,6 +55,10 @@ def test_bad_option_is_one_line_and_exit_2(script, argv, message, capsys):
 def test_good_values_parse():
     import benchmarks.bench_estimators as be
     assert be.parse_args(["--shapes", "8x4:2", "--repeats", "3"]).shapes == [(8, 4, 2)]
+    import benchmarks.stability as st
+    args = st.parse_args(["--seeds", "3,1", "--lrs", "5e-4,1e-3"])
+    assert (args.seeds, args.lrs) == ([3, 1], [5e-4, 1e-3])
+    assert (st.parse_args([]).seeds, st.parse_args([]).lrs) == (st.SEEDS, st.LADDER)  # the protocol's defaults
 
 
 def test_bench_decode_times_every_batch_size(tmp_path):

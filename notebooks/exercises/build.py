@@ -43,7 +43,6 @@ from pathlib import Path
 import nbformat
 
 HERE = Path(__file__).resolve().parent
-SOLUTIONS = HERE / "solutions"
 
 _BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN SOLUTION(?: \(blank: (?P<blank>.*)\))?\s*$")
 _END = re.compile(r"^\s*### END SOLUTION\s*$")
