@@ -166,7 +166,7 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
         if (t + 1) % sync_every == 0 or t + 1 == max_new_tokens:  # the host looks at the tokens
             if stop is not None:
                 done = apply_stop(stop, tokens, keep, done)
-            if bool(done.all()):
+            if bool(done.all()) or t + 1 == max_new_tokens:  # no decode pass for a token never drawn
                 break
         # Decode one token: the cache holds every earlier key/value, so the pass costs O(1) tokens.
         if decoder is None:
@@ -179,8 +179,7 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
         next_pos = next_pos + 1
 
     response, m, logp = torch.stack(tokens, 1), torch.stack(actions, 1).float(), torch.stack(logps, 1)  # (B, T)
-    if stop is not None:  # cut each stopped row after the tokens it keeps
-        done = apply_stop(stop, tokens, keep, done)
+    if stop is not None:  # cut each stopped row after the tokens it keeps (the last check asked the rule)
         kept = torch.tensor([response.shape[1] if n is None else n for n in keep], device=device)  # (B,)
         cut = torch.arange(response.shape[1], device=device)[None] >= kept[:, None]  # (B, T)
         response, m, logp = response.masked_fill(cut, pad_id), m.masked_fill(cut, 0.0), logp.masked_fill(cut, 0.0)

@@ -132,3 +132,17 @@ def test_without_a_tool_the_host_reads_the_tokens_every_sync_every_steps(monkeyp
     assert torch.equal(lazy.response[:, :T], every.response) and (lazy.response_mask[:, T:] == 0).all()
     assert torch.equal(lazy.logp[:, :T], every.logp) and torch.equal(lazy.finished, every.finished)
     assert len(reads) <= -(-lazy.response.shape[1] // 8), reads  # one done.all() per check
+
+
+@pytest.mark.parametrize("sync_every", [1, 8])
+def test_a_rollout_that_reaches_the_length_limit_runs_one_forward_pass_per_token(sync_every):
+    # The prefill gives the first token's logits and each decode pass the next one's: 5 tokens, 5 passes
+    # (no decode pass after the last token), with the stop rule asked and the rows cut as before.
+    model = Script([ids("1, 2, 3", eos=False)] * 2, prompt_len=3)
+    passes = []
+    model.register_forward_hook(lambda *a: passes.append(1))
+    ro = rollout.sample(model, [ids("go:", eos=False)] * 2, group_size=1, max_new_tokens=5, temperature=1.0,
+                        eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(0),
+                        stop=tasks.stop_rule(TASK, TOK, [ANSWER] * 2, 1), sync_every=sync_every)
+    assert len(passes) == 5 and ro.response.shape[1] == 5
+    assert tasks.response_texts(TOK, ro.response, ro.response_mask) == ["1, 2, 3"[:5]] * 2 and not ro.finished.any()
