@@ -110,9 +110,10 @@ def layer_bytes(dtype):
     """Bytes autograd saves for one decoder layer per row (a 2-layer decoder minus a 1-layer one, at 2
     rows minus 1 row: what grows with rows, so not the bf16 copies of the weights), and the tensors the
     second layer adds at one row."""
-    total = {(n, r): sum(v[1] for v in saved_bytes(n, r, dtype).values()) for n in (1, 2) for r in (1, 2)}
+    saved = {(n, r): saved_bytes(n, r, dtype) for n in (1, 2) for r in (1, 2)}  # layers, rows
+    total = {key: sum(v[1] for v in s.values()) for key, s in saved.items()}
     per_row = (total[2, 2] - total[1, 2]) - (total[2, 1] - total[1, 1])
-    one, two = saved_bytes(1, 1, dtype), saved_bytes(2, 1, dtype)
+    one, two = saved[1, 1], saved[2, 1]
     added = [(str(k), two[k][0] - one.get(k, [0, 0])[0], two[k][1] - one.get(k, [0, 0])[1]) for k in two]
     return per_row, sorted((a for a in added if a[1] > 0), key=lambda a: -a[2])
 

@@ -78,12 +78,10 @@ def child(args, device):
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        preflight.reset_peak(device)  # the peak resident set (VmHWM) back to the current one
+    preflight.reset_peak(device)  # CUDA's peak, or the resident peak (VmHWM), back to the current one
     before = torch.cuda.memory_allocated() if cuda else preflight.resident()
     call(model, inputs, int(chunk), variant)
-    peak = torch.cuda.max_memory_allocated() if cuda else preflight.resident("VmHWM")
+    peak = preflight.peak(device)
     print(json.dumps(dict(before=before, peak=peak)))
 
 
