@@ -211,8 +211,7 @@ class OTBGRPOTrainer(GRPOTrainer):
         if "tool_mask" in batch:
             mask = mask * batch["tool_mask"]  # tool outputs are not the policy's actions
             self._align_by_action()
-        T = mask.shape[1]
-        last = torch.where(mask.bool(), torch.arange(T, device=mask.device), -1).amax(-1).clamp(min=0)  # (B,)
+        last = tasks.last_valid(mask)  # the last valid token of each row, (B,)
         token_rewards = torch.zeros_like(mask)  # r_t: the outcome reward R at the last valid token
         token_rewards[torch.arange(len(last)), last] = batch["otb_rewards"].float()
         adv, _ = otb.ESTIMATORS[self.estimator](token_rewards=token_rewards * mask, response_mask=mask,
