@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.utils.checkpoint
 
-import fast_decode
+from lab import fast_decode
 import otb
 
 

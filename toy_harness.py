@@ -52,8 +52,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
 import otb
-import plumbing
-import scale_free
+from lab import plumbing
+from lab import scale_free
 from toy_env import ToyConfig, check_config, enumerate_toy, exact_summary, oracle_baselines
 
 ORACLES = ("b_star", "opt_per_position", "otb_population", "otb_exact_w")

@@ -63,14 +63,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 from tqdm.auto import tqdm
 
-import compare  # a comparison's runs, table and plot (and --seeds: paired seeds at a token budget)
-import diagnostics
-import lr_schedule
+from lab import compare  # a comparison's runs, table and plot (and --seeds: paired seeds at a token budget)
+from lab import diagnostics
+from lab import lr_schedule
 import otb
-import preflight
+from lab import preflight
 import rollout
 import tasks
-import train_cli  # the command line: options, checks, device, checkpoints, Ctrl-C, --resume
+from lab import train_cli  # the command line: options, checks, device, checkpoints, Ctrl-C, --resume
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SCHEDULES = lr_schedule.SCHEDULES  # (a Config field is named lr_schedule)

@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
-import stats  # noqa: E402
+from lab import stats  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
-import train_cli  # noqa: E402
+from lab import train_cli  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.common import draw_pool, subset  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402

@@ -39,7 +39,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
-import preflight  # noqa: E402
+from lab import preflight  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
 from benchmarks import cli  # noqa: E402

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import preflight  # noqa: E402
+from lab import preflight  # noqa: E402
 import rollout  # noqa: E402
 from benchmarks.machine import describe, interleaved_rounds, machine  # noqa: E402
 from benchmarks.common import model_options, smollm2_shaped, sum_pi_squared  # noqa: E402

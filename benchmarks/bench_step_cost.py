@@ -45,7 +45,7 @@ def build(name):
     if name == "tiny":
         model, tok, _ = load_model()
         return model, tok, 16, 18
-    from models import char_tokenizer
+    from lab.models import char_tokenizer
     return smollm2_shaped(layers=2), char_tokenizer(), 8, 32
 
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import rollout  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
-import train_cli  # noqa: E402
+from lab import train_cli  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.cli import at_least, out_folder, parser  # noqa: E402
 from benchmarks.common import load_model  # noqa: E402  (float32, eval mode)

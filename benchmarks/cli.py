@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from plumbing import UsageError, pick_device, unwritable  # noqa: E402  (train.py's, written once)
+from lab.plumbing import UsageError, pick_device, unwritable  # noqa: E402  (train.py's, written once)
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs"  # the default home of every benchmark's output (git-ignored)

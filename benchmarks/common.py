@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
-import scale_free  # noqa: E402
+from lab import scale_free  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
-import train_cli  # noqa: E402
+from lab import train_cli  # noqa: E402
 from benchmarks.cli import at_least, multiple_of  # noqa: E402
 
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import compare  # noqa: E402
+from lab import compare  # noqa: E402
 from benchmarks import grid  # noqa: E402
 from benchmarks.cli import at_least, out_folder, parser, write_results  # noqa: E402
-from plumbing import read_jsonl  # noqa: E402
-from stats import mean_se  # noqa: E402
+from lab.plumbing import read_jsonl  # noqa: E402
+from lab.stats import mean_se  # noqa: E402
 
 # ---- the protocol (docs/equal_tokens_protocol.md); change only by an addendum there
 HORIZON = 64

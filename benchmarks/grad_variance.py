@@ -32,10 +32,10 @@ from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import diagnostics  # noqa: E402
+from lab import diagnostics  # noqa: E402
 import otb  # noqa: E402
-import scale_free  # noqa: E402
-import stats  # noqa: E402
+from lab import scale_free  # noqa: E402
+from lab import stats  # noqa: E402
 import rollout  # noqa: E402
 import tasks  # noqa: E402
 from benchmarks.cli import (RUNS, at_least, choice_list, command, int_list, multiple_of,  # noqa: E402

@@ -27,10 +27,10 @@ from statistics import fmean as mean, stdev
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import stats  # noqa: E402
-from plumbing import read_jsonl  # noqa: E402
+from lab import stats  # noqa: E402
+from lab.plumbing import read_jsonl  # noqa: E402
 import otb  # noqa: E402
-from lr_schedule import SCHEDULES, surge_step  # noqa: E402  (the rule train.py runs: first i > W with L_i > r L0)
+from lab.lr_schedule import SCHEDULES, surge_step  # noqa: E402  (the rule train.py runs: first i > W with L_i > r L0)
 from benchmarks import cli, grid  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 from benchmarks.cli import at_least, choice_list, int_list, parser, positive_float  # noqa: E402

@@ -44,8 +44,8 @@ from benchmarks import grid  # noqa: E402
 from benchmarks.cli import (at_least, choice_list, int_list, out_folder, parser,  # noqa: E402
                             positive_float_list, write_results)
 import otb  # noqa: E402
-import stats  # noqa: E402
-from plumbing import read_jsonl  # noqa: E402
+from lab import stats  # noqa: E402
+from lab.plumbing import read_jsonl  # noqa: E402
 
 # ---- the protocol (docs/stability_protocol.md); change only by an addendum there
 HORIZON = 64

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import models
+from lab import models
 import rollout
 import tasks
 import train
@@ -241,7 +241,7 @@ def test_chat_calculator_trains_two_steps(smollm2, tmp_path, monkeypatch):
     finite."""
     import copy
     import re
-    import train_cli
+    from lab import train_cli
     model, tok, source, _ = smollm2
     monkeypatch.setattr(train_cli, "load", lambda cfg, device: (copy.deepcopy(model), tok, source))
     rollouts, real_sample = [], rollout.sample

@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import compare
-import diagnostics
-import models
+from lab import compare
+from lab import diagnostics
+from lab import models
 import otb
-import preflight
+from lab import preflight
 import rollout
 import tasks
 import train
-import train_cli
+from lab import train_cli
 from tiny_runs import TINY, interrupt_at, metrics, run, without_times
 
 ROOT = Path(train.__file__).resolve().parent

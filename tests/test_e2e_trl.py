@@ -24,7 +24,7 @@ import otb
 import rollout
 import tasks
 import train
-import train_cli
+from lab import train_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 HAS_TRL = importlib.util.find_spec("trl") is not None

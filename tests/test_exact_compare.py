@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-import compare
+from lab import compare
 import train
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import scale_free
-import stats
+from lab import scale_free
+from lab import stats
 from benchmarks import horizon_sweep as hs
 
 
@@ -204,7 +204,7 @@ def test_calculator_sweep_samples_with_the_tool_and_saves_otb_tir(tmp_path, monk
     import rollout
     import tasks
     import train
-    import train_cli
+    from lab import train_cli
     tools, real_sample = [], rollout.sample
     monkeypatch.setattr(rollout, "sample", lambda *a, **k: tools.append(k["tool"]) or real_sample(*a, **k))
 

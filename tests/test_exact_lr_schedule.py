@@ -10,7 +10,7 @@ from statistics import fmean
 import pytest
 import torch
 
-from lr_schedule import DEFAULTS, SCHEDULES, cosine_factor, lr_factor, surge_step
+from lab.lr_schedule import DEFAULTS, SCHEDULES, cosine_factor, lr_factor, surge_step
 
 
 # ------------------------------------------------------------------------------------------------

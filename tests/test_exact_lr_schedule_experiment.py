@@ -13,7 +13,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from lr_schedule import lr_factor
+from lab.lr_schedule import lr_factor
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("lr_schedule_experiment",

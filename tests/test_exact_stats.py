@@ -5,7 +5,7 @@ from statistics import NormalDist
 import pytest
 import torch
 
-import stats
+from lab import stats
 
 
 @pytest.mark.parametrize("p", [0.6, 0.9, 0.975, 0.995])

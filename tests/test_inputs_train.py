@@ -217,7 +217,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_temporary_file(out, capsys, monke
     import shutil
     from collections import namedtuple
 
-    import train_cli
+    from lab import train_cli
     run(out, "room", "--estimator", "otb", "--steps", "1")
     size = (out / "room" / "checkpoint.pt").stat().st_size
 

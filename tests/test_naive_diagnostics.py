@@ -19,7 +19,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import diagnostics
+from lab import diagnostics
 import otb
 from naive import insert_holes, make_batch, naive_mean_gradient_sq_norm
 from test_naive_otb import SETTINGS, batch_args

@@ -16,8 +16,8 @@ import os
 import pytest
 import torch
 
-import fast_decode
-import models
+from lab import fast_decode
+from lab import models
 import rollout
 import tasks
 

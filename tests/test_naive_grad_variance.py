@@ -12,13 +12,13 @@ import torch
 
 import otb
 import rollout
-import scale_free
-import stats
+from lab import scale_free
+from lab import stats
 import tasks
 from benchmarks import common
 from benchmarks import grad_variance as gv
 
-from models import char_tokenizer
+from lab.models import char_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -330,7 +330,7 @@ def test_calculator_task_transcript_tool_reward_and_masks():
     """k = 3 numbers of 2 digits: the transcript chains the calls through the previous result, the
     tool adds two numbers or answers error, only the final answer is rewarded, and the warm-up's
     mask (the tool replayed over the transcript) is 0 exactly on the tool's output."""
-    import models
+    from lab import models
     tok = models.char_tokenizer()
     task = tasks.CalculatorTask(horizon=3, digits=2)
     assert task.transcript([12, 34, 56]) == "12+34=46,46+56=102,102"
@@ -362,7 +362,7 @@ def test_factors_task_replies_with_the_sum_and_its_prime_factors():
     """The tool's reply is the sum and its prime factors (their product is the sum, each one prime),
     so replies differ in length; an error reply is long; the warm-up's mask is 0 exactly on them;
     the length limit holds the longest transcript with the longest reply at every call."""
-    import models
+    from lab import models
     tok = models.char_tokenizer()
     task = tasks.FactorsTask(horizon=3, digits=2)
     assert task.transcript([12, 34, 56]) == "12+34=46:2*23,46+56=102:2*3*17,102"

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import models
+from lab import models
 import otb
 import rollout
 import tasks

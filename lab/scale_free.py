@@ -59,7 +59,7 @@ import math
 
 import torch
 
-import stats
+from lab import stats
 
 # E g = c(N) grad J exactly (see "Known expectations"); absent: E g is unknown and estimated.
 FACTORS = {"reinforce": lambda N: 1.0, "rloo": lambda N: 1.0, "otb_loo": lambda N: 1.0,

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-import plumbing
+from lab import plumbing
 import rollout
 import tasks
 

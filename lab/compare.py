@@ -43,10 +43,10 @@ from functools import partial
 
 from tqdm.auto import tqdm
 
-import plumbing
-import stats
+from lab import plumbing
+from lab import stats
 import tasks
-import train_cli
+from lab import train_cli
 
 
 # ===== The learning-rate pilot: one configuration, one seed, a few rates; the rule picks one ================

@@ -43,7 +43,7 @@ import torch
 
 import rollout
 import tasks
-import train_cli
+from lab import train_cli
 
 GB = 1e9
 

@@ -38,10 +38,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import HfArgumentParser
 
-import lr_schedule
-import models
+from lab import lr_schedule
+from lab import models
 import otb
-import plumbing
+from lab import plumbing
 import tasks
 
 DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
@@ -338,7 +338,7 @@ def check(cfg):
 
 def check_lr_pilot(cfg):
     """--lr-pilot and its settings: a comparison's, a valid run, a budget, a seed the comparison does not use."""
-    import compare
+    from lab import compare
     compare.pilot_rates(cfg)  # the rates themselves
     if cfg.estimator:
         raise UsageError(f"--lr-pilot {cfg.lr_pilot}: precedes a comparison, not one --estimator run")
