@@ -55,6 +55,17 @@ a DerSimonian-Laird random-effects model (DerSimonian & Laird 1986), with weight
 and I^2 = max(0, (Q - (k - 1)) / Q), the share of the spread that is between seeds. Q's p-value
 is the chi-square survival function with k - 1 degrees of freedom (closed form for integer df).
 
+With few seeds the normal interval (6) is too narrow: it treats tau^2 and the weights as known.
+The Hartung-Knapp(-Sidik-Jonkman) interval keeps mu and w*_s but estimates the variance of mu from
+the spread of the seeds themselves, with a t quantile (Hartung & Knapp 2001; Sidik & Jonkman 2002):
+
+    q = sum_s w*_s (y_s - mu)^2 / (k - 1),   mu +- t_{k-1} sqrt(q / sum w*_s)                 (6')
+
+and a new seed's (a new checkpoint's) log-ratio is predicted, not estimated, by the interval of
+Higgins, Thompson & Spiegelhalter (2009), which adds tau^2 to the mean's variance:
+
+    mu +- t_{k-2} sqrt(tau^2 + 1 / sum w*_s)                                                 (6'')
+
 A verdict (a ratio above ``null``, below it, or around it) is read from the replicates at rho = null
 (``replicate_verdict``), with the Monte Carlo error of R draws in view: a share within 3 standard
 errors of (1 + level) / 2 is an "edge", which another set of draws could decide either way.
@@ -276,6 +287,32 @@ def random_effects(y, se, level=0.95):
     return dict(mean=mu, lo=mu - half, hi=mu + half, se=se_mu, tau2=tau2, Q=Q, df=k - 1,
                 p=chi2_sf(Q, k - 1) if k > 1 else math.nan,
                 I2=max(0.0, (Q - (k - 1)) / Q) if k > 1 and Q > 0 else 0.0, k=k)
+
+
+def hartung_knapp(y, se, level=0.95):
+    """Eq. (6'): the DerSimonian-Laird fit of ``random_effects`` with the Hartung-Knapp interval:
+    its dict with lo, hi and se replaced (se = sqrt(q / sum w*_s)), and q and the t degrees of freedom
+    (k - 1) added as ``q`` and ``t_df``. nan interval for k < 2."""
+    r = random_effects(y, se, level)
+    k = r["k"]
+    if k < 2 or math.isnan(r["mean"]):
+        return dict(r, lo=math.nan, hi=math.nan, se=math.nan, q=math.nan, t_df=max(k - 1, 0))
+    w_star = [1 / (float(v) ** 2 + r["tau2"]) for v in se]  # w*_s
+    q = sum(wi * (float(yi) - r["mean"]) ** 2 for wi, yi in zip(w_star, y)) / (k - 1)
+    se_hk = math.sqrt(q / sum(w_star))
+    half = t_quantile((1 + level) / 2, k - 1) * se_hk
+    return dict(r, lo=r["mean"] - half, hi=r["mean"] + half, se=se_hk, q=q, t_df=k - 1)
+
+
+def prediction_interval(y, se, level=0.95):
+    """Eq. (6''): (lo, hi), where a new stratum's true effect is expected to lie under the
+    DerSimonian-Laird fit, mu +- t_{k-2} sqrt(tau^2 + 1 / sum w*_s) (Higgins, Thompson &
+    Spiegelhalter 2009); (nan, nan) for k < 3."""
+    r = random_effects(y, se, level)
+    if r["k"] < 3 or math.isnan(r["mean"]):
+        return math.nan, math.nan
+    half = t_quantile((1 + level) / 2, r["k"] - 2) * math.sqrt(r["tau2"] + r["se"] ** 2)  # r["se"]^2 = 1/sum w*
+    return r["mean"] - half, r["mean"] + half
 
 
 # =====================================================================================

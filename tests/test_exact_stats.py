@@ -272,3 +272,52 @@ def test_log_ratio_se():
     a40, b40 = torch.cat([a.repeat(13), torch.tensor([-1.0])]), torch.cat([b.repeat(13), torch.tensor([1.0])])
     assert stats.log_ratio_se(a40, b40) == pytest.approx(torch.tensor([2.0, 3.0, 2.0]).repeat(13).log().std().item())
     assert math.isnan(stats.log_ratio_se(a40, b40, share=0.99))  # 39 of 40 positive: 97.5%
+
+
+# The teacher-expectancy studies (Raudenbush 1984; metafor's dat.raudenbush1985: yi, vi), the
+# worked example of Raudenbush (2009), "Analyzing effect sizes: random-effects models", in Cooper,
+# Hedges & Valentine (eds.), The Handbook of Research Synthesis and Meta-Analysis, 2nd ed., Table 16.3
+# (p. 309), as metafor's tests/testthat/test_analysis_example_raudenbush2009.r checks it.
+TEACHER_Y = [0.03, 0.12, -0.14, 1.18, 0.26, -0.06, -0.02, -0.32, 0.27, 0.80, 0.54, 0.18, -0.02, 0.23,
+             -0.18, -0.06, 0.30, 0.07, -0.07]
+TEACHER_V = [0.0156, 0.0216, 0.0279, 0.1391, 0.1362, 0.0106, 0.0106, 0.0484, 0.0269, 0.0630, 0.0912,
+             0.0497, 0.0835, 0.0841, 0.0253, 0.0279, 0.0193, 0.0088, 0.0303]
+
+
+def test_dersimonian_laird_and_hartung_knapp_reproduce_raudenbush_2009_table_16_3():
+    se = [math.sqrt(v) for v in TEACHER_V]
+    dl = stats.random_effects(TEACHER_Y, se)  # the DL row, conventional: tau^2 .0259, mu .0893, se .0558
+    assert (dl["tau2"], dl["mean"], dl["se"]) == pytest.approx((0.0259, 0.0893, 0.0558), abs=5e-5)
+    assert (dl["lo"], dl["hi"]) == pytest.approx((-0.0200, 0.1987), abs=5e-5)
+    hk = stats.hartung_knapp(TEACHER_Y, se)  # the DL row, Knapp-Hartung: se .0636, t 1.405, [-.0442, .2229]
+    assert (hk["mean"], hk["se"], hk["mean"] / hk["se"]) == pytest.approx((0.0893, 0.0636, 1.405), abs=5e-4)
+    assert (hk["lo"], hk["hi"]) == pytest.approx((-0.0442, 0.2229), abs=5e-5)
+    assert hk["t_df"] == 18 and hk["tau2"] == dl["tau2"]
+
+
+def test_hartung_knapp_with_equal_weights_is_the_t_interval_of_the_mean():
+    # Equal se and tau^2 > 0: every w*_s is equal, mu is the plain mean and q / sum w* = s^2 / k,
+    # so (6') is exactly mean_interval's t interval.
+    y = [0.3, -0.2, 0.9, 0.1, 0.5]
+    hk = stats.hartung_knapp(y, [0.1] * 5)
+    mu, lo, hi = stats.mean_interval(y)
+    assert hk["tau2"] > 0 and (hk["mean"], hk["lo"], hk["hi"]) == pytest.approx((mu, lo, hi), rel=1e-9)
+
+
+def test_prediction_interval_by_hand_and_its_coverage():
+    # By hand on the teacher data: mu +- t_{17, .975} sqrt(tau^2 + se(mu)^2) with the DL fit.
+    se = [math.sqrt(v) for v in TEACHER_V]
+    dl = stats.random_effects(TEACHER_Y, se)
+    half = 2.109815577833 * math.sqrt(dl["tau2"] + dl["se"] ** 2)  # t_{17, 0.975} (tables: 2.110)
+    assert stats.prediction_interval(TEACHER_Y, se) == pytest.approx((dl["mean"] - half, dl["mean"] + half), abs=1e-9)
+    assert all(math.isnan(x) for x in stats.prediction_interval([0.0, 1.0], [1.0, 1.0]))  # k < 3
+    # Coverage: k = 30 strata, true effects N(0, tau^2 = 1), se = 0.5; the interval should hold a new
+    # stratum's true effect about 95% of the time (the normal interval of the mean alone would not).
+    gen = torch.Generator().manual_seed(0)
+    hits, trials = 0, 400
+    for _ in range(trials):
+        theta = torch.randn(31, generator=gen, dtype=torch.float64)
+        y = (theta[:30] + 0.5 * torch.randn(30, generator=gen, dtype=torch.float64)).tolist()
+        lo, hi = stats.prediction_interval(y, [0.5] * 30)
+        hits += lo <= theta[30].item() <= hi
+    assert 0.91 <= hits / trials <= 0.99
