@@ -23,6 +23,8 @@ Three rules keep the verdicts honest:
   4c, ...) is reported as NOT YET, since the comparison would then prove nothing;
 * an error raised inside the project's code names its file and the student's line that called it.
 """
+import contextlib
+import io
 import math
 import sys
 import traceback
@@ -206,17 +208,37 @@ _REF_1A = {"otb.sum_pi_squared": otb.sum_pi_squared, "otb._sum_pi_squared_dense"
 _REF_1B = {"otb.token_energy": otb.token_energy}
 
 
+def _dtype_hint(z, got_dtype, want_dtype):
+    """The hint for a result of the wrong dtype, naming the input's and the result's."""
+    if want_dtype == torch.float64:
+        return "float64 input should stay float64 (upcast half precision to float32, but do not downcast float64)"
+    if got_dtype == torch.float64:
+        return (f"{z.dtype} logits give a float32 result: upcast with z.float(), not z.double() (float64 is "
+                f"kept for float64 input only)")
+    return (f"compute and return float32 for {z.dtype} input: upcast the logits first (z.float()), then "
+            f"logsumexp; a half-precision result has 8 or 11 bits of mantissa")
+
+
 def ex1a_sum_pi_squared(student_fn):
     """student_fn(logits) -> sum_k softmax(logits)_k^2 over the last dim (float32; float64 stays)."""
     g = torch.Generator().manual_seed(1)
     confident = 4.0 * torch.randn(64, 50, generator=g)
     confident[:, 0] += 30.0  # one token takes nearly all the mass
+    # Moderately confident rows (pi(y) ~ 0.5-0.97): bf16 rounding anywhere on the way (a bf16 softmax, a
+    # bf16 logsumexp, a bf16 sum) moves sum pi^2 by 1e-3 or more here, far above the tolerance. The first
+    # two rows are the notebook's own table; the nearly certain rows above hide it (all values ~ 1).
+    moderate = torch.cat([torch.tensor([[5.0, 1.0, 0.3, -1.0], [5.0, 2.0, 0.3, -1.0]]),
+                          1.5 * torch.randn(6, 4, generator=g) + torch.tensor([3.0, 0.0, 0.0, 0.0])])
     cases = [
         ("small float32 logits, shape (3, 5)", torch.randn(3, 5, generator=g),
          "sum_k pi_k^2 = sum_k exp(2 z_k) / (sum_k exp(z_k))^2 = exp(logsumexp(2z) - 2 logsumexp(z))"),
         ("huge float32 logits (|z| ~ 1000)", 1000.0 * torch.randn(4, 7, generator=g),
          "exp(1000) overflows to inf; never exponentiate raw logits, work with torch.logsumexp "
          "(which subtracts the max for you)"),
+        ("moderately confident bf16 logits (the rows of the table below)", moderate.bfloat16(),
+         "upcast the bf16 logits to float32 *before* any arithmetic (z = logits.float()): a softmax, "
+         "logsumexp or sum done in bf16 and upcast afterwards keeps bf16's rounding (8 bits of mantissa: "
+         "0.9375 instead of 0.9432 on the table's first row)"),
         ("confident bf16 logits", confident.bfloat16(),
          "compute and return float32 for bf16/fp16 input (upcast the logits first, e.g. z.float()): bf16 has "
          "8 bits of mantissa, far too few for 1 - 2 pi(y) + sum pi^2 when pi(y) ~ 1"),
@@ -230,9 +252,22 @@ def ex1a_sum_pi_squared(student_fn):
         for case, z, hint in cases:
             want = otb.sum_pi_squared(z)
             atol = 1e-12 if z.dtype == torch.float64 else 1e-6
-            _compare(_call(student_fn, case, z.clone(), references=_REF_1A), want, case, hint, atol=atol,
-                     dtype=want.dtype)
-        return ("Matches otb.sum_pi_squared on small, huge, confident-bf16, float64 and batched logits.")
+            got = _call(student_fn, case, z.clone(), references=_REF_1A)
+            if isinstance(got, torch.Tensor) and got.shape == want.shape:
+                if got.dtype != want.dtype:
+                    raise NotYet(f"on the case '{case}' your result has dtype {got.dtype}, expected {want.dtype}",
+                                 _dtype_hint(z, got.dtype, want.dtype))
+                zd = z.double()
+                slips = {"log sum pi^2 (the exp is missing)": torch.logsumexp(2 * zd, -1) - 2 * torch.logsumexp(zd, -1),
+                         "exp(logsumexp(2z) - logsumexp(z)) (the factor 2 in front of logsumexp(z) is missing)":
+                             torch.exp(torch.logsumexp(2 * zd, -1) - torch.logsumexp(zd, -1))}
+                for what, value in slips.items():
+                    if torch.allclose(got.double(), value, rtol=1e-4, atol=1e-5):
+                        raise NotYet(f"on the case '{case}' you computed {what}",
+                                     "sum_k pi_k^2 = exp(logsumexp(2z) - 2 logsumexp(z)), over dim=-1")
+            _compare(got, want, case, hint, atol=atol, dtype=want.dtype)
+        return ("Matches otb.sum_pi_squared on small, huge, moderately and very confident bf16, float64 and "
+                "batched logits.")
     return _verdict("Exercise 1a (sum_k pi_k^2 from logits)", body)
 
 
@@ -252,21 +287,25 @@ def ex1b_token_energy(student_fn):
     # A confident token whose log-prob (from a bf16 rollout, say) says pi(y) = 1 while sum pi^2 says
     # 0.999: the formula gives 1 - 2 + 0.999 < 0, impossible for a squared norm.
     lp_c, s_c = torch.tensor([[0.0, -1e-4, -0.5]]), torch.tensor([[0.999, 0.9996, 0.5]])
-    wrong = {  # the usual slips, recognised so the hint can be specific
-        "1 - pi(y) + sum pi^2 (the factor 2 is missing)": 1 - lp.exp() + s,
-        "1 - 2 pi(y) + pi(y)^2 = (1 - pi(y))^2 (you kept only the y-th component)": (1 - lp.exp()) ** 2,
-        "1 - 2 log pi(y) + sum pi^2 (log-prob used as a probability)": 1 - 2 * lp + s,
-        "1 + 2 pi(y) + sum pi^2 (sign of the cross term)": 1 + 2 * lp.exp() + s,
+    expand = "expand ||e_y - pi||^2 = sum_k (1[k=y] - pi_k)^2 term by term"
+    wrong = {  # the usual slips, recognised so the hint can be specific: {what: (w, hint)}
+        "1 - pi(y) + sum pi^2 (the factor 2 is missing)": (1 - lp.exp() + s, expand),
+        "1 - 2 pi(y) + pi(y)^2 = (1 - pi(y))^2 (you kept only the y-th component)": ((1 - lp.exp()) ** 2, expand),
+        "1 - 2 log pi(y) + sum pi^2 (log-prob used as a probability)": (
+            1 - 2 * lp + s, "log_probs holds log pi(y): pi(y) = log_probs.exp()"),
+        "1 + 2 pi(y) + sum pi^2 (sign of the cross term)": (1 + 2 * lp.exp() + s, expand),
+        "the energy clamped to [0, 1]": (
+            (1 - 2 * lp.exp() + s).clamp(0, 1),
+            "w_t can exceed 1 (up to 2, when pi puts its mass on a token that was not sampled): clamp to [0, 2]"),
     }
 
     def body():
         case = "random tokens, compared with autograd"
         got = _call(student_fn, case, lp.clone(), s.clone(), references=_REF_1B)
         if isinstance(got, torch.Tensor) and got.shape == lp.shape:
-            for name, w in wrong.items():
-                if torch.allclose(got.double(), w.double(), atol=1e-5):
-                    raise NotYet(f"on the case '{case}' you computed {name}",
-                                 "expand ||e_y - pi||^2 = sum_k (1[k=y] - pi_k)^2 term by term")
+            for name, (w, slip_hint) in wrong.items():  # with or without the clamp to [0, 2]
+                if any(torch.allclose(got.double(), v.double(), atol=1e-5) for v in (w, w.clamp(0, 2))):
+                    raise NotYet(f"on the case '{case}' you computed {name}", slip_hint)
         err = _compare(got, exact, case, "d log softmax(z)_y / dz_k = 1[k=y] - pi_k; square and sum over k",
                        atol=1e-5)
         case = "confident tokens where rounding gives 1 - 2 pi(y) + sum pi^2 < 0"
@@ -287,7 +326,8 @@ _REF_2 = {f"otb.{f.__name__}": f for f in (otb.reinforce, otb.group_mean, otb.gr
 _GROUP_CASES = [  # (case, lengths, group_index, batch options, hint; None: the estimator's own first hint)
     ("one group of 4 rows, no padding, rewards 1, 0, 0, 1", [5, 5, 5, 5], [0, 0, 0, 0], {"outcome": [1, 0, 0, 1]},
      None),
-    ("right padding with junk (7.0) in the padded rewards", [5, 2, 4, 3], [0, 0, 0, 0], {"junk": 7.0},
+    ("right padding with junk (7.0) in the padded rewards", [5, 2, 4, 3], [0, 0, 0, 0],
+     {"junk": 7.0, "outcome": [1, 1, 0, 1]},  # non-zero scores: an advantage left unmasked shows on padding
      "only valid tokens count: multiply the rewards by response_mask before summing, and multiply the "
      "advantage by response_mask so padded positions are exactly 0"),
     ("two interleaved groups with string ids", [4, 4, 4, 4, 4, 4], ["a", "b", "a", "b", "a", "b"], {},
@@ -309,18 +349,31 @@ _FIRST_HINT = {
 }
 
 
-def _group_slips(b, gi):
-    """The advantages that the usual slips in 2b and 2c give, {description: (A (B, T), hint)}."""
+def _group_slips(b, gi, name):
+    """The advantages that the usual slips in 2b and 2c give, {description: (A (B, T), what, hint)};
+    ``name`` ('group_mean' or 'rloo') is the estimator asked for, whose own slips are listed."""
     m = b["response_mask"]
     R = (b["token_rewards"] * m).sum(-1)  # R_i, (B,)
     gid, n_groups = otb.group_ids(gi, len(R))
     size = torch.bincount(gid, minlength=n_groups).float()[gid]  # n, the size of row i's group, (B,)
     total = torch.zeros(n_groups).index_add_(0, gid, R)[gid]  # sum of R over row i's group, (B,)
+    square = torch.zeros(n_groups).index_add_(0, gid, R ** 2)[gid]  # sum of R^2 over the group, (B,)
     single = size == 1
+    own = total / size if name == "group_mean" else (total - R) / (size - 1).clamp(min=1)  # the right b_i
 
-    def adv(baseline):
-        return torch.where(single, R, R - baseline)[:, None] * m  # (B, T)
-    return {
+    def adv(baseline, scores=R, scale=1.0, mask=m):
+        return torch.where(single, scores, (scores - baseline) / scale)[:, None] * mask  # (B, T)
+    var = (square - total ** 2 / size).clamp(min=0)  # sum of squared deviations over the group, (B,)
+    std_n, std_n1 = (var / size).sqrt(), (var / (size - 1).clamp(min=1)).sqrt()  # per row, (B,)
+    grpo_hint = ("do not divide by the group's standard deviation: that is GRPO's normalisation, which "
+                 "this exercise (like Dr.GRPO) leaves out; A = R - b")
+    raw = b["token_rewards"].sum(-1)  # R from every position, padding included, (B,)
+    raw_total = torch.zeros(n_groups).index_add_(0, gid, raw)[gid]
+    raw_own = raw_total / size if name == "group_mean" else (raw_total - raw) / (size - 1).clamp(min=1)
+    last = torch.zeros_like(m)
+    last[torch.arange(len(R)), (m.sum(-1) - 1).long()] = 1.0  # the last valid token of each row
+    batch_b = R.mean() if name == "group_mean" else (R.sum() - R) / max(len(R) - 1, 1)
+    slips = {
         "group_mean": (adv(total / size), "a baseline that includes the row's own score (the group mean of 2b)",
                        "leave row i out: b_i = (sum of the group - R_i) / (n - 1), the mean of the others"),
         "rloo": (adv((total - R) / (size - 1).clamp(min=1)),
@@ -328,7 +381,24 @@ def _group_slips(b, gi):
                  "2b's baseline is the mean of the whole group, row i included: b_i = sum of the group / n"),
         "over_n": (adv((total - R) / size), "(sum of the others) / n, the sum of the n - 1 other scores divided "
                    "by n", "there are n - 1 other rows: divide their sum by n - 1"),
+        "grpo_n": (adv(own, scale=std_n + 1e-6), "the advantage divided by the group's standard deviation",
+                   grpo_hint),
+        "grpo_n1": (adv(own, scale=std_n1 + 1e-6), "the advantage divided by the group's standard deviation",
+                    grpo_hint),
+        "unmasked_advantage": (adv(own, mask=torch.ones_like(m)), "the right advantage on valid tokens, but "
+                               "not 0 on padding", "multiply the advantage by response_mask, so that padded "
+                               "positions are exactly 0"),
+        "unmasked_rewards": (adv(raw_own, scores=raw), "scores that include the junk in the padded rewards",
+                             "mask the rewards before summing them (token_rewards * response_mask): values at "
+                             "padded positions are meaningless"),
+        "last_token": (adv(own, mask=last), "the advantage on the last valid token only",
+                       "write the advantage R_i - b_i on *every* valid token of row i (broadcast over t, then "
+                       "multiply by response_mask)"),
+        "batch": (adv(batch_b), "a baseline over the whole batch, ignoring the groups",
+                  "b_i uses only the rows of row i's own group (same group_index); otb.group_ids maps ids to "
+                  "0..n-1"),
     }
+    return {k: v for k, v in slips.items() if k != name}
 
 
 def _check_group_estimator(title, student_fn, reference, name):
@@ -342,8 +412,8 @@ def _check_group_estimator(title, student_fn, reference, name):
                 if torch.allclose(got, -want, atol=1e-5):
                     raise NotYet(f"on the case '{case}' your advantages have the opposite sign",
                                  "the advantage is the score minus the baseline: A = R - b, not b - R")
-                for slip, (A, what, slip_hint) in _group_slips(b, gi).items():
-                    if slip != name and torch.allclose(got, A, atol=1e-5):
+                for A, what, slip_hint in _group_slips(b, gi, name).values():
+                    if torch.allclose(got, A, atol=1e-4, rtol=1e-3):
                         raise NotYet(f"on the case '{case}' you computed {what}", slip_hint)
             _compare(got, want, case, hint or _FIRST_HINT[name])
         return (f"Matches otb.{name} with padding, interleaved groups, unequal sizes, singletons and "
@@ -385,9 +455,17 @@ def ex2c_rloo(student_fn):
 _REF_3 = {"otb.optimal_token_baseline": otb.optimal_token_baseline, "otb.action_aligned_otb": otb.action_aligned_otb}
 
 
+def _first_slip(got, slips, case):
+    """Raise NotYet for the first of ``slips`` ({what: (value, hint)}) that ``got`` equals (on its shape)."""
+    if isinstance(got, torch.Tensor):
+        for what, (value, hint) in slips.items():
+            if got.shape == value.shape and torch.allclose(got.double(), value.double(), atol=1e-5, rtol=1e-5):
+                raise NotYet(f"on the case '{case}' you computed {what}", hint)
+
+
 def ex3a_reward_to_go(student_fn):
     """student_fn(token_rewards, response_mask) -> G (B, T), 0 on padding."""
-    cases = [("outcome reward only", _batch([4, 4, 4], seed=20),
+    cases = [("outcome reward only", _batch([4, 4, 4], seed=20, outcome=[1, 0, 1]),
               "with a single outcome reward at the last token, G_t = R at every valid position"),
              ("dense token rewards", _batch([5, 5], seed=21, dense=True),
               "G_t = sum_{u >= t} r_u sums from t to the end: a reversed cumulative sum "
@@ -400,8 +478,26 @@ def ex3a_reward_to_go(student_fn):
         for case, b, hint in cases:
             want = otb.optimal_token_baseline(b["token_rewards"], b["response_mask"], [0] * len(b["log_probs"]),
                                               b["log_probs"], b["sum_pi_sq"])[1]
-            _compare(_call(student_fn, case, b["token_rewards"].clone(), b["response_mask"].clone(),
-                           references=_REF_3), want, case, hint)
+            got = _call(student_fn, case, b["token_rewards"].clone(), b["response_mask"].clone(),
+                        references=_REF_3)
+            if isinstance(got, torch.Tensor) and not torch.allclose(got.double(), want.double(), atol=1e-5):
+                m = b["response_mask"]
+                r = b["token_rewards"] * m  # r_t, (B, T)
+                _first_slip(got, {
+                    "G_t = sum_{u > t} r_u (the reward at t itself is left out: off by one)": (
+                        want - r, "G_t includes r_t: sum over u >= t, i.e. the reversed cumulative sum itself, "
+                                  "not shifted by one position"),
+                    "a cumulative sum from the start, sum_{u <= t} r_u": (
+                        r.cumsum(-1) * m, "the reward-to-go sums from t to the *end*: flip, cumsum, flip back"),
+                    "the reversed cumulative sum without flipping back": (
+                        r.flip(-1).cumsum(-1) * m, "after r.flip(-1).cumsum(-1), flip the result back with "
+                                                   ".flip(-1) so that position t holds sum_{u >= t} r_u"),
+                    "a sum that includes the junk in the padded rewards": (
+                        b["token_rewards"].flip(-1).cumsum(-1).flip(-1) * m,
+                        "mask the rewards (token_rewards * response_mask) *before* the cumulative sum: the "
+                        "padding on the right flows into every earlier G_t"),
+                }, case)
+            _compare(got, want, case, hint)
         return "Matches the returns of otb.optimal_token_baseline, padding included."
     return _verdict("Exercise 3a (reward-to-go G_t)", body)
 
@@ -413,12 +509,28 @@ def ex3b_realized_energy(student_fn):
 
     def body():
         for case, b in cases:
+            m = b["response_mask"]
             w = _autograd_token_energy(b["logits"], b["tokens"])  # w_t exactly, by autograd
-            want = (w * b["response_mask"]).cumsum(-1) * b["response_mask"]  # W_t on valid positions
-            got = _call(student_fn, case, b["log_probs"].clone(), b["sum_pi_sq"].clone(), b["response_mask"].clone(),
+            want = (w * m).cumsum(-1) * m  # W_t on valid positions
+            got = _call(student_fn, case, b["log_probs"].clone(), b["sum_pi_sq"].clone(), m.clone(),
                         references=_REF_3)
             if isinstance(got, torch.Tensor) and got.shape == want.shape:
-                got = got * b["response_mask"]  # padded positions are not compared
+                got = got * m  # padded positions are not compared
+                if not torch.allclose(got.double(), want, atol=1e-4):
+                    wm = w * m
+                    _first_slip(got, {
+                        "w_t itself, not its running sum": (
+                            wm, "W_t = w_0 + ... + w_t accumulates: w.cumsum(-1)"),
+                        "a running sum from the end, w_t + ... + w_{L-1}": (
+                            wm.flip(-1).cumsum(-1).flip(-1) * m,
+                            "W_t sums the energy *up to* t (the past), a plain cumsum(-1), not the reward-to-go's "
+                            "reversed sum"),
+                        "a cumulative sum over the rows (dim=0)": (
+                            wm.cumsum(0) * m, "accumulate over positions t (dim=-1), within each row"),
+                        "a running sum of (1 - pi(y_t))^2 (sum pi^2 left out)": (
+                            ((1 - b["log_probs"].exp()) ** 2 * m).cumsum(-1) * m,
+                            "w_t = 1 - 2 pi(y_t) + sum_k pi_k^2 (otb.token_energy(log_probs, sum_pi_sq))"),
+                    }, case)
             _compare(got, want, case, "W_t = w_0 + ... + w_t: a cumulative sum over positions (dim=-1) of the "
                      "token energy otb.token_energy(log_probs, sum_pi_sq)", atol=1e-4)
         return "W_t equals the running sum of squared logit-gradient norms computed by autograd."
@@ -447,12 +559,15 @@ _OTB_LOO_CASES = [(_OTB_CASES[0][:4] + (
      "with leave-one-out, a row whose group has no other active row at t gets B_t = 0"),
     ("tail of the longest row (no other row active)", [6, 2, 3], [0, 0, 0], {"dense": True},
      "at positions where no other row of the group is active, B_t = 0 (there is nothing to average)"),
+    ("a group whose tokens are all certain (w_t = 0)", [3, 3, 3], [0, 0, 0], {"certain": True},
+     "when the other rows' sum of W_t is 0 the eps = 1e-8 in the denominator keeps B_t = 0 / 1e-8 = 0; do not "
+     "drop it"),
 ]
 
 
 def _otb_slips(b, gi, leave_one_out):
-    """The advantages that the usual slips in 3c (weights other than W_t) and 3d (the row's own term
-    left in one of the two sums) give, {name: (A (B, T), what, hint)}. Computed on cases without
+    """The advantages that the usual slips in 3c and 3d (weights other than W_t; in 3d also the row's own
+    term left in one of the two sums) give, {name: (A (B, T), what, hint)}. Computed on cases without
     padding, singletons or certain tokens, where they all differ from the right answer."""
     m = b["response_mask"]
     G = (b["token_rewards"] * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t, (B, T)
@@ -462,26 +577,38 @@ def _otb_slips(b, gi, leave_one_out):
 
     def group_sum(x):  # sum over the rows of each row's group, (B, T)
         return torch.zeros(n_groups, x.shape[1]).index_add_(0, gid, x)[gid]
+    others = group_sum(m) - m  # other active rows of the group at t, (B, T)
 
     def adv(num, den):
-        return (G - num / (den + 1e-8)) * m  # A_t, (B, T)
+        B = num / (den + 1e-8)  # B_t, (B, T)
+        if leave_one_out:
+            B = torch.where(others > 0, B, 0.0)
+        return (G - B) * m  # A_t, (B, T)
+    weights = {
+        "an unweighted mean of G_t over the group": (
+            torch.ones_like(W), "B_t weighs each row by its realized energy W_t: sum_i G_t W_t m_t / "
+            "(sum_i W_t m_t + eps)"),
+        "weights w_t (this position's energy) instead of W_t": (
+            w, "W_t is the running sum w_0 + ... + w_t (your realized_energy of 3b), not w_t alone"),
+        "weights W_t^2 instead of W_t": (W ** 2, "weigh each row by W_t itself, not by its square"),
+        "weights 1 / W_t instead of W_t": (
+            1 / W, "W_t multiplies: rows that accumulated more energy pull B_t harder, "
+            "B_t = sum_i G_t W_t / (sum_i W_t + eps)"),
+    }
+    slips = {}
+    for what, (v, hint) in weights.items():
+        vm = v * m
+        if leave_one_out:  # the same weighting slip inside the leave-one-out sums
+            slips[what] = (adv(group_sum(G * vm) - G * vm, group_sum(vm) - vm), what + " (leave-one-out)", hint)
+        else:
+            slips[what] = (adv(group_sum(G * vm), group_sum(vm)), what, hint)
     if not leave_one_out:
-        weights = {
-            "an unweighted mean of G_t over the group": (
-                torch.ones_like(W), "B_t weighs each row by its realized energy W_t: sum_i G_t W_t m_t / "
-                "(sum_i W_t m_t + eps)"),
-            "weights w_t (this position's energy) instead of W_t": (
-                w, "W_t is the running sum w_0 + ... + w_t (your realized_energy of 3b), not w_t alone"),
-            "weights W_t^2 instead of W_t": (W ** 2, "weigh each row by W_t itself, not by its square"),
-            "weights 1 / W_t instead of W_t": (
-                1 / W, "W_t multiplies: rows that accumulated more energy pull B_t harder, "
-                "B_t = sum_i G_t W_t / (sum_i W_t + eps)"),
-        }
-        return {what: (adv(group_sum(G * v * m), group_sum(v * m)), what, hint) for what, (v, hint) in weights.items()}
+        return slips
     GW = G * W
-    return {
+    slips.update({
         "the row's own term left in both sums (the 3c baseline)": (
-            adv(group_sum(GW), group_sum(W)), "the row's own term left in both sums (that is 3c's baseline)",
+            (G - group_sum(GW) / (group_sum(W) + 1e-8)) * m,
+            "the row's own term left in both sums (that is 3c's baseline)",
             "leave row i out: subtract its own G_t W_t from the numerator and its own W_t from the denominator"),
         "the row's own term removed from the numerator only": (
             adv(group_sum(GW) - GW, group_sum(W)), "the row's own term removed from the numerator only",
@@ -489,27 +616,85 @@ def _otb_slips(b, gi, leave_one_out):
         "the row's own term removed from the denominator only": (
             adv(group_sum(GW), group_sum(W) - W), "the row's own term removed from the denominator only",
             "subtract the row's own G_t^i W_t^i from the numerator as well: sum_j G_t W_t - G_t^i W_t^i"),
-    }
+    })
+    return slips
 
 
-def ex3c_optimal_token_baseline(student_fn, leave_one_out=False):
-    """student_fn(token_rewards, response_mask, group_index, log_probs, sum_pi_sq[, leave_one_out]) -> A (B, T)."""
+def _quietly(check_fn, *args, **kwargs):
+    """Run another check without printing; returns (ok, the first 'problem:' line it would print)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        ok = check_fn(*args, **kwargs)
+    problem = next((line.split("problem:", 1)[1].strip() for line in buf.getvalue().splitlines()
+                    if "problem:" in line), "")
+    return ok, problem
+
+
+def _earlier_parts(parts):
+    """Raise NotYet naming the first earlier exercise in ``parts`` [(label, name, check, fn, args)] whose
+    own check fails: a later check that uses it would otherwise blame the later step."""
+    for label, name, check_fn, fn, args in parts:
+        if fn is None:
+            continue
+        ok, problem = _quietly(check_fn, fn, *args)
+        if not ok:
+            raise NotYet(f"your {name} ({label}), which this exercise uses, is not yet correct: {problem}",
+                         f"fix {label} first (run its check cell: it says what differs and why), then run this "
+                         f"check again")
+
+
+_EPS_HINT = {
+    False: "0 / 0 where every row's W_t is 0 (certain tokens): keep eps = 1e-8 in the denominator, "
+           "B_t = sum_i G_t W_t m_t / (sum_i W_t m_t + eps)",
+    True: "0 / 0: B_t^(-i) divides by the *other* rows' energy, which is 0 where no other row of the group is "
+          "active at t (a singleton, the tail of the longest row) or where their tokens are all certain. Keep "
+          "eps in the denominator, and set B_t^(-i) = 0 where no other row is active: "
+          "torch.where(others > 0, num / (den + eps), 0.0) with others = mg.sum(0) - mg",
+}
+
+
+def ex3c_optimal_token_baseline(student_fn, leave_one_out=False, reward_to_go=None, realized_energy=None):
+    """student_fn(token_rewards, response_mask, group_index, log_probs, sum_pi_sq[, leave_one_out]) -> A (B, T).
+
+    reward_to_go, realized_energy: the student's 3a and 3b, if given; when the baseline is not yet right
+    and one of them fails its own check, the verdict says to fix that one first."""
     cases = _OTB_LOO_CASES if leave_one_out else _OTB_CASES
     extra = {"leave_one_out": True} if leave_one_out else {}
 
-    def body():
+    def cases_body():
         for k, (case, lengths, gi, opts, hint) in enumerate(cases):
             b = _batch(lengths, seed=30 + k, **opts)
             args = (b["token_rewards"], b["response_mask"], gi, b["log_probs"], b["sum_pi_sq"])
             want = otb.optimal_token_baseline(*args, **extra)[0]
             got = _call(student_fn, case, *(a.clone() if isinstance(a, torch.Tensor) else a for a in args),
                         references=_REF_3, **extra)
-            if k == 0 and isinstance(got, torch.Tensor) and got.shape == want.shape and \
+            if isinstance(got, torch.Tensor) and got.shape == want.shape and \
                     not torch.allclose(got, want, atol=1e-4, rtol=1e-4):
-                for A, what, slip_hint in _otb_slips(b, gi, leave_one_out).values():
-                    if torch.allclose(got, A, atol=1e-4, rtol=1e-4):
-                        raise NotYet(f"on the case '{case}' you computed {what}", slip_hint)
+                m = b["response_mask"]
+                if not torch.isfinite(got).all():
+                    bad = tuple((~torch.isfinite(got)).nonzero()[0].tolist())
+                    raise NotYet(f"on the case '{case}' your advantage is {got[bad].item()} at index {bad}",
+                                 _EPS_HINT[leave_one_out])
+                if torch.allclose(got, -want, atol=1e-4, rtol=1e-4):
+                    raise NotYet(f"on the case '{case}' your advantages have the opposite sign",
+                                 "the advantage is the return minus the baseline: A_t = G_t - B_t")
+                if torch.allclose(got * m, want, atol=1e-4, rtol=1e-4):
+                    raise NotYet(f"on the case '{case}' your advantages are right on valid tokens but not 0 on "
+                                 f"padding", "multiply A_t = G_t - B_t by response_mask: B_t is shared by the "
+                                 "group and is not 0 where this row has ended")
+                if k == 0:
+                    for A, what, slip_hint in _otb_slips(b, gi, leave_one_out).values():
+                        if torch.allclose(got, A, atol=1e-4, rtol=1e-4):
+                            raise NotYet(f"on the case '{case}' you computed {what}", slip_hint)
             _compare(got, want, case, hint, atol=1e-4, rtol=1e-4)
+
+    def body():
+        try:
+            cases_body()
+        except NotYet:
+            _earlier_parts([("3a", "reward_to_go", ex3a_reward_to_go, reward_to_go, ()),
+                            ("3b", "realized_energy", ex3b_realized_energy, realized_energy, ())])
+            raise
         what = "leave_one_out=True" if leave_one_out else "the default (own row included)"
         return f"Matches otb.optimal_token_baseline with {what} on every case."
     title = "Exercise 3d (leave-one-out OTB)" if leave_one_out else "Exercise 3c (the Optimal Token Baseline)"
@@ -556,6 +741,12 @@ def ex4a_batch_gradients(student_fn, en):
                     want.abs().max() > 0 and torch.allclose(got, N * want, rtol=1e-9, atol=1e-12):
                 raise NotYet(f"on the case '{case}' your gradients are N = {N} times too large",
                              "g_hat is the *mean* over the N responses of a group, not the sum")
+            if isinstance(got, torch.Tensor) and got.shape == want.shape and N > 1 and groups > 1:
+                g = torch.einsum("bt,btp->bp", A, en.scores[rows])  # (G*N, P)
+                if torch.allclose(got, g.reshape(N, groups, -1).mean(0), rtol=1e-9, atol=1e-12):
+                    raise NotYet(f"on the case '{case}' you averaged rows that belong to different groups",
+                                 "rows are stored group after group (rows 0..N-1 are the first group): "
+                                 "reshape(groups, N, P) and average over dim 1, not reshape(N, groups, P)")
             _compare(got, want, case, "g(tau_i) = sum_t A_t^i s_t^i with s_t^i = en.scores[rows] (G*N, T, P); "
                      "then reshape to (groups, N, P) and average over the N responses of each group",
                      atol=1e-10, rtol=1e-8)
@@ -563,50 +754,94 @@ def ex4a_batch_gradients(student_fn, en):
     return _verdict("Exercise 4a (one gradient estimate per group)", body)
 
 
+def _pair(got, case):
+    """The (bias2, variance) pair a student's function returned, as floats; NotYet if it is not a pair."""
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        raise NotYet(f"on the case '{case}' your function returned {type(got).__name__} "
+                     f"{got if not isinstance(got, torch.Tensor) else tuple(got.shape)}",
+                     "return a pair of numbers: (bias2, variance)")
+    return tuple(float(x) for x in got)
+
+
+def _same(x, y):
+    return math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-15)
+
+
 def ex4b_bias_and_variance(student_fn):
-    """student_fn(g_hat, grad_J) -> (bias2, variance), compared with toy_harness.gradient_stats."""
-    import toy_env
+    """student_fn(g_hat, grad_J) -> (bias2, variance), compared with toy_harness.raw_stats."""
     import toy_harness
     g = torch.Generator().manual_seed(40)
     grad_J = torch.randn(6, generator=g, dtype=torch.float64)
     g_hat = grad_J + 0.3 + torch.randn(200, 6, generator=g, dtype=torch.float64)  # biased by 0.3 per coordinate
+    g = torch.Generator().manual_seed(42)  # unbiased estimates whose bias^2 estimate comes out below 0
+    grad_J0 = torch.randn(6, generator=g, dtype=torch.float64)
+    g_hat0 = grad_J0 + torch.randn(50, 6, generator=g, dtype=torch.float64)
+    cases = [("200 noisy estimates of a 6-dimensional gradient, biased by 0.3 per coordinate", g_hat, grad_J),
+             ("50 unbiased noisy estimates (the bias^2 estimate is negative here)", g_hat0, grad_J0)]
 
     def body():
-        case = "200 noisy estimates of a 6-dimensional gradient"
-        got = _call(student_fn, case, g_hat.clone(), grad_J.clone(), references=_ref_4(toy_harness))
-        if not (isinstance(got, (tuple, list)) and len(got) == 2):
-            raise NotYet(f"on the case '{case}' your function returned {type(got).__name__} "
-                         f"{got if not isinstance(got, torch.Tensor) else tuple(got.shape)}",
-                         "return a pair of numbers: (bias2, variance)")
-        bias2, variance = (float(x) for x in got)
-        want = toy_harness.gradient_stats(g_hat, grad_J)[0]
-        G = g_hat.shape[0]
-        dev_sq = ((g_hat - g_hat.mean(0)) ** 2).sum()
-        naive_bias2 = ((g_hat.mean(0) - grad_J) ** 2).sum().item()
-        if math.isclose(variance, dev_sq.item() / G, rel_tol=1e-9):
-            raise NotYet(f"your variance {variance:.6g} divides by G = {G}, expected {want['variance']:.6g}",
-                         "the unbiased estimate of tr Cov divides the sum of squared deviations by G - 1")
-        if not math.isclose(variance, want["variance"], rel_tol=1e-9):
-            raise NotYet(f"your variance is {variance:.6g}, expected {want['variance']:.6g}",
-                         "variance = tr Cov(g_hat) = sum over coordinates of the sample variance over groups")
-        if math.isclose(bias2, naive_bias2, rel_tol=1e-9):
-            raise NotYet(f"your bias2 {bias2:.6g} is ||mean g_hat - grad J||^2 itself, expected "
-                         f"{want['bias2']:.6g}",
-                         "even an unbiased estimator gives ||mean - grad J||^2 > 0 with finite G: its "
-                         "expectation is ||bias||^2 + variance / G, so subtract variance / G")
-        if not math.isclose(bias2, want["bias2"], rel_tol=1e-9):
-            raise NotYet(f"your bias2 is {bias2:.6g}, expected {want['bias2']:.6g}",
-                         "bias2 = ||mean over groups of g_hat - grad J||^2 - variance / G")
-        return "Matches toy_harness.gradient_stats (bias^2 with the Monte Carlo excess removed, unbiased variance)."
+        for case, gh, gj in cases:
+            bias2, variance = _pair(_call(student_fn, case, gh.clone(), gj.clone(), references=_ref_4(toy_harness)),
+                                    case)
+            want = toy_harness.raw_stats(gh, gj)[0]
+            G = gh.shape[0]
+            dev_sq = ((gh - gh.mean(0)) ** 2).sum().item()
+            naive_bias2 = ((gh.mean(0) - gj) ** 2).sum().item()
+            if _same(bias2, want["variance"]) and _same(variance, want["bias2"]):
+                raise NotYet(f"on the case '{case}' you returned (variance, bias2)",
+                             "return the pair in the order (bias2, variance)")
+            if _same(variance, dev_sq / G):
+                raise NotYet(f"on the case '{case}' your variance {variance:.6g} divides by G = {G}, expected "
+                             f"{want['variance']:.6g}",
+                             "the unbiased estimate of tr Cov divides the sum of squared deviations by G - 1")
+            if _same(variance, want["variance"] / gh.shape[1]):
+                raise NotYet(f"on the case '{case}' your variance {variance:.6g} is the mean over the coordinates, "
+                             f"expected {want['variance']:.6g}",
+                             "variance = tr Cov: *sum* the sample variances over the P coordinates")
+            if not _same(variance, want["variance"]):
+                raise NotYet(f"on the case '{case}' your variance is {variance:.6g}, expected {want['variance']:.6g}",
+                             "variance = tr Cov(g_hat) = sum over coordinates of the sample variance over groups")
+            if _same(bias2, naive_bias2):
+                raise NotYet(f"on the case '{case}' your bias2 {bias2:.6g} is ||mean g_hat - grad J||^2 itself, "
+                             f"expected {want['bias2']:.6g}",
+                             "even an unbiased estimator gives ||mean - grad J||^2 > 0 with finite G: its "
+                             "expectation is ||bias||^2 + variance / G, so subtract variance / G")
+            if _same(bias2, naive_bias2 - variance):
+                raise NotYet(f"on the case '{case}' your bias2 {bias2:.6g} subtracts the whole variance, expected "
+                             f"{want['bias2']:.6g}",
+                             "the mean of G estimates has variance tr Cov / G: subtract variance / G")
+            if want["bias2"] < 0 and bias2 == 0.0:
+                raise NotYet(f"on the case '{case}' your bias2 is 0, expected {want['bias2']:.6g} (negative)",
+                             "do not clip bias2 at 0: the formula is an unbiased estimate of a square, and when "
+                             "the true bias is 0 it comes out negative about half the time; clipping makes it "
+                             "biased (always too large on average)")
+            if not _same(bias2, want["bias2"]):
+                raise NotYet(f"on the case '{case}' your bias2 is {bias2:.6g}, expected {want['bias2']:.6g}",
+                             "bias2 = ||mean over groups of g_hat - grad J||^2 - variance / G")
+        return ("Matches toy_harness.raw_stats (bias^2 with the Monte Carlo excess removed, negative values kept; "
+                "unbiased variance).")
     return _verdict("Exercise 4b (bias^2 and variance)", body)
 
 
-def ex4c_measure(student_fn, en, Ns=(2, 4, 8), groups=4000, seed=0):
+def _digits(x, y):
+    """x and y printed with enough significant digits to show that they differ."""
+    for d in range(6, 17):
+        a, b = f"{x:.{d}g}", f"{y:.{d}g}"
+        if a != b:
+            return a, b
+    return repr(x), repr(y)
+
+
+def ex4c_measure(student_fn, en, Ns=(2, 4, 8), groups=4000, seed=0, batch_gradients=None,
+                 bias_and_variance=None):
     """student_fn(en, name, N, groups, seed) -> (bias2, variance) for 'group_mean' and 'rloo'.
 
     Compared with toy_harness.measure on the same groups, then with the exact facts of Exercise 2:
     group mean = (N-1)/N x RLOO, so its variance is ((N-1)/N)^2 x RLOO's and its squared bias is
     ||grad J||^2 / N^2, while RLOO's is 0 (both within 4 standard errors).
+
+    batch_gradients, bias_and_variance: the student's 4a and 4b, if given; when a measurement differs and
+    one of them fails its own check, the verdict says to fix that one first instead of blaming the sampling.
     """
     import toy_env
     import toy_harness
@@ -626,8 +861,16 @@ def ex4c_measure(student_fn, en, Ns=(2, 4, 8), groups=4000, seed=0):
                 ref[name] = toy_harness.measure(en, Ns=(N,), groups=groups, seed=seed, names=[name])[0]
                 for k, key in enumerate(("bias2", "variance")):
                     if not math.isclose(got[name][k], ref[name][key], rel_tol=1e-6, abs_tol=1e-12):
-                        raise NotYet(f"on the case '{case}' your {key} is {got[name][k]:.6g}, toy_harness.measure "
-                                     f"gives {ref[name][key]:.6g} on the same groups",
+                        _earlier_parts([("4a", "batch_gradients", ex4a_batch_gradients, batch_gradients, (en,)),
+                                        ("4b", "bias_and_variance", ex4b_bias_and_variance, bias_and_variance, ())])
+                        if name == "rloo" and all(math.isclose(got[name][j], got["group_mean"][j], rel_tol=1e-9)
+                                                  for j in range(2)):
+                            raise NotYet(f"on the case '{case}' you returned the same numbers as for group_mean",
+                                         "use the estimator named by `name`: otb.ESTIMATORS[name](...)")
+                        yours, theirs = _digits(got[name][k], ref[name][key])
+                        raise NotYet(f"on the case '{case}' your {key} is {yours}, toy_harness.measure gives "
+                                     f"{theirs} on the same groups (relative difference "
+                                     f"{abs(got[name][k] / ref[name][key] - 1) if ref[name][key] else math.inf:.1e})",
                                      "sample with toy_harness.sample_groups(en, N, groups, "
                                      "torch.Generator().manual_seed(seed)), get advantages from "
                                      "otb.ESTIMATORS[name](**en.batch(rows), group_index=gid)[0], then use "
@@ -800,6 +1043,15 @@ def ex5c_action_aligned_otb(student_fn):
                 raise NotYet(f"on the case '{case}' you aligned the rows by position t",
                              "gather the actions to the left first (to_actions), run OTB over k, "
                              "scatter back")
+            if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.allclose(got, want, atol=1e-5):
+                m = b["response_mask"]
+                idx = torch.argsort(m == 0, dim=-1, stable=True)  # t_k, (B, T)
+                over_k = otb.optimal_token_baseline(*(x.gather(-1, idx) for x in args[:2]), gi,
+                                                    *(x.gather(-1, idx) for x in args[3:]), **extra)[0]  # A_k
+                if torch.allclose(got, over_k, atol=1e-5):
+                    raise NotYet(f"on the case '{case}' your advantages are indexed by action k, not by position t",
+                                 "scatter them back to the positions of the actions with from_actions(A_k, "
+                                 "response_mask): tool output and padding get 0")
             _compare(got, want, case, hint or "to_actions on token_rewards, log_probs and sum_pi_sq (same "
                      "idx), otb.optimal_token_baseline on (x_k, m_k), then from_actions on its advantages",
                      atol=1e-5, rtol=1e-5)
