@@ -295,3 +295,26 @@ def test_docs_tables_are_the_saved_results():
         for key, digits in tables:
             title = ("gain over group_mean" if key == "gain" else key) + f" ({policy})"
             assert th.markdown_table(rows, key, title, digits) in doc, (name, key)
+
+
+@pytest.mark.parametrize("name, policy", [("toy_table.json", "tabular"), ("toy_table_shared.json", "shared")])
+def test_committed_toy_tables_have_the_rows_and_keys_toy_harness_writes_today(name, policy):
+    # The committed tables must be regenerated when toy_harness.py gains or loses an estimator (or a
+    # column): their (estimator, N) rows and each row's keys must be what a run writes today. Only the
+    # row set and the keys are compared, not the numbers, which depend on the CPU's rounding.
+    saved = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "results" / name).read_text())
+    cfg, args = th.parse_args(["--policy", policy] if policy != "tabular" else [])
+    assert saved["config"] == {k: getattr(cfg, k) for k in saved["config"]} and set(saved["config"]) == set(
+        th.asdict(cfg)), "the committed table was made with another configuration than the documented command"
+    en = te.enumerate_toy(cfg)
+    names = list(th.make_estimators(en))
+    assert {(r["estimator"], r["N"]) for r in saved["rows"]} == {(e, N) for e in names for N in args.Ns}
+    assert len(saved["rows"]) == len(names) * len(args.Ns)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # as toy_harness.main runs it
+    try:
+        today = th.measure(en, Ns=[2], groups=50, replicates=20)
+    finally:
+        torch.set_default_dtype(previous)
+    keys = {frozenset(r) for r in today}
+    assert len(keys) == 1 and all(frozenset(r) in keys for r in saved["rows"])
