@@ -204,7 +204,8 @@ def _batch(lengths, T=None, V=11, scale=2.0, seed=0, dense=False, junk=None, cer
 # Exercise 1: sum pi^2 and the Logit-Gradient Proxy
 # =====================================================================================
 
-_REF_1A = {"otb.sum_pi_squared": otb.sum_pi_squared, "otb._sum_pi_squared_dense": otb._sum_pi_squared_dense}
+_REF_1A = {f"otb.{name}": getattr(otb, name) for name in dir(otb)  # sum_pi_squared and its helpers
+           if name.lstrip("_").startswith("sum_pi_squared") and callable(getattr(otb, name))}
 _REF_1B = {"otb.token_energy": otb.token_energy}
 
 

@@ -1,0 +1,93 @@
+"""Write a class copy of the project: everything a student needs, no answers.
+
+    python notebooks/exercises/handout.py /tmp/otb-class          # then share /tmp/otb-class
+    python notebooks/exercises/handout.py /tmp/otb-class --force  # replace an earlier copy
+
+The copy holds the project's files (those git tracks, plus new files it does not ignore; without git,
+every file except caches and runs) minus:
+
+* ``notebooks/exercises/solutions/`` (the answer keys and the catalogue of slips),
+* the teaching assistants' table and its generator (``ta_table.md``, ``ta_table.py``),
+* every test that holds working answers to the exercises (``tests/test_notebooks_exercises.py``, the
+  ``tests/test_notebooks_teaching_*.py`` files, and any other test that imports the solutions or slips),
+* in ``docs/teaching.md``, the text between ``<!-- BEGIN ANSWERS -->`` and ``<!-- END ANSWERS -->``
+  (the answers to the quiz and to the discussion questions).
+
+The blank notebooks, ``check.py`` and ``grade.py`` stay, so the copy grades: ``python
+notebooks/exercises/grade.py`` inside it works as in the full project.
+"""
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+
+LEFT_OUT = ("notebooks/exercises/solutions/", "notebooks/exercises/ta_table.md", "notebooks/exercises/ta_table.py",
+            "notebooks/exercises/backups/", "tests/test_notebooks_exercises.py", "tests/test_notebooks_teaching_")
+_ANSWERS = re.compile(r"<!-- BEGIN ANSWERS -->.*?<!-- END ANSWERS -->", re.DOTALL)
+_SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".ipynb_checkpoints", "runs", ".venv", "venv"}
+
+
+def project_files(root=ROOT):
+    """Relative paths of the project's files: git's tracked and unignored files, or a walk of the tree."""
+    try:
+        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=root,
+                             capture_output=True, text=True, check=True).stdout
+        return sorted({p for p in out.split("\0") if p and (root / p).is_file()})
+    except (OSError, subprocess.CalledProcessError):
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                      if p.is_file() and not _SKIP_DIRS.intersection(p.relative_to(root).parts))
+
+
+def holds_answers(rel, root=ROOT):
+    """True for a file the class copy leaves out."""
+    if rel.startswith(LEFT_OUT):
+        return True
+    if rel.startswith("tests/") and rel.endswith(".py"):
+        text = (root / rel).read_text(encoding="utf-8", errors="replace")
+        return "solutions" in text and "exercises" in text or "import slips" in text
+    return False
+
+
+def write(out, root=ROOT, force=False):
+    """Write the class copy into ``out``; returns the relative paths written."""
+    out = Path(out).resolve()
+    if out == root.resolve() or root.resolve() in out.parents:
+        raise SystemExit(f"handout.py: {out} is inside the project; choose a folder outside it")
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise SystemExit(f"handout.py: {out} is not empty (use --force to replace it)")
+        shutil.rmtree(out)
+    written = []
+    for rel in project_files(root):
+        if holds_answers(rel, root):
+            continue
+        target = out / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if rel == "docs/teaching.md":
+            text = (root / rel).read_text(encoding="utf-8")
+            target.write_text(_ANSWERS.sub("*The answers are in the lecturer's copy of the project.*", text),
+                              encoding="utf-8")
+        else:
+            shutil.copy2(root / rel, target)
+        written.append(rel)
+    return written
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", type=Path, help="the folder to write the class copy into (outside the project)")
+    parser.add_argument("--force", action="store_true", help="replace the folder if it is not empty")
+    args = parser.parse_args(argv)
+    written = write(args.out, force=args.force)
+    print(f"wrote {len(written)} files to {args.out.resolve()}: no solutions, no tests that hold answers. "
+          f"Students grade with: python notebooks/exercises/grade.py")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

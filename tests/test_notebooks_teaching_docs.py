@@ -1,0 +1,265 @@
+"""The teaching material says what the project measures: the answer keys take the project's position,
+docs/teaching.md quotes the numbers the notebooks print, the class copy leaks no answer and still grades,
+and the Colab setup cell runs a tutorial from outside the project."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXERCISES = ROOT / "notebooks" / "exercises"
+TEACHING = (ROOT / "docs" / "teaching.md").read_text()
+sys.path.insert(0, str(EXERCISES))
+
+import build  # noqa: E402
+import handout  # noqa: E402
+
+
+def _cells(name, folder=EXERCISES / "solutions"):
+    return nbformat.read(str(folder / name), as_version=4).cells
+
+
+def _solution_text(name, heading):
+    """The <!-- BEGIN SOLUTION --> block of the markdown cell that contains ``heading``."""
+    cell = next(c for c in _cells(name) if c.cell_type == "markdown" and heading in c.source)
+    return re.search(r"<!-- BEGIN SOLUTION -->(.*?)<!-- END SOLUTION -->", cell.source, re.DOTALL).group(1)
+
+
+def _flat(text):
+    return " ".join(text.split())
+
+
+# =====================================================================================
+# 1. The keys carry the project's position (notebook 01 section 7, Exercise 4, docs/toy_bandit.md)
+# =====================================================================================
+
+def test_the_4d_and_2c_keys_say_the_two_estimators_have_the_same_normalised_variance():
+    for name, heading in (("04_bias_variance_toy.ipynb", "## 4d."), ("02_group_baselines.ipynb", "**Question.**")):
+        key = _flat(_solution_text(name, heading))
+        assert "same normalised variance" in key, name
+        assert "rewards shrink" in key or "shrinkage" in key or "shrunk" in key, name
+        assert "what matters is the error of the update" not in key and "so it is *smaller*" not in key, name
+
+
+def test_exercise_3_no_longer_says_otb_is_biased_like_the_group_mean():
+    text = _flat("\n".join(c.source for c in _cells("03_optimal_token_baseline.ipynb")))
+    assert "exactly as in the group mean" not in text and "O(1/N)" not in text
+    assert "falls much more slowly than the group mean's 1/N" in text
+
+
+def test_otb_docstring_after_the_proposed_fix_says_the_bias_falls_more_slowly():
+    """Passes once otb.py's sentence "biased by O(1/N), like GRPO's mean" is replaced as proposed in #42."""
+    import otb
+    doc = _flat(otb.__doc__)
+    assert "biased by O(1/N), like GRPO's mean" not in doc
+    assert "more slowly than 1/N" in doc
+
+
+def test_exercise_4s_going_further_quotes_what_its_cell_prints():
+    """The numbers of 'What you should see' against the output of the cell under it, run here."""
+    import toy_env
+    import toy_harness
+    cells = _cells("04_bias_variance_toy.ipynb")
+    k = next(i for i, c in enumerate(cells) if "**What you should see**" in c.source)
+    text, code = _flat(cells[k].source), cells[k + 1].source
+    en = toy_env.enumerate_toy(toy_env.ToyConfig())
+    printed = []
+    exec(code, {"en": en, "toy_harness": toy_harness, "print": lambda *a, **kw: printed.append(" ".join(map(str, a)))})
+    rows = {}
+    for line in printed:
+        n, est, b2, nvar = re.match(r"N = (\d+)\s+(\w+)\s+bias\^2 / \|\|grad J\|\|\^2 =\s+(\S+) .* nvar =\s+(\S+)",
+                                    line).groups()
+        rows[int(n), est] = float(b2), float(nvar)
+    quoted = ", ".join(f"{rows[n, 'otb'][0]:.2f}" for n in (2, 4, 8))
+    assert f"about {quoted}" in text, (quoted, text)
+    assert f"nvar about {rows[2, 'otb'][1]:.0f} against {rows[2, 'group_mean'][1]:.0f}" in text, rows
+
+
+# =====================================================================================
+# 2. teaching.md and notebook 01 quote what the notebook prints and what the committed run holds
+# =====================================================================================
+
+def _notebook_01_outputs():
+    nb = nbformat.read(str(ROOT / "notebooks" / "01_toy_bandit.ipynb"), as_version=4)
+    return "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def _class_rows():
+    """{step number: 'what you should see' cell} of teaching.md's table of the two-hour class."""
+    rows = {}
+    for line in TEACHING.splitlines():
+        cells = [c.strip() for c in re.split(r" \| ", line.strip().strip("|"))]  # not the | of ||grad J||
+        if len(cells) == 5 and cells[0].isdigit():
+            rows[int(cells[0])] = cells[4]
+    return rows
+
+
+_NUMBER = re.compile(r"(?<![\w.])(\d+\.\d+(?:e[+-]\d+)?|\d+e-\d+)")
+
+
+@pytest.mark.parametrize("step", [1, 2, 7])
+def test_teaching_md_quotes_what_notebook_01_prints(step):
+    cell = _class_rows()[step]
+    notebook_part = re.sub(r"\(2,000 groups per point; the committed run[^)]*\)", "", cell)
+    numbers = _NUMBER.findall(notebook_part)
+    assert len(numbers) >= 3, cell
+    outputs = _notebook_01_outputs()
+    missing = [x for x in numbers if not re.search(rf"(?<![\d.]){re.escape(x)}(?!\d)", outputs)]
+    assert not missing, (missing, cell)
+
+
+def _toy_table():
+    rows = json.loads((ROOT / "benchmarks" / "results" / "toy_table.json").read_text())["rows"]
+    return {(r["estimator"], r["N"]): r for r in rows}
+
+
+def _interval(r, key):
+    return f"{r[key]:.2f} [{r[key + '_lo']:.2f}, {r[key + '_hi']:.2f}]"
+
+
+def test_the_committed_run_numbers_in_teaching_md_and_notebook_01_are_toy_table_json():
+    t = _toy_table()
+    committed = f"the committed run with 10,000: {t['otb', 2]['alpha']:.2f}, {t['otb', 2]['gain']:.2f}, " \
+                f"{t['otb', 32]['gain']:.2f})"
+    assert committed in _class_rows()[7]
+    nb = nbformat.read(str(ROOT / "notebooks" / "01_toy_bandit.ipynb"), as_version=4)
+    text = _flat("\n".join(c.source for c in nb.cells if c.cell_type == "markdown"))
+    for quoted in (f"{_interval(t['otb', 2], 'gain')} at $N=2$", f"{_interval(t['otb', 4], 'gain')} at $N=4$",
+                   f"{_interval(t['otb', 32], 'gain')} at $N=32$",
+                   f"$\\alpha \\approx {t['otb', 2]['alpha']:.2f}$ at $N=2$, ${t['otb', 4]['alpha']:.2f}$ at $N=4$, "
+                   f"${t['otb', 32]['alpha']:.2f}$ at $N=32$"):
+        assert quoted in text, quoted
+    zt = [t['otb_zero_tail', n]['alpha'] for n in (2, 4, 8, 16, 32)]
+    assert f"$\\alpha$ {min(zt):.2f}-{max(zt):.2f} in the committed run" in text
+    for n in (8, 16):  # "not resolved at N = 8 and 16 (the intervals contain 1)"
+        assert t['otb', n]['gain_lo'] < 1 < t['otb', n]['gain_hi']
+
+
+def test_notebook_01_section_5_calls_a_variance_a_variance():
+    nb = nbformat.read(str(ROOT / "notebooks" / "01_toy_bandit.ipynb"), as_version=4)
+    k = next(i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and "OTB's population baseline" in c.source
+             and "one-sample" in c.source)
+    text, printed = _flat(nb.cells[k].source), "".join(o.get("text", "") for o in nb.cells[k - 1].outputs)
+    assert "baseline lands close to the exact optimum" not in text
+    for x in re.findall(r"\d+\.\d+", text):
+        assert x in printed, x  # every number of the sentence is printed by the cell above it
+    otb6, opt6 = re.search(r"\(OTB, population\): \[.* (\S+)\]\n.*\(exact optimum\)\s+: \[.* (\S+)\]", printed).groups()
+    assert 2.5 < float(otb6) / float(opt6) < 3.5 and "about 3x" in text
+
+
+def test_the_path_of_the_two_hour_class_has_no_rough_edges():
+    ex1 = _flat(_cells("01_sum_pi_squared.ipynb")[-1].source)
+    assert "straight to Exercise 3" in ex1
+    ex3 = _flat(_cells("03_optimal_token_baseline.ipynb")[0].source)
+    assert "five minutes of lecture" in ex3
+    assert "Exercises 1 and 3 in class" in TEACHING and "which Exercise 3 assumes" in TEACHING
+
+
+def test_teaching_md_has_a_quiz_with_answers_an_answer_key_policy_and_the_ta_table():
+    quiz = TEACHING[TEACHING.index("## A short quiz"):]
+    questions = re.findall(r"^(\d)\. .*\?$", quiz[:quiz.index("<!-- BEGIN ANSWERS -->")], re.MULTILINE)
+    answers = re.findall(r"^(\d)\. ", quiz[quiz.index("<!-- BEGIN ANSWERS -->"):quiz.index("<!-- END ANSWERS -->")],
+                         re.MULTILINE)
+    assert 5 <= len(questions) <= 8 and answers == questions
+    assert "**Answer-key policy.**" in TEACHING and "ta_table.md" in TEACHING
+
+
+# =====================================================================================
+# 3. The class copy: no answers, and it grades
+# =====================================================================================
+
+def _solution_blocks():
+    """Every answer block of every solution notebook, whitespace-flattened."""
+    blocks = []
+    for path in sorted((EXERCISES / "solutions").glob("*.ipynb")):
+        for cell in nbformat.read(str(path), as_version=4).cells:
+            blocks += re.findall(r"### BEGIN SOLUTION[^\n]*\n(.*?)### END SOLUTION", cell.source, re.DOTALL)
+            blocks += re.findall(r"<!-- BEGIN SOLUTION -->(.*?)<!-- END SOLUTION -->", cell.source, re.DOTALL)
+    return [_flat(b) for b in blocks if len(_flat(b)) > 40]
+
+
+@pytest.fixture(scope="module")
+def class_copy(tmp_path_factory):
+    out = tmp_path_factory.mktemp("otb-class")
+    assert handout.main([str(out), "--force"]) == 0
+    return out
+
+
+def test_the_class_copy_holds_no_solution_and_no_test_with_answers(class_copy):
+    files = [p for p in class_copy.rglob("*") if p.is_file()]
+    rel = {str(p.relative_to(class_copy)) for p in files}
+    assert "otb.py" in rel and "notebooks/exercises/check.py" in rel and "notebooks/exercises/grade.py" in rel
+    assert {f"notebooks/exercises/{p.name}" for p in (EXERCISES / "solutions").glob("*.ipynb")} <= rel
+    assert not any(r.startswith("notebooks/exercises/solutions") for r in rel)
+    assert not any(r.startswith(("tests/test_notebooks_exercises", "tests/test_notebooks_teaching_")) for r in rel)
+    assert not any("ta_table" in r for r in rel)
+    blocks = _solution_blocks()
+    assert len(blocks) >= 15
+    for path in files:
+        text = _flat(path.read_text(errors="replace")) if path.suffix in (".py", ".md", ".ipynb", ".json", ".txt") \
+            else ""
+        if path.suffix == ".ipynb":
+            text = _flat("\n".join(c.source for c in nbformat.reads(path.read_text(), as_version=4).cells))
+        leaked = [b[:60] for b in blocks if b in text]
+        assert not leaked, (path, leaked)
+    teaching = (class_copy / "docs" / "teaching.md").read_text()
+    assert "BEGIN ANSWERS" not in teaching and "A short quiz" in teaching
+    assert "Answers, for the lecturer" not in teaching and "1.19 against 0.15" not in teaching
+
+
+def test_the_class_copy_grades_a_correct_answer(class_copy, tmp_path):
+    sol = build.clean(nbformat.read(str(EXERCISES / "solutions" / "01_sum_pi_squared.ipynb"), as_version=4))
+    (tmp_path / "mine_01.ipynb").write_text(build._dumps(sol))  # a student's correct answers
+    env = {k: v for k, v in os.environ.items() if k != "OTB_ROOT"}
+    out = subprocess.run([sys.executable, str(class_copy / "notebooks" / "exercises" / "grade.py"),
+                          str(tmp_path / "mine_01.ipynb")], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and "2 of 2 checks correct" in out.stdout, out.stdout + out.stderr
+
+
+def test_handout_refuses_a_folder_inside_the_project_or_one_that_is_not_empty(tmp_path):
+    with pytest.raises(SystemExit):
+        handout.write(ROOT / "notebooks" / "class_copy")
+    (tmp_path / "something").write_text("x")
+    with pytest.raises(SystemExit):
+        handout.write(tmp_path)
+
+
+# =====================================================================================
+# 4. The Colab / JupyterHub setup cell, run from outside the project
+# =====================================================================================
+
+def test_teaching_md_shows_the_setup_cell_as_it_is_stored():
+    assert (EXERCISES / "colab_setup.py").read_text() in TEACHING
+
+
+def test_the_setup_cell_runs_a_tutorial_from_a_copy_outside_the_project(tmp_path, monkeypatch):
+    """As in Colab: the notebook alone in a folder, the setup cell first. OTB_REPO is this repository
+    (a local clone: nothing is downloaded) and pip is told not to use an index, so it only confirms
+    that requirements.txt is satisfied."""
+    from nbclient import NotebookClient
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout: nothing to clone")
+    monkeypatch.delenv("OTB_ROOT", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OTB_REPO", str(ROOT))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    work = tmp_path / "upload"
+    work.mkdir()
+    nb = nbformat.read(str(ROOT / "notebooks" / "01_toy_bandit.ipynb"), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for c in code:
+        c.outputs = []
+    first = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+    nb.cells = nb.cells[:first] + [nbformat.v4.new_code_cell((EXERCISES / "colab_setup.py").read_text())] + \
+        nb.cells[first:first + 4]  # the setup cell, the tutorial's first cell and section 1
+    (work / "01_toy_bandit.ipynb").write_text(nbformat.writes(nb))
+    NotebookClient(nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
+    out = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "the OTB project is in" in out and str(tmp_path / "home" / "otb") in out
+    assert "255 responses" in out and "max |autograd grad J - E[R S]|" in out
+    assert (tmp_path / "home" / "otb" / "otb.py").is_file()
