@@ -44,16 +44,16 @@ which needs only the forward pass. sum_k pi_k^2 = exp(logsumexp(2z) - 2 logsumex
 hidden-state factor and all earlier layers). Mathematically 0 <= w_t <= 2.
 
 Departures and choices (all matching the widely used verl implementation unless noted)
-- The row's own return is inside its baseline (6): biased by O(1/N), like GRPO's mean.
+- The row's own return is inside its baseline (6), so the gradient is biased, as with GRPO's
+  mean, but the row weighs W_t^i / sum_j W_t^j m_t^j in it, not 1/N (up to 1 where it runs alone):
+  on the toy the bias falls much more slowly than 1/N (docs/toy_bandit.md).
   ``leave_one_out=True`` drops the row's own term: unbiased; B = 0 where no other row of the
   group is active. (This variant is ours; verl has no leave-one-out OTB.)
 - Singleton groups get B = 0 (the advantage is the return itself).
 - Importance weights rho_t (``is_weights``) multiply w_t by rho_t^2.
-- ``zero_tail=True``: where only one row of a group is still active its baseline would be its
-  own return (advantage ~ 0); zero tail sets B = 0 there instead. verl 0.9.1 always runs with it
-  on: both of its OTB functions default to ``handle_zero_tail=True`` and its trainer never passes
-  the argument. Here it is off by default (the measurements behind that: docs/toy_bandit.md,
-  docs/variance.md); ``otb_zero_tail`` and ``otb_tir_zero_tail`` are verl's behaviour.
+- ``zero_tail=True``: where only one row of a group is still active, B = 0 instead of its own
+  return (advantage ~ 0). verl 0.9.1 always runs with it on (``handle_zero_tail=True``); here it is
+  off by default (why: docs/toy_bandit.md, docs/variance.md); ``otb_zero_tail`` is verl's behaviour.
 - w_t is clamped to [0, 2]: rounding can push (7) a hair below 0 for confident tokens.
 - sum pi^2 is computed in float32 even for bf16 logits (float64 stays float64): in bf16 the
   difference in (7) can go negative.
@@ -69,16 +69,8 @@ group_index) raises a ValueError naming the argument; padded positions may hold 
 (nested) lists are accepted wherever a tensor is. The forward-only variance diagnostics built on
 (7) live in ``diagnostics.py``.
 
-Tool output inside a response: OTB aligned by action
-----------------------------------------------------
-Tool output that the environment inserts into a response has m_t = 0 inside the row (holes).
-``action_aligned_otb`` (``ESTIMATORS["otb_tir"]``) pools a group's rows by the policy's own
-tokens instead of by position t, with
-
-    k_t = sum_{j<=t} m_j - 1                    (8) the index of token t among the row's actions
-
-applying (1)-(6) over k and giving token t the advantage A_{k_t}. Why, an example, and how it
-matches verl's multi-turn estimator: docs/tool_use.md.
+Tool output inside a response (holes, m_t = 0 inside a row) is handled by ``action_aligned_otb``,
+which applies (1)-(6) over the policy's own tokens (eq. 8 in its docstring).
 """
 import math
 import numbers
@@ -90,29 +82,31 @@ import torch
 # The Logit-Gradient Proxy, eq. (7)
 # =====================================================================================
 
-def _sum_pi_squared_dense(z):
-    """exp(logsumexp(2z) - 2 logsumexp(z)) over the last dimension, (..., V) -> (...).
-
-    Shifting z by its max changes neither logsumexp difference, and then the expression is
-    sum_k e_k^2 / (sum_k e_k)^2 with e_k = exp(z_k - max z) in [0, 1]: both sums lie in
-    [1, V], so nothing overflows, and there is no subtraction of two large logsumexps to lose
-    float32 digits (LM logits often sit around +40).
-    """
-    e = (z - z.amax(dim=-1, keepdim=True)).exp()  # e_k = exp(z_k - max z), (..., V)
-    return torch.linalg.vecdot(e, e) / e.sum(dim=-1).square()  # sum e^2 / (sum e)^2
-
-
 def sum_pi_squared(logits, chunk_size=None):
-    """sum_k softmax(z)_k^2 over the last dimension, computed stably in float32.
+    """sum_k softmax(z)_k^2 over the last dimension, (..., V) -> (...), in float32 (float64 stays float64).
 
-    Uses exp(logsumexp(2z) - 2 logsumexp(z)), evaluated after shifting z by its max (see
-    _sum_pi_squared_dense). float64 input stays float64; every other dtype (bf16, fp16, fp32)
-    is computed and returned in float32. Shape: (..., V) -> (...). A logit of -inf (a token
-    masked out of the vocabulary) is fine; NaN, +inf or a vector of only -inf is an error.
-
-    ``chunk_size``: logit vectors (rows of the (N, V) view) per chunk, so the temporaries are
-    bounded by one chunk instead of the whole (B, T, V) tensor; None: all at once.
+    Computed as sum_k e_k^2 / (sum_k e_k)^2 with e_k = exp(z_k - max z), which equals
+    exp(logsumexp(2z) - 2 logsumexp(z)): every e_k lies in [0, 1] and both sums in [1, V], so nothing
+    overflows and no two large logsumexps are subtracted (LM logits often sit around +40). A logit
+    of -inf (a token masked out) is fine; NaN, +inf or only -inf in a vector is a ValueError.
+    ``chunk_size``: logit vectors per chunk, bounding the temporaries by one chunk (None: all at once).
     """
+    if chunk_size is not None or not isinstance(logits, torch.Tensor) or logits.dim() == 0 or logits.shape[-1] == 0:
+        return _sum_pi_squared_checked(logits, chunk_size)  # a list, chunks, or the error
+    spp = _spp(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32))  # (...)
+    if not torch.isfinite(spp).all():  # checked after the maths: one reduction
+        _not_finite(spp)
+    return spp
+
+
+def _spp(z):
+    """sum e^2 / (sum e)^2 with e = exp(z - max z) over the last dimension, (..., V) -> (...)."""
+    e = (z - z.amax(dim=-1, keepdim=True)).exp()  # e_k = exp(z_k - max z), (..., V)
+    return torch.linalg.vecdot(e, e) / e.sum(dim=-1).square()
+
+
+def _sum_pi_squared_checked(logits, chunk_size):
+    """sum_pi_squared of a list, or chunk by chunk: the input checked, then ``_spp`` per chunk."""
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
     z = _as_tensor("logits", logits)
@@ -121,16 +115,21 @@ def sum_pi_squared(logits, chunk_size=None):
     dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
     rows = z.reshape(-1, z.shape[-1])  # one logit vector per row, (N, V)
     chunks = rows.split(chunk_size or max(len(rows), 1))  # a loop over memory chunks only
-    spp = torch.cat([_sum_pi_squared_dense(chunk.to(dtype)) for chunk in chunks])  # (N,)
-    if not torch.isfinite(spp).all():  # checked after the maths: one reduction over (N,)
-        index = tuple((~torch.isfinite(spp)).reshape(z.shape[:-1]).nonzero()[0].tolist())
-        raise ValueError(f"logits must be finite (NaN, +inf or only -inf in the vector at index {index})")
-    return spp.reshape(z.shape[:-1])
+    spp = torch.cat([_spp(chunk.to(dtype)) for chunk in chunks]).reshape(z.shape[:-1])  # (...)
+    if not torch.isfinite(spp).all():
+        _not_finite(spp)
+    return spp
+
+
+def _not_finite(spp):
+    index = tuple((~torch.isfinite(spp)).nonzero()[0].tolist())
+    raise ValueError(f"logits must be finite (NaN, +inf or only -inf in the vector at index {index})")
 
 
 def token_energy(log_probs, sum_pi_sq):
     """w_t = 1 - 2 pi(y_t) + sum_k pi_k^2, eq. (7), clamped to [0, 2]. Both inputs the same shape."""
-    log_probs, sum_pi_sq = _as_tensor("log_probs", log_probs), _as_tensor("sum_pi_sq", sum_pi_sq)
+    log_probs, sum_pi_sq = (v if isinstance(v, torch.Tensor) else _as_tensor(name, v)
+                            for name, v in (("log_probs", log_probs), ("sum_pi_sq", sum_pi_sq)))
     if log_probs.shape != sum_pi_sq.shape:
         raise ValueError(f"sum_pi_sq has shape {tuple(sum_pi_sq.shape)} but log_probs has shape "
                          f"{tuple(log_probs.shape)}")
@@ -238,6 +237,15 @@ def action_aligned_otb(token_rewards, response_mask, group_index, log_probs, sum
                        is_weights=None, **options):
     """OTB over k, the index of each token among its row's actions, eq. (8); scattered back to t.
 
+    Tool output that the environment inserts into a response has m_t = 0 inside the row (holes).
+    This estimator (``ESTIMATORS["otb_tir"]``) pools a group's rows by the policy's own tokens
+    instead of by position t, with
+
+        k_t = sum_{j<=t} m_j - 1                    (8) the index of token t among the row's actions
+
+    applying (1)-(6) over k and giving token t the advantage A_{k_t}. Why, an example, and how it
+    matches verl's multi-turn estimator: docs/tool_use.md.
+
     The same inputs, options (leave_one_out, zero_tail, eps) and outputs as optimal_token_baseline;
     response_mask may have holes (0 on tool output inside a response). Returns (advantages,
     returns), both (B, T), 0 at masked positions. Without holes it is optimal_token_baseline.
@@ -273,20 +281,25 @@ ESTIMATORS = {
 # =====================================================================================
 
 def group_ids(group_index, batch):
-    """Map one prompt id per row (any hashables, or an integer tensor) to ids 0..n_groups-1.
+    """Map one prompt id per row (an integer tensor, or any hashables) to ids 0..n_groups-1.
 
     Returns (gid, n_groups) with gid a (B,) long tensor. Groups may be interleaved.
     """
+    if not isinstance(group_index, torch.Tensor) or group_index.dim() != 1 or group_index.is_floating_point():
+        return _sequence_group_ids(group_index, batch)  # a list of ids, or an error naming the input
+    if len(group_index) != batch:
+        raise ValueError(f"group_index has {len(group_index)} entries but the batch has {batch} rows")
+    uniq, gid = torch.unique(group_index, return_inverse=True)
+    return gid.long(), len(uniq)
+
+
+def _sequence_group_ids(group_index, batch):
+    """group_ids of a sequence of hashable ids (in order of first appearance), or the error."""
     if isinstance(group_index, (str, bytes)):  # a string is one id, not one id per character
         raise ValueError(f"group_index must hold one prompt id per row, got the string {group_index!r}")
     if isinstance(group_index, torch.Tensor):
-        if group_index.dim() != 1 or group_index.is_floating_point():
-            raise ValueError(f"group_index must be a 1-D integer tensor or a sequence of ids, "
-                             f"got a tensor of shape {tuple(group_index.shape)} and dtype {group_index.dtype}")
-        if len(group_index) != batch:
-            raise ValueError(f"group_index has {len(group_index)} entries but the batch has {batch} rows")
-        uniq, gid = torch.unique(group_index, return_inverse=True)
-        return gid.long(), len(uniq)
+        raise ValueError(f"group_index must be a 1-D integer tensor or a sequence of ids, "
+                         f"got a tensor of shape {tuple(group_index.shape)} and dtype {group_index.dtype}")
     try:
         ids = list(group_index)
         first_seen = {}
@@ -324,19 +337,27 @@ LIMITS = {  # name: (lowest, highest, rule) allowed at valid positions; every va
 
 
 def _checked(token_rewards, response_mask, group_index, eps=0.0, **per_token):
-    """The (B, T) inputs as tensors, checked: returns (x, m, gid, n_groups).
+    """The (B, T) inputs as tensors, checked as the module docstring says ("Bad input"): returns
+    (x, m, gid, n_groups), x the tensors by name (None stays None; padding out of range set to 0, so
+    the maths can mask by multiplying), m the 0/1 mask in the working dtype (float64 if token_rewards
+    is, else float32). On valid input: one min/max reduction per tensor; helpers search on failure."""
+    x = {"token_rewards": token_rewards, "response_mask": response_mask, **per_token}
+    x = {name: v if v is None or isinstance(v, torch.Tensor) else _as_tensor(name, v) for name, v in x.items()}
+    _check_shapes(x, eps)
+    m = x.pop("response_mask").to(_working_dtype(x["token_rewards"]))  # m_t, (B, T)
+    if not (_in_range(m, 0, 1) and _in_range(m.frac(), 0, 0)):  # in [0, 1], no fraction: 0 or 1
+        raise ValueError(f"response_mask must contain only 0 and 1, found {m[(m != 0) & (m != 1)][0].item()}")
+    for name, (lowest, highest, rule) in LIMITS.items():
+        if x.get(name) is not None and not _in_range(x[name], lowest, highest):
+            x[name] = _zero_padding(name, x[name], m, lowest, highest, rule)  # or the error
+    gid, n_groups = group_ids(group_index, len(m))
+    return x, m, gid.to(m.device), n_groups
 
-    x maps each argument's name to its tensor (None stays None); m is the mask as 0/1 numbers in
-    the working dtype (float64 if token_rewards is float64, else float32). Each problem raises a
-    ValueError naming the argument. Padding may hold anything: where it holds a value out of range
-    (NaN included), x gets a copy with 0 there, so the maths can mask by multiplying with m.
-    On valid input this costs one min/max reduction per tensor and two over the mask; positions
-    are searched only when a reduction says something is wrong.
-    """
+
+def _check_shapes(x, eps):
+    """eps a number >= 0; every input 2-D, non-empty and of token_rewards' shape."""
     if not (isinstance(eps, numbers.Real) and 0.0 <= eps < math.inf):
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-    x = {"token_rewards": token_rewards, "response_mask": response_mask, **per_token}
-    x = {name: None if v is None else _as_tensor(name, v) for name, v in x.items()}
     shape = x["token_rewards"].shape
     for name, v in x.items():
         if v is not None and v.dim() != 2:
@@ -345,29 +366,19 @@ def _checked(token_rewards, response_mask, group_index, eps=0.0, **per_token):
             raise ValueError(f"{name} has shape {tuple(v.shape)} but token_rewards has shape {tuple(shape)}")
     if 0 in shape:
         raise ValueError(f"empty batch: token_rewards has shape {tuple(shape)}")
-    m = x.pop("response_mask").to(_working_dtype(x["token_rewards"]))  # m_t, (B, T)
-    (lo, hi), (frac_lo, frac_hi) = _min_max(m), _min_max(m.frac())
-    if not (0 <= lo and hi <= 1 and frac_lo == frac_hi == 0):  # in [0, 1], no fraction: 0 or 1
-        bad = m[(m != 0) & (m != 1)][0].item()
-        raise ValueError(f"response_mask must contain only 0 and 1, found {bad}")
-    for name, (lowest, highest, rule) in LIMITS.items():
-        v = x.get(name)
-        if v is None:
-            continue
-        lo, hi = _min_max(v)
-        if lowest <= lo and hi <= highest and math.isfinite(lo) and math.isfinite(hi):
-            continue  # the common case: everything in range, padding included
-        ok = torch.isfinite(v) & (v >= lowest) & (v <= highest)
-        bad = (m > 0) & ~ok
-        if bad.any():
-            i, t = bad.nonzero()[0].tolist()
-            raise ValueError(f"{name} must be {rule}, found {v[i, t].item():.6g} at valid position ({i}, {t})")
-        x[name] = torch.where(ok, v, 0)  # padding out of range -> 0
-    gid, n_groups = group_ids(group_index, shape[0])
-    return x, m, gid.to(m.device), n_groups
 
 
-def _min_max(v):
-    """(min, max) of a tensor as two Python floats: one reduction."""
-    lo, hi = torch.aminmax(v.float() if v.dtype == torch.bool else v)
-    return float(lo), float(hi)
+def _in_range(v, lowest, highest):
+    """Every value of v finite and in [lowest, highest]: one min/max reduction."""
+    lo, hi = (float(a) for a in torch.aminmax(v.float() if v.dtype == torch.bool else v))
+    return math.isfinite(lo) and math.isfinite(hi) and lowest <= lo and hi <= highest
+
+
+def _zero_padding(name, v, m, lowest, highest, rule):
+    """v with 0 at padded positions out of range; a ValueError naming the first valid one out of range."""
+    ok = torch.isfinite(v) & (v >= lowest) & (v <= highest)
+    bad = (m > 0) & ~ok
+    if bad.any():
+        i, t = bad.nonzero()[0].tolist()
+        raise ValueError(f"{name} must be {rule}, found {v[i, t].item():.6g} at valid position ({i}, {t})")
+    return torch.where(ok, v, 0)

@@ -3,24 +3,17 @@
 Two jobs, in the order a training step needs them (the prompts and rewards come from tasks.py):
 
 1. ``sample``: draw N responses per prompt from any ``transformers`` causal LM, one token at a
-   time with the KV cache. Each step samples y_t ~ softmax(z_t / tau) and records
-   log pi_tau(y_t), the log-prob *of the distribution actually sampled from* (temperature
-   applied). A row stops at EOS (the EOS token is part of the response and of the mask: ending
-   is an action the model must learn); after that it is padded and masked out. With a task's
-   ``Tool`` the responses are multi-turn: when a row closes a call, the tool's output is forced
-   into it over the next positions (a per-row queue, in the same loop), with mask 0: holes inside
-   the response that are context for the policy but not its actions. The forward passes are the
-   plain loop's (a cache that grows by a column per token); ``decode="static"`` or
-   ``"compiled"`` (train.py ``--compile-decode``) runs them on fast_decode.py's static cache.
+   time with the KV cache, recording log pi_tau(y_t), the log-prob *of the distribution actually
+   sampled from* (temperature applied). A row stops at EOS, which is part of the response and of
+   the mask (ending is an action the model must learn); after it the row is padded and masked.
+   A task's tool or stop rule takes part in the loop through ``Turns`` (mask 0 on tool output).
 2. ``score``: one forward pass over prompt + response that returns, for every response token,
-   log pi_tau(y_t), sum_k pi_k^2 (through ``otb.sum_pi_squared``) and the entropy, all at the
-   same temperature as sampling. The LM head runs in float32 on ``chunk_size`` positions at a
-   time, and each chunk's logits are recomputed in the backward: the graph holds the last hidden
-   states (B, T, H), never the (B, T, V) logits.
+   log pi_tau(y_t), sum_k pi_k^2 (``otb.sum_pi_squared``) and the entropy at the same temperature.
+   The LM head runs in float32 on ``chunk_size`` positions at a time, each chunk's logits
+   recomputed in the backward: the graph holds the last hidden states (B, T, H), never (B, T, V).
 
-Layout: prompts are left-padded (so every row's last prompt token sits in the same column),
-responses are right-padded; ``position_ids`` are computed from the attention mask, so left
-padding does not shift positions.
+Layout: prompts are left-padded (every row's last prompt token in the same column), responses
+right-padded; position ids come from the attention mask, so left padding shifts nothing.
 """
 import inspect
 from dataclasses import dataclass
@@ -28,7 +21,6 @@ from dataclasses import dataclass
 import torch
 import torch.utils.checkpoint
 
-from lab import fast_decode
 import otb
 
 
@@ -77,129 +69,150 @@ class Rollout:
 
 @torch.no_grad()
 def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, pad_id,
-           generator=None, tool=None, decode="plain", stop=None, sync_every=None):
-    """Sample ``group_size`` responses to every prompt (a list of token-id lists).
+           generator=None, tool=None, stop=None, decoder=None, sync_every=None):
+    """Sample ``group_size`` responses to every prompt (a list of token-id lists) -> a ``Rollout``.
 
-    Returns a ``Rollout`` on the model's device. ``generator`` (a torch.Generator) makes the
-    draws reproducible, and the draws happen on its device: a CPU generator with a model on a GPU
-    would copy the (B, V) probabilities to the CPU at every token (a copy and a wait per token; not
-    timed here), so train.py gives the sampler a generator on the GPU there (and a CPU one, the
-    default, everywhere else).
-
-    ``tool`` (a ``tasks.Tool``: close_id, respond, max_calls; or None) makes the responses
-    multi-turn. Each row keeps a queue of forced tokens: while it is not empty, the row's next
-    token is taken from it instead of the draw (every row is still drawn for, so the random stream
-    does not depend on the tool), and the position gets mask 0 and log-prob 0. A forced token is context like any other: it goes
-    through the same batched decode step into the KV cache, and the policy's next token sees it.
-    Without a tool, or before a row's first call, sampling is exactly the single-turn sampler.
-
-    ``stop`` (or None) is the environment's stop rule, as a stop string is in vLLM: ``stop(i, ids)``
-    gets row i's response tokens so far (a list) and returns how many of them the row keeps once
-    the part its reward grades is complete, or None while it is not. The row then ends there: the
-    tokens after that point are cut (padding, mask 0, log-prob 0) and the row is ``finished``.
-
-    ``sync_every``: decode steps between the checks that need the tokens on the host (whether
-    every row has ended, the stop rule). Without a tool the loop otherwise never waits for the
-    device, so on a GPU the checks come every 8 steps (rows that ended earlier only pad, and a stop
-    rule cuts back to where it would have stopped: the same rollout, up to 7 columns of padding);
-    on the CPU, where nothing waits, every step (default None: 1 on the CPU, 8 elsewhere). A tool
-    needs the tokens at every step, so with a tool the loop waits every step anyway.
-
-    ``decode`` picks how the forward passes run: "plain" (the default, a cache that grows by one
-    column per token), or fast_decode.py's "static" (a static cache of fixed shape) or "compiled"
-    (the static cache with a ``torch.compile``'d step; CUDA graphs on a GPU). The loop around
-    them is the same, so the three give the same tokens unless float32 rounding of the logits (which
-    differs: attention sums over another number of slots) flips a draw.
+    Each step draws y_t ~ softmax(z_t / tau) from ``generator``, on the generator's device (train.py
+    gives it one on the GPU there: a CPU one would copy (B, V) probabilities every token), and records
+    log pi_tau(y_t). ``decoder`` runs the forward passes (default ``PlainDecoder``; lab/fast_decode.py
+    has static and compiled ones). ``tool`` and ``stop`` bring the environment into the loop
+    (``Turns``). The host reads the tokens every ``sync_every`` steps (default: 1 on the CPU, else 8).
     """
     device = next(model.parameters()).device
-    rows = [p for p in prompts for _ in range(group_size)]  # each prompt repeated N times
-    ids, mask = left_pad(rows, pad_id)  # (B, P)
-    ids, mask = ids.to(device), mask.to(device)
-    B = ids.shape[0]
+    ids, mask = left_pad([p for p in prompts for _ in range(group_size)], pad_id)  # N rows a prompt, (B, P)
+    ids, mask, B = ids.to(device), mask.to(device), len(prompts) * group_size
     group_index = torch.arange(len(prompts), device=device).repeat_interleave(group_size)  # (B,)
-
-    # Prefill: one pass over the prompts fills the cache; keep only the last position's logits.
+    decoder = decoder or PlainDecoder(model)
     pos = positions(mask)  # (B, P)
-    if decode == "plain":  # a cache that grows by one column per token
-        decoder, cache_arg = None, cache_name(model)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-        cache, attn, logits = getattr(out, cache_arg), mask, out.logits[:, -1]  # logits z_t: (B, V)
-    else:  # a static cache, its decode step compiled or not (fast_decode.py)
-        decoder = fast_decode.decoder(model, decode)
-        logits = decoder.prefill(ids, mask, pos, max_new_tokens)  # logits z_t: (B, V)
+    logits = decoder.prefill(ids, mask, pos, max_new_tokens)  # z_t of the last prompt position, (B, V)
     next_pos = pos[:, -1:] + 1  # (B, 1)
-
+    turns = Turns(B, tool, stop, device) if tool is not None or stop is not None else None
+    sync_every = sync_every or (1 if device.type == "cpu" else 8)
     tokens, logps, actions = [], [], []
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-    queue = [[] for _ in range(B)]  # per row: the tool's output tokens still to be forced
-    calls, errors, forced_in = [0] * B, [0] * B, [0] * B  # per row: tool calls, error replies, reply tokens
-    keep = [None] * B  # per row: the tokens a stop rule keeps (None: not stopped)
-    if sync_every is None:
-        sync_every = 1 if device.type == "cpu" else 8
+    done = torch.zeros(B, dtype=torch.bool, device=device)  # rows that have ended
     for t in range(max_new_tokens):
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # log pi_tau, (B, V)
         draw_on = generator.device if generator is not None else device
-        y = torch.multinomial(logprobs.exp().to(draw_on), 1, generator=generator).to(device)  # (B, 1)
-        y = y.squeeze(-1)  # (B,)
-        action = ~done  # (B,) positions the policy chooses
-        if tool is not None and any(queue):  # the environment's tokens replace the draws of those rows
-            forced = torch.tensor([len(q) > 0 for q in queue], device=device)  # (B,) bool
-            y[forced] = torch.tensor([q.pop(0) for q in queue if q], device=device)
-            action = action & ~forced
-        y = y.masked_fill(done, pad_id)  # finished rows only pad
-        actions.append(action)
+        y = torch.multinomial(logprobs.exp().to(draw_on), 1, generator=generator).to(device).squeeze(-1)  # (B,)
+        action = ~done  # (B,) the positions the policy chooses
+        if turns is not None:
+            y, action = turns.force(y, action)  # a tool's output replaces the draws of its rows
+        y = y.masked_fill(done, pad_id)  # ended rows only pad
         tokens.append(y)
-        logps.append(logprobs.gather(-1, y[:, None]).squeeze(-1).masked_fill(~action, 0.0))
-        if tool is None:
-            done = done | (action & (y == eos_id))
-        else:  # a row that just closed a call receives the tool's output next
-            goes_on = torch.zeros_like(done)  # (B,) rows whose closing token was a call (a chat's turn end too)
-            for i in torch.nonzero(action & (y == tool.close_id)).flatten().tolist():
-                output = tool.respond(torch.stack(tokens, 1)[i].tolist()) if calls[i] < tool.max_calls else None
-                if output is not None:  # None: not a call, an ordinary token
-                    calls[i] += 1
-                    queue[i] = list(output)
-                    errors[i] += bool(tool.is_error and tool.is_error(queue[i]))
-                    forced_in[i] += len(queue[i])
-                    goes_on[i] = True
-            done = done | (action & (y == eos_id) & ~goes_on)
+        actions.append(action)
+        logps.append(logprobs.gather(-1, y[:, None]).squeeze(-1).masked_fill(~action, 0.0))  # log pi_tau(y_t)
+        ends = action & (y == eos_id)  # (B,)
+        done = done | (ends if turns is None else turns.ends(ends, action, y, tokens))
         if (t + 1) % sync_every == 0 or t + 1 == max_new_tokens:  # the host looks at the tokens
-            if stop is not None:
-                done = apply_stop(stop, tokens, keep, done)
+            if turns is not None:
+                done = turns.stop_rows(tokens, done)
             if bool(done.all()) or t + 1 == max_new_tokens:  # no decode pass for a token never drawn
                 break
-        # Decode one token: the cache holds every earlier key/value, so the pass costs O(1) tokens.
-        if decoder is None:
-            attn = torch.cat([attn, attn.new_ones((B, 1))], dim=1)  # (B, P + t)
-            out = model(input_ids=y[:, None], attention_mask=attn, position_ids=next_pos,
-                        **{cache_arg: cache}, use_cache=True)
-            cache, logits = getattr(out, cache_arg), out.logits[:, -1]  # (B, V)
-        else:
-            logits = decoder.step(y, next_pos)  # (B, V)
+        logits = decoder.step(y, next_pos)  # one token through the cache: O(1) tokens per pass, (B, V)
         next_pos = next_pos + 1
-
     response, m, logp = torch.stack(tokens, 1), torch.stack(actions, 1).float(), torch.stack(logps, 1)  # (B, T)
-    if stop is not None:  # cut each stopped row after the tokens it keeps (the last check asked the rule)
-        kept = torch.tensor([response.shape[1] if n is None else n for n in keep], device=device)  # (B,)
-        cut = torch.arange(response.shape[1], device=device)[None] >= kept[:, None]  # (B, T)
-        response, m, logp = response.masked_fill(cut, pad_id), m.masked_fill(cut, 0.0), logp.masked_fill(cut, 0.0)
-    per_row = (lambda xs: torch.tensor(xs, device=device)) if tool is not None else (lambda xs: None)
-    return Rollout(prompt_ids=ids, prompt_mask=mask, response=response, response_mask=m,
-                   group_index=group_index, logp=logp, finished=done,
-                   tool_calls=per_row(calls), tool_errors=per_row(errors),
-                   tool_tokens=per_row([n - len(q) for n, q in zip(forced_in, queue)]),  # the cut part never came
-                   tool_cut=per_row([len(q) > 0 for q in queue]))
+    ro = Rollout(prompt_ids=ids, prompt_mask=mask, response=response, response_mask=m,
+                 group_index=group_index, logp=logp, finished=done)
+    return ro if turns is None else turns.finish(ro, pad_id)
 
 
-def apply_stop(stop, tokens, keep, done):
-    """Ask the stop rule about every row not stopped yet (one copy of the tokens to the host);
-    records in ``keep`` how many tokens a newly stopped row keeps; returns ``done`` with those rows."""
-    so_far = torch.stack(tokens, 1).tolist()  # (B, t) on the host
-    for i, row in enumerate(so_far):
-        if keep[i] is None:
-            keep[i] = stop(i, row)
-    stopped = torch.tensor([n is not None for n in keep], device=done.device)  # (B,)
-    return done | stopped
+class PlainDecoder:
+    """The default forward passes of ``sample``: a prefill over the prompts fills the KV cache, then
+    each ``step`` feeds one token and the cache grows by one column."""
+
+    def __init__(self, model):
+        self.model, self.cache_arg = model, cache_name(model)
+
+    def prefill(self, ids, mask, pos, max_new_tokens):
+        """The prompts (B, P) into the cache; returns the last position's logits z_t, (B, V)."""
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+        self.cache, self.attn = getattr(out, self.cache_arg), mask
+        return out.logits[:, -1]
+
+    def step(self, y, pos):
+        """Token y (B,) at positions pos (B, 1) -> the next logits, (B, V)."""
+        self.attn = torch.cat([self.attn, self.attn.new_ones((len(y), 1))], dim=1)  # (B, P + t)
+        out = self.model(input_ids=y[:, None], attention_mask=self.attn, position_ids=pos,
+                         **{self.cache_arg: self.cache}, use_cache=True)
+        self.cache = getattr(out, self.cache_arg)
+        return out.logits[:, -1]
+
+
+class Turns:
+    """The environment's part in ``sample``: a tool's output forced into the responses, and a task's
+    stop rule. Not used on the default path (a single-turn task that ends at EOS).
+
+    With a ``tool`` the responses are multi-turn: when a row closes a call, the tool's output is
+    forced into it over the next positions (a per-row queue), with mask 0 and log-prob 0: holes
+    inside the response that are context for the policy but not its actions. Every row is still
+    drawn for, so the random stream does not depend on the tool, and a forced token goes through the
+    same batched decode step into the KV cache. Before a row's first call, sampling is exactly the
+    single-turn sampler.
+
+    ``stop`` is the environment's stop rule, as a stop string is in vLLM: ``stop(i, ids)`` gets row
+    i's response tokens so far (a list) and returns how many of them the row keeps once the part its
+    reward grades is complete, or None while it is not. The row then ends: the tokens after that
+    point are cut (padding, mask 0, log-prob 0) and the row is ``finished``. With sync_every > 1 the
+    rule is asked every sync_every steps and cuts back to where it would have stopped.
+    """
+
+    def __init__(self, B, tool, stop, device):
+        self.tool, self.stop, self.device = tool, stop, device
+        self.queue = [[] for _ in range(B)]  # per row: the tool's output tokens still to be forced
+        self.calls, self.errors, self.forced_in = [0] * B, [0] * B, [0] * B  # calls, error replies, reply tokens
+        self.keep = [None] * B  # per row: the tokens the stop rule keeps (None: not stopped)
+
+    def force(self, y, action):
+        """The queued tool tokens replace the draws of their rows, which are then not actions."""
+        if not any(self.queue):
+            return y, action
+        forced = torch.tensor([len(q) > 0 for q in self.queue], device=self.device)  # (B,) bool
+        y = y.clone()
+        y[forced] = torch.tensor([q.pop(0) for q in self.queue if q], device=self.device)
+        return y, action & ~forced
+
+    def ends(self, ends, action, y, tokens):
+        """The rows that end at this token: EOS, unless the token closed a tool call (a chat's turn
+        end can be both), after which the row receives the tool's output."""
+        if self.tool is None:
+            return ends
+        goes_on = torch.zeros_like(ends)  # (B,)
+        for i in torch.nonzero(action & (y == self.tool.close_id)).flatten().tolist():
+            call = torch.stack(tokens, 1)[i].tolist()
+            output = self.tool.respond(call) if self.calls[i] < self.tool.max_calls else None
+            if output is not None:  # None: not a call, an ordinary token
+                self.calls[i] += 1
+                self.queue[i] = list(output)
+                self.errors[i] += bool(self.tool.is_error and self.tool.is_error(self.queue[i]))
+                self.forced_in[i] += len(self.queue[i])
+                goes_on[i] = True
+        return ends & ~goes_on
+
+    def stop_rows(self, tokens, done):
+        """Ask the stop rule about every row not stopped yet (one copy of the tokens to the host)."""
+        if self.stop is None:
+            return done
+        so_far = torch.stack(tokens, 1).tolist()  # (B, t) on the host
+        for i, row in enumerate(so_far):
+            if self.keep[i] is None:
+                self.keep[i] = self.stop(i, row)
+        return done | torch.tensor([n is not None for n in self.keep], device=done.device)
+
+    def finish(self, ro, pad_id):
+        """Cut each stopped row after the tokens it keeps, and count the tool's work per row."""
+        T = ro.response.shape[1]
+        if self.stop is not None:
+            kept = torch.tensor([T if n is None else n for n in self.keep], device=self.device)  # (B,)
+            cut = torch.arange(T, device=self.device)[None] >= kept[:, None]  # (B, T)
+            ro.response = ro.response.masked_fill(cut, pad_id)
+            ro.response_mask, ro.logp = ro.response_mask.masked_fill(cut, 0.0), ro.logp.masked_fill(cut, 0.0)
+        if self.tool is not None:
+            per_row = lambda xs: torch.tensor(xs, device=self.device)  # noqa: E731
+            ro.tool_calls, ro.tool_errors = per_row(self.calls), per_row(self.errors)
+            # the tokens forced in, less the part of a reply the length limit cut off
+            ro.tool_tokens = per_row([n - len(q) for n, q in zip(self.forced_in, self.queue)])
+            ro.tool_cut = per_row([len(q) > 0 for q in self.queue])
+        return ro
 
 
 def cache_name(model):
@@ -238,21 +251,11 @@ def action_mask(tool, response):
 def score(model, prompt_ids, prompt_mask, response, response_mask, temperature, chunk_size=None):
     """log pi_tau(y_t), sum_k pi_k^2 and entropy of every response token, from one forward pass.
 
-    Returns (logp, sum_pi_sq, entropy), each (B, T) float32 and 0 on padding. ``logp`` keeps
-    the autograd graph (it is what the policy-gradient loss differentiates); ``sum_pi_sq`` and
-    ``entropy`` are detached diagnostics. ``chunk_size`` = response positions per chunk
-    (None: all at once).
-
-    The pass runs the decoder (``model.base_model``) to its last hidden states h, then the LM head
-    z = W h (+ b) in float32 (autocast off), ``chunk_size`` positions at a time. A chunk's logits are
-    recomputed from h in the backward (``torch.utils.checkpoint``), so the graph keeps h, (B, T, H),
-    and never more than one chunk's (B, c, V) logits: the full float32 (B, T, V) tensor is never held,
-    not even for the backward of logsumexp. Without ``chunk_size`` it is one chunk, not recomputed.
-
-    Every response position is attended to, whatever its mask: a tool's output (mask 0) is part
-    of the context of the tokens after it, as it was for the sampler. Padding after a row's end
-    is attended to as well, which changes nothing: attention is causal, so a position only ever
-    sees the ones before it, and the outputs at padding are multiplied by the mask.
+    Returns (logp, sum_pi_sq, entropy), each (B, T) float32 and 0 on padding; only ``logp`` keeps
+    its graph (the loss differentiates it). The float32 LM head runs ``chunk_size`` positions at a
+    time (None: all at once), each chunk recomputed in the backward (the module docstring, item 2).
+    Every position is attended to, whatever its mask: a tool's output is context, as it was for the
+    sampler, and padding after a row's end is never seen by an earlier position (causal attention).
     """
     T = response.shape[1]  # response positions
     ids = torch.cat([prompt_ids, response], dim=1)  # (B, P+T)

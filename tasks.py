@@ -3,22 +3,18 @@
 A training step (train.py) asks this file for three things:
 
     prompts, answers = prompt_batch(task, tokenizer, seed, step, n)   # a function of (seed, step) only
-    ... rollout.sample(model, prompts, ..., tool=tool_for(task, tokenizer)) ...
+    ... rollout.sample(model, prompts, ..., tool=task.tool(tokenizer), stop=task.stop_rule(...)) ...
     R, token_rewards, texts = rewards(task, tokenizer, ro, answers, group_size)
 
 The prompts come from a ``random.Random`` seeded by (seed, step) (``step_seed``), independent of
 the model's random numbers, so every configuration of a comparison sees the same prompts. The
 outcome reward R of a response is placed on its last valid token: r_t = R at that t, else 0.
 
-The five tasks, each owning its defaults (``horizon`` and ``max_new_tokens()``, the response
-length limit; ``train.py --task NAME --horizon H``):
-
-- ``ReverseTask`` (the default, for the tiny character-level model): reverse a string;
-- ``PeriodicTask`` (the long-horizon one: the response length is ``horizon``, 16 to 256 tokens);
-- ``CalculatorTask`` (multi-turn: add ``horizon`` numbers through k - 1 calls of an adding tool,
-  whose output the sampler forces into the response with mask 0; the task owns its ``Tool``);
-- ``ArithmeticTask`` (for a pretrained instruct model, through its chat template);
-- ``CountTask`` (the long-horizon one for that model: list 70 numbers in order, 270+ tokens).
+Seven tasks, each owning its defaults (``horizon``, and ``max_new_tokens()``, the response limit;
+``train.py --task NAME --horizon H``): ``ReverseTask`` (the default, for the tiny model), the
+long-horizon ``PeriodicTask``, the tool tasks ``CalculatorTask`` and ``FactorsTask`` (a ``Tool``
+whose output the sampler forces into the response with mask 0), and, for a pretrained chat model,
+``ArithmeticTask``, ``CountTask`` (long horizon, with a stop rule) and ``ChatCalculatorTask``.
 """
 import random
 import re
@@ -46,6 +42,14 @@ class Task:
         """The supervised target for the warm-up (the tokenizer appends nothing; EOS is added)."""
         return answer
 
+    def tool(self, tokenizer):
+        """The task's ``Tool`` bound to the tokenizer; None: single-turn (a tool task overrides it)."""
+        return None
+
+    def stop_rule(self, tokenizer, answers, group_size):
+        """The sampler's stop rule for this batch; None: a response ends at EOS only."""
+        return None
+
 
 # =====================================================================================
 # A task's tool (multi-turn responses)
@@ -72,7 +76,7 @@ class Tool:
 
 def tool_for(task, tokenizer):
     """The task's ``Tool`` (``task.tool(tokenizer)``), or None for a task without one."""
-    return task.tool(tokenizer) if hasattr(task, "tool") else None
+    return task.tool(tokenizer)
 
 
 @dataclass
@@ -298,6 +302,10 @@ class CountTask(Task):
             return 1.0  # "from a to b: a, ..., b"
         return float(numbers[:len(want)] == want)  # ``finished`` is not used: after b nothing counts
 
+    def stop_rule(self, tokenizer, answers, group_size):
+        """A row ends once its reward is decided (``graded_end``): ``graded_stop_rule``."""
+        return graded_stop_rule(self, tokenizer, answers, group_size)
+
     def graded_end(self, text, answer):
         """Characters of ``text`` that decide its reward: up to and including the character after the
         number that decides it (b, or the first number off the list); None while undecided."""
@@ -476,11 +484,9 @@ def rewards(task, tokenizer, rollout, answers, group_size):
     return R, token_rewards * m, texts
 
 
-def stop_rule(task, tokenizer, answers, group_size):
-    """The sampler's stop rule for a task with ``graded_end`` (None for the others): row i's
-    tokens -> how many it keeps once its graded part is complete (None: not yet)."""
-    if not hasattr(task, "graded_end"):
-        return None
+def graded_stop_rule(task, tokenizer, answers, group_size):
+    """The sampler's stop rule of a task with ``graded_end``: row i's tokens -> how many it keeps
+    once its graded part is complete (None: not yet)."""
     row_answers = [a for a in answers for _ in range(group_size)]
 
     def stop(i, ids):

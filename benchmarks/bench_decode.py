@@ -20,6 +20,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import rollout  # noqa: E402
+from lab import fast_decode  # noqa: E402
 from benchmarks.cli import (at_least, choice_list, device_option, int_list,  # noqa: E402
                             out_json, parser, pick_device)
 from benchmarks.common import model_options, smollm2_shaped  # noqa: E402
@@ -57,7 +58,7 @@ def time_sampling(model, B, args, decodes=("plain",)):
         with autocast:
             ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=args.tokens, temperature=1.0,
                                 eos_id=-1, pad_id=0, generator=torch.Generator(device).manual_seed(r),
-                                decode=decode)  # eos_id -1: no row ever ends
+                                decoder=fast_decode.decoder(model, decode))  # eos_id -1: no row ever ends
         assert ro.response.shape == (B, args.tokens)
         return ro.response  # (B, tokens)
     # round 0 warms up (allocator, kernels, compiling): reported apart

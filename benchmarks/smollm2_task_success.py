@@ -54,7 +54,7 @@ def main(argv=None):
         ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=task.max_new_tokens(),
                             temperature=a.temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                             generator=torch.Generator().manual_seed(a.seed + b), tool=tool,
-                            stop=tasks.stop_rule(task, tok, answers, 1))  # as train.py samples
+                            stop=task.stop_rule(tok, answers, 1))  # as train.py samples
         R, _, _ = tasks.rewards(task, tok, ro, answers, 1)
         wins += R.tolist()
         lengths += ro.response_mask.sum(-1).tolist()

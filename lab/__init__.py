@@ -15,7 +15,8 @@ that following one training step never leads into it:
     stats         intervals: the bootstrap over prompts, ratios near zero, seeds as strata
     scale_free    scale-free measures of an estimator (normalised variance, alpha, cosine)
     plumbing      small helpers every command line shares (atomic writes, disk errors, ...)
+    machine       the fingerprint of the machine a saved result was made on (its numbers depend on the CPU)
 
 The direction of imports is one way: modules here may import the concept modules at the root, and
-no concept module imports this package (tests/test_inputs_layout.py walks the imports to keep it so).
+no concept module imports this package (tests/test_e2e_layout.py walks the imports to keep it so).
 """

@@ -38,22 +38,26 @@ benchmarks/equal_tokens.py, the pre-registered study, computes its endpoints wit
   ``pilot.json`` hold the table and the choice.
 """
 import json
+import time
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from lab import machine
 from lab import plumbing
 from lab import stats
 import tasks
 from lab import train_cli
+from lab.logbook import moving_average, summarize  # a run's curve and its row of the table
 
 
 # ===== The learning-rate pilot: one configuration, one seed, a few rates; the rule picks one ================
 
 def lr_pilot(cfg, folder, model, tok, device, command, source, train):
     """Run the pilot (a finished run, DONE, is kept on --resume); returns the chosen rate."""
-    rates = pilot_rates(cfg)
+    rates = train_cli.pilot_rates(cfg)
     est, _, n = cfg.lr_pilot_run.partition(":")
     budget = cfg.lr_pilot_budget or max(1, cfg.token_budget // 4)
     sub = replace(cfg, estimator=est, group_size=int(n), compare=None, seeds=None, seed=cfg.lr_pilot_seed,
@@ -80,18 +84,6 @@ def lr_pilot(cfg, folder, model, tok, device, command, source, train):
                                                        rates=rows, chosen=chosen), indent=1))
     print((folder / "pilot.md").read_text(), flush=True)
     return chosen
-
-
-def pilot_rates(cfg):
-    """The rates of --lr-pilot, as floats (UsageError naming the option when one is not a positive number)."""
-    try:
-        rates = [float(x) for x in cfg.lr_pilot.split(",")]
-    except ValueError:
-        rates = []
-    if not rates or not all(0 < r < float("inf") for r in rates) or len(set(rates)) < len(rates):
-        raise train_cli.UsageError(f"--lr-pilot {cfg.lr_pilot!r}: expected distinct positive rates separated by "
-                                   "commas, e.g. 1e-6,3e-6,1e-5,3e-5")
-    return sorted(rates)
 
 
 def choose_rate(rows):
@@ -148,33 +140,13 @@ def make_bars(cfg, folder):
             for label, s, est, n, _ in train_cli.configurations(cfg, folder)}
 
 
-def moving_average(xs, k=10):
-    return [sum(xs[max(0, i - k + 1):i + 1]) / len(xs[max(0, i - k + 1):i + 1]) for i in range(len(xs))]
-
-
-def summarize(cfg, history, k=10):
-    """One row of the summary table. Success numbers are means over k steps."""
-    success = [r["success"] for r in history]
-    smooth = moving_average(success, k)
-    reached = [r["tokens"] for r, s in zip(history, smooth) if s >= cfg.target_success]
-    norms = [r["grad_norm"] for r in history]
-    seconds = sum(v for r in history for key, v in r.items() if key.startswith("t_"))  # train.TIME_KEYS
-    return dict(run=train_cli.run_name(cfg.estimator, cfg.group_size, cfg.zero_tail), estimator=cfg.estimator,
-                group_size=cfg.group_size, steps=len(history), tokens=history[-1]["tokens"],
-                initial_success=sum(success[:k]) / len(success[:k]),
-                final_success=sum(success[-k:]) / len(success[-k:]),
-                tokens_to_target=reached[0] if reached else None,
-                grad_norm_mean=sum(norms) / len(norms), grad_norm_max=max(norms),
-                total_power_mean=sum(r["total_power"] for r in history) / len(history),
-                seconds=round(seconds, 1))
-
-
 def write_summary(out, cfg, histories):
     """compare.png, summary.json and summary.md of one seed's runs; returns the table's rows."""
     plot_runs(out / "compare.png", cfg, histories)
     rows = [summarize(sub, h) for sub, h in histories.values()]
     (out / "summary.json").write_text(json.dumps(dict(config=train_cli.applied(cfg), runs=rows,
-                                                      **train_cli.versions()), indent=1))
+                                                      **train_cli.versions(), machine=machine.fingerprint()),
+                                                 indent=1))  # machine: its numbers depend on the CPU
     cell = lambda x: "-" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))  # noqa: E731
     cols = [c for c in rows[0] if c not in ("estimator", "group_size", "steps")]  # run, tokens, ..., seconds
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -311,8 +283,8 @@ def analyse_seeds(cfg, folder):
         p["verdict"] = verdict(p, names[0])
     (folder / "summary.md").write_text(seeds_table(cfg, names[0], rows, pairs, len(seeds)))
     (folder / "summary.json").write_text(json.dumps(dict(
-        config=train_cli.applied(cfg), **train_cli.versions(), budget=B, seeds=seeds, per_run=per_run,
-        configs=rows, paired=pairs), indent=1))
+        config=train_cli.applied(cfg), **train_cli.versions(), machine=machine.fingerprint(), budget=B, seeds=seeds,
+        per_run=per_run, configs=rows, paired=pairs), indent=1))
     plot_seeds(histories, B, folder / "compare.png", f"{title(cfg)}, {len(seeds)} seeds")
     return rows
 
@@ -355,3 +327,23 @@ def plot_seeds(histories, budget, path, title):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def main(cfg, model, tok, folder, command, source, train):
+    """train.py without --estimator: the pilot if asked, every configuration (on every seed), the table.
+    ``train`` is train.py's loop. Returns the table's rows."""
+    t0 = time.time()
+    device = next(model.parameters()).device
+    with train_cli.ctrl_c_exits(folder, cfg.checkpoint_minutes):  # says how to resume; exit status 130
+        if cfg.lr_pilot:  # the pre-registered pilot chooses the rate of every configuration
+            cfg = replace(cfg, lr=lr_pilot(cfg, folder, model, tok, device, command, source, train), lr_pilot=None)
+        if cfg.seeds:  # every configuration on every seed, then the paired table
+            rows = run_seeds(cfg, folder, model, tok, device, command, source, train)
+        else:
+            rows = run_comparison(cfg, folder, model, tok, command, source, train)
+    print((folder / "summary.md").read_text())
+    if cfg.results_dir:
+        train_cli.copy_results(folder, Path(cfg.results_dir))
+    print(f"comparison done in {time.time() - t0:.0f} s\nplot: {folder / 'compare.png'}\n"
+          f"table: {folder / 'summary.md'} (and summary.json)")
+    return rows

@@ -4,8 +4,9 @@
 ``DynamicCache`` that grows by one column per token) each pass is a fresh sequence of small
 kernels per layer launched from Python, with new tensor shapes every time; for a model of many
 layers that launch cost, not the arithmetic, can set the time of a step. This file holds the two
-optional decoders that ``rollout.sample(decode="static" | "compiled")`` (train.py
-``--compile-decode``) uses instead. The remedy that transformers and torch provide is in two parts:
+optional decoders that ``rollout.sample(decoder=decoder(model, "static" | "compiled"))``
+(train.py ``--compile-decode``) uses instead of its ``PlainDecoder``. The remedy that transformers
+and torch provide is in two parts:
 
 1. **A static cache** (``transformers.StaticCache``): keys and values live in tensors of a fixed
    shape (B, heads, L, head_dim), allocated once and written in place at the next column
@@ -36,7 +37,7 @@ import weakref
 import torch
 from tqdm.auto import tqdm
 
-import rollout  # cache_name (rollout imports this file: the name is looked up at call time)
+import rollout  # cache_name
 
 BUCKET = 64  # cache length granularity: prompts of nearby lengths reuse one compiled graph
 
@@ -101,11 +102,13 @@ class StaticDecoder:
         return logits.clone() if self.compile else logits  # a CUDA graph reuses its output buffer
 
 
-DECODERS = {"static": StaticDecoder, "compiled": lambda model: StaticDecoder(model, compile=True)}
+DECODERS = {"plain": rollout.PlainDecoder, "static": StaticDecoder,
+            "compiled": lambda model: StaticDecoder(model, compile=True)}
 
 
 def decoder(model, decode):
-    """The decoder named by ``decode``: "static" (static cache) or "compiled" (and compiled step)."""
+    """The decoder named by ``decode``, for ``rollout.sample(decoder=...)``: "plain" (rollout's own,
+    a cache that grows), "static" (a static cache) or "compiled" (and a compiled step)."""
     if decode not in DECODERS:
-        raise ValueError(f"decode must be one of plain, {', '.join(DECODERS)}; got {decode!r}")
+        raise ValueError(f"decode must be one of {', '.join(DECODERS)}; got {decode!r}")
     return DECODERS[decode](model)

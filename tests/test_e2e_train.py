@@ -16,6 +16,7 @@ import torch
 
 from lab import compare
 from lab import diagnostics
+from lab import logbook
 from lab import models
 import otb
 from lab import preflight
@@ -99,7 +100,7 @@ def test_same_seed_gives_the_same_metrics_twice(out):
 
 
 def parse(argv):
-    return train_cli.parse_config(argv, train.Config, train.PRESETS)
+    return train_cli.parse_config(argv, train.Config, train_cli.PRESETS)
 
 
 def test_gpu_tool_preset_is_the_gpu_preset_on_the_chat_calculator():
@@ -107,7 +108,7 @@ def test_gpu_tool_preset_is_the_gpu_preset_on_the_chat_calculator():
     assert (tool.model, tool.task, tool.token_budget) == ("smollm2", "chat_calculator", 100_000)
     assert tool.compare.split(",")[:2] == ["otb_tir:4", "otb:4"]
     gpu = parse(["--preset", "gpu"])
-    same = {k for k in train.PRESETS["gpu"] if k not in ("task", "token_budget", "steps", "compare")}
+    same = {k for k in train_cli.PRESETS["gpu"] if k not in ("task", "token_budget", "steps", "compare")}
     assert {k: getattr(tool, k) for k in same} == {k: getattr(gpu, k) for k in same}
     with pytest.raises(train_cli.UsageError, match="--task chat_calculator needs a pretrained chat model"):
         train_cli.check(parse(["--task", "chat_calculator"]))
@@ -115,21 +116,21 @@ def test_gpu_tool_preset_is_the_gpu_preset_on_the_chat_calculator():
 
 def test_preset_sets_defaults_that_explicit_flags_override():
     gpu = parse(["--preset", "gpu"])
-    help_text = " ".join(train_cli.make_parser(train.Config, train.PRESETS).format_help().split())
+    help_text = " ".join(train_cli.make_parser(train.Config, train_cli.PRESETS).format_help().split())
     assert "--preset" in help_text and "docs/training.md" in help_text  # where the preset is described
     assert (gpu.model, gpu.task, gpu.lr, gpu.prompts_per_step) == ("smollm2", "count", 1e-5, 8)
     configs = "otb:4,group_mean:4,rloo:4,reinforce:4,group_mean:16"  # the equal-token comparison
     assert (gpu.token_budget, gpu.seeds, gpu.compare) == (320_000, "0,1,2", configs)
     one = parse(["--preset", "gpu", "--estimator", "otb"])  # a single run: the comparison settings drop out
     assert (one.compare, one.seeds, one.token_budget) == (None, None, 320_000)
-    assert {k: getattr(gpu, k) for k in train.PRESETS["gpu"]} == train.PRESETS["gpu"]
+    assert {k: getattr(gpu, k) for k in train_cli.PRESETS["gpu"]} == train_cli.PRESETS["gpu"]
     mine = parse(["--steps", "2", "--preset", "gpu", "--lr", "3e-5"])  # any order
     assert (mine.steps, mine.lr, mine.model) == (2, 3e-5, "smollm2")
     assert parse([]) == train.Config()  # cpu: the dataclass defaults
 
 
 def test_help_documents_every_field_and_the_log_line():
-    parser = train_cli.make_parser(train.Config, train.PRESETS, epilog=train_cli.LOG_COLUMNS)  # as main's
+    parser = train_cli.make_parser(train.Config, train_cli.PRESETS, epilog=train_cli.LOG_COLUMNS)  # as main's
     text = " ".join(parser.format_help().split())
     for f in dataclasses.fields(train.Config):
         assert "--" + f.name.replace("_", "-") in text
@@ -593,7 +594,7 @@ def spy_bars(monkeypatch):
             super().__init__(cfg, start, label, time_left)
             bars.append((self.bar.desc, self.bar))
     monkeypatch.setattr(train_cli, "Bar", Bar)
-    monkeypatch.setattr(train.tqdm, "write", lambda line, *a, **k: lines.append((line, bars[-1][1].n)))
+    monkeypatch.setattr(logbook.tqdm, "write", lambda line, *a, **k: lines.append((line, bars[-1][1].n)))
     return bars, lines
 
 
@@ -640,7 +641,7 @@ def test_a_resumed_comparison_prints_its_plan(out, monkeypatch, capsys):
         train.main(TINY + ["--out", str(out), "--name", "plan", *args])
     monkeypatch.undo()
     cut = out / "plan"
-    cfg = train_cli.parse(["--resume", str(cut)], train.Config, train.PRESETS)
+    cfg = train_cli.parse(["--resume", str(cut)], train.Config, train_cli.PRESETS)
     plan = train_cli.resume_plan(cfg, cut)
     assert plan == "\n".join([
         f"resuming {cut}, up to step 3:",
@@ -697,9 +698,9 @@ def test_the_hub_id_loads_the_unquantised_weights_from_a_mocked_hub(tmp_path):
     (snapshot.parent.parent / "refs" / "main").write_text("0123abcd")
     torch.save(model.state_dict(), tmp_path / "want.pt")
     code = (
-        "import json, torch, train, train_cli\n"
+        "import json, torch, train\nfrom lab import train_cli\n"
         f"cfg = train_cli.parse(['--preset', 'gpu', '--model', '{repo}', '--device', 'cpu', '--out', "
-        f"'{tmp_path}'], train.Config, train.PRESETS)\n"
+        f"'{tmp_path}'], train.Config, train_cli.PRESETS)\n"
         "model, tok, source = train_cli.load(cfg, torch.device('cpu'))\n"
         f"want = torch.load('{tmp_path / 'want.pt'}')\n"
         "same = all(torch.equal(model.state_dict()[k], v) for k, v in want.items())\n"
@@ -750,7 +751,7 @@ def test_preflight_projects_the_run_and_stops_above_the_memory_limit(out, capsys
 
 
 def test_preflight_leaves_the_weights_as_they_were(out):
-    cfg = train_cli.parse(TINY + ["--out", str(out), "--compare", "otb:2,group_mean:4"], train.Config, train.PRESETS)
+    cfg = train_cli.parse(TINY + ["--out", str(out), "--compare", "otb:2,group_mean:4"], train.Config, train_cli.PRESETS)
     model, tok, _ = train_cli.load(cfg, torch.device("cpu"))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     preflight.run(cfg, model, tok, out / "pf", train.train_step, train.learn, train.make_estimator)

@@ -67,7 +67,7 @@ def setup(tmp_path_factory):
     """(model folder, tokenizer, task, cfg, dataset): the warmed-up tiny model, saved once."""
     out = tmp_path_factory.mktemp("runs")
     cfg = train_cli.parse_config(TINY + ["--max-new-tokens", str(MAX_NEW), "--out", str(out)], train.Config,
-                                 train.PRESETS)
+                                 train_cli.PRESETS)
     task = tasks.make_task(cfg)
     _, tok, source = train_cli.load(cfg, torch.device("cpu"))
     folder = source["path"]

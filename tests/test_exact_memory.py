@@ -55,7 +55,7 @@ def gradient(model, cfg, ro, adv):
     with torch.set_grad_enabled(one_pass), train.checkpointing(model, cfg):
         scored = [rollout.score(model, ro.prompt_ids[r], ro.prompt_mask[r], ro.response[r], ro.response_mask[r],
                                 cfg.temperature, cfg.chunk_size)
-                  for r in train.micro_batches(cfg, torch.arange(len(adv)))]
+                  for r in train.micro_batches(cfg, len(adv))]
     logp, spp, ent = (torch.cat(x) for x in zip(*scored))
     _, _, loss = train.update(model, opt, cfg, ro, logp.detach(), adv, torch.Generator(),
                               logp=logp if one_pass else None)

@@ -1,6 +1,6 @@
 """fast_decode.py against the plain loop: the static cache (eager and compiled) gives its rollouts.
 
-The plain loop (``decode="plain"``, a cache that grows by one column per token) is the reference.
+The plain loop (``rollout.PlainDecoder``, a cache that grows by one column per token) is the reference.
 On the same generator seed the static cache must give the same tokens, masks and finished flags,
 and the log-probs to float32 rounding (attention over L slots sums in another order), with and
 without a tool, with rows that end early and with a batch that fills the cache to its last slot.
@@ -38,7 +38,8 @@ def prompts(n=5, horizon=8):
 def draw(model, decode, *, seed, tool=None, eos_id=EOS, max_new=18, group_size=3, temperature=1.0,
          batch=None):
     return rollout.sample(model, batch or prompts(), group_size=group_size, max_new_tokens=max_new,
-                          temperature=temperature, eos_id=eos_id, pad_id=PAD, tool=tool, decode=decode,
+                          temperature=temperature, eos_id=eos_id, pad_id=PAD, tool=tool,
+                          decoder=fast_decode.decoder(model, decode),
                           generator=torch.Generator().manual_seed(seed))
 
 

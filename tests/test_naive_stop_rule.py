@@ -74,7 +74,7 @@ def sample(model, answers, stop, sync_every=None, seed=0):
     return rollout.sample(model, prompts, group_size=1, max_new_tokens=60, temperature=1.0,
                           eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id,
                           generator=torch.Generator().manual_seed(seed),
-                          stop=tasks.stop_rule(TASK, TOK, answers, 1) if stop else None, sync_every=sync_every)
+                          stop=TASK.stop_rule(TOK, answers, 1) if stop else None, sync_every=sync_every)
 
 
 SCRIPTS = ["1, 2, 3, 4, 5, 6, 7, 8", "1, 2, 4, 5, 6", "the numbers from 1 to 5: 1, 2, 3, 4, 5, 6", "1, 2"]
@@ -143,6 +143,6 @@ def test_a_rollout_that_reaches_the_length_limit_runs_one_forward_pass_per_token
     model.register_forward_hook(lambda *a: passes.append(1))
     ro = rollout.sample(model, [ids("go:", eos=False)] * 2, group_size=1, max_new_tokens=5, temperature=1.0,
                         eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(0),
-                        stop=tasks.stop_rule(TASK, TOK, [ANSWER] * 2, 1), sync_every=sync_every)
+                        stop=TASK.stop_rule(TOK, [ANSWER] * 2, 1), sync_every=sync_every)
     assert len(passes) == 5 and ro.response.shape[1] == 5
     assert tasks.response_texts(TOK, ro.response, ro.response_mask) == ["1, 2, 3"[:5]] * 2 and not ro.finished.any()

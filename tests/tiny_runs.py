@@ -5,12 +5,13 @@ import signal
 from pathlib import Path
 
 import train
+from lab import logbook
 
 # A tiny model (hidden 32, 1 layer) with a 60-step warm-up on strings of length 1-2, so rewards are
 # not all zero and the updates are not trivially zero.
 TINY = ["--tiny-hidden", "32", "--tiny-layers", "1", "--horizon", "2", "--warmup-max-steps", "60",
         "--prompts-per-step", "4", "--log-every", "100"]  # N = 4, the default: a comparison gives its own
-TIME_KEYS = set(train.TIME_KEYS)
+TIME_KEYS = set(logbook.TIME_KEYS)
 
 
 def run(out, name, *extra):
@@ -31,7 +32,7 @@ def interrupt_at(monkeypatch, step, hard=False, sig=signal.SIGINT):
     or, hard=True, a KeyboardInterrupt raised there (a second Ctrl-C: the step is lost, the last
     checkpoint is kept)."""
     seen = []
-    real = train.step_metrics
+    real = logbook.step_metrics
     # A shell can start the tests with SIGINT ignored (nohup, some CI runners), and train.py then
     # rightly keeps ignoring it: give this process Python's default Ctrl-C, as a terminal has.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -43,4 +44,4 @@ def interrupt_at(monkeypatch, step, hard=False, sig=signal.SIGINT):
                 raise KeyboardInterrupt
             signal.raise_signal(sig)
         return real(*a, **k)
-    monkeypatch.setattr(train, "step_metrics", step_metrics)
+    monkeypatch.setattr(logbook, "step_metrics", step_metrics)

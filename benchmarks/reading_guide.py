@@ -1,0 +1,157 @@
+"""How many lines does a reader follow through one training step? Measured, not guessed.
+
+    python benchmarks/reading_guide.py            # trace one default step, write docs/reading_guide.md
+    python benchmarks/reading_guide.py --check    # exit 1 if docs/reading_guide.md is not what a trace writes
+
+The measure (the one the design card keeps small): run one default ``train.train_step``
+(``--estimator otb``, the tiny model, the reversal task, plain decoding) under ``sys.setprofile``,
+collect every function of the project that is entered while it runs (the root modules and lab/,
+not tests/ or benchmarks/), and add up
+
+    lines = sum over entered files f of | union of the line spans of f's entered functions |
+                                        + the lines of f's module docstring
+
+A function's span runs from its first line (a decorator's, if any) to its last; a function nested
+in another one, a lambda or a comprehension falls inside its parent's span and adds nothing more.
+The guide lists the path in reading order (the order in which each function is first entered), with
+the first sentence of each docstring, so a reader can follow the step with the guide beside them.
+"""
+import argparse
+import ast
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+GUIDE = ROOT / "docs" / "reading_guide.md"
+GOAL = 420  # lines: the design goal of the traced path
+CEILING = 520  # lines: the most the traced path may take today (tests/test_e2e_layout.py)
+# The smallest settings that keep the default path (model class, task, estimator, decode): the tiny
+# model is smaller and its warm-up shorter, which changes the numbers but not one function entered.
+TRACE_ARGS = ["--estimator", "otb", "--steps", "1", "--tiny-hidden", "32", "--tiny-layers", "1",
+              "--warmup-max-steps", "20", "--checkpoint-minutes", "1000"]
+
+
+def project_file(filename):
+    """The project's source file, relative to the root, if ``filename`` is one that counts; else None."""
+    try:
+        rel = Path(filename).resolve().relative_to(ROOT)
+    except ValueError:
+        return None
+    if rel.suffix != ".py" or rel.parts[0] in ("tests", "benchmarks", "notebooks"):
+        return None
+    return rel if len(rel.parts) == 1 or rel.parts[0] == "lab" else None
+
+
+def trace_step(argv=TRACE_ARGS):
+    """[(file, first line, name)] of every project function entered during one train_step, in
+    the order each was first entered."""
+    import train
+
+    entered, seen = [], set()
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        code = frame.f_code
+        rel = project_file(code.co_filename)
+        key = (rel, code.co_firstlineno)
+        if rel is not None and key not in seen:
+            seen.add(key)
+            entered.append((rel, code.co_firstlineno, code.co_qualname))
+
+    step = train.train_step
+
+    def traced_step(*args, **kwargs):
+        sys.setprofile(profile)
+        try:
+            return step(*args, **kwargs)
+        finally:
+            sys.setprofile(None)
+
+    train.train_step = traced_step
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            train.main([*argv, "--out", out])
+    finally:
+        train.train_step = step
+    return entered
+
+
+def spans(rel):
+    """{first line: (last line, node)} of every function of a file (its first line: a decorator's)."""
+    tree = ast.parse((ROOT / rel).read_text())
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+            found[first] = (node.end_lineno, node)
+            found.setdefault(node.lineno, (node.end_lineno, node))  # a code object's own first line
+    return found, tree
+
+
+def measure(entered):
+    """(total lines, per-file lines, path): the path is [(file, name, first, last, summary)]."""
+    lines, path = {}, []
+    for rel, first, name in entered:
+        found, tree = spans(rel)
+        if rel not in lines:
+            doc = tree.body[0] if tree.body and isinstance(tree.body[0], ast.Expr) else None
+            lines[rel] = set(range(doc.lineno, doc.end_lineno + 1)) if doc is not None else set()
+        if first not in found:  # a module body or class body: not a function on the path
+            continue
+        last, node = found[first]
+        covered = set(range(first, last + 1))
+        if covered <= lines[rel] and "<" in name:
+            continue  # a comprehension or lambda inside a function already on the path
+        lines[rel] |= covered
+        summary = ""
+        if not isinstance(node, ast.Lambda):
+            summary = (ast.get_docstring(node) or "").split("\n\n")[0].replace("\n", " ")
+            summary = summary.split(". ")[0].rstrip(".")
+        path.append((rel, name, first, last, summary))
+    per_file = {str(rel): len(ls) for rel, ls in lines.items()}
+    return sum(per_file.values()), per_file, path
+
+
+def render(total, per_file, path):
+    """The text of docs/reading_guide.md."""
+    out = ["# Reading guide: one training step, in the order it runs", "",
+           "Written by `python benchmarks/reading_guide.py` from a trace of one default `train.train_step`",
+           "(`--estimator otb`, the tiny model, the reversal task, plain decoding): every function of the",
+           "project entered while the step runs, in the order it is first entered. Read them in this order;",
+           "nothing else in the project is on the path. `tests/test_e2e_layout.py` keeps this page true.",
+           "", f"**{total} lines in {len(per_file)} files** (goal: at most {GOAL}), counted as the union of the",
+           "entered functions' lines plus each file's module docstring:", "",
+           "| file | lines |", "|---|---|"]
+    out += [f"| {f} | {n} |" for f, n in per_file.items()]
+    out += ["", "| # | file | function | lines | what it does |", "|---|---|---|---|---|"]
+    for i, (rel, name, first, last, summary) in enumerate(path, 1):
+        out.append(f"| {i} | {rel} | `{name}` | {last - first + 1} | {summary.replace('|', '/')} |")
+    out += ["", "What is not on the path, and where it lives: the command line, the run folder and checkpoints",
+            "(lab/train_cli.py, lab/runs.py), comparisons (lab/compare.py), the preflight, the optional",
+            "decoders, the learning-rate schedules and the statistics (lab/). See lab/__init__.py for the map.", ""]
+    return "\n".join(out)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true",
+                   help="do not write: exit 1 if docs/reading_guide.md differs from what a trace writes")
+    args = p.parse_args(argv)
+    total, per_file, path = measure(trace_step())
+    text = render(total, per_file, path)
+    if args.check:
+        same = GUIDE.is_file() and GUIDE.read_text() == text
+        print(f"{GUIDE.relative_to(ROOT)}: {'up to date' if same else 'STALE: run python benchmarks/reading_guide.py'}"
+              f" ({total} lines traced)")
+        return 0 if same else 1
+    GUIDE.write_text(text)
+    print(f"{total} lines in {len(per_file)} files -> {GUIDE.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The project's layout as the design card draws it: the learner's files at the root, the apparatus
+in lab/, imports that run one way, a traced reading path that stays short, and docs whose links hold.
+
+- the root holds at most 7 modules: the concepts (otb, toy_env, rollout, tasks) and the commands
+  (train, toy_harness, otb_trl); everything else that is imported lives in lab/;
+- the project's own imports (read with ast, not by running them) have no cycle, and no concept
+  module imports lab/ (a command may);
+- docs/reading_guide.md is what ``python benchmarks/reading_guide.py`` writes from a trace of one default
+  training step, and the traced total stays within its ceiling;
+- every relative link in README.md and docs/*.md points at a file that exists, and the README's
+  file tree names every module at the root and in lab/.
+"""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks import reading_guide
+
+ROOT = Path(__file__).resolve().parent.parent
+CONCEPTS = {"otb", "toy_env", "rollout", "tasks"}
+COMMANDS = {"train", "toy_harness", "otb_trl"}
+
+
+def modules():
+    """{module name as imported: path} of the project's own modules (the root's and lab/'s)."""
+    found = {p.stem: p for p in ROOT.glob("*.py")}
+    found.update({f"lab.{p.stem}": p for p in (ROOT / "lab").glob("*.py") if p.stem != "__init__"})
+    return found
+
+
+def imports(path, known):
+    """The project modules that ``path`` imports anywhere in it (module level or inside a function)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "lab":  # from lab import x, y
+                out |= {f"lab.{a.name}" for a in node.names if f"lab.{a.name}" in known}
+            elif node.module in known:  # from lab.x import y, or from otb import y
+                out.add(node.module)
+    return out
+
+
+def graph():
+    known = modules()
+    return {name: imports(path, known) - {name} for name, path in known.items()}
+
+
+def cycle(g):
+    """One import cycle of graph g as a list of modules, or None (depth-first search)."""
+    state, stack = {}, []
+
+    def visit(n):
+        state[n] = "open"
+        stack.append(n)
+        for m in sorted(g[n]):
+            if state.get(m) == "open":
+                return stack[stack.index(m):] + [m]
+            if m not in state and (found := visit(m)):
+                return found
+        state[n] = "done"
+        stack.pop()
+        return None
+
+    for n in sorted(g):
+        if n not in state and (found := visit(n)):
+            return found
+    return None
+
+
+def test_the_root_holds_the_concepts_and_the_commands_only():
+    root = {p.stem for p in ROOT.glob("*.py")}
+    assert root == CONCEPTS | COMMANDS, root ^ (CONCEPTS | COMMANDS)
+    assert len(root) <= 7
+
+
+def test_the_project_imports_have_no_cycle_and_concepts_never_import_lab():
+    g = graph()
+    assert cycle(g) is None, " -> ".join(cycle(g))
+    for concept in CONCEPTS:
+        assert not any(m.startswith("lab.") or m in COMMANDS for m in g[concept]), (concept, g[concept])
+    assert not any(m in COMMANDS for n, deps in g.items() if n.startswith("lab.") for m in deps)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    """The check above can fail: a graph with a cycle two modules long is reported."""
+    assert cycle({"a": {"b"}, "b": {"a"}, "c": set()}) == ["a", "b", "a"]
+    assert cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_train_py_reads_like_one_file_per_algorithm():
+    lines = (ROOT / "train.py").read_text().splitlines()
+    assert len(lines) <= 300
+    assert next(i for i, ln in enumerate(lines, 1) if ln.startswith("def train_step(")) < 120
+
+
+def test_the_reading_guide_is_the_traced_path_and_stays_short():
+    total, per_file, path = reading_guide.measure(reading_guide.trace_step())
+    assert (ROOT / "docs/reading_guide.md").read_text() == reading_guide.render(total, per_file, path), \
+        "docs/reading_guide.md is stale: python benchmarks/reading_guide.py"
+    assert total <= reading_guide.CEILING
+    names = {name for _, name, *_ in path}
+    assert {"train_step", "sample", "score", "optimal_token_baseline", "update"} <= names
+    assert not any(rel.parts[0] == "lab" for rel in map(Path, per_file))  # no apparatus on the path
+
+
+def test_the_measure_counts_the_union_of_spans_plus_docstrings(tmp_path, monkeypatch):
+    """A file with a 3-line docstring, a 4-line function and a 2-line one nested in it: 7 lines."""
+    monkeypatch.setattr(reading_guide, "ROOT", tmp_path)
+    (tmp_path / "m.py").write_text('"""Doc\n\nstring."""\n\n\ndef f():\n    def g():\n        return 1\n'
+                                   '    return g()\n')
+    total, per_file, path = reading_guide.measure([(Path("m.py"), 6, "f"), (Path("m.py"), 7, "f.<locals>.g")])
+    assert total == 3 + 4 and per_file == {"m.py": 7} and [p[1] for p in path] == ["f"]  # g: inside f
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("doc", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))])
+def test_every_relative_link_of_the_docs_points_at_a_file(doc):
+    path = ROOT / doc if doc == "README.md" else ROOT / "docs" / doc
+    for target in LINK.findall(path.read_text()):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        assert (path.parent / target).exists(), f"{doc}: link to {target} points at nothing"
+
+
+def test_the_readme_file_tree_names_every_module():
+    readme = (ROOT / "README.md").read_text()
+    for name in sorted({p.name for p in ROOT.glob("*.py")} | {f"lab/{p.name}" for p in (ROOT / "lab").glob("*.py")}):
+        if name != "lab/__init__.py":
+            assert re.search(rf"(^|\s){re.escape(name.split('/')[-1])}\s", readme, re.M), name
