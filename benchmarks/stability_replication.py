@@ -283,6 +283,13 @@ def write(out, saved, n_planned=None):
                   primary=primary, secondary=secondary)
     Path(out).mkdir(parents=True, exist_ok=True)
     write_results(out, "results", json.loads(json.dumps(record)), text, md_stem="summary")
+    cells = {cell: st.cell_summary(runs) for cell, runs in sorted(per_run.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+             if len(runs) >= 2}
+    if cells:  # the first study's figure: survival over steps and tokens at 7e-4, collapse rate per rate
+        import matplotlib
+        matplotlib.use("Agg")  # files only
+        import matplotlib.pyplot as plt
+        plt.close(st.plot(cells, Path(out) / "survival.png"))
     return record
 
 

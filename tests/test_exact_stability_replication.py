@@ -91,6 +91,7 @@ def test_runner_end_to_end_two_tiny_seeds(tmp_path):
     summary = (out / "summary.md").read_text()
     assert "| otb lr 0.0007 vs group_mean lr 0.0007 | 2 |" in summary
     assert "Interim: 2 of the 2 planned" not in summary and "Verdict (as pre-registered)" in summary
+    assert (out / "survival.png").stat().st_size > 0
     rp.main(args)  # resumes: nothing runs again, no new load lines
     assert len((out / "load.jsonl").read_text().splitlines()) == 4
     (tmp_path / "saved").mkdir()
