@@ -8,32 +8,27 @@ change in a shared machine's load hits all of them alike; round 0 warms up and i
 import os
 import platform
 import time
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-
-def cpu_model():
-    """The CPU's model name (from /proc/cpuinfo on Linux), else what platform knows."""
-    try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine() or "unknown CPU"
+from lab.machine import fingerprint
 
 
 def machine():
-    """A small JSON-able dict: CPU, cores, torch threads, versions and the GPU if there is one."""
-    return dict(cpu=cpu_model(), logical_cpus=os.cpu_count(), torch_threads=torch.get_num_threads(),
-                omp_num_threads=os.environ.get("OMP_NUM_THREADS", "unset"), torch=torch.__version__,
+    """A small JSON-able dict: the machine's fingerprint (CPU model and capability, torch, MKL and
+    transformers versions: lab/machine.py), cores, torch threads, Python and the GPU if there is one."""
+    return dict(**fingerprint(), logical_cpus=os.cpu_count(), torch_threads=torch.get_num_threads(),
+                omp_num_threads=os.environ.get("OMP_NUM_THREADS", "unset"),
                 python=platform.python_version(), platform=platform.platform(),
                 cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
 
 
 def describe(info):
-    """One line for a results file: CPU, torch threads and version (and the GPU if there is one)."""
-    return (f"{info['cpu']}, {info['torch_threads']} torch thread(s), torch {info['torch']}"
+    """One line for a results file: CPU (and its capability), torch threads and version (and the GPU
+    if there is one)."""
+    cpu = info["cpu"] + (f" ({info['cpu_capability']})" if info.get("cpu_capability") else "")
+    return (f"{cpu}, {info['torch_threads']} torch thread(s), torch {info['torch']}"
             + (f", {info['cuda']}" if info.get("cuda") else ""))
 
 
