@@ -41,7 +41,7 @@ import torch
 import otb
 import rollout
 import tasks
-from lab import compare, fast_decode, logbook, lr_schedule, preflight, train_cli
+from lab import compare, fast_decode, logbook, lr_schedule, preflight, runs, train_cli
 from lab.train_cli import arg
 
 
@@ -231,22 +231,22 @@ def make_estimator(name, zero_tail):
     return otb.ESTIMATORS[train_cli.estimator_name(name, zero_tail)]
 
 
-# ===== The training loop (checkpoints, Ctrl-C and --resume: lab/train_cli.py) ==============================
+# ===== The training loop (checkpoints, Ctrl-C and --resume: lab/runs.py) ===================================
 
 def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None):
     """Run one configuration in run_dir (metrics.jsonl, checkpoint.pt, DONE); returns the metrics.
-    resume: from run_dir's checkpoint. Ctrl-C finishes the step, saves and raises train_cli.Stopped.
+    resume: from run_dir's checkpoint. Ctrl-C finishes the step, saves and raises runs.Stopped.
     keep_optimizer=False: the final checkpoint keeps the weights only (a comparison's). bar: makes the
-    progress bar from (cfg, first step) (default train_cli.Bar)."""
+    progress bar from (cfg, first step) (default runs.Bar)."""
     task = tasks.make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sampler = model if cfg.rollout_dtype == "float32" else copy.deepcopy(model).to(train_cli.DTYPES[cfg.rollout_dtype])
-    start, tokens, lengths, history = train_cli.load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])
-    train_cli.write_metrics(run_dir, history)  # a resumed run drops the lines logged after its checkpoint
-    bar = (bar or train_cli.Bar)(cfg, start)
+    start, tokens, lengths, history = runs.load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])
+    runs.write_metrics(run_dir, history)  # a resumed run drops the lines logged after its checkpoint
+    bar = (bar or runs.Bar)(cfg, start)
     schedule, saved_at = train_cli.schedule_kwargs(cfg), time.monotonic()
-    with train_cli.StopOnCtrlC() as stop:
+    with runs.StopOnCtrlC() as stop:
         for step in range(start, cfg.steps):
             lr = cfg.lr * lr_schedule.lr_factor(cfg.lr_schedule, lengths, cfg.steps, **schedule)
             for group in opt.param_groups:
@@ -262,11 +262,11 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
             logbook.log(run_dir, cfg, bar, row)  # metrics.jsonl, the bar, a line every --log-every steps
             last = step + 1 == cfg.steps or tokens >= (cfg.token_budget or math.inf)
             if last or stop.requested or time.monotonic() - saved_at >= 60 * cfg.checkpoint_minutes:
-                train_cli.save_checkpoint(run_dir, model, opt if keep_optimizer or not last else None,
+                runs.save_checkpoint(run_dir, model, opt if keep_optimizer or not last else None,
                                           step + 1, tokens, lengths)
                 saved_at = time.monotonic()
             if stop.requested and not last:
-                raise train_cli.Stopped(f"stopped after step {step + 1} of {cfg.steps}")
+                raise runs.Stopped(f"stopped after step {step + 1} of {cfg.steps}")
             if last:
                 break  # the token budget is spent (or this was step --steps)
     bar.close()  # at 100%, also where the token budget ended the run before --steps
@@ -277,14 +277,14 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
 def main(argv=None):
     """Parse, load the model, then one run (--estimator) or a comparison (lab/compare.py)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    cfg, model, tok, folder, command, source = train_cli.start(argv, Config)  # checked; the header printed
+    cfg, model, tok, folder, command, source = runs.start(argv, Config)  # checked; the header printed
     if cfg.preflight or (cfg.preset != "cpu" and not cfg.estimator and not cfg.resume):  # a GPU preset checks first
-        with train_cli.errors_exit():  # over the memory limit: one line naming the options, exit status 2
+        with runs.errors_exit():  # over the memory limit: one line naming the options, exit status 2
             report = preflight.run(cfg, model, tok, folder, train_step, learn, make_estimator)
         if cfg.preflight:
             return report
     if cfg.estimator:  # a single run
-        with train_cli.ctrl_c_exits(folder, cfg.checkpoint_minutes):  # says how to resume; exit status 130
+        with runs.ctrl_c_exits(folder, cfg.checkpoint_minutes):  # says how to resume; exit status 130
             (folder / "DONE").unlink(missing_ok=True)  # a finished run extended by a larger --steps
             history = train(cfg, folder, model, tok, resume=bool(cfg.resume))
         print(f"metrics: {folder / 'metrics.jsonl'}")

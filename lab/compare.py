@@ -50,6 +50,7 @@ from lab import plumbing
 from lab import stats
 import tasks
 from lab import train_cli
+from lab import runs
 from lab.logbook import moving_average, summarize  # a run's curve and its row of the table
 
 
@@ -124,7 +125,7 @@ def run_one(sub, run_dir, model, init, tok, command, source, train, keep_weights
         return plumbing.read_jsonl(run_dir / "metrics.jsonl")
     resume = (run_dir / "checkpoint.pt").exists()
     if not resume:
-        train_cli.write_config(run_dir, sub, command, source)
+        runs.write_config(run_dir, sub, command, source)
     model.load_state_dict(init)
     history = train(sub, run_dir, model, tok, resume=resume, keep_optimizer=False, bar=bar)
     if not keep_weights:
@@ -134,10 +135,10 @@ def run_one(sub, run_dir, model, init, tok, command, source, train, keep_weights
 
 def make_bars(cfg, folder):
     """{(seed, estimator, N): its bar}: labelled "[k/K] estimator N=n", with the time left of the
-    whole comparison (train_cli.TimeLeft: from the steps run so far)."""
-    time_left = train_cli.TimeLeft(cfg, train_cli.steps_left(cfg, folder))
-    return {(s, est, n): partial(train_cli.Bar, label=label, time_left=time_left)
-            for label, s, est, n, _ in train_cli.configurations(cfg, folder)}
+    whole comparison (runs.TimeLeft: from the steps run so far)."""
+    time_left = runs.TimeLeft(cfg, runs.steps_left(cfg, folder))
+    return {(s, est, n): partial(runs.Bar, label=label, time_left=time_left)
+            for label, s, est, n, _ in runs.configurations(cfg, folder)}
 
 
 def write_summary(out, cfg, histories):
@@ -145,7 +146,7 @@ def write_summary(out, cfg, histories):
     plot_runs(out / "compare.png", cfg, histories)
     rows = [summarize(sub, h) for sub, h in histories.values()]
     (out / "summary.json").write_text(json.dumps(dict(config=train_cli.applied(cfg), runs=rows,
-                                                      **train_cli.versions(), machine=machine.fingerprint()),
+                                                      **runs.versions(), machine=machine.fingerprint()),
                                                  indent=1))  # machine: its numbers depend on the CPU
     cell = lambda x: "-" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))  # noqa: E731
     cols = [c for c in rows[0] if c not in ("estimator", "group_size", "steps")]  # run, tokens, ..., seconds
@@ -283,7 +284,7 @@ def analyse_seeds(cfg, folder):
         p["verdict"] = verdict(p, names[0])
     (folder / "summary.md").write_text(seeds_table(cfg, names[0], rows, pairs, len(seeds)))
     (folder / "summary.json").write_text(json.dumps(dict(
-        config=train_cli.applied(cfg), **train_cli.versions(), machine=machine.fingerprint(), budget=B, seeds=seeds,
+        config=train_cli.applied(cfg), **runs.versions(), machine=machine.fingerprint(), budget=B, seeds=seeds,
         per_run=per_run, configs=rows, paired=pairs), indent=1))
     plot_seeds(histories, B, folder / "compare.png", f"{title(cfg)}, {len(seeds)} seeds")
     return rows
@@ -334,7 +335,7 @@ def main(cfg, model, tok, folder, command, source, train):
     ``train`` is train.py's loop. Returns the table's rows."""
     t0 = time.time()
     device = next(model.parameters()).device
-    with train_cli.ctrl_c_exits(folder, cfg.checkpoint_minutes):  # says how to resume; exit status 130
+    with runs.ctrl_c_exits(folder, cfg.checkpoint_minutes):  # says how to resume; exit status 130
         if cfg.lr_pilot:  # the pre-registered pilot chooses the rate of every configuration
             cfg = replace(cfg, lr=lr_pilot(cfg, folder, model, tok, device, command, source, train), lr_pilot=None)
         if cfg.seeds:  # every configuration on every seed, then the paired table
@@ -343,7 +344,7 @@ def main(cfg, model, tok, folder, command, source, train):
             rows = run_comparison(cfg, folder, model, tok, command, source, train)
     print((folder / "summary.md").read_text())
     if cfg.results_dir:
-        train_cli.copy_results(folder, Path(cfg.results_dir))
+        runs.copy_results(folder, Path(cfg.results_dir))
     print(f"comparison done in {time.time() - t0:.0f} s\nplot: {folder / 'compare.png'}\n"
           f"table: {folder / 'summary.md'} (and summary.json)")
     return rows

@@ -45,7 +45,7 @@ def tool_metrics(ro):
 
 
 def log(run_dir, cfg, bar, r):
-    """The row into metrics.jsonl and the progress bar (train_cli.Bar); every log_every steps, one readable line."""
+    """The row into metrics.jsonl and the progress bar (runs.Bar); every log_every steps, one readable line."""
     with (run_dir / "metrics.jsonl").open("a") as f:
         f.write(json.dumps(r) + "\n")
     bar.step(r)  # the bar reaches step r["step"] before its line is printed: both show the same step

@@ -24,6 +24,7 @@ import rollout
 import tasks
 import train
 from lab import train_cli
+from lab import runs
 from tiny_runs import TINY, interrupt_at, metrics, run, without_times
 
 ROOT = Path(train.__file__).resolve().parent
@@ -421,8 +422,8 @@ def test_a_warm_up_stopped_by_sigterm_or_ctrl_c_continues_with_the_same_command(
 
 
 def test_a_hard_stop_keeps_the_last_checkpoint_and_resume_drops_later_metrics(out, monkeypatch, capsys):
-    real_save = train_cli.save_checkpoint
-    monkeypatch.setattr(train_cli, "save_checkpoint",  # as if the clock allowed one checkpoint, after step 2
+    real_save = runs.save_checkpoint
+    monkeypatch.setattr(runs, "save_checkpoint",  # as if the clock allowed one checkpoint, after step 2
                         lambda run_dir, model, opt, step, *a: step == 2 and real_save(run_dir, model, opt, step, *a))
     interrupt_at(monkeypatch, 4, hard=True)
     with pytest.raises(SystemExit) as e:
@@ -576,11 +577,11 @@ def spy_bars(monkeypatch):
     """[(label, bar)] of every progress bar made, and [(log line, the step its bar shows then)]."""
     bars, lines = [], []
 
-    class Bar(train_cli.Bar):
+    class Bar(runs.Bar):
         def __init__(self, cfg, start, label=None, time_left=None):
             super().__init__(cfg, start, label, time_left)
             bars.append((self.bar.desc, self.bar))
-    monkeypatch.setattr(train_cli, "Bar", Bar)
+    monkeypatch.setattr(runs, "Bar", Bar)
     monkeypatch.setattr(logbook.tqdm, "write", lambda line, *a, **k: lines.append((line, bars[-1][1].n)))
     return bars, lines
 
@@ -605,7 +606,7 @@ def test_the_time_left_counts_each_configuration_at_its_own_pace():
     """A configuration that has run steps: its seconds per step; one that has not: the seconds per
     sampled response so far times its responses (16 prompts x N per step)."""
     cfg = dataclasses.replace(train.Config(), prompts_per_step=16)
-    left = train_cli.TimeLeft(cfg, {(0, "otb", 4): 10, (0, "group_mean", 16): 10})
+    left = runs.TimeLeft(cfg, {(0, "otb", 4): 10, (0, "group_mean", 16): 10})
     left.done((0, "otb", 4), 1.0)
     left.done((0, "otb", 4), 1.0)  # 1 s per step, 2 s per 128 responses
     assert left.text() == "48 s left"  # 8 x 1 s + 10 x (256 x 2 / 128) s
@@ -619,8 +620,8 @@ def test_a_resumed_comparison_prints_its_plan(out, monkeypatch, capsys):
     """Finished configurations are kept, a stopped one continues after its checkpoint and says
     which logged steps it runs again, one not started starts."""
     args = ["--compare", "otb:2,group_mean:4,rloo:2", "--steps", "3", "--checkpoint-minutes", "0"]
-    real_save = train_cli.save_checkpoint
-    monkeypatch.setattr(train_cli, "save_checkpoint",  # group_mean: only the checkpoint after step 1
+    real_save = runs.save_checkpoint
+    monkeypatch.setattr(runs, "save_checkpoint",  # group_mean: only the checkpoint after step 1
                         lambda d, model, opt, step, *a: (d.name != "group_mean-n4" or step == 1)
                         and real_save(d, model, opt, step, *a))
     interrupt_at(monkeypatch, 3 + 3, hard=True)  # a second Ctrl-C in step 3 of group_mean
@@ -629,7 +630,7 @@ def test_a_resumed_comparison_prints_its_plan(out, monkeypatch, capsys):
     monkeypatch.undo()
     cut = out / "plan"
     cfg = train_cli.parse(["--resume", str(cut)], train.Config, train_cli.PRESETS)
-    plan = train_cli.resume_plan(cfg, cut)
+    plan = runs.resume_plan(cfg, cut)
     assert plan == "\n".join([
         f"resuming {cut}, up to step 3:",
         "  [1/3] otb N=2: finished (3 steps), kept",

@@ -1,0 +1,331 @@
+"""The run folder around train.py's training: where a run writes, how it stops and how it resumes.
+
+train.py's ``main`` starts here (``start``: the options parsed by train_cli.py, the model loaded, the
+header printed, the run folder made with its config.json), and its loop uses the rest:
+
+- checkpoint.pt: everything --resume needs (``save_checkpoint`` / ``load_checkpoint``; a full disk or
+  a damaged file is one line saying what to do), and metrics.jsonl rewritten on resume;
+- Ctrl-C: the first one stops after the step and saves (``StopOnCtrlC``), a second one at once; either
+  way the message says how to resume (``ctrl_c_exits``); SIGTERM, which `timeout` or a cluster sends,
+  is a Ctrl-C; ``errors_exit`` turns a bad option into one line and exit status 2;
+- the progress bars (one per run, advanced with the log line; a comparison's say "[k/K]" and the time
+  left) and the plan that --resume prints (``resume_plan``).
+"""
+import errno
+import json
+import shlex
+import shutil
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from lab import models, plumbing
+from lab.plumbing import pick_device
+from lab.train_cli import (LOG_COLUMNS, PRESETS, UsageError, applied, checkpoint_step, load, parse,
+                           read_checkpoint, run_name, runs_of, seed_list)
+
+
+@contextmanager
+def errors_exit(command="the same command"):
+    """A UsageError inside the block: one line and exit status 2; a full disk: exit status 1; Ctrl-C
+    (and from here on SIGTERM, which a `timeout` or a cluster sends, is a Ctrl-C): exit status 130,
+    saying how to continue an interrupted warm-up (``command``: the command line to run again)."""
+    sigterm_is_ctrl_c()
+    try:
+        with closing_bars():
+            yield
+    except UsageError as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except DiskFull as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except models.WarmUpInterrupted as e:
+        saved = f"it is saved at step {e.step}" if e.step else "nothing was saved yet (the first check saves it)"
+        print(f"train.py: interrupted during the warm-up; {saved}; to continue it, run the same command "
+              f"again: {command}", file=sys.stderr)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        print("train.py: interrupted before training started; nothing to resume", file=sys.stderr)
+        sys.exit(130)
+
+
+def sigterm_is_ctrl_c():
+    """SIGTERM calls whatever Ctrl-C calls at that moment (a KeyboardInterrupt, or StopOnCtrlC's stop
+    after the step), so a `timeout` or a preempted cluster job leaves a run that --resume continues."""
+    if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+        signal.signal(signal.SIGTERM, lambda signum, frame: ctrl_c_handler()(signum, frame))
+
+
+def ctrl_c_handler():
+    handler = signal.getsignal(signal.SIGINT)
+    return handler if callable(handler) else signal.default_int_handler  # ignored (nohup): still stops
+
+
+def run_folder(cfg, command):
+    """(folder, command to store): --resume's folder and its first command, or a new folder under --out."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if cfg.resume:
+        folder = Path(cfg.resume)
+        return folder, json.loads((folder / "config.json").read_text())["command"] + f"  # resumed: {command}"
+    name = cfg.name or (f"{run_name(cfg.estimator, cfg.group_size, cfg.zero_tail)}-{stamp}" if cfg.estimator
+                        else f"compare-{stamp}")
+    return Path(cfg.out) / name, command
+
+
+def write_config(run_dir, cfg, command, source):
+    """config.json: the command line, every setting applied (``applied``), the model's source, the versions."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(dict(
+        command=command, config=applied(cfg), model_source=source, **versions()), indent=1))
+
+
+def versions():
+    """The versions of the libraries a result depends on (config.json, summary.json)."""
+    import transformers
+    return dict(python=sys.version.split()[0], torch=torch.__version__, transformers=transformers.__version__)
+
+
+def copy_results(folder, dest):
+    """--results-dir: the comparison's config.json, plot and tables, and every run's metrics.jsonl
+    (dest/<run>/, or dest/seed<s>/<run>/ with --seeds)."""
+    metrics = sorted(str(p.relative_to(folder)) for p in folder.glob("**/metrics.jsonl"))
+    for f in ("config.json", "compare.png", "summary.md", "summary.json", *metrics):
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(folder / f, dest / f)
+
+
+def save_checkpoint(run_dir, model, opt, step, tokens, lengths):
+    """Everything a resume needs. opt=None: weights only (a finished configuration of a comparison)."""
+    state = dict(model=model.state_dict(), optimizer=opt.state_dict() if opt else None, step=step,
+                 tokens=tokens, lengths=lengths)
+    plumbing.save_atomic(state, run_dir / "checkpoint.pt")  # a full disk: DiskFull, one line
+
+
+DiskFull = plumbing.DiskFull
+
+
+def load_checkpoint(run_dir, model, opt):
+    """Restore model and optimizer; returns (step, tokens, lengths, metrics up to that step)."""
+    ckpt = read_checkpoint(run_dir / "checkpoint.pt")
+    if ckpt["optimizer"] is None:
+        raise UsageError(f"--resume: {run_dir / 'checkpoint.pt'} has no optimizer state (a finished "
+                         "configuration of a comparison keeps its weights only), so it cannot be continued")
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    rows = plumbing.read_jsonl(run_dir / "metrics.jsonl")
+    return ckpt["step"], ckpt["tokens"], ckpt["lengths"], [r for r in rows if r["step"] <= ckpt["step"]]
+
+
+def write_metrics(run_dir, rows):
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+class Stopped(Exception):
+    """Ctrl-C: the run stopped after a step and saved its checkpoint."""
+
+
+def close_bars():
+    """Close the progress bars still open (they stay on screen, the cursor goes to the next line)."""
+    for bar in list(tqdm._instances):
+        bar.close()
+
+
+@contextmanager
+def closing_bars():
+    """An exception leaving the block first closes the open bars, so its message starts a line."""
+    try:
+        yield
+    except (Stopped, KeyboardInterrupt, UsageError, DiskFull, OSError):
+        close_bars()  # the message goes under the bar, not at the end of its line
+        raise
+
+
+@contextmanager
+def ctrl_c_exits(folder, checkpoint_minutes):
+    """Ctrl-C inside the block (Stopped, or a second Ctrl-C): say how to resume, exit status 130."""
+    try:
+        with closing_bars():
+            yield
+    except (Stopped, KeyboardInterrupt) as e:
+        what = f"{e}; checkpoint saved" if isinstance(e, Stopped) else (
+            f"interrupted; the last checkpoint is kept (at most {checkpoint_minutes:g} minutes old)")
+        print(f"train.py: {what}; resume with: python train.py --resume {shlex.quote(str(folder))}",
+              file=sys.stderr)
+        sys.exit(130)
+    except UsageError as e:  # e.g. an unreadable checkpoint met during the comparison
+        print(f"train.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (DiskFull, OSError) as e:
+        if not isinstance(e, DiskFull) and e.errno != errno.ENOSPC:
+            raise
+        where = e if isinstance(e, DiskFull) else f"no space left in {Path(e.filename or folder).parent}"
+        print(f"train.py: error: {where}; any earlier checkpoint is kept: free some space, then resume with: "
+              f"python train.py --resume {shlex.quote(str(folder))}", file=sys.stderr)
+        sys.exit(1)
+
+
+class StopOnCtrlC:
+    """Within the block, the first Ctrl-C (or SIGTERM) asks the loop to stop after the current step
+    (which then saves a checkpoint); a second one stops at once (KeyboardInterrupt, the last
+    checkpoint kept)."""
+
+    def __enter__(self):
+        self.requested, self.previous = False, {}
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(sig) is not signal.SIG_IGN:  # e.g. a background job: keep ignoring Ctrl-C
+                    self.previous[sig] = signal.signal(sig, self.handle)
+        return self
+
+    def handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        tqdm.write(f"{name}: stopping after this step and saving a checkpoint (Ctrl-C again: stop at once)")
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+class Bar:
+    """The progress bar of one run, from step ``start`` to ``cfg.steps``. It advances after each
+    step, before that step's log line, so the bar and the log always show the same step; at the
+    end it stands at 100%, also when the token budget ended the run before ``--steps``. ``label``:
+    its name ("[2/5] grpo N=4" in a comparison); ``time_left``: a comparison's TimeLeft."""
+
+    def __init__(self, cfg, start, label=None, time_left=None):
+        self.time_left, self.key = time_left, (cfg.seed, cfg.estimator, cfg.group_size)
+        self.tick = time.monotonic()
+        self.bar = tqdm(total=cfg.steps, initial=start, desc=label or f"{cfg.estimator} N={cfg.group_size}",
+                        dynamic_ncols=True, mininterval=0)  # redrawn at every step: it never lags the log
+
+    def step(self, row):
+        """Step ``row["step"]`` is done: the bar shows it, with its success, length and gradient norm."""
+        now, post = time.monotonic(), dict(success=f"{row['success']:.2f}", len=f"{row['response_len']:.1f}",
+                                           gnorm=f"{row['grad_norm']:.2f}")
+        if self.time_left:
+            self.time_left.done(self.key, now - self.tick)
+            post["comparison"] = self.time_left.text()
+        self.tick = now
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.update(1)
+
+    def close(self):
+        if self.bar.n < self.bar.total:  # ended by the token budget: the steps it ran are all of it
+            self.bar.total = self.bar.n
+            if self.time_left:
+                self.time_left.finished(self.key)
+        self.bar.refresh()
+        self.bar.close()
+
+
+class TimeLeft:
+    """A comparison's time left, from the steps done so far in this process: a configuration that
+    has run steps, its seconds per step times its steps left; one that has not, the seconds per
+    sampled response so far times its responses (steps x prompts_per_step x N: a step's cost grows
+    with N). With --token-budget a run may end before --steps: the estimate is an upper bound."""
+
+    def __init__(self, cfg, steps_left):
+        self.left = dict(steps_left)  # (seed, estimator, N) -> steps still to run
+        self.prompts, self.bound = cfg.prompts_per_step, cfg.token_budget is not None
+        self.seconds, self.steps = dict.fromkeys(self.left, 0.0), dict.fromkeys(self.left, 0)
+
+    def done(self, key, seconds):
+        self.left[key] -= 1
+        self.seconds[key] += seconds
+        self.steps[key] += 1
+
+    def finished(self, key):
+        self.left[key] = 0
+
+    def text(self):
+        per_response = sum(self.seconds.values()) / sum(self.prompts * k[2] * n for k, n in self.steps.items())
+        todo = sum(steps * (self.seconds[k] / self.steps[k] if self.steps[k] else per_response * self.prompts * k[2])
+                   for k, steps in self.left.items())
+        return ("at most " if self.bound and todo else "") + duration(todo) + " left"
+
+
+def duration(seconds):
+    """'45 s', '12 min', '2.5 h'."""
+    return (f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400
+            else f"{seconds / 3600:.1f} h")
+
+
+def configurations(cfg, folder):
+    """[(label, seed, estimator, N, run folder)] of a run or a comparison, in the order they run;
+    the label is what the bar shows: "[2/5] grpo N=4" (with --seeds: "[7/15] seed 1 grpo N=4")."""
+    if cfg.estimator:
+        return [(f"{cfg.estimator} N={cfg.group_size}", cfg.seed, cfg.estimator, cfg.group_size, Path(folder))]
+    seeds = seed_list(cfg) if cfg.seeds else [cfg.seed]
+    runs = [(s, est, n) for s in seeds for est, n in runs_of(cfg)]
+    return [(f"[{k}/{len(runs)}] " + (f"seed {s} " if cfg.seeds else "") + f"{est} N={n}", s, est, n,
+             (Path(folder) / f"seed{s}" if cfg.seeds else Path(folder)) / run_name(est, n, cfg.zero_tail))
+            for k, (s, est, n) in enumerate(runs, start=1)]
+
+
+def progress_of(run_dir, single=False):
+    """(finished, step of the checkpoint or None, last step logged) of a run folder; a finished run
+    of a comparison (DONE) is kept, a single run's DONE is only a run that --steps may extend."""
+    logged = max((r["step"] for r in plumbing.read_jsonl(run_dir / "metrics.jsonl")), default=0)
+    saved = checkpoint_step(run_dir / "checkpoint.pt", single) if (run_dir / "checkpoint.pt").exists() else None
+    return (not single and (run_dir / "DONE").exists()), saved, logged
+
+
+def resume_plan(cfg, folder):
+    """What --resume does, one line per configuration: kept (finished), continued after the step of
+    its checkpoint (where steps were logged after it, those are run again: a second Ctrl-C stops
+    at once and keeps the last checkpoint), or started. An unreadable checkpoint is a UsageError."""
+    lines = [f"resuming {folder}, up to step {cfg.steps}:"]
+    for label, _, _, _, run_dir in configurations(cfg, folder):
+        finished, saved, logged = progress_of(run_dir, single=bool(cfg.estimator))
+        if finished:
+            what = f"finished ({logged} steps), kept"
+        elif saved is not None:
+            what = f"continues after step {saved} (its checkpoint)" + (
+                f"; {steps(saved + 1, logged)} run again (logged after the checkpoint)" if logged > saved else "")
+        elif logged:
+            what = f"starts again: {steps(1, logged)} run again (no checkpoint was saved)"
+        else:
+            what = "starts (not run yet)"
+        lines.append(f"  {label}: {what}")
+    return "\n".join(lines)
+
+
+def steps(first, last):
+    return f"step {first} is" if first == last else f"steps {first}-{last} are"
+
+
+def steps_left(cfg, folder):
+    """{(seed, estimator, N): steps still to run} of a comparison, for its TimeLeft."""
+    left = {}
+    for _, s, est, n, run_dir in configurations(cfg, folder):
+        finished, saved, _ = progress_of(run_dir)
+        left[(s, est, n)] = 0 if finished else cfg.steps - (saved or 0)
+    return left
+
+
+def start(argv, config):
+    """(cfg, model, tokenizer, folder, command, source) of train.py's command line: the options parsed
+    and checked (a bad one: one line, exit status 2, nothing created), the model loaded (lab/models.py
+    builds, warms up or reads it), the header printed, and the run folder with its config.json."""
+    command = ("python train.py " + shlex.join(argv)).strip()
+    with errors_exit(command):
+        cfg = parse(argv, config, PRESETS, epilog=LOG_COLUMNS)  # --resume: the stored options
+        plan = resume_plan(cfg, cfg.resume) if cfg.resume else ""  # what is kept, continued, redone
+        device = pick_device(cfg.device)
+        model, tok, source = load(cfg, device)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{command}\nmodel {cfg.model} ({n_params / 1e6:.2f}M parameters) on {device}", flush=True)
+    print(f"{plan}\n{LOG_COLUMNS}".strip(), flush=True)  # what each column of the log line means
+    folder, command = run_folder(cfg, command)  # a new folder, or --resume's
+    write_config(folder, cfg, command, source)
+    return cfg, model, tok, folder, command, source
