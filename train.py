@@ -24,7 +24,6 @@ comes from it (not the sampler): the PPO ratio is 1 in the first epoch and the s
 is logged, not corrected. The memory options change what is held at once, never the gradient
 (tests/test_exact_memory.py). What surrounds this file lives in lab/ (lab/__init__.py maps it).
 """
-import copy
 import math
 import os
 import sys
@@ -241,7 +240,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
     task = tasks.make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sampler = model if cfg.rollout_dtype == "float32" else copy.deepcopy(model).to(train_cli.DTYPES[cfg.rollout_dtype])
+    sampler = train_cli.sampler(cfg, model)  # the model, or its copy in --rollout-dtype
     start, tokens, lengths, history = runs.load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])
     runs.write_metrics(run_dir, history)  # a resumed run drops the lines logged after its checkpoint
     bar = (bar or runs.Bar)(cfg, start)

@@ -65,7 +65,7 @@ def lr_pilot(cfg, folder, model, tok, device, command, source, train):
                   token_budget=budget, lr_pilot=None)
     if cfg.model == "tiny" and sub.seed != cfg.seed:  # the tiny model's warm-up depends on the seed
         model, tok, _ = train_cli.load(sub, device)
-    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    init = plumbing.weights(model)
     rows = []
     for lr in tqdm(rates, desc=f"learning-rate pilot {cfg.lr_pilot_run}"):
         history = run_one(replace(sub, lr=lr), folder / "pilot" / f"lr{lr:g}", model, init, tok, command,
@@ -106,7 +106,7 @@ def run_comparison(cfg, out, model, tok, command, source, train, bars=None):
     weights into ``out/<estimator>-n<N>``; a finished one (DONE) is kept on resume. Returns the rows.
     bars: each configuration's progress bar (``make_bars``; with --seeds, those of all the seeds)."""
     bars = bars or make_bars(cfg, out)
-    init = {k: v.detach().clone() for k, v in model.state_dict().items()}  # every run starts here
+    init = plumbing.weights(model)  # every run starts here
     histories = {}
     for est, n in train_cli.runs_of(cfg):
         sub = replace(cfg, estimator=est, group_size=n, compare=None)
@@ -250,7 +250,7 @@ def verdict(p, who):
 def run_seeds(cfg, folder, model, tok, device, command, source, train):
     """Every configuration on every seed (a finished one is kept on --resume), then the analysis."""
     seeds = train_cli.seed_list(cfg)
-    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    init = plumbing.weights(model)
     bars = make_bars(cfg, folder)  # "[k/K] seed s estimator N=n" over all the seeds
     for s in seeds:
         sub = replace(cfg, seed=s, seeds=None)
@@ -309,10 +309,9 @@ def seeds_table(cfg, ref, rows, pairs, k):
 
 def plot_seeds(histories, budget, path, title):
     """Success (trailing window of budget / 10 tokens) against tokens, mean of the seeds per config."""
-    import matplotlib
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    plt.switch_backend("Agg")  # files only
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     grid = np.linspace(0, budget, 60)
     for c, by_seed in histories.items():

@@ -1,4 +1,4 @@
-"""The three small helpers that every command line of the project shares, written once.
+"""The small helpers that every command line of the project shares, written once.
 
 - ``pick_device("auto")``: cuda, then mps, then cpu; a named device must exist on this machine.
 - ``unwritable(path)``: why a file or folder cannot be created at ``path`` (None if it can), checked
@@ -6,6 +6,8 @@
 - ``read_jsonl(path)``: the rows of a JSON-lines file such as a run's ``metrics.jsonl``.
 - ``save_atomic(state, path)``: torch.save through a temporary file; a full disk is ``DiskFull``,
   one line saying where and how much, with the temporary file removed.
+- ``weights(model)``: a copy of the model's weights, to start every run of a comparison from (or to
+  restore after the preflight).
 
 train.py (through train_cli.py), toy_harness.py and the scripts in benchmarks/ import these; a bad
 value raises ``UsageError``, which each command line prints as one line.
@@ -96,3 +98,8 @@ def tensor_bytes(obj, seen=None):
         return obj.untyped_storage().nbytes()
     items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else []
     return sum(tensor_bytes(x, seen) for x in items)
+
+
+def weights(model):
+    """A copy of the model's weights: its state_dict's tensors, detached and cloned."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}

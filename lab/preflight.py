@@ -32,7 +32,6 @@ restored afterwards, so a comparison that follows starts from the same ones.
 If the peak exceeds ``--memory-limit`` (GB), or else the device's memory, it stops with a message
 naming the options that lower it. Everything goes into ``<run folder>/preflight.json``.
 """
-import copy
 import json
 import math
 import time
@@ -43,7 +42,7 @@ import torch
 
 import rollout
 import tasks
-from lab import train_cli
+from lab import plumbing, train_cli
 
 GB = 1e9
 
@@ -109,7 +108,7 @@ def run(cfg, model, tok, folder, train_step, learn, make_estimator):
     est, n = largest(cfg)
     sub = replace(cfg, estimator=est, group_size=n, compare=None, seeds=None)
     task = tasks.make_task(cfg)
-    init = {k: v.detach().clone() for k, v in model.state_dict().items()}  # restored at the end
+    init = plumbing.weights(model)  # restored at the end
     estimator = make_estimator(est, cfg.zero_tail)
     limit = tasks.response_limit(cfg, task)
     rows = cfg.prompts_per_step * n
@@ -130,7 +129,7 @@ def run(cfg, model, tok, folder, train_step, learn, make_estimator):
         # 2. one real step: its time and response length
         s = None
         if worst is not math.inf:
-            sampler = model if cfg.rollout_dtype == "float32" else copy.deepcopy(model).to(getattr(torch, cfg.rollout_dtype))
+            sampler = train_cli.sampler(cfg, model)
             reset_peak(device)
             s = train_step(sub, model, sampler, opt, task, tok, estimator, 0)
             worst = max(worst or 0, peak(device) or 0) or None

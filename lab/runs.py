@@ -41,19 +41,22 @@ def errors_exit(command="the same command"):
         with closing_bars():
             yield
     except UsageError as e:
-        print(f"train.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        exit_with(f"error: {e}", 2)
     except DiskFull as e:
-        print(f"train.py: error: {e}", file=sys.stderr)
-        sys.exit(1)
+        exit_with(f"error: {e}", 1)
     except models.WarmUpInterrupted as e:
         saved = f"it is saved at step {e.step}" if e.step else "nothing was saved yet (the first check saves it)"
-        print(f"train.py: interrupted during the warm-up; {saved}; to continue it, run the same command "
-              f"again: {command}", file=sys.stderr)
-        sys.exit(130)
+        exit_with(f"interrupted during the warm-up; {saved}; to continue it, run the same command again: {command}",
+                  130)
     except KeyboardInterrupt:
-        print("train.py: interrupted before training started; nothing to resume", file=sys.stderr)
-        sys.exit(130)
+        exit_with("interrupted before training started; nothing to resume", 130)
+
+
+def exit_with(message, status):
+    """The one line a stopped train.py leaves (on stderr), then its exit status: 2 a usage error, 1 a
+    full disk, 130 an interruption."""
+    print(f"train.py: {message}", file=sys.stderr)
+    sys.exit(status)
 
 
 def sigterm_is_ctrl_c():
@@ -156,19 +159,15 @@ def ctrl_c_exits(folder, checkpoint_minutes):
     except (Stopped, KeyboardInterrupt) as e:
         what = f"{e}; checkpoint saved" if isinstance(e, Stopped) else (
             f"interrupted; the last checkpoint is kept (at most {checkpoint_minutes:g} minutes old)")
-        print(f"train.py: {what}; resume with: python train.py --resume {shlex.quote(str(folder))}",
-              file=sys.stderr)
-        sys.exit(130)
+        exit_with(f"{what}; resume with: python train.py --resume {shlex.quote(str(folder))}", 130)
     except UsageError as e:  # e.g. an unreadable checkpoint met during the comparison
-        print(f"train.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        exit_with(f"error: {e}", 2)
     except (DiskFull, OSError) as e:
         if not isinstance(e, DiskFull) and e.errno != errno.ENOSPC:
             raise
         where = e if isinstance(e, DiskFull) else f"no space left in {Path(e.filename or folder).parent}"
-        print(f"train.py: error: {where}; any earlier checkpoint is kept: free some space, then resume with: "
-              f"python train.py --resume {shlex.quote(str(folder))}", file=sys.stderr)
-        sys.exit(1)
+        exit_with(f"error: {where}; any earlier checkpoint is kept: free some space, then resume with: "
+                  f"python train.py --resume {shlex.quote(str(folder))}", 1)
 
 
 class StopOnCtrlC:

@@ -15,6 +15,7 @@ run names, the seeds, the pilot's rates, the schedule's arguments) and reading a
 for --resume. The run folder itself (config.json, checkpoints, Ctrl-C, bars) is lab/runs.py.
 """
 import argparse
+import copy
 import json
 import math
 import os
@@ -34,8 +35,7 @@ from lab import plumbing
 import tasks
 
 DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
-GROUP_BASELINES = ("group_mean", "grpo", "rloo", "otb", "otb_loo", "otb_zero_tail", "otb_tir",
-                   "otb_tir_zero_tail")  # need N >= 2
+NEEDS_A_GROUP = tuple(name for name in otb.ESTIMATORS if name != "reinforce")  # a baseline from the group: N >= 2
 RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device")  # options a resume may change
 RUN_ONLY = ("estimator", "group_size")  # a comparison takes these from --compare
 COMPARISON_ONLY = ("compare", "seeds", "results_dir", "keep_weights", "lr_pilot", "lr_pilot_run", "lr_pilot_seed",
@@ -66,6 +66,11 @@ pick_device = plumbing.pick_device  # auto: cuda, then mps, then cpu
 # =====================================================================================
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def sampler(cfg, model):
+    """The model that samples: the model itself, or a copy in --rollout-dtype (train_step refreshes it)."""
+    return model if cfg.rollout_dtype == "float32" else copy.deepcopy(model).to(DTYPES[cfg.rollout_dtype])
 
 
 def arg(default, help):  # a dataclass field with its --help text
@@ -286,7 +291,7 @@ def resume_config(cfg, argv):
 def estimator_name(est, zero_tail=False):
     """The estimator that runs: --zero-tail turns otb and otb_tir into otb_zero_tail and
     otb_tir_zero_tail (verl's); every other estimator is itself."""
-    return f"{est}_zero_tail" if zero_tail and est in ("otb", "otb_tir") else est
+    return f"{est}_zero_tail" if zero_tail and f"{est}_zero_tail" in otb.ESTIMATORS else est
 
 
 def run_name(est, n, zero_tail=False):
@@ -361,7 +366,7 @@ def check(cfg):
                          "--compare for a comparison")
     blame = "--group-size" if cfg.estimator else "--compare"
     for est, n in runs_of(cfg):
-        if n < 1 or (n == 1 and est in GROUP_BASELINES):
+        if n < 1 or (n == 1 and est in NEEDS_A_GROUP):
             raise UsageError(f"{blame}: {est} with group size {n}: " + ("must be >= 1" if n < 1 else
                              "a group baseline needs >= 2 responses per prompt (or use reinforce)"))
         if cfg.minibatch_size and (cfg.prompts_per_step * n) % cfg.minibatch_size:
@@ -407,7 +412,7 @@ def check_lr_pilot(cfg):
     if cfg.estimator:
         raise UsageError(f"--lr-pilot {cfg.lr_pilot}: precedes a comparison, not one --estimator run")
     est, _, n = cfg.lr_pilot_run.partition(":")
-    if est not in otb.ESTIMATORS or not n.isdigit() or int(n) < (2 if est in GROUP_BASELINES else 1):
+    if est not in otb.ESTIMATORS or not n.isdigit() or int(n) < (2 if est in NEEDS_A_GROUP else 1):
         raise UsageError(f"--lr-pilot-run {cfg.lr_pilot_run!r}: expected estimator:group_size (a group baseline "
                          f"with group size >= 2), estimator in {sorted(otb.ESTIMATORS)}")
     if not (cfg.lr_pilot_budget or cfg.token_budget):
