@@ -6,9 +6,19 @@ numbers and figures without running anything.
 
 The stored outputs are compared as text (printed numbers, tables); figures are compared by count
 only (their bytes depend on the matplotlib build), anything that looks like a wall-clock time is
-masked, and stderr (warnings) is neither stored nor compared. The test suite runs the check, so a
+masked, a number below 1e-10 printed in e-notation is a rounding residue (``max |a - b| = 1.2e-17``:
+the CPU's float64 rounding decides its digits) and is compared as ``<1e-10``, and stderr (warnings)
+is neither stored nor compared. The test suite runs the check, so a
 change to a module that moves a number in a notebook fails until the notebook is re-run with this
 command. The exercise notebooks are not touched: they stay blank (see exercises/build.py).
+
+Numbers the CPU decides. Notebook 02 trains a float32 model; on another CPU its sums round in
+another order and its warm-up, table and curves come out a little different (docs/training.md,
+"Which numbers depend on the machine"). Writing a notebook stores this machine's fingerprint in its
+metadata (``machine``: CPU model and capability, torch, MKL and transformers versions; see
+lab/machine.py). A code cell tagged ``machine-dependent`` is compared as text only where the
+fingerprint matches; on any other machine its numbers are masked and the rest (the words, the rows
+and columns of a table) is compared, and the numbers that differ are listed, not counted as stale.
 """
 import argparse
 import re
@@ -19,9 +29,21 @@ import nbformat
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from lab import machine  # noqa: E402
+
 TUTORIALS = ["notebooks/01_toy_bandit.ipynb", "notebooks/02_training_comparison.ipynb",
              "notebooks/03_saved_results.ipynb"]
 TIME = re.compile(r"\b\d+(\.\d+)?\s?(s|ms|sec|seconds|min)\b")  # wall-clock times vary between runs
+NUMBER = re.compile(r"[-+]?\d[\d,]*(\.\d+)?([eE][-+]?\d+)?")  # 90, 0.375, 116,424, -1.2e-17
+TAG = "machine-dependent"  # a cell whose numbers the CPU decides
+E_NOTATION = re.compile(r"[-+]?\d+(\.\d+)?[eE][-+]?\d+")
+
+
+def residues_masked(text):
+    """``text`` with every e-notation number below 1e-10 in size (rounding: 1.2e-17, 0.0e+00) as '<1e-10'."""
+    return E_NOTATION.sub(lambda m: "<1e-10" if abs(float(m.group())) < 1e-10 else m.group(), text)
 
 
 def execute(path, timeout=600):
@@ -39,8 +61,9 @@ def execute(path, timeout=600):
     return nb
 
 
-def fingerprint(nb):
-    """Per code cell: its text outputs (times masked) and the number of images."""
+def cell_outputs(nb):
+    """Per code cell: its text outputs (times and rounding residues masked), the number of images, and
+    whether it is tagged machine-dependent."""
     cells = []
     for cell in nb.cells:
         if cell.cell_type != "code":
@@ -55,17 +78,63 @@ def fingerprint(nb):
                 if kind in data and not any(k.startswith("image/") for k in data):
                     texts.append(data[kind] if isinstance(data[kind], str) else "".join(data[kind]))
                     break
-        cells.append((TIME.sub("<time>", "".join(texts)), images))
+        cells.append((residues_masked(TIME.sub("<time>", "".join(texts))), images, TAG in cell.metadata.get("tags", [])))
     return cells
 
 
-def stale_cells(stored, fresh):
-    """Indices (among code cells) whose outputs differ, with a short reason each."""
-    a, b = fingerprint(stored), fingerprint(fresh)
+def first_difference(stored, fresh, width=100):
+    """'line 3: stored '...', here '...'': the first line where two texts differ."""
+    a, b = stored.splitlines(), fresh.splitlines()
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    line = lambda lines: repr(lines[k][:width]) if k < len(lines) else "(no such line)"  # noqa: E731
+    return f"line {k + 1}: stored {line(a)}, here {line(b)}"
+
+
+def compare(stored, fresh, same_machine=True):
+    """(stale, cpu): what differs between the stored and the fresh outputs, per code cell. ``stale``:
+    differences a change of code or notebook explains. ``cpu``: on another machine than the one that
+    stored the outputs (``same_machine`` False), cells tagged machine-dependent whose text differs only
+    in its numbers, with the numbers that moved."""
+    a, b = cell_outputs(stored), cell_outputs(fresh)
     if len(a) != len(b):
-        return [f"{len(a)} code cells stored, {len(b)} in the fresh run"]
-    return [f"code cell {i}: " + ("text differs" if x[0] != y[0] else f"{x[1]} figure(s) stored, {y[1]} fresh")
-            for i, (x, y) in enumerate(zip(a, b)) if x != y]
+        return [f"{len(a)} code cells stored, {len(b)} in the fresh run"], []
+    stale, cpu = [], []
+    for i, ((text, images, tagged), (new_text, new_images, _)) in enumerate(zip(a, b)):
+        if images != new_images:
+            stale.append(f"code cell {i}: {images} figure(s) stored, {new_images} here")
+        elif text == new_text:
+            continue
+        elif tagged and not same_machine and NUMBER.sub("#", text) == NUMBER.sub("#", new_text):
+            moved = [f"{x.group()} -> {y.group()}" for x, y in zip(NUMBER.finditer(text), NUMBER.finditer(new_text))
+                     if x.group() != y.group()]
+            cpu.append(f"code cell {i}: {', '.join(moved[:6])}" + (f" and {len(moved) - 6} more" if len(moved) > 6 else ""))
+        else:
+            stale.append(f"code cell {i}: text differs, {first_difference(text, new_text)}")
+    return stale, cpu
+
+
+def stale_cells(stored, fresh, same_machine=True):
+    """The differences a change of code or notebook explains (``compare``'s first list)."""
+    return compare(stored, fresh, same_machine)[0]
+
+
+def how_to_check(paths, recorded):
+    """What to do about a STALE notebook: how to see whether a change moved its outputs, and on which
+    machine they were stored (``recorded``: {path: the fingerprint in its metadata})."""
+    here = machine.fingerprint()
+    lines = ["A stored output differs from a fresh run (what differs is above). To see whether your change "
+             "moved it, run the same check without it: for changes not yet committed,",
+             f"    git stash && python notebooks/execute.py --check {' '.join(paths)}; git stash pop",
+             "and for committed ones, the same check in a checkout of the commit you started from. If the "
+             "notebook is STALE there too, the difference is not your change's: it was there before, or it "
+             "comes from this machine.",
+             f"This machine: {machine.describe(here)}."]
+    for path in paths:
+        fp = recorded[path]
+        differs = [d.split(":")[0] for d in machine.differences(fp, here)]
+        lines.append(f"{path}: outputs stored on {machine.describe(fp)}"
+                     + (f"; not the same machine ({', '.join(differs)})." if differs else "; the same machine."))
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -76,18 +145,24 @@ def main(argv=None):
     for path in args.notebooks:
         if not (ROOT / path).is_file():
             p.error(f"{path}: no such notebook (paths are relative to the repository root)")
-    bad = 0
+    bad = {}
     for path in args.notebooks:
         fresh = execute(path)
         if args.check:
-            problems = stale_cells(nbformat.read(str(ROOT / path), as_version=4), fresh)
-            bad += bool(problems)
-            print(f"{path}: " + ("up to date" if not problems else "STALE: " + "; ".join(problems)))
+            stored = nbformat.read(str(ROOT / path), as_version=4)
+            recorded = stored.metadata.get("machine", {})
+            stale, cpu = compare(stored, fresh, machine.matches(recorded))
+            if stale:
+                bad[path] = recorded
+            print(f"{path}: " + ("STALE: " + "; ".join(stale) if stale else "up to date") + (
+                f" (numbers that the CPU decides, from another machine than the stored ones: {'; '.join(cpu)})"
+                if cpu else ""))
         else:
+            fresh.metadata["machine"] = machine.fingerprint()  # the outputs' numbers depend on it
             nbformat.write(fresh, str(ROOT / path))
             print(f"wrote {path} with its outputs")
     if bad:
-        print("re-run `python notebooks/execute.py` and commit the notebooks", file=sys.stderr)
+        print(how_to_check(list(bad), bad), file=sys.stderr)
     return 1 if bad else 0
 
 
