@@ -240,6 +240,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
     task = tasks.make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    checkpointing(model, cfg)  # enabled before the first rollout: a compiled decode step is traced once
     sampler = train_cli.sampler(cfg, model)  # the model, or its copy in --rollout-dtype
     start, tokens, lengths, history = runs.load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])
     runs.write_metrics(run_dir, history)  # a resumed run drops the lines logged after its checkpoint
