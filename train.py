@@ -78,7 +78,7 @@ class Config(train_cli.Options):
 def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     """One step. Everything but ``estimator`` is identical for every configuration, and the prompts
     and the sampler's draws depend on (seed, step) only. ``sampler``: the model, or its lower-precision
-    copy (--rollout-dtype). Returns the Step."""
+    copy (--rollout-dtype). Returns its StepResult."""
     device = next(model.parameters()).device
     t0 = time.perf_counter()
     # ---- rollout: N responses to each prompt, and their rewards
@@ -93,12 +93,12 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
                             stop=task.stop_rule(tok, answers, cfg.group_size),  # None: a row ends at EOS
                             decoder=fast_decode.decoder(sampler, "compiled") if cfg.compile_decode else None)
     R, token_rewards, _ = tasks.rewards(task, tok, ro, answers, cfg.group_size)  # R (B,), r_t (B, T)
-    return learn(cfg, model, opt, ro, R, token_rewards.to(device), estimator, gen, time.perf_counter() - t0)
+    return score_estimate_update(cfg, model, opt, ro, R, token_rewards.to(device), estimator, gen, time.perf_counter() - t0)
 
 
-def learn(cfg, model, opt, ro, R, token_rewards, estimator, gen, t_rollout=0.0):
+def score_estimate_update(cfg, model, opt, ro, R, token_rewards, estimator, gen, t_rollout=0.0):
     """The rest of the step on a sampled batch ``ro``: score -> estimate -> update (the preflight also
-    runs it on a batch of its own). Returns the Step."""
+    runs it on a batch of its own). Returns its StepResult."""
     device, m = next(model.parameters()).device, ro.response_mask  # (B, T)
     t1 = time.perf_counter()
     # ---- score: the training forward pass, a micro-batch at a time (one block by default). When one
@@ -114,12 +114,12 @@ def learn(cfg, model, opt, ro, R, token_rewards, estimator, gen, t_rollout=0.0):
                        log_probs=old_logp, sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
     t2 = time.perf_counter()
     # ---- update
-    norms, clip_frac, loss = update(model, opt, cfg, ro, old_logp, adv, gen, logp=logp if keep_graph else None)
-    return Step(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss,
+    norms, clip_frac, loss = policy_update(model, opt, cfg, ro, old_logp, adv, gen, logp=logp if keep_graph else None)
+    return StepResult(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss,
                 (t_rollout, t2 - t1, time.perf_counter() - t2))
 
 
-def update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
+def policy_update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
     """The policy-gradient step(s), identical for every estimator: (grad norms, clip fraction, loss).
 
     A minibatch's loss is -(1 / sum m) sum_{i,t} m min(rho A, clip(rho, 1 - eps, 1 + eps) A). With one
@@ -159,7 +159,7 @@ def update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
 
 
 @dataclass
-class Step:
+class StepResult:
     """What one training step produced (all (B, T) tensors right-padded, on the model's device)."""
     ro: rollout.Rollout  # the sampled batch
     R: torch.Tensor  # outcome reward per response, (B,)
@@ -280,7 +280,7 @@ def main(argv=None):
     cfg, model, tok, folder, command, source = runs.start(argv, Config)  # checked; the header printed
     if cfg.preflight or (cfg.preset != "cpu" and not cfg.estimator and not cfg.resume):  # a GPU preset checks first
         with runs.errors_exit():  # over the memory limit: one line naming the options, exit status 2
-            report = preflight.run(cfg, model, tok, folder, train_step, learn, make_estimator)
+            report = preflight.run(cfg, model, tok, folder, train_step, score_estimate_update, make_estimator)
         if cfg.preflight:
             return report
     if cfg.estimator:  # a single run

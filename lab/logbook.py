@@ -1,6 +1,6 @@
 """What one training step logs: a row of metrics.jsonl, and a readable line every --log-every steps.
 
-``step_metrics`` turns the ``train.Step`` of one step into its row: success and reward, response
+``step_metrics`` turns the ``train.StepResult`` of one step into its row: success and reward, response
 length and tokens sampled, the loss and gradient norm, the advantage's mean and spread, the entropy,
 the forward-only noise diagnostics (lab/diagnostics.py), the sampler / trainer mismatch and the wall
 clock of each phase; ``log`` appends the row and prints the line whose columns train.py's ``--help``
@@ -18,7 +18,7 @@ TIME_KEYS = ("t_rollout", "t_score", "t_update", "t_log")  # wall-clock metrics:
 
 
 def step_metrics(step, s, tokens, lr):
-    """The metrics.jsonl row of one step (``s``, a Step from train_step)."""
+    """The metrics.jsonl row of one step (``s``, the StepResult of train_step)."""
     m, adv = s.ro.response_mask, s.adv  # (B, T)
     delta = (s.old_logp - s.ro.logp) * m  # log pi_train - log pi_rollout, (B, T)
     power = diagnostics.gradient_power(adv, m, s.old_logp, s.sum_pi_sq)  # P_i, (B,)

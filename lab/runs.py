@@ -1,17 +1,21 @@
 """The run folder around train.py's training: where a run writes, how it stops and how it resumes.
 
-train.py's ``main`` starts here (``start``: the options parsed by train_cli.py, the model loaded, the
-header printed, the run folder made with its config.json), and its loop uses the rest:
+train.py's ``main`` starts here (``start``: the options parsed by train_cli.py, the header printed
+(``header``: the folder, model, task, runs, steps, lr, device and whether the warm-up is cached), the
+model loaded, the run folder made with its config.json), and its loop uses the rest:
 
 - checkpoint.pt: everything --resume needs (``save_checkpoint`` / ``load_checkpoint``; a full disk or
   a damaged file is one line saying what to do), and metrics.jsonl rewritten on resume;
 - Ctrl-C: the first one stops after the step and saves (``StopOnCtrlC``), a second one at once; either
   way the message says how to resume (``ctrl_c_exits``); SIGTERM, which `timeout` or a cluster sends,
-  is a Ctrl-C; ``errors_exit`` turns a bad option into one line and exit status 2;
+  and SIGHUP, which a closed terminal sends, are a Ctrl-C (``STOP_SIGNALS``); ``errors_exit`` turns a
+  bad option into one line and exit status 2;
 - the progress bars (one per run, advanced with the log line; a comparison's say "[k/K]" and the time
-  left) and the plan that --resume prints (``resume_plan``).
+  left; off with --no-progress or where stderr is not a terminal) and the plan that --resume prints
+  (``resume_plan``; a finished comparison has none: ``finished``).
 """
 import errno
+import io
 import json
 import shlex
 import shutil
@@ -30,6 +34,10 @@ from lab.plumbing import pick_device
 from lab.train_cli import (LOG_COLUMNS, PRESETS, UsageError, applied, checkpoint_step, load, parse,
                            read_checkpoint, run_name, runs_of, seed_list)
 
+# Signals that stop a run as Ctrl-C does: SIGTERM (`timeout`, a cluster's preemption) and SIGHUP (the
+# terminal was closed; Windows has none). One that is ignored when train.py starts (nohup) stays ignored.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
 
 @contextmanager
 def errors_exit(command="the same command"):
@@ -42,8 +50,12 @@ def errors_exit(command="the same command"):
             yield
     except UsageError as e:
         exit_with(f"error: {e}", 2)
-    except DiskFull as e:
-        exit_with(f"error: {e}", 1)
+    except (DiskFull, OSError) as e:  # in the warm-up, or writing the run folder's config.json
+        if not isinstance(e, DiskFull) and e.errno != errno.ENOSPC:
+            raise
+        where = e if isinstance(e, DiskFull) else f"no space left in {Path(e.filename or '.').parent}"
+        exit_with(f"error: {where}; what was saved is kept (a warm-up goes on from its last check): free some "
+                  f"space, then run the same command again: {command}", 1)
     except models.WarmUpInterrupted as e:
         saved = f"it is saved at step {e.step}" if e.step else "nothing was saved yet (the first check saves it)"
         exit_with(f"interrupted during the warm-up; {saved}; to continue it, run the same command again: {command}",
@@ -60,10 +72,43 @@ def exit_with(message, status):
 
 
 def sigterm_is_ctrl_c():
-    """SIGTERM calls whatever Ctrl-C calls at that moment (a KeyboardInterrupt, or StopOnCtrlC's stop
-    after the step), so a `timeout` or a preempted cluster job leaves a run that --resume continues."""
-    if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-        signal.signal(signal.SIGTERM, lambda signum, frame: ctrl_c_handler()(signum, frame))
+    """SIGTERM and SIGHUP call whatever Ctrl-C calls at that moment (a KeyboardInterrupt, or
+    StopOnCtrlC's stop after the step), so a `timeout`, a preempted cluster job or a closed terminal
+    leaves a run that --resume continues. After a SIGHUP, output to the closed terminal is dropped."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        return
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup: keep ignoring the hang-up
+            signal.signal(sig, lambda signum, frame: (hung_up(signum), ctrl_c_handler()(signum, frame)))
+
+
+def hung_up(signum):
+    """After a SIGHUP the terminal is gone and writing to it fails (EIO): from then on stdout and
+    stderr drop what they cannot write, so the run still finishes its step and saves."""
+    if signum == getattr(signal, "SIGHUP", None) and not isinstance(sys.stdout, Dropping):
+        sys.stdout, sys.stderr = Dropping(sys.stdout), Dropping(sys.stderr)
+
+
+class Dropping(io.TextIOBase):
+    """A text stream that writes to ``stream`` and drops what it cannot write (a closed terminal)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        try:
+            return self.stream.write(text)
+        except (OSError, ValueError):  # EIO, or a stream already closed
+            return len(text)
+
+    def flush(self):
+        try:
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def isatty(self):
+        return False
 
 
 def ctrl_c_handler():
@@ -178,16 +223,17 @@ class StopOnCtrlC:
     def __enter__(self):
         self.requested, self.previous = False, {}
         if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, *STOP_SIGNALS):
                 if signal.getsignal(sig) is not signal.SIG_IGN:  # e.g. a background job: keep ignoring Ctrl-C
                     self.previous[sig] = signal.signal(sig, self.handle)
         return self
 
     def handle(self, signum, frame):
+        hung_up(signum)
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         tqdm.write(f"{name}: stopping after this step and saving a checkpoint (Ctrl-C again: stop at once)")
 
     def __exit__(self, *exc):
@@ -199,13 +245,15 @@ class Bar:
     """The progress bar of one run, from step ``start`` to ``cfg.steps``. It advances after each
     step, before that step's log line, so the bar and the log always show the same step; at the
     end it stands at 100%, also when the token budget ended the run before ``--steps``. ``label``:
-    its name ("[2/5] grpo N=4" in a comparison); ``time_left``: a comparison's TimeLeft."""
+    its name ("[2/5] grpo N=4" in a comparison); ``time_left``: a comparison's TimeLeft. Off with
+    --no-progress, and where its stream (stderr) is not a terminal: a log file gets the log lines only."""
 
     def __init__(self, cfg, start, label=None, time_left=None):
         self.time_left, self.key = time_left, (cfg.seed, cfg.estimator, cfg.group_size)
         self.tick = time.monotonic()
         self.bar = tqdm(total=cfg.steps, initial=start, desc=label or f"{cfg.estimator} N={cfg.group_size}",
-                        dynamic_ncols=True, mininterval=0)  # redrawn at every step: it never lags the log
+                        dynamic_ncols=True, mininterval=0,  # redrawn at every step: it never lags the log
+                        disable=True if cfg.no_progress else None)  # None: off where stderr is no terminal
 
     def step(self, row):
         """Step ``row["step"]`` is done: the bar shows it, with its success, length and gradient norm."""
@@ -290,16 +338,17 @@ def resume_plan(cfg, folder):
             what = f"finished ({logged} steps), kept"
         elif saved is not None:
             what = f"continues after step {saved} (its checkpoint)" + (
-                f"; {steps(saved + 1, logged)} run again (logged after the checkpoint)" if logged > saved else "")
+                f"; {steps_phrase(saved + 1, logged)} run again (logged after the checkpoint)" if logged > saved else "")
         elif logged:
-            what = f"starts again: {steps(1, logged)} run again (no checkpoint was saved)"
+            what = f"starts again: {steps_phrase(1, logged)} run again (no checkpoint was saved)"
         else:
             what = "starts (not run yet)"
         lines.append(f"  {label}: {what}")
     return "\n".join(lines)
 
 
-def steps(first, last):
+def steps_phrase(first, last):
+    """'step 3 is' or 'steps 3-5 are': the steps a resume runs again, as the plan says them."""
     return f"step {first} is" if first == last else f"steps {first}-{last} are"
 
 

@@ -86,7 +86,7 @@ def test_update_raises_log_prob_of_the_rewarded_token():
         assert (adv[response == a] > 0).all(), name
         before = torch.log_softmax(model(input_ids=prompt[:1]).logits[0, -1], -1)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)  # small plain step: first order holds
-        train.update(model, opt, cfg, ro, logp.detach(), adv, torch.Generator())
+        train.policy_update(model, opt, cfg, ro, logp.detach(), adv, torch.Generator())
         after = torch.log_softmax(model(input_ids=prompt[:1]).logits[0, -1], -1)
         assert after[a] > before[a], name
         assert after[b] < before[b] and after[c] < before[c], name
@@ -742,7 +742,7 @@ def test_preflight_leaves_the_weights_as_they_were(out):
     cfg = train_cli.parse(TINY + ["--out", str(out), "--compare", "otb:2,group_mean:4"], train.Config, train_cli.PRESETS)
     model, tok, _ = train_cli.load(cfg, torch.device("cpu"))
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    preflight.run(cfg, model, tok, out / "pf", train.train_step, train.learn, train.make_estimator)
+    preflight.run(cfg, model, tok, out / "pf", train.train_step, train.score_estimate_update, train.make_estimator)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 

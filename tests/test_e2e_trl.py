@@ -202,7 +202,7 @@ def test_group_mean_gradient_equals_trl_none_dapo(setup):
 
 @needs_trl
 def test_train_update_gradient_equals_trl_none_dapo(setup):
-    """train.py's own loss (train.update with group_mean) has the gradient of TRL's
+    """train.py's own loss (train.policy_update with group_mean) has the gradient of TRL's
     scale_rewards="none", loss_type="dapo" on TRL's rollout: benchmarks/bench_vs_trl.py times the
     same computation on both sides."""
     import dataclasses
@@ -227,7 +227,7 @@ def test_train_update_gradient_equals_trl_none_dapo(setup):
         old_logp, spp, _ = rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response, m, cfg.temperature)
     adv, _ = otb.ESTIMATORS["group_mean"](token_rewards=token_rewards, response_mask=m, group_index=ro.group_index,
                                           log_probs=old_logp, sum_pi_sq=spp)
-    train.update(model, torch.optim.SGD(model.parameters(), lr=0.0), dataclasses.replace(cfg, max_grad_norm=1e9),
+    train.policy_update(model, torch.optim.SGD(model.parameters(), lr=0.0), dataclasses.replace(cfg, max_grad_norm=1e9),
                  ro, old_logp, adv, torch.Generator().manual_seed(0))
     ours = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
     assert (adv * m).abs().sum() > 0 and g_trl.norm() > 1e-6  # rewards that differ within a group

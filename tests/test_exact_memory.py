@@ -57,7 +57,7 @@ def gradient(model, cfg, ro, adv):
                                 cfg.temperature, cfg.chunk_size)
                   for r in train.micro_batches(cfg, len(adv))]
     logp, spp, ent = (torch.cat(x) for x in zip(*scored))
-    _, _, loss = train.update(model, opt, cfg, ro, logp.detach(), adv, torch.Generator(),
+    _, _, loss = train.policy_update(model, opt, cfg, ro, logp.detach(), adv, torch.Generator(),
                               logp=logp if one_pass else None)
     assert not model.training  # back in eval mode after a checkpointed pass
     return {n: p.grad.clone() for n, p in model.named_parameters()}, (logp.detach(), spp, ent), loss
