@@ -363,3 +363,14 @@ def test_toy_checks_diagnose_sum_instead_of_mean_biased_statistics_and_the_refer
         return r["bias2"], r["variance"]
     ok, out = _verdict(capsys, check.ex4c_measure, calls_the_harness, toy, Ns=(2,), groups=500)
     assert not ok and "calls toy_harness.measure" in out
+
+
+def test_the_students_otb_trains_like_the_reference_and_a_wrong_one_is_caught_at_its_first_step(capsys):
+    """3e: a plain loop implementation of OTB gives train.py the same run as otb.py's (identical weights,
+    prompts and draws); the group mean in its place is caught at step 1, and otb.ESTIMATORS is left as it was."""
+    reference = otb.ESTIMATORS["otb"]
+    ok, text = _verdict(capsys, check.ex3e_trains, _otb_plain(), steps=3)
+    assert ok, text
+    ok, text = _verdict(capsys, check.ex3e_trains, lambda r, m, g, lp, s: otb.group_mean(r, m, g)[0], steps=3)
+    assert not ok and "at training step 1 your run's adv_mean" in text, text
+    assert otb.ESTIMATORS["otb"] is reference

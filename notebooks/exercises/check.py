@@ -703,6 +703,67 @@ def ex3c_optimal_token_baseline(student_fn, leave_one_out=False, reward_to_go=No
 
 
 # =====================================================================================
+# Exercise 3e: your OTB inside train.py
+# =====================================================================================
+
+# A tiny model and a short warm-up: the same code path as `python train.py --estimator otb`, in seconds.
+TRAIN_ARGS = ["--tiny-hidden", "32", "--tiny-layers", "1", "--horizon", "3", "--warmup-max-steps", "60",
+              "--prompts-per-step", "8", "--group-size", "4", "--checkpoint-minutes", "1000", "--log-every", "1000"]
+
+
+def _train(estimator, out, steps):
+    """The metrics rows of ``python train.py --estimator otb`` for ``steps`` steps, with
+    otb.ESTIMATORS["otb"] replaced by ``estimator`` for the run (its output quietened)."""
+    import train  # the project's trainer: imported only when this check runs
+    saved = otb.ESTIMATORS["otb"]
+    otb.ESTIMATORS["otb"] = estimator
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            return train.main([*TRAIN_ARGS, "--estimator", "otb", "--steps", str(steps), "--out", str(out),
+                               "--name", "student" if estimator is not saved else "reference"])
+    finally:
+        otb.ESTIMATORS["otb"] = saved
+
+
+def ex3e_trains(student_fn, steps=6):
+    """Your optimal_token_baseline (3c) trains the tiny model exactly as otb.optimal_token_baseline does.
+
+    Both runs start from the same weights and see the same prompts and random draws (train.py seeds
+    them from (seed, step)), so with the same advantages they stay identical step for step; the
+    first step where a metric parts names what went wrong."""
+    import tempfile
+
+    def student(**inputs):  # train.py's call: keywords in, (advantages, returns) out
+        try:
+            A = student_fn(inputs["token_rewards"], inputs["response_mask"], inputs["group_index"],
+                           inputs["log_probs"], inputs["sum_pi_sq"])
+        except Exception as e:
+            raise NotYet(f"your function raised {type(e).__name__}: {e} on a batch of train.py",
+                         "run check.ex3c_optimal_token_baseline first: it shows the case that fails") from None
+        if not isinstance(A, torch.Tensor) or A.shape != inputs["response_mask"].shape:
+            got = f"a tensor of shape {tuple(A.shape)}" if isinstance(A, torch.Tensor) else repr(type(A).__name__)
+            raise NotYet(f"train.py got {got} from your function, not a (B, T) tensor",
+                         "return the advantages A_t, one per token: the same shape as token_rewards")
+        return A.to(inputs["response_mask"].dtype), None
+
+    def body():
+        with tempfile.TemporaryDirectory() as out:
+            want = _train(otb.ESTIMATORS["otb"], out, steps)
+            got = _train(student, out, steps)
+        for w, g in zip(want, got):
+            for key in ("adv_mean", "adv_std", "loss", "grad_norm", "success"):
+                if not math.isclose(g[key], w[key], rel_tol=1e-3, abs_tol=1e-5):
+                    before = " (the runs were identical before it)" if w["step"] > 1 else ""
+                    raise NotYet(f"at training step {w['step']} your run's {key} is {g[key]:.6g}, the "
+                                 f"reference's {w[key]:.6g}{before}",
+                                 "your advantages differ from otb.optimal_token_baseline's on train.py's "
+                                 "batches: run check.ex3c_optimal_token_baseline first")
+        return (f"{steps} training steps of train.py with your estimator: advantages, loss, gradient norm "
+                f"and success equal the reference's at every step (last success {got[-1]['success']:.3f}).")
+    return _verdict("Exercise 3e (your OTB trains the model)", body)
+
+
+# =====================================================================================
 # Exercise 4: bias and variance on the toy bandit (exact numbers from toy_env.py)
 # =====================================================================================
 
