@@ -13,11 +13,16 @@ of the command line:
 2. **one real step** (train.py's train_step: sampling, then the same update), for its time and its
    response length.
 
-It reports the peak memory of the two (CUDA: ``torch.cuda.max_memory_allocated``; CPU on Linux: the
-process's resident peak, VmHWM), the seconds per step, and a projection for the whole run:
+It reports the peak memory of each phase (the full-length update; the real step's rollout and its
+score and update, split where train_step enters learn; CUDA: ``torch.cuda.max_memory_allocated``;
+CPU on Linux: the process's resident peak, VmHWM), the seconds per step, the real step's success and
+sampler / trainer mismatch (what training starts from on this device, in its precision), and a
+projection for the whole run:
 
     steps(n)  = min(--steps, ceil(B / (prompts x n x L)))      L: the real step's mean response length
-    time      = sum over runs of steps(n) x (t_rollout + t_learn x n / n_max)
+    saves     = per run, floor(run time / --checkpoint-minutes) + 1 (the last);  every step with 0
+    time      = sum over runs of steps(n) x (t_rollout + t_learn x n / n_max)  +  saves x t_save
+    written   = saves x S                                     S, t_save: one checkpoint, written and timed here
     disk      = 4 P  +  8 P   (--keep-weights: runs x 4 P + 8 P)   P parameters: float32 weights of the
                                      running run and AdamW's two moments (a finished run keeps its weights
                                      only with --keep-weights)
@@ -29,8 +34,10 @@ The time is an upper bound in the rollout (a smaller batch never samples slower)
 elsewhere: the real step's response length and speed stand for every step. The weights are
 restored afterwards, so a comparison that follows starts from the same ones.
 
-If the peak exceeds ``--memory-limit`` (GB), or else the device's memory, it stops with a message
-naming the options that lower it. Everything goes into ``<run folder>/preflight.json``.
+If a phase runs out of memory, or its peak exceeds ``--memory-limit`` (GB; by default what the
+device has free when the preflight starts, plus what this process already holds), it stops with
+one line naming the phase and the options that lower that phase. Everything goes into
+``<run folder>/preflight.json``.
 """
 import json
 import math
@@ -75,12 +82,14 @@ def resident(field="VmRSS"):
 
 
 def device_memory(device):
-    """Bytes the device has: the GPU's memory, or the machine's (None where unknown)."""
+    """Bytes this process may use: on CUDA what the card has free (torch.cuda.mem_get_info, so other
+    processes count against it) plus what this process's allocator already holds; on Linux the
+    machine's available memory plus this process's resident size; None where unknown."""
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
+        return torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
     meminfo = Path("/proc/meminfo")
-    if meminfo.exists():
-        return int(meminfo.read_text().split("MemTotal:")[1].split()[0]) * 1024
+    if meminfo.exists() and resident() is not None:
+        return int(meminfo.read_text().split("MemAvailable:")[1].split()[0]) * 1024 + resident()
     return None
 
 
@@ -102,9 +111,10 @@ def full_length_batch(prompts, group_size, length, vocab, pad_id, device):
 
 
 def run(cfg, model, tok, folder, train_step, learn, make_estimator):
-    """Measure, project, write folder/preflight.json, print; UsageError when the peak is over the limit.
-    train_step, learn and make_estimator are train.py's."""
+    """Measure, project, write folder/preflight.json, print; UsageError (one line naming the phase) when
+    a phase runs out of memory or peaks over the limit. train_step, learn and make_estimator are train.py's."""
     device = next(model.parameters()).device
+    memory_limit = cfg.memory_limit * GB if cfg.memory_limit else device_memory(device)  # before we allocate
     est, n = largest(cfg)
     sub = replace(cfg, estimator=est, group_size=n, compare=None, seeds=None)
     task = tasks.make_task(cfg)
@@ -112,6 +122,13 @@ def run(cfg, model, tok, folder, train_step, learn, make_estimator):
     estimator = make_estimator(est, cfg.zero_tail)
     limit = tasks.response_limit(cfg, task)
     rows = cfg.prompts_per_step * n
+    folder.mkdir(parents=True, exist_ok=True)
+    peaks, phase, s, t_full, save = {}, ["learn"], None, None, None  # phase: where an out-of-memory error lands
+
+    def rollout_done():  # train_step is entering learn: the rollout's peak is complete
+        peaks["rollout"], phase[0] = peak(device), "learn"
+        reset_peak(device)
+
     try:
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         # 1. the worst case: every response as long as the limit
@@ -119,56 +136,112 @@ def run(cfg, model, tok, folder, train_step, learn, make_estimator):
         ro, R, token_rewards = full_length_batch(prompts, n, limit, len(tok), tok.pad_token_id, device)
         reset_peak(device)
         t0 = time.perf_counter()
-        try:
-            learn(sub, model, opt, ro, R, token_rewards, estimator, torch.Generator().manual_seed(0))
-        except torch.OutOfMemoryError:
-            worst, t_full = math.inf, None  # reported as out_of_memory
-        else:
-            worst, t_full = peak(device), time.perf_counter() - t0
+        learn(sub, model, opt, ro, R, token_rewards, estimator, torch.Generator().manual_seed(0))
+        peaks["learn_full_length"], t_full = peak(device), time.perf_counter() - t0
         del ro, token_rewards
-        # 2. one real step: its time and response length
-        s = None
-        if worst is not math.inf:
-            sampler = train_cli.sampler(cfg, model)
-            reset_peak(device)
+        opt.zero_grad(set_to_none=True)  # as in training: no gradients held through the rollout
+        # 2. one real step: its time, response length, success and mismatch; a peak per phase
+        sampler = train_cli.sampler(cfg, model)
+        reset_peak(device)
+        phase[0] = "rollout"
+        with calls_first(train_step, learn, rollout_done):
             s = train_step(sub, model, sampler, opt, task, tok, estimator, 0)
-            worst = max(worst or 0, peak(device) or 0) or None
+        peaks["learn"] = peak(device)
+        save = time_save(folder / "preflight_checkpoint.pt", model, opt)
+    except torch.OutOfMemoryError:
+        peaks["out_of_memory"] = phase[0]
     finally:
         model.load_state_dict(init)
-    report = project(cfg, est, n, rows, limit, prompts, s, worst, t_full, sum(p.numel() for p in model.parameters()))
-    report["memory_limit"] = cfg.memory_limit * GB if cfg.memory_limit else device_memory(device)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    report = project(cfg, est, n, rows, limit, prompts, s, peaks, t_full, save,
+                     sum(p.numel() for p in model.parameters()))
+    report["memory_limit"] = memory_limit
     report["device"] = str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
-    folder.mkdir(parents=True, exist_ok=True)
     (folder / "preflight.json").write_text(json.dumps(report, indent=1) + "\n")
     print(describe(report), flush=True)
-    over = report["out_of_memory"] or (report["peak_memory"] is not None and report["memory_limit"] is not None
-                                       and report["peak_memory"] > report["memory_limit"])
-    if over:
-        raise train_cli.UsageError(too_big(cfg, report, rows))
+    if report["out_of_memory"] or over_limit(report):
+        raise train_cli.UsageError(too_big(cfg, report, rows, limit))
     return report
 
 
-def project(cfg, est, n, rows, limit, prompts, s, worst, t_full, n_params):
+class calls_first:
+    """Within the block, train_step's call of ``learn`` first calls ``hook()``: the preflight learns
+    where the rollout ends without a second copy of train_step. (train_step finds learn among its
+    module's globals; the block puts a wrapper there and puts learn back on leaving.)"""
+
+    def __init__(self, train_step, learn, hook):
+        self.names, self.name, self.learn = train_step.__globals__, learn.__name__, learn
+
+        def wrapped(*args, **kwargs):
+            hook()
+            return learn(*args, **kwargs)
+        self.wrapped = wrapped
+
+    def __enter__(self):
+        self.names[self.name] = self.wrapped
+
+    def __exit__(self, *exc):
+        self.names[self.name] = self.learn
+
+
+def time_save(path, model, opt):
+    """(seconds, bytes) of writing one checkpoint of the running run (weights and AdamW's moments),
+    as the run's checkpoints write it; the file is deleted."""
+    t0 = time.perf_counter()
+    torch.save(dict(model=model.state_dict(), optimizer=opt.state_dict()), path)
+    seconds, size = time.perf_counter() - t0, path.stat().st_size
+    path.unlink()
+    return seconds, size
+
+
+PHASES = {"learn_full_length": "learn (score and update) at full length", "rollout": "rollout",
+          "learn": "learn (score and update) of the real step"}
+
+
+def over_limit(r):
+    """The phases whose peak is above the limit, highest first."""
+    if r["memory_limit"] is None:
+        return []
+    return sorted((k for k, v in r["peaks"].items() if v is not None and v > r["memory_limit"]),
+                  key=lambda k: -r["peaks"][k])
+
+
+def project(cfg, est, n, rows, limit, prompts, s, peaks, t_full, save, n_params):
     """The report: what was measured and the projection for the whole run or comparison."""
     P = max(map(len, prompts))
-    report = dict(largest=f"{est}:{n}", rows=rows, positions=P + limit, out_of_memory=worst == math.inf,
-                  peak_memory=None if worst == math.inf else worst, seconds_full_length_update=t_full)
-    if s is None:  # out of memory at the full length: nothing to project from
+    oom = peaks.pop("out_of_memory", None)
+    measured = [v for v in peaks.values() if v is not None]
+    report = dict(largest=f"{est}:{n}", rows=rows, positions=P + limit, out_of_memory=oom is not None,
+                  out_of_memory_phase=oom, peaks=peaks, peak_memory=None if oom or not measured else max(measured),
+                  seconds_full_length_update=t_full)
+    if s is None:  # out of memory: nothing to project from
         return report
-    L = s.ro.response_mask.sum(-1).mean().item()  # mean response length of the real step
+    m = s.ro.response_mask  # (B, T)
+    L = m.sum(-1).mean().item()  # mean response length of the real step
+    delta = ((s.old_logp - s.ro.logp) * m).abs()  # |log pi_train - log pi_rollout|, (B, T)
     t_rollout, t_learn = s.seconds[0], s.seconds[1] + s.seconds[2]
+    t_save, size = save
     seeds = len(train_cli.seed_list(cfg)) if cfg.seeds else 1
+
     def planned(name, g, budget, copies):
         per_step = cfg.prompts_per_step * g * max(L, 1.0)  # tokens sampled per step
         steps = min(cfg.steps, math.ceil(budget / per_step)) if budget else cfg.steps
-        return dict(run=name, runs=copies, steps=steps, seconds_per_step=t_rollout + t_learn * g / n)
+        seconds = t_rollout + t_learn * g / n
+        saves = steps if cfg.checkpoint_minutes == 0 else math.floor(steps * seconds / (60 * cfg.checkpoint_minutes)) + 1
+        return dict(run=name, runs=copies, steps=steps, seconds_per_step=seconds, saves=saves)
     plan = [planned(f"{e}:{g}", g, cfg.token_budget, seeds) for e, g in train_cli.runs_of(cfg)]
     if cfg.lr_pilot:  # the pilot's runs come first: one per rate
         e, _, g = cfg.lr_pilot_run.partition(":")
         plan.insert(0, planned(f"pilot {e}:{g}", int(g), cfg.lr_pilot_budget or max(1, cfg.token_budget // 4),
                                len(cfg.lr_pilot.split(","))))
+    saves = sum(r["runs"] * r["saves"] for r in plan)
     report.update(mean_response_length=L, seconds_rollout=t_rollout, seconds_score_update=t_learn, seeds=seeds,
-                  runs=plan, projected_seconds=sum(r["runs"] * r["steps"] * r["seconds_per_step"] for r in plan),
+                  success=(s.R >= 1).float().mean().item(),
+                  mismatch_mean_abs=(delta.sum() / m.sum().clamp(min=1)).item(), mismatch_max_abs=delta.max().item(),
+                  checkpoint_bytes=size, seconds_checkpoint=t_save, checkpoint_saves=saves, runs=plan,
+                  projected_seconds=sum(r["runs"] * r["steps"] * r["seconds_per_step"] for r in plan) + saves * t_save,
+                  projected_bytes_written=saves * size,
                   projected_disk=((sum(r["runs"] for r in plan) if cfg.keep_weights else 1) * 4 + 8) * n_params)
     return report
 
@@ -176,29 +249,56 @@ def project(cfg, est, n, rows, limit, prompts, s, worst, t_full, n_params):
 def describe(r):
     """The report as a few readable lines."""
     gb = lambda x: "unknown" if x is None else f"{x / GB:.2f} GB"  # noqa: E731
+    peaks = ", ".join(f"{PHASES[k]} {gb(v)}" for k, v in r["peaks"].items())
     lines = [f"preflight: largest step {r['largest']} ({r['rows']} rows x {r['positions']} positions) on {r['device']}",
-             f"  peak memory {'out of memory' if r['out_of_memory'] else gb(r['peak_memory'])} "
-             f"(limit {gb(r['memory_limit'])})"]
+             f"  peak memory: {peaks}" + (f"; out of memory in the {r['out_of_memory_phase']}" if r["out_of_memory"]
+                                          else "") + f" (limit {gb(r['memory_limit'])})"]
     if "runs" in r:
         lines += [f"  one step: rollout {r['seconds_rollout']:.1f} s + score/update {r['seconds_score_update']:.1f} s "
                   f"(mean response {r['mean_response_length']:.0f} tokens); full-length update "
                   f"{r['seconds_full_length_update']:.1f} s",
+                  f"  the real step as sampled here: success {r['success']:.3f}; sampler / trainer mismatch "
+                  f"|log pi_train - log pi_rollout| mean {r['mismatch_mean_abs']:.1e}, max {r['mismatch_max_abs']:.1e}",
                   f"  projected: {r['projected_seconds'] / 60:.1f} min for "
                   + ", ".join(f"{p['runs']} x {p['run']} ({p['steps']} steps)" for p in r["runs"])
-                  + f"; disk {r['projected_disk'] / GB:.1f} GB (estimates from this one step)"]
+                  + f", {r['checkpoint_saves']} checkpoint saves of {gb(r['checkpoint_bytes'])} "
+                  f"({r['seconds_checkpoint']:.1f} s each, {gb(r['projected_bytes_written'])} written); "
+                  f"disk {r['projected_disk'] / GB:.1f} GB (estimates from this one step)"]
     return "\n".join(lines)
 
 
-def too_big(cfg, r, rows):
-    """The message when the peak is over the limit: the options that lower it."""
-    fixes = [f"--micro-batch-rows {max(1, (cfg.micro_batch_rows or rows) // 2)} (now "
-             f"{cfg.micro_batch_rows or 'the whole batch'})"]
-    if not cfg.activation_checkpointing:
-        fixes.append("--activation-checkpointing")
-    if cfg.chunk_size is None:
-        fixes.append("--chunk-size 32")
-    what = "--memory-limit" if cfg.memory_limit else "the device's memory"
-    peak_text = "ran out of memory" if r["out_of_memory"] else f"peaked at {r['peak_memory'] / GB:.2f} GB, above {what}"
+def too_big(cfg, r, rows, response_limit):
+    """One line: the phase that ran out of memory (or those over the limit) and the options that lower each."""
+    what = "--memory-limit" if cfg.memory_limit else "the memory free on the device"
     limit = "" if r["memory_limit"] is None else f" ({r['memory_limit'] / GB:.2f} GB)"
-    return (f"--preflight: the largest step ({r['largest']}, {rows} rows x {r['positions']} positions) {peak_text}"
-            f"{limit}; lower it with " + " or ".join(fixes))
+    if r["out_of_memory"]:
+        phases = [r["out_of_memory_phase"]]
+        text = f"the {'rollout' if phases[0] == 'rollout' else 'learn (score and update)'} ran out of memory"
+    else:
+        phases = list(dict.fromkeys("rollout" if k == "rollout" else "learn" for k in over_limit(r)))
+        text = ", ".join(f"the {PHASES[k]} peaked at {r['peaks'][k] / GB:.2f} GB" for k in over_limit(r))
+        text += f", above {what}{limit}"
+    remedies = []
+    for ph in phases:
+        options = fixes(cfg, ph, rows, response_limit)
+        remedies.append(f"lower the {ph} with " + " or ".join(options) if options else
+                        f"no option lowers the {ph} further")
+    return (f"--preflight: in the largest step ({r['largest']}, {rows} rows x {r['positions']} positions) {text}; "
+            + "; ".join(remedies))
+
+
+def fixes(cfg, phase, rows, response_limit):
+    """The options that lower a phase's memory, each with a value that changes something."""
+    if phase == "rollout":  # the sampler holds prompts x N rows and their KV cache
+        P = cfg.prompts_per_step
+        return [f"--prompts-per-step {P // 2} (now {P}; fewer prompts per step)"] if P > 1 else []
+    out = []
+    now = min(cfg.micro_batch_rows or rows, rows)  # rows per pass as it runs
+    if now > 1:
+        out.append(f"--micro-batch-rows {now // 2} (now {now} rows per pass)")
+    chunk = min(cfg.chunk_size or response_limit, response_limit)  # positions of the LM head at once
+    if chunk > 1:
+        out.append(f"--chunk-size {min(32, chunk // 2) if cfg.chunk_size is None else chunk // 2} (now {chunk})")
+    if not cfg.activation_checkpointing:
+        out.append("--activation-checkpointing")
+    return out

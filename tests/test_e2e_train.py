@@ -718,7 +718,8 @@ def test_preflight_projects_the_run_and_stops_above_the_memory_limit(out, capsys
     for run_, g in zip(r["runs"], (2, 4)):
         assert run_["steps"] == min(100, math.ceil(200 / (4 * g * L))) and run_["runs"] == 1
         assert run_["seconds_per_step"] == pytest.approx(r["seconds_rollout"] + r["seconds_score_update"] * g / 4)
-    assert r["projected_seconds"] == pytest.approx(sum(x["steps"] * x["seconds_per_step"] for x in r["runs"]))
+    assert r["projected_seconds"] == pytest.approx(sum(x["steps"] * x["seconds_per_step"] for x in r["runs"])
+                                                   + r["checkpoint_saves"] * r["seconds_checkpoint"])
     model = models.tiny_model(models.char_tokenizer(), hidden=32, layers=1)
     n_params = sum(p.numel() for p in model.parameters())
     assert r["projected_disk"] == (4 + 8) * n_params  # the running run's checkpoint: a finished one keeps none
