@@ -33,11 +33,16 @@ benchmarks/equal_tokens.py, the pre-registered study, computes its endpoints wit
   preceded by the pre-registered learning-rate pilot of docs/training.md: ``--lr-pilot-run``
   (group_mean:4) at each rate, one seed (``--lr-pilot-seed``) that the comparison does not use, to
   ``--lr-pilot-budget`` tokens, into ``<folder>/pilot/lr<rate>/``; the rate with the highest final
-  success (the endpoint above, at the pilot's budget) is chosen, ties and undefined values going to
-  the smaller rate, and every configuration of the comparison then runs at it. ``pilot.md`` and
-  ``pilot.json`` hold the table and the choice.
+  success (the endpoint above, at the pilot's budget) is chosen, undefined values ranking last, and
+  every configuration of the comparison then runs at it. Each rate's final success has its standard
+  error (``final_se``), and a rate within ``NEAR_TIE`` standard errors of the difference from the
+  best ties with it: among ties the smallest rate is chosen (Addendum 1 of the pilot's protocol,
+  docs/training.md). ``pilot.md`` and ``pilot.json`` hold the table and the choice.
+- ``POWER_PLAN``: the planning values of the GPU preset's seeds (docs/training.md, "How many seeds"),
+  from the saved CPU study; ``stats.seeds_needed`` turns them into the number of paired seeds.
 """
 import json
+import math
 import time
 from dataclasses import replace
 from functools import partial
@@ -72,27 +77,65 @@ def lr_pilot(cfg, folder, model, tok, device, command, source, train):
                           source, train, cfg.keep_weights)
         e = endpoints(history, sub.steps, budget=budget, window=max(1, budget // 10), target=cfg.target_success)
         rows.append(dict(lr=lr, final=None if e is None else e["primary"], auc=None if e is None else e["auc"],
-                         steps=len(history)))
+                         se=final_se(history, budget, cfg.prompts_per_step * int(n)), steps=len(history)))
     model.load_state_dict(init)
     chosen = choose_rate(rows)
-    table = ["| lr | final success | auc | steps |", "|---|---|---|---|"] + [
-        f"| {r['lr']:g} | {fmt(r['final'])} | {fmt(r['auc'])} | {r['steps']} |" for r in rows]
+    ties = tied_with_best(rows)
+    table = ["| lr | final success ± s.e. | auc | steps | ties with the best |", "|---|---|---|---|---|"] + [
+        f"| {r['lr']:g} | {fmt(r['final'])} ± {fmt(r['se'])} | {fmt(r['auc'])} | {r['steps']} | "
+        f"{'yes' if r in ties else 'no'} |" for r in rows]
     (folder / "pilot.md").write_text(
         f"# Learning-rate pilot: {cfg.lr_pilot_run}, seed {sub.seed}, {budget} tokens per rate\n\n"
-        + "\n".join(table) + f"\n\nchosen (highest final success; ties and undefined go to the smaller rate): "
-        f"**{chosen:g}**; every configuration of the comparison runs at it.\n")
+        + "\n".join(table) + f"\n\nchosen (the smallest rate within {NEAR_TIE:g} standard error of the difference "
+        f"from the highest final success; undefined values rank last): **{chosen:g}**; every configuration of "
+        "the comparison runs at it. s.e.: binomial, responses independent (final_se).\n")
     (folder / "pilot.json").write_text(json.dumps(dict(run=cfg.lr_pilot_run, seed=sub.seed, budget=budget,
                                                        rates=rows, chosen=chosen), indent=1))
     print((folder / "pilot.md").read_text(), flush=True)
     return chosen
 
 
+NEAR_TIE = 1.0  # a rate ties with the best when their finals differ by at most this many standard errors
+
+# Planning values of the GPU preset's paired seeds (docs/training.md, "How many seeds"): the CPU study's
+# otb:4 - group_mean:16 primary difference over its 6 seeds (mean, and the larger between-seed SD of the
+# two primary contrasts: this one's, 0.0627; otb:4 - group_mean:4's, 0.0438), two-sided 5% level, power 0.8
+# (benchmarks/results/equal_tokens/results.json; tests/test_exact_power.py recomputes them)
+POWER_PLAN = dict(effect=0.0935, sd=0.0627, alpha=0.05, power=0.8)
+
+
+def final_se(h, budget, rows_per_step):
+    """Standard error of the final success (the token-weighted mean of the step success rates s_j over
+    the last quarter of the budget, weights w_j = d_j / sum d), each step's s_j a mean of rows_per_step
+    independent 0/1 rewards: sqrt(sum_j w_j^2 s_j (1 - s_j) / rows_per_step). None without such steps."""
+    last = [(d, s) for c, d, s in within_budget(h, budget) if c > 0.75 * budget]
+    total = sum(d for d, _ in last)
+    if not total:
+        return None
+    return math.sqrt(sum((d / total) ** 2 * s * (1 - s) / rows_per_step for d, s in last))
+
+
+def defined(x):
+    return x is not None and x == x  # neither None nor nan
+
+
+def tied_with_best(rows):
+    """The rows whose final success is within NEAR_TIE standard errors of the difference from the best
+    (the best included); none when no final is defined."""
+    ok = [r for r in rows if defined(r["final"])]
+    if not ok:
+        return []
+    best = max(ok, key=lambda r: r["final"])
+    se = lambda r: r.get("se") if defined(r.get("se")) else 0.0  # noqa: E731
+    return [r for r in ok if best["final"] - r["final"] <= NEAR_TIE * math.hypot(se(best), se(r))]
+
+
 def choose_rate(rows):
-    """The protocol's rule: the highest final success; a run without one (None or nan) ranks last; among
-    equal values the smaller rate (rows are sorted by rate, and max keeps the first)."""
-    def key(r):
-        return r["final"] if r["final"] is not None and r["final"] == r["final"] else float("-inf")
-    return max(rows, key=key)["lr"]
+    """The protocol's rule with its Addendum 1: among the rates tied with the highest final success
+    (``tied_with_best``), the smallest; a run without a final (None or nan) ranks last, and with none
+    defined the smallest rate. Without standard errors only equal values tie (the original rule)."""
+    ties = tied_with_best(rows)
+    return min(r["lr"] for r in (ties or rows))
 
 
 def fmt(x):

@@ -49,7 +49,7 @@ import torch
 
 import rollout
 import tasks
-from lab import plumbing, train_cli
+from lab import compare, plumbing, stats, train_cli
 
 GB = 1e9
 
@@ -243,7 +243,25 @@ def project(cfg, est, n, rows, limit, prompts, s, peaks, t_full, save, n_params)
                   projected_seconds=sum(r["runs"] * r["steps"] * r["seconds_per_step"] for r in plan) + saves * t_save,
                   projected_bytes_written=saves * size,
                   projected_disk=((sum(r["runs"] for r in plan) if cfg.keep_weights else 1) * 4 + 8) * n_params)
+    if cfg.seeds:
+        report["seeds_plan"] = seeds_plan(plan, seeds, t_save)
     return report
+
+
+def seeds_plan(plan, seeds, t_save):
+    """How many paired seeds the primary contrast needs at the planning values (compare.POWER_PLAN,
+    docs/training.md), the power of the seeds given, and what one seed and the needed seeds cost
+    by this projection (the pilot's runs counted once)."""
+    plan_values = compare.POWER_PLAN
+    cost = lambda r: r["runs"] * (r["steps"] * r["seconds_per_step"] + r["saves"] * t_save)  # noqa: E731
+    pilot = sum(cost(r) for r in plan if r["run"].startswith("pilot"))
+    per_seed = sum(cost(r) / r["runs"] for r in plan if not r["run"].startswith("pilot"))
+    need = stats.seeds_needed(**plan_values)
+    return dict(effect=plan_values["effect"], sd=plan_values["sd"], alpha=plan_values["alpha"],
+                target_power=plan_values["power"], seeds_needed=need, seeds=seeds,
+                power_of_these_seeds=stats.paired_t_power(plan_values["effect"], plan_values["sd"], seeds,
+                                                          plan_values["alpha"]) if seeds >= 2 else None,
+                seconds_per_seed=per_seed, projected_seconds_needed=pilot + need * per_seed)
 
 
 def describe(r):
@@ -264,6 +282,14 @@ def describe(r):
                   + f", {r['checkpoint_saves']} checkpoint saves of {gb(r['checkpoint_bytes'])} "
                   f"({r['seconds_checkpoint']:.1f} s each, {gb(r['projected_bytes_written'])} written); "
                   f"disk {r['projected_disk'] / GB:.1f} GB (estimates from this one step)"]
+    if "seeds_plan" in r:
+        p = r["seeds_plan"]
+        power = "-" if p["power_of_these_seeds"] is None else f"{p['power_of_these_seeds']:.2f}"
+        lines.append(f"  seeds: the primary contrast needs {p['seeds_needed']} paired seeds for power {p['target_power']:g} "
+                     f"at the {p['alpha']:g} level against a difference of {p['effect']:+.3f} (between-seed SD "
+                     f"{p['sd']:.3f}; planning values from the CPU study, docs/training.md); the {p['seeds']} given "
+                     f"have power {power}; one seed costs {p['seconds_per_seed'] / 60:.1f} min, "
+                     f"{p['seeds_needed']} seeds {p['projected_seconds_needed'] / 60:.1f} min with the pilot")
     return "\n".join(lines)
 
 

