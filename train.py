@@ -245,7 +245,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
     start, tokens, lengths, history = runs.load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])
     runs.write_metrics(run_dir, history)  # a resumed run drops the lines logged after its checkpoint
     bar = (bar or runs.Bar)(cfg, start)
-    schedule, saved_at = train_cli.schedule_kwargs(cfg), time.monotonic()
+    schedule, saved_at = train_cli.schedule_kwargs(cfg), -math.inf  # -inf: the first step saves
     with runs.StopOnCtrlC() as stop:
         for step in range(start, cfg.steps):
             lr = cfg.lr * lr_schedule.lr_factor(cfg.lr_schedule, lengths, cfg.steps, **schedule)
@@ -259,7 +259,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
             row = logbook.step_metrics(step, s, tokens, lr)
             row["t_log"] = time.perf_counter() - t_log  # the diagnostics above (they must stay cheap)
             history.append(row)
-            logbook.log(run_dir, cfg, bar, row)  # metrics.jsonl, the bar, a line every --log-every steps
+            logbook.log(run_dir, cfg, bar, row, s, tok)  # metrics.jsonl, the bar, a line every --log-every
             last = step + 1 == cfg.steps or tokens >= (cfg.token_budget or math.inf)
             if last or stop.requested or time.monotonic() - saved_at >= 60 * cfg.checkpoint_minutes:
                 runs.save_checkpoint(run_dir, model, opt if keep_optimizer or not last else None,

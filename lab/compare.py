@@ -9,7 +9,8 @@ This file holds what happens around those runs:
   checkpoint, only with ``--keep-weights``), then
   ``summary.md`` / ``summary.json`` (one row per run: success at the start and the end, tokens
   sampled until the 10-step mean success first reaches ``--target-success``, gradient norms) and
-  ``compare.png`` (success against tokens sampled and against steps, the gradient norm).
+  ``compare.png`` (success against tokens sampled and against steps, the gradient norm), which is
+  also redrawn as each configuration finishes, so a long comparison can be watched.
 - With ``--seeds 0,1,2 --token-budget B`` (``run_seeds``), the equal-token comparison of
   docs/equal_tokens_protocol.md over paired seeds: every configuration on every seed
   (``<folder>/seed<s>/``), each run ending where its sampled response tokens reach B. Per run,
@@ -157,6 +158,10 @@ def run_comparison(cfg, out, model, tok, command, source, train, bars=None):
         history = run_one(sub, run_dir, model, init, tok, command, source, train, cfg.keep_weights,
                           bar=bars[(cfg.seed, est, n)])
         histories[run_dir.name] = (sub, history)
+        if len(histories) < len(train_cli.runs_of(cfg)):  # the plot so far, redrawn as each one finishes
+            plot_runs(out / "compare.png", cfg, histories)
+            tqdm.write(f"plot: {out / 'compare.png'} ({len(histories)} of {len(train_cli.runs_of(cfg))} "
+                       "configurations so far)")
     return write_summary(out, cfg, histories)
 
 

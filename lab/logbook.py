@@ -4,7 +4,8 @@
 length and tokens sampled, the loss and gradient norm, the advantage's mean and spread, the entropy,
 the forward-only noise diagnostics (lab/diagnostics.py), the sampler / trainer mismatch and the wall
 clock of each phase; ``log`` appends the row and prints the line whose columns train.py's ``--help``
-explains (train_cli.LOG_COLUMNS).
+explains (train_cli.LOG_COLUMNS), with one sampled response and its reward (``sample``, with
+--show-samples), and with --report-to tensorboard also writes the row to TensorBoard (``Board``).
 """
 import json
 import math
@@ -13,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lab import diagnostics, train_cli
+import tasks
 
 TIME_KEYS = ("t_rollout", "t_score", "t_update", "t_log")  # wall-clock metrics: never identical twice
 
@@ -44,11 +46,16 @@ def tool_metrics(ro):
                 tool_tokens=ro.tool_tokens.float().mean().item(), tool_cut=ro.tool_cut.float().mean().item())
 
 
-def log(run_dir, cfg, bar, r):
-    """The row into metrics.jsonl and the progress bar (runs.Bar); every log_every steps, one readable line."""
+def log(run_dir, cfg, bar, r, s=None, tok=None):
+    """The row into metrics.jsonl, the progress bar (runs.Bar) and TensorBoard (--report-to); every
+    log_every steps, one readable line, ending with a sampled response of the step (``s``, its
+    StepResult, decoded by ``tok``) when --show-samples."""
     with (run_dir / "metrics.jsonl").open("a") as f:
         f.write(json.dumps(r) + "\n")
     bar.step(r)  # the bar reaches step r["step"] before its line is printed: both show the same step
+    shown = sample(s, tok) if cfg.show_samples and s is not None else ""
+    if cfg.report_to == "tensorboard":
+        Board.of(run_dir, r["step"]).write(r, shown)
     if r["step"] % cfg.log_every == 0 or r["step"] == cfg.steps:
         tqdm.write(f"[{cfg.estimator} N={cfg.group_size}] step {r['step']:4d} | success {r['success']:.2f} "
                    f"| len {r['response_len']:5.1f} | tokens {r['tokens']:7d} | gnorm {r['grad_norm']:6.3f} "
@@ -56,7 +63,52 @@ def log(run_dir, cfg, bar, r):
                    f"| power {r['total_power']:.3g} | mism {r['mismatch_mean_abs']:.1e} | lr {r['lr']:.1e} "
                    f"| s {r['t_rollout']:.2f}/{r['t_score']:.2f}/{r['t_update']:.2f}/{r['t_log']:.2f}"
                    + (f" | tool {r['tool_calls']:.2f}/{r['tool_errors']:.2f}/{r['tool_cut']:.2f}"
-                      if "tool_calls" in r else ""))
+                      if "tool_calls" in r else "") + (f" | sample {shown}" if shown else ""))
+
+
+def sample(s, tok, row=0):
+    """One response of the step as the log line shows it: '"prompt" -> "response" R=reward', the
+    prompt cut to its last 24 characters and the response to its first 60 (a pretrained model's are long)."""
+    ro = s.ro
+    prompt = tok.decode(ro.prompt_ids[row][ro.prompt_mask[row].bool()].tolist(), skip_special_tokens=True)
+    [response] = tasks.response_texts(tok, ro.response[row:row + 1], ro.response_mask[row:row + 1])
+    prompt = prompt if len(prompt) <= 24 else "..." + prompt[-24:]
+    response = response if len(response) <= 60 else response[:60] + "..."
+    return f"{json.dumps(prompt)} -> {json.dumps(response)} R={s.R[row].item():g}"
+
+
+class Board:
+    """--report-to tensorboard: one event file per run folder (``tensorboard --logdir runs`` shows each
+    run by its folder's name), every metric of a step as a scalar, the sampled response as text. A
+    resumed run first drops the events at and after its first step again (TensorBoard's purge_step)."""
+    active = {}  # run folder -> its Board, while the run goes on in this process
+
+    @classmethod
+    def of(cls, run_dir, step):
+        board = cls.active.get(run_dir)
+        if board is None or step <= board.last:  # a new run, or one resumed in this process
+            if board is not None:
+                board.close()
+            board = cls.active[run_dir] = cls(run_dir, step)
+        return board
+
+    def __init__(self, run_dir, step):
+        from torch.utils.tensorboard import SummaryWriter
+        self.run_dir, self.last = run_dir, step - 1
+        self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=step)
+
+    def write(self, r, shown):
+        for key, value in r.items():
+            if key != "step" and isinstance(value, (int, float)):
+                self.writer.add_scalar(("time/" if key in TIME_KEYS else "train/") + key, value, r["step"])
+        if shown:
+            self.writer.add_text("sample", shown, r["step"])
+        self.writer.flush()  # a stopped run keeps every step it logged
+        self.last = r["step"]
+
+    def close(self):
+        self.writer.close()
+        Board.active.pop(self.run_dir, None)
 
 
 def masked_mean(x, m):
@@ -85,5 +137,8 @@ def summarize(cfg, history, k=10):
 
 
 def mark_done(run_dir, cfg, history):
-    """The DONE marker of a finished run: its row of the summary table (a comparison keeps the run)."""
+    """The DONE marker of a finished run: its row of the summary table (a comparison keeps the run);
+    its TensorBoard file, if any, is closed."""
     (run_dir / "DONE").write_text(json.dumps(summarize(cfg, history)) + "\n")
+    if run_dir in Board.active:
+        Board.active[run_dir].close()

@@ -83,7 +83,7 @@ def tiny_model(tokenizer, hidden=128, layers=4, seed=0):
 
 
 def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, batch=64, lr=3e-3,
-            check_every=10, n_eval=200, ceiling=None, state_path=None):
+            check_every=10, n_eval=200, ceiling=None, state_path=None, progress=True):
     """Supervised warm-up (teacher forcing on correct responses) for at most ``max_steps`` steps,
     until the *sampled* success rate reaches ``target``. Returns the history of (step, success rate).
 
@@ -98,7 +98,9 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
 
     ``state_path``: after each check that does not stop it, the warm-up's state (weights, optimizer,
     prompt stream, history) is saved there; a warm-up that finds the file continues from it, and
-    ends where the uninterrupted one ends, with the same weights (its steps are deterministic)."""
+    ends where the uninterrupted one ends, with the same weights (its steps are deterministic).
+
+    ``progress``: the bar (off anyway where stderr is not a terminal); it shows the step just done."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     rng = random.Random(-1 - seed)  # a prompt stream disjoint from the RL one
     tool = tasks.tool_for(task, tok)
@@ -115,11 +117,12 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
         opt.step()
         return loss
 
-    # No ETA: the warm-up usually stops long before max_steps; at the stop the bar's total becomes the step.
-    bar = tqdm(range(start + 1, max_steps + 1), initial=start, dynamic_ncols=True,
+    # No ETA: the warm-up usually stops long before max_steps. Advanced by hand after each step (a bar
+    # iterated over the steps counts a step only when the next one starts: one behind at the stop).
+    bar = tqdm(total=max_steps, initial=start, dynamic_ncols=True, disable=None if progress else True,
                desc=f"warm-up to success {target} (at most {max_steps} steps)",
                bar_format="{desc}: step {n_fmt} [{elapsed}{postfix}]")
-    for step in bar:
+    for step in range(start + 1, max_steps + 1):
         rows, labels = [], []
         for q, a in task.sample(rng, batch):
             p = tok(task.prompt_text(tok, q), add_special_tokens=False)["input_ids"]
@@ -133,6 +136,7 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
         attn = (torch.arange(width)[None] < torch.tensor([len(r) for r in rows])[:, None]).long()
         since.append((ids, lab, attn))
         loss = update(ids, lab, attn)
+        bar.update(1)
         if step % check_every:
             continue
         success = evaluate(model, tok, task, temperature, max_new, n_eval, seed=step)
@@ -146,6 +150,7 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
                 if success >= target or step == end:
                     break
                 history.append((step, success))
+            bar.n = step  # where the replay stopped
         history.append((step, success))
         bar.set_postfix(loss=f"{loss.item():.3f}", success=f"{success:.2f}")
         if success >= target:
@@ -182,21 +187,18 @@ def evaluate(model, tok, task, temperature, max_new, n, seed):
 
 
 def tiny_model_folder(cache_dir, task, *, max_new, hidden=128, layers=4, seed=0, temperature=1.0,
-                      warmup_max_steps=1500, warmup_target=0.15):
+                      warmup_max_steps=1500, warmup_target=0.15, progress=True):
     """Build + warm up the tiny model once per setting; cached as a save_pretrained folder
-    ``cache_dir/tiny-<hash of the settings>``. Returns the folder."""
-    key = dict(v=2, hidden=hidden, layers=layers, task=type(task).__name__,
-               horizon=task.horizon, seed=seed, temperature=temperature,
-               steps=warmup_max_steps, target=warmup_target, max_new=max_new)  # all it depends on
-    if hasattr(task, "digits"):  # the calculator's second knob (only there, so other keys stay)
-        key["digits"] = task.digits
-    for name in ("lr", "ceiling"):  # a task's own warm-up settings, where they differ from tasks.Task's
-        if getattr(task, f"warmup_{name}") != getattr(tasks.Task, f"warmup_{name}"):
-            key[name] = getattr(task, f"warmup_{name}")
-    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-    folder = Path(cache_dir) / f"tiny-{digest}"
+    ``cache_dir/tiny-<hash of the settings>`` (``tiny_cache``). Returns the folder. ``progress``: the
+    warm-up's bar; a warm-up run here ends with one line saying where it stopped and where it is cached."""
+    folder, key = tiny_cache(cache_dir, task, max_new=max_new, hidden=hidden, layers=layers, seed=seed,
+                             temperature=temperature, warmup_max_steps=warmup_max_steps, warmup_target=warmup_target)
     if not (folder / "warmup.json").exists():
-        build_tiny_model(task, key, folder)
+        build_tiny_model(task, key, folder, progress)
+        info = json.loads((folder / "warmup.json").read_text())
+        stop = f"stopped at step {info['history'][-1][0]} with sampled success {info['history'][-1][1]:.2f}" \
+            if info["history"] else "none asked (--warmup-max-steps 0)"
+        print(f"warm-up: {stop} in {info['seconds']:.0f} s; cached in {folder}", flush=True)
     history = json.loads((folder / "warmup.json").read_text())["history"]  # [(step, success)]
     if history and history[-1][1] < warmup_target:  # cached or fresh: say it every time
         step, success = history[-1]
@@ -206,7 +208,23 @@ def tiny_model_folder(cache_dir, task, *, max_new, hidden=128, layers=4, seed=0,
     return folder
 
 
-def build_tiny_model(task, key, folder):
+def tiny_cache(cache_dir, task, *, max_new, hidden=128, layers=4, seed=0, temperature=1.0, warmup_max_steps=1500,
+               warmup_target=0.15):
+    """(folder, key): where the tiny model of these settings is cached, and the settings it depends on.
+    The folder holds warmup.json once the warm-up has finished (train.py's header says which)."""
+    key = dict(v=2, hidden=hidden, layers=layers, task=type(task).__name__,
+               horizon=task.horizon, seed=seed, temperature=temperature,
+               steps=warmup_max_steps, target=warmup_target, max_new=max_new)  # all it depends on
+    if hasattr(task, "digits"):  # the calculator's second knob (only there, so other keys stay)
+        key["digits"] = task.digits
+    for name in ("lr", "ceiling"):  # a task's own warm-up settings, where they differ from tasks.Task's
+        if getattr(task, f"warmup_{name}") != getattr(tasks.Task, f"warmup_{name}"):
+            key[name] = getattr(task, f"warmup_{name}")
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    return Path(cache_dir) / f"tiny-{digest}", key
+
+
+def build_tiny_model(task, key, folder, progress=True):
     """Build the tiny model, warm it up, and save it (model, tokenizer, warmup.json) in folder."""
     tok = char_tokenizer()
     model = tiny_model(tok, key["hidden"], key["layers"], key["seed"]).eval()  # eval: keeps train/score identical
@@ -219,7 +237,8 @@ def build_tiny_model(task, key, folder):
     try:
         history = warm_up(model, tok, task, temperature=key["temperature"], max_new=key["max_new"],
                           max_steps=key["steps"], target=key["target"], seed=key["seed"],
-                          lr=task.warmup_lr, ceiling=task.warmup_ceiling, state_path=state) if key["steps"] else []
+                          lr=task.warmup_lr, ceiling=task.warmup_ceiling, state_path=state,
+                          progress=progress) if key["steps"] else []
     except KeyboardInterrupt:
         step = torch.load(state, weights_only=True)["step"] if state.exists() else 0
         raise WarmUpInterrupted(step) from None
@@ -264,7 +283,7 @@ def load_model(name, task, device, *, max_new, cache_dir, tiny=None):
 
     name: "tiny", "smollm2", a local folder or a Hugging Face hub id. cache_dir holds the tiny
     model's warm-up cache; tiny: keyword arguments of ``tiny_model_folder`` (hidden, layers, seed,
-    temperature, warmup_max_steps, warmup_target).
+    temperature, warmup_max_steps, warmup_target, progress).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging

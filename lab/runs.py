@@ -31,8 +31,9 @@ from tqdm.auto import tqdm
 
 from lab import models, plumbing
 from lab.plumbing import pick_device
+import tasks
 from lab.train_cli import (LOG_COLUMNS, PRESETS, UsageError, applied, checkpoint_step, load, parse,
-                           read_checkpoint, run_name, runs_of, seed_list)
+                           read_checkpoint, run_name, runs_of, seed_list, tiny_settings)
 
 # Signals that stop a run as Ctrl-C does: SIGTERM (`timeout`, a cluster's preemption) and SIGHUP (the
 # terminal was closed; Windows has none). One that is ignored when train.py starts (nohup) stays ignored.
@@ -363,17 +364,68 @@ def steps_left(cfg, folder):
 
 def start(argv, config):
     """(cfg, model, tokenizer, folder, command, source) of train.py's command line: the options parsed
-    and checked (a bad one: one line, exit status 2, nothing created), the model loaded (lab/models.py
-    builds, warms up or reads it), the header printed, and the run folder with its config.json."""
+    and checked (a bad one: one line, exit status 2, nothing created), the header printed first, the
+    model loaded (lab/models.py builds, warms up or reads it), and the run folder with its config.json.
+    Resuming a finished comparison says so and exits (status 0) without touching it."""
     command = ("python train.py " + shlex.join(argv)).strip()
     with errors_exit(command):
         cfg = parse(argv, config, PRESETS, epilog=LOG_COLUMNS)  # --resume: the stored options
+        if cfg.resume and finished(cfg, Path(cfg.resume)):
+            print(f"train.py: {cfg.resume} is finished: all its configurations ran (table: "
+                  f"{Path(cfg.resume) / 'summary.md'}, plot: {Path(cfg.resume) / 'compare.png'}); nothing to resume")
+            sys.exit(0)
         plan = resume_plan(cfg, cfg.resume) if cfg.resume else ""  # what is kept, continued, redone
         device = pick_device(cfg.device)
+        folder, stored = run_folder(cfg, command)  # a new folder, or --resume's (and its first command)
+        print(header(cfg, folder, command, device), flush=True)
         model, tok, source = load(cfg, device)
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"{command}\nmodel {cfg.model} ({n_params / 1e6:.2f}M parameters) on {device}", flush=True)
-    print(f"{plan}\n{LOG_COLUMNS}".strip(), flush=True)  # what each column of the log line means
-    folder, command = run_folder(cfg, command)  # a new folder, or --resume's
-    write_config(folder, cfg, command, source)
-    return cfg, model, tok, folder, command, source
+        n_params = sum(p.numel() for p in model.parameters())
+        print(f"model: {n_params / 1e6:.2f}M parameters\n{plan}\n{LOG_COLUMNS}".replace("\n\n", "\n"),
+              flush=True)  # what each column of the log line means
+        write_config(folder, cfg, stored, source)
+    return cfg, model, tok, folder, stored, source
+
+
+def header(cfg, folder, command, device):
+    """What a run or comparison is about to do, printed before anything slow: the command, the output
+    folder, the model (and whether its warm-up comes from the cache), the task, the runs, the steps, the
+    learning rate and the device."""
+    task = tasks.make_task(cfg)
+    task_name = next(k for k, v in tasks.TASKS.items() if type(task) is v)
+    runs = ", ".join(f"{est} N={n}" for est, n in runs_of(cfg))
+    if cfg.seeds:
+        runs += f", on seeds {cfg.seeds} (token budget {cfg.token_budget:,} each)"
+    lr = (f"chosen by the learning-rate pilot among {cfg.lr_pilot}" if cfg.lr_pilot
+          else f"{cfg.lr:g}") + f" ({cfg.lr_schedule} schedule)"
+    budget = f", or until {cfg.token_budget:,} response tokens" if cfg.token_budget and not cfg.seeds else ""
+    threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
+    return "\n".join([
+        command,
+        f"  output  {folder}" + ("  (resumed)" if cfg.resume else ""),
+        f"  model   {cfg.model}" + warm_up_state(cfg, task),
+        f"  task    {task_name} (horizon {task.horizon})",
+        f"  runs    {runs}" + ("" if cfg.estimator else f"  ({len(runs_of(cfg))} configurations, one after another)"),
+        f"  steps   {cfg.steps}{budget}, {cfg.prompts_per_step} prompts x N responses each; seed {cfg.seed}",
+        f"  lr      {lr}",
+        f"  device  {device}{threads}"])
+
+
+def warm_up_state(cfg, task):
+    """'' for a pretrained model; for the tiny one, whether its warm-up comes from the cache, goes on from
+    an interrupted one, or runs now (and where it is cached)."""
+    if cfg.model != "tiny":
+        return ""
+    folder, _ = models.tiny_cache(Path(cfg.out) / "_cache", task, max_new=tasks.response_limit(cfg, task),
+                                  **tiny_settings(cfg))
+    if (folder / "warmup.json").exists():
+        return f"; warm-up: from the cache ({folder})"
+    if folder.with_name(folder.name + ".warm-up.pt").exists():
+        return f"; warm-up: goes on from its last saved check, then cached in {folder}"
+    return (f"; warm-up: runs now (to sampled success {cfg.warmup_target}, at most {cfg.warmup_max_steps} steps), "
+            f"then cached in {folder}")
+
+
+def finished(cfg, folder):
+    """A comparison whose configurations are all finished (DONE) and whose table is written."""
+    return not cfg.estimator and (folder / "summary.md").exists() and all(
+        progress_of(run_dir)[0] for *_, run_dir in configurations(cfg, folder))

@@ -16,9 +16,11 @@ for --resume. The run folder itself (config.json, checkpoints, Ctrl-C, bars) is 
 """
 import argparse
 import copy
+import importlib.util
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -36,7 +38,8 @@ import tasks
 
 DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
 NEEDS_A_GROUP = tuple(name for name in otb.ESTIMATORS if name != "reinforce")  # a baseline from the group: N >= 2
-RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device")  # options a resume may change
+RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device", "show_samples", "no_progress",
+             "report_to")  # options a resume may change
 RUN_ONLY = ("estimator", "group_size")  # a comparison takes these from --compare
 COMPARISON_ONLY = ("compare", "seeds", "results_dir", "keep_weights", "lr_pilot", "lr_pilot_run", "lr_pilot_seed",
                    "lr_pilot_budget")  # a single run (--estimator) has none of these
@@ -54,7 +57,8 @@ LOG_COLUMNS = """columns of the log line, [estimator N=group size] step k, then:
   H        mean entropy per token (nats)                     power   total_power, proxy of mean ||g||^2
   mism     mean |log pi_train - log pi_rollout| per token    lr      learning rate of the step
   s        seconds spent in rollout / score / update / logging diagnostics (metrics.jsonl: every metric)
-  tool     (a task with a tool) calls / error replies per response / fraction with a reply cut off"""
+  tool     (a task with a tool) calls / error replies per response / fraction with a reply cut off
+  sample   (--show-samples) the step's first response: "prompt" -> "response" R=its reward"""
 
 
 UsageError = plumbing.UsageError  # a bad argument: printed as one line, exit status 2, nothing created
@@ -136,6 +140,15 @@ class Options:
     tiny_layers: int = arg(4, "tiny model: number of layers")
     warmup_max_steps: int = arg(1500, "tiny model: most supervised warm-up steps (0: no warm-up)")
     warmup_target: float = arg(0.15, "tiny model: the warm-up stops at this sampled success rate")
+    # what a run shows while it runs
+    show_samples: bool = arg(
+        True, "one sampled response and its reward on each log line; on by default for the tiny model only "
+        "(a pretrained model's responses are long): --no-show-samples / --show-samples")
+    no_progress: bool = arg(
+        False, "no progress bars (they are off anyway where stderr is not a terminal); the log lines stay")
+    report_to: Literal["none", "tensorboard"] = arg(
+        "none", "also log every step's metrics to TensorBoard, in each run's folder "
+        "(pip install -r requirements-tensorboard.txt; then tensorboard --logdir runs)")
     # the run folder
     out: str = arg("runs", "folder that holds the run folders (and the warm-up cache)")
     name: Optional[str] = arg(
@@ -204,11 +217,14 @@ def make_parser(config, presets, preset="cpu", epilog=None):
 
 def parse_config(argv, config, presets, epilog=None):
     """A ``config`` (the dataclass) from the command line: the preset's defaults, then the options."""
-    preset = make_parser(config, presets).parse_known_args(argv)[0].preset
+    argv = negative_values_attached(argv)
+    preset = make_parser(config, presets, epilog=epilog).parse_known_args(argv)[0].preset  # --help: with epilog
     cfg, rest = make_parser(config, presets, preset, epilog).parse_args_into_dataclasses(
         argv, return_remaining_strings=True)
     if rest:
         raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
+    if cfg.model != "tiny" and "show_samples" not in given_options(argv):  # a pretrained model's responses are long
+        cfg = replace(cfg, show_samples=False)
     if cfg.estimator:  # a single run: the preset's comparison settings (--compare, --seeds) do not apply
         preset_only = [k for k in ("compare", "seeds", "lr_pilot") if getattr(cfg, k) == presets[preset].get(k)]
         cfg = replace(cfg, **dict.fromkeys(preset_only))
@@ -225,9 +241,25 @@ def parse(argv, config, presets, epilog=None):
     return cfg
 
 
+def negative_values_attached(argv):
+    """``--lr -1e-3`` as ``--lr=-1e-3``: argparse takes a value that starts with '-' and is not a plain
+    number (1e-3, -inf, 0,-1) for an option and says "expected one argument"; attached, the value is
+    checked like any other ("--lr -0.001: must be > 0")."""
+    out = []
+    for a in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and re.fullmatch(
+                r"-(\d|\.\d|inf|nan)[\w.,+-]*", a, re.IGNORECASE):
+            out[-1] += "=" + a
+        else:
+            out.append(a)
+    return out
+
+
 def given_options(argv):
-    """The Config fields named on the command line (--group-size 8 and --group-size=8: group_size)."""
-    return {a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")}
+    """The Config fields named on the command line (--group-size 8 and --group-size=8: group_size;
+    --no-show-samples: show_samples)."""
+    names = {a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")}
+    return {"show_samples" if n == "no_show_samples" else n for n in names}
 
 
 def check_mode(cfg, given):
@@ -403,6 +435,9 @@ def check(cfg):
     if cfg.model == "tiny" and cfg.task in ("arithmetic", "count", "chat_calculator"):
         raise UsageError(f"--task {cfg.task} needs a pretrained chat model (--model smollm2 or a folder); "
                          "the tiny character model learns --task reverse, periodic or calculator")
+    if cfg.report_to == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+        raise UsageError("--report-to tensorboard needs the tensorboard package: pip install -r "
+                         "requirements-tensorboard.txt")
     looks_like_path = cfg.model.startswith((".", "/", "~")) or os.sep + os.sep in cfg.model
     if cfg.model not in ("tiny", "smollm2") and looks_like_path and not Path(cfg.model).expanduser().is_dir():
         raise UsageError(f"--model: folder {cfg.model} does not exist")
@@ -444,11 +479,16 @@ def check_folder(name, path):
 # Device and model (the models themselves are built and loaded in models.py)
 # =====================================================================================
 
+def tiny_settings(cfg):
+    """The settings the tiny model and its cached warm-up depend on (models.tiny_cache's arguments)."""
+    return dict(hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, seed=cfg.seed, temperature=cfg.temperature,
+                warmup_max_steps=cfg.warmup_max_steps, warmup_target=cfg.warmup_target)
+
+
 def load(cfg, device):
     """(model, tokenizer, source) for cfg; a problem the user can fix is a UsageError."""
     task = tasks.make_task(cfg)
-    tiny = dict(hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, seed=cfg.seed, temperature=cfg.temperature,
-                warmup_max_steps=cfg.warmup_max_steps, warmup_target=cfg.warmup_target)
+    tiny = dict(tiny_settings(cfg), progress=not cfg.no_progress)
     if cfg.preset in ("gpu", "gpu_tool") and device.type != "cuda":
         if cfg.device == "auto":  # no silent CPU: a driver that does not match the CUDA wheel lands here
             raise UsageError(f"--preset {cfg.preset} needs a CUDA GPU and --device auto found none (torch "

@@ -575,8 +575,14 @@ def test_the_log_header_is_printed_once_per_run(out, capsys):
 
 
 def spy_bars(monkeypatch):
-    """[(label, bar)] of every progress bar made, and [(log line, the step its bar shows then)]."""
+    """[(label, bar)] of every progress bar made, and [(log line, the step its bar shows then)]. The
+    bars are drawn although pytest's stderr is no terminal (where train.py turns them off)."""
     bars, lines = [], []
+
+    class Shown(runs.tqdm):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **{**k, "disable": False})
+    monkeypatch.setattr(runs, "tqdm", Shown)
 
     class Bar(runs.Bar):
         def __init__(self, cfg, start, label=None, time_left=None):

@@ -160,8 +160,8 @@ def test_an_option_of_the_other_mode_names_the_form_that_applies(tmp_path, capsy
                                   "old-version", "truncated-run", "damaged-comparison"])
 def test_resume_errors_name_what_is_missing(out, capsys, monkeypatch, case):
     d = out / "run"
-    if case == "no-checkpoint":  # a run stopped hard before its first checkpoint
-        interrupt_at(monkeypatch, 2, hard=True)
+    if case == "no-checkpoint":  # a run stopped hard in its first step, before its first checkpoint
+        interrupt_at(monkeypatch, 1, hard=True)
         with pytest.raises(SystemExit):
             run(out, "run", "--estimator", "otb", "--steps", "3", "--checkpoint-minutes", "60")
         monkeypatch.undo()
