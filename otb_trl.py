@@ -81,9 +81,11 @@ takes (B, T) advantages; the overridden methods are private, so requirements-trl
 ``trl>=1.16,<1.17`` and tests/test_e2e_trl.py checks the result against otb.py on every run.
 """
 import argparse
+import dataclasses
 import logging
 import sys
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -138,6 +140,10 @@ class OTBGRPOTrainer(GRPOTrainer):
         weights = self.reward_weights.to(rewards_per_func.device)
         self._rewards = (rewards_per_func * weights).nansum(dim=1)  # R, all-None rows -> 0, (B,)
         return rewards_per_func
+
+    def train(self, *args, **kwargs):
+        with checkpointing_names_quiet():  # TRL's own calls of transformers' deprecated names
+            return super().train(*args, **kwargs)
 
     def _generate_and_score_completions(self, inputs):
         self._sum_pi_sq = []
@@ -266,7 +272,21 @@ def grpo_config(out, cfg, steps, prompts_per_step, max_new_tokens=18, **override
                     max_completion_length=max_new_tokens, temperature=cfg.temperature, learning_rate=cfg.lr,
                     lr_scheduler_type="constant", weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
                     beta=0.0, epsilon=cfg.clip_eps, loss_type="dapo", shuffle_dataset=False)
+    # TRL's default (checkpointing on), under the name transformers >= 5.x reads; the old name warns
+    new_name = "activation_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}
+    settings["activation_checkpointing" if new_name else "gradient_checkpointing"] = True
     return GRPOConfig(**{**settings, **overrides})
+
+
+@contextmanager
+def checkpointing_names_quiet():
+    """TRL 1.16 calls ``model.gradient_checkpointing_enable``, ``_disable`` and ``is_gradient_checkpointing``,
+    which recent transformers deprecate (FutureWarning at every generation batch) in favour of
+    ``activation_checkpointing*``. The calls are inside TRL, so those warnings, and only those, are dropped."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated",
+                                category=FutureWarning)
+        yield
 
 
 def main(argv=None):

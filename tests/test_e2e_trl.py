@@ -189,6 +189,20 @@ def one_step_gradient(trainer):
 
 
 @needs_trl
+def test_a_trl_run_prints_no_future_warning(setup):
+    """TRL 1.16 sets transformers' deprecated gradient_checkpointing and calls its deprecated methods at
+    every generation batch (4 FutureWarnings in `python otb_trl.py`); grpo_config names the setting as
+    transformers now does, and OTBGRPOTrainer drops the warnings of TRL's own calls."""
+    import warnings
+
+    import otb_trl
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(setup, otb_trl.OTBGRPOTrainer, "quiet").train()
+    assert [str(w.message) for w in caught if issubclass(w.category, FutureWarning)] == []
+
+
+@needs_trl
 def test_group_mean_gradient_equals_trl_none_dapo(setup):
     import otb_trl
     from trl import GRPOTrainer
