@@ -14,14 +14,18 @@ two branches:
 - elsewhere: what the numbers show, with tolerances that another rounding cannot break but a changed
   algorithm would (``check_numbers_show``; each tolerance is justified in its docstring).
 
-The other tests here show that the branch follows the fingerprint and that the second branch fails
-for the saved runs of the other estimators, made with the same pipeline and seeds.
+The other tests here show that the branch follows the fingerprint, that the second branch fails for
+the saved runs of the other estimators (made with the same pipeline and seeds), and that it passes
+for a run whose torch kernels are held to another instruction set.
 """
 import copy
 import dataclasses
 import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,23 +73,24 @@ def check_numbers_show(rows, warm_up, want, config):
     3. Identities of the algorithm, to float32 rounding: loss = -mean advantage (the ratio is 1 in the
        only epoch; measured 0.0 apart in every saved row and every fresh run); rollout and scoring in
        the same precision (largest |log-prob mismatch| < 1e-3: 6.7e-5 is the largest in the 100 saved
-       rows, while a bfloat16 rollout's *mean* mismatch alone exceeds 1e-3).
+       rows, while a bfloat16 rollout's *mean* mismatch is above 1e-3: test_e2e_train.py).
     4. The warm-up did its job: its last check reached --warmup-target, within --warmup-max-steps.
     5. The level of each metric: the mean over the first steps lies within BAND = 5 standard errors of
        the saved one. The standard error of a difference of two n-step means is sd x sqrt(2 / n), sd the
        per-step standard deviation over the 100 saved rows (it includes the drift of training, so it
-       overstates pure sampling noise). Two independent draws would stay within 3 of these units; 5
-       because a machine's warm-up stops at its own step and shifts every row at once: across the five
+       overstates pure sampling noise). Two independent draws stay within 3 of these units 997 times in
+       1000 (normal means); 5
+       because a machine's warm-up stops at its own step and shifts every row at once: across the eight
        kernel settings measured on an AVX-512 machine (docs/training.md), the largest deviation was 3.8
-       units (the entropy, warm-up stopped at step 330 against the saved 240), the rest at most 2.4.
+       units (the entropy, warm-up stopped at step 330 against the saved 240), the rest at most 2.7.
        A changed algorithm moves them further: RLOO's and GRPO's saved runs (the same pipeline and
        seeds) are 8.8 and 22 units away in total power.
     6. OTB's advantages are not centred: its baseline weights each response by its accumulated
        uncertainty W_t, which failures carry more of, so the baseline sits below the mean return and
-       the mean advantage is positive: 0.050 over the first 10 saved steps, 0.046-0.064 in the five
+       the mean advantage is positive: 0.050 over the first 10 saved steps, 0.042-0.070 in the eight
        fresh runs. A baseline that is a group mean centres each group: within 0.006 of zero in each of the
        first 10 steps of the saved group_mean, RLOO and GRPO runs. The check, a mean above 0.01, is
-       3.5 standard errors of a 10-step mean (0.011) below the saved 0.050.
+       3.5 standard errors of a 10-step mean (0.011) below the saved 0.050, 2.8 below the lowest fresh run.
     """
     n, per_step = len(rows), config["prompts_per_step"] * config["group_size"]
     # 1. rows and columns
@@ -123,13 +128,11 @@ def check_against_saved(rows, warm_up, summary, want):
     return "numbers show"
 
 
-def warm_up_history(cache, config):
-    """The warm-up history [(step, success)] of the default tiny model in the warm-up cache ``cache``."""
-    found = [json.loads(p.read_text()) for p in Path(cache).glob("tiny-*/warmup.json")]
-    same = [w["history"] for w in found if (w["key"]["hidden"], w["key"]["layers"], w["key"]["target"], w["key"]["steps"])
-            == (config["tiny_hidden"], config["tiny_layers"], config["warmup_target"], config["warmup_max_steps"])]
-    assert len(same) == 1, f"{len(same)} warm-ups of the default model in {cache}"
-    return same[0]
+def warm_up_history(run_dir):
+    """The warm-up history [(step, success)] of the tiny model a run started from (its config.json
+    names the warm-up's folder)."""
+    source = json.loads((Path(run_dir) / "config.json").read_text())["model_source"]["path"]
+    return json.loads((Path(source) / "warmup.json").read_text())["history"]
 
 
 # ----------------------------------------------------------------------------- the run
@@ -140,7 +143,7 @@ def test_the_default_configuration_repeats_the_saved_default_run(out):
     machine is the one that saved them, by what the numbers show elsewhere (module docstring)."""
     summary, want = saved()
     rows = train.main(["--estimator", "otb", "--steps", str(FIRST), "--out", str(out), "--name", "default-otb"])
-    branch = check_against_saved(rows, warm_up_history(out / "_cache", summary["config"]), summary, want)
+    branch = check_against_saved(rows, warm_up_history(out / "default-otb"), summary, want)
     print(f"default run checked {branch}: saved on {machine.describe(summary['machine'])}; "
           f"this machine {machine.describe(machine.fingerprint())}")
 
@@ -198,3 +201,19 @@ def test_the_saved_results_record_their_machine(tmp_path):
     assert list(here) == list(machine.FIELDS) and machine.UNKNOWN not in here.values()
     assert machine.matches(here, here) and not machine.matches(dict(here, torch="0.0"), here)
     assert machine.differences(dict(here, mkl=machine.UNKNOWN), here) == [f"mkl: unknown, here {here['mkl']}"]
+
+
+def test_what_the_numbers_show_holds_under_a_second_cpu_capability(tmp_path):
+    """The same 10 steps in a fresh process whose torch kernels are held to another instruction set
+    (ATEN_CPU_CAPABILITY: avx2 where this machine runs AVX-512, else the unvectorised default), with
+    its own warm-up: another rounding, another draw, and the check of what the numbers show passes."""
+    here = machine.fingerprint()["cpu_capability"]
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2" if here.startswith("AVX512") else "default"}
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+                           env=env, capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() != here  # the setting took effect: another kernel path
+    p = subprocess.run([sys.executable, "train.py", "--estimator", "otb", "--steps", str(FIRST), "--out", str(tmp_path),
+                        "--name", "other"], cwd=DEFAULT_RUN.parents[2], env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    summary, want = saved()
+    check_numbers_show(metrics(tmp_path / "other"), warm_up_history(tmp_path / "other"), want, summary["config"])
