@@ -190,7 +190,7 @@ def tiny_model_folder(cache_dir, task, *, max_new, hidden=128, layers=4, seed=0,
                       warmup_max_steps=1500, warmup_target=0.15, progress=True):
     """Build + warm up the tiny model once per setting; cached as a save_pretrained folder
     ``cache_dir/tiny-<hash of the settings>`` (``tiny_cache``). Returns the folder. ``progress``: the
-    warm-up's bar; a warm-up run here ends with one line saying where it stopped and where it is cached."""
+    warm-up's bar (train.py says where a warm-up it ran stopped, lab/runs.py)."""
     folder, key = tiny_cache(cache_dir, task, max_new=max_new, hidden=hidden, layers=layers, seed=seed,
                              temperature=temperature, warmup_max_steps=warmup_max_steps, warmup_target=warmup_target)
     if not (folder / "warmup.json").exists():

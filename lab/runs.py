@@ -378,7 +378,14 @@ def start(argv, config):
         device = pick_device(cfg.device)
         folder, stored = run_folder(cfg, command)  # a new folder, or --resume's (and its first command)
         print(header(cfg, folder, command, device), flush=True)
+        cache = tiny_cache_folder(cfg)
+        warms_up = cache is not None and not (cache / "warmup.json").exists()
         model, tok, source = load(cfg, device)
+        if warms_up:  # where it stopped (its bar is gone where stderr is no terminal)
+            info = json.loads((cache / "warmup.json").read_text())
+            stop = (f"stopped at step {info['history'][-1][0]} with sampled success {info['history'][-1][1]:.2f}"
+                    if info["history"] else "none asked (--warmup-max-steps 0)")
+            print(f"warm-up: {stop} in {info['seconds']:.0f} s; cached in {cache}", flush=True)
         n_params = sum(p.numel() for p in model.parameters())
         print(f"model: {n_params / 1e6:.2f}M parameters\n{plan}\n{LOG_COLUMNS}".replace("\n\n", "\n"),
               flush=True)  # what each column of the log line means
@@ -402,7 +409,7 @@ def header(cfg, folder, command, device):
     return "\n".join([
         command,
         f"  output  {folder}" + ("  (resumed)" if cfg.resume else ""),
-        f"  model   {cfg.model}" + warm_up_state(cfg, task),
+        f"  model   {cfg.model}" + warm_up_state(cfg),
         f"  task    {task_name} (horizon {task.horizon})",
         f"  runs    {runs}" + ("" if cfg.estimator else f"  ({len(runs_of(cfg))} configurations, one after another)"),
         f"  steps   {cfg.steps}{budget}, {cfg.prompts_per_step} prompts x N responses each; seed {cfg.seed}",
@@ -410,19 +417,27 @@ def header(cfg, folder, command, device):
         f"  device  {device}{threads}"])
 
 
-def warm_up_state(cfg, task):
+def warm_up_state(cfg):
     """'' for a pretrained model; for the tiny one, whether its warm-up comes from the cache, goes on from
     an interrupted one, or runs now (and where it is cached)."""
-    if cfg.model != "tiny":
+    folder = tiny_cache_folder(cfg)
+    if folder is None:
         return ""
-    folder, _ = models.tiny_cache(Path(cfg.out) / "_cache", task, max_new=tasks.response_limit(cfg, task),
-                                  **tiny_settings(cfg))
     if (folder / "warmup.json").exists():
         return f"; warm-up: from the cache ({folder})"
     if folder.with_name(folder.name + ".warm-up.pt").exists():
         return f"; warm-up: goes on from its last saved check, then cached in {folder}"
     return (f"; warm-up: runs now (to sampled success {cfg.warmup_target}, at most {cfg.warmup_max_steps} steps), "
             f"then cached in {folder}")
+
+
+def tiny_cache_folder(cfg):
+    """Where the tiny model of cfg is cached (models.tiny_cache); None for a pretrained model."""
+    if cfg.model != "tiny":
+        return None
+    task = tasks.make_task(cfg)
+    return models.tiny_cache(Path(cfg.out) / "_cache", task, max_new=tasks.response_limit(cfg, task),
+                             **tiny_settings(cfg))[0]
 
 
 def finished(cfg, folder):
