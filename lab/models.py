@@ -195,10 +195,6 @@ def tiny_model_folder(cache_dir, task, *, max_new, hidden=128, layers=4, seed=0,
                              temperature=temperature, warmup_max_steps=warmup_max_steps, warmup_target=warmup_target)
     if not (folder / "warmup.json").exists():
         build_tiny_model(task, key, folder, progress)
-        info = json.loads((folder / "warmup.json").read_text())
-        stop = f"stopped at step {info['history'][-1][0]} with sampled success {info['history'][-1][1]:.2f}" \
-            if info["history"] else "none asked (--warmup-max-steps 0)"
-        print(f"warm-up: {stop} in {info['seconds']:.0f} s; cached in {folder}", flush=True)
     history = json.loads((folder / "warmup.json").read_text())["history"]  # [(step, success)]
     if history and history[-1][1] < warmup_target:  # cached or fresh: say it every time
         step, success = history[-1]
