@@ -78,7 +78,8 @@ def cell_outputs(nb):
                 if kind in data and not any(k.startswith("image/") for k in data):
                     texts.append(data[kind] if isinstance(data[kind], str) else "".join(data[kind]))
                     break
-        cells.append((residues_masked(TIME.sub("<time>", "".join(texts))), images, TAG in cell.metadata.get("tags", [])))
+        text = residues_masked(TIME.sub("<time>", "".join(texts)))
+        cells.append((text, images, TAG in cell.metadata.get("tags", [])))
     return cells
 
 
@@ -107,7 +108,8 @@ def compare(stored, fresh, same_machine=True):
         elif tagged and not same_machine and NUMBER.sub("#", text) == NUMBER.sub("#", new_text):
             moved = [f"{x.group()} -> {y.group()}" for x, y in zip(NUMBER.finditer(text), NUMBER.finditer(new_text))
                      if x.group() != y.group()]
-            cpu.append(f"code cell {i}: {', '.join(moved[:6])}" + (f" and {len(moved) - 6} more" if len(moved) > 6 else ""))
+            more = f" and {len(moved) - 6} more" if len(moved) > 6 else ""
+            cpu.append(f"code cell {i}: {', '.join(moved[:6])}{more}")
         else:
             stale.append(f"code cell {i}: text differs, {first_difference(text, new_text)}")
     return stale, cpu
