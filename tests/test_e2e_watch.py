@@ -67,6 +67,15 @@ def test_the_header_comes_first_and_says_whether_the_warm_up_is_cached(tmp_path,
     assert not any(line.startswith("warm-up:") for line in second)
 
 
+def test_a_warm_up_outside_train_py_prints_no_line(tmp_path, capsys):
+    """Only train.py says where a warm-up stopped: a notebook that loads the tiny model keeps its stored
+    output (a line with a path and seconds would differ on every machine)."""
+    task = tasks.ReverseTask(horizon=2)
+    folder = models.tiny_model_folder(tmp_path, task, max_new=6, hidden=16, layers=1, warmup_max_steps=20,
+                                      warmup_target=0.01)
+    assert (folder / "warmup.json").exists() and capsys.readouterr().out == ""
+
+
 def test_the_warm_up_bar_shows_the_step_it_stopped_at(monkeypatch):
     """The bar counts a step when it is done (iterating a bar over the steps counted it when the next
     began, so it stood one behind at the stop), also where a jump over the ceiling was replayed."""
