@@ -93,7 +93,8 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
                             stop=task.stop_rule(tok, answers, cfg.group_size),  # None: a row ends at EOS
                             decoder=fast_decode.decoder(sampler, "compiled") if cfg.compile_decode else None)
     R, token_rewards, _ = tasks.rewards(task, tok, ro, answers, cfg.group_size)  # R (B,), r_t (B, T)
-    return score_estimate_update(cfg, model, opt, ro, R, token_rewards.to(device), estimator, gen, time.perf_counter() - t0)
+    t_rollout = time.perf_counter() - t0
+    return score_estimate_update(cfg, model, opt, ro, R, token_rewards.to(device), estimator, gen, t_rollout)
 
 
 def score_estimate_update(cfg, model, opt, ro, R, token_rewards, estimator, gen, t_rollout=0.0):
