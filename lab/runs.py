@@ -17,9 +17,11 @@ model loaded, the run folder made with its config.json), and its loop uses the r
 import errno
 import io
 import json
+import os
 import shlex
 import shutil
 import signal
+import stat
 import sys
 import threading
 import time
@@ -75,19 +77,28 @@ def exit_with(message, status):
 def sigterm_is_ctrl_c():
     """SIGTERM and SIGHUP call whatever Ctrl-C calls at that moment (a KeyboardInterrupt, or
     StopOnCtrlC's stop after the step), so a `timeout`, a preempted cluster job or a closed terminal
-    leaves a run that --resume continues. After a SIGHUP, output to the closed terminal is dropped."""
+    leaves a run that --resume continues (``outlive_the_terminal``: output it cannot write is dropped)."""
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         return
     for sig in STOP_SIGNALS:
         if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup: keep ignoring the hang-up
-            signal.signal(sig, lambda signum, frame: (hung_up(signum), ctrl_c_handler()(signum, frame)))
+            signal.signal(sig, lambda signum, frame: ctrl_c_handler()(signum, frame))
+    outlive_the_terminal()
 
 
-def hung_up(signum):
-    """After a SIGHUP the terminal is gone and writing to it fails (EIO): from then on stdout and
-    stderr drop what they cannot write, so the run still finishes its step and saves."""
-    if signum == getattr(signal, "SIGHUP", None) and not isinstance(sys.stdout, Dropping):
-        sys.stdout, sys.stderr = Dropping(sys.stdout), Dropping(sys.stderr)
+def outlive_the_terminal():
+    """stdout and stderr, where they are a terminal or a pipe, drop what they cannot write: once the
+    terminal is closed (or the reader of the pipe, `tee`, is gone) every write fails (EIO, EPIPE), the
+    first maybe before the SIGHUP is handled, and the run must still finish its step and save."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        try:
+            fd = stream.fileno()
+            shared = os.isatty(fd) or stat.S_ISFIFO(os.fstat(fd).st_mode)
+        except (OSError, ValueError, AttributeError):  # no file descriptor (a notebook, pytest's capture)
+            shared = False
+        if shared and not isinstance(stream, Dropping):
+            setattr(sys, name, Dropping(stream))
 
 
 class Dropping(io.TextIOBase):
@@ -95,6 +106,13 @@ class Dropping(io.TextIOBase):
 
     def __init__(self, stream):
         self.stream = stream
+
+    @property
+    def encoding(self):
+        return self.stream.encoding
+
+    def fileno(self):
+        return self.stream.fileno()
 
     def write(self, text):
         try:
@@ -108,8 +126,11 @@ class Dropping(io.TextIOBase):
         except (OSError, ValueError):
             pass
 
-    def isatty(self):
-        return False
+    def isatty(self):  # bars are drawn on a terminal (tqdm's disable=None asks)
+        try:
+            return self.stream.isatty()
+        except (OSError, ValueError):
+            return False
 
 
 def ctrl_c_handler():
@@ -230,7 +251,6 @@ class StopOnCtrlC:
         return self
 
     def handle(self, signum, frame):
-        hung_up(signum)
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
