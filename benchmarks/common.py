@@ -8,6 +8,8 @@ imports this module (and cli.py, machine.py, grid.py), never another script.
 - Exact per-prompt gradients of the tiny model (grad_variance, horizon_sweep): the model, a pool of
   sampled responses with their rewards, one backward pass per group, and an unbiased reference
   gradient from a separate pool (RLOO inside disjoint sub-pools).
+- ``sketch``: a fixed random projection of those gradients to k numbers (horizon_sweep --project),
+  for models whose gradients are too large to keep one per prompt and estimator.
 """
 import sys
 from contextlib import contextmanager
@@ -91,30 +93,69 @@ def subset(ro, rows):
 
 
 def draw_pool(model, tok, task, prompts, answers, size, seed, max_new, temperature):
-    """``size`` responses to every prompt (the sampler's generator seeded with ``seed``, the task's
-    tool if it has one) and their rewards: (Rollout, tasks.rewards(...))."""
+    """``size`` responses to every prompt (the sampler's generator seeded with ``seed`` on the model's
+    device, the task's tool and stop rule if it has them, as train.py samples) and their rewards:
+    (Rollout, tasks.rewards(...))."""
+    device = next(model.parameters()).device
     ro = rollout.sample(model, prompts, group_size=size, max_new_tokens=max_new, temperature=temperature,
                         eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                        generator=torch.Generator().manual_seed(seed), tool=tasks.tool_for(task, tok))
+                        generator=torch.Generator(device).manual_seed(seed), tool=tasks.tool_for(task, tok),
+                        stop=task.stop_rule(tok, answers, size))
+    ro = rollout.Rollout(**{k: v.cpu() if torch.is_tensor(v) else v for k, v in vars(ro).items()})
     return ro, tasks.rewards(task, tok, ro, answers, size)
 
 
 # ---- Exact gradients and their variance
 
-def weighted_score_gradient(model, ro, rows, weights, temperature):
-    """grad_theta sum_{i in rows} sum_t weights[i, t] log pi(y_t^i), flattened: (D,). One backward pass
-    over the rows ``rows`` of ``ro`` alone; ``weights`` (B, T) covers all of ro's rows."""
-    sub = subset(ro, rows)
+def flatten(grads):
+    """The gradient as it is: every parameter's, concatenated, (D,)."""
+    return torch.cat([g.reshape(-1) for g in grads])
+
+
+def sketch(model, k, seed=0):
+    """A fixed random projection P: R^D -> R^k of the model's gradients (a count sketch): coordinate i
+    goes to one bucket h(i) with a random sign s_i, (P g)_j = sum_{h(i) = j} s_i g_i. The buckets are a
+    random permutation cut into k equal parts (each holds ceil(D / k) coordinates or fewer).
+
+        E <P a, P b> = <a, b>   for any fixed a, b (over the draw of P)
+
+    because E s_i s_l = 0 for i != l: the cross terms vanish and the own terms are kept with weight 1
+    (no 1/sqrt(k) is needed, unlike a dense Gaussian P, whose k x D matrix would not fit: 553 GB at
+    k = 1024 for 135M parameters). So every inner product that scale_free.gram_stats takes (tr Var,
+    ||E g||^2 from pairs of prompts, <E g, r>) is unbiased under the projection, and its relative error
+    is about sqrt(2 / k) for a single squared norm, less for sums. One P for everything (seeded, drawn
+    on the CPU so it is the same on every device); its memory: 12 bytes per parameter. Returns
+    ``project(grads) -> (k,)`` for weighted_score_gradient."""
     params = [p for p in model.parameters() if p.requires_grad]
-    logp, _, _ = rollout.score(model, sub.prompt_ids, sub.prompt_mask, sub.response, sub.response_mask,
+    D, device = sum(p.numel() for p in params), params[0].device
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(D, generator=gen).to(device)  # coordinate perm[j] goes to bucket j // width
+    sign = (torch.randint(0, 2, (D,), generator=gen) * 2 - 1).float().to(device)  # s_{perm[j]}
+    width = -(-D // k)  # coordinates per bucket
+
+    def project(grads):
+        x = flatten(grads)[perm] * sign  # s_i g_i in bucket order, (D,)
+        return torch.nn.functional.pad(x, (0, k * width - D)).view(k, width).sum(1)  # P g, (k,)
+    return project
+
+
+def weighted_score_gradient(model, ro, rows, weights, temperature, project=flatten):
+    """grad_theta sum_{i in rows} sum_t weights[i, t] log pi(y_t^i), flattened: (D,) (or projected: the
+    (k,) of ``sketch``). One backward pass over the rows ``rows`` of ``ro`` alone; ``weights`` (B, T)
+    covers all of ro's rows. Runs on the model's device; the result is on the CPU."""
+    sub = subset(ro, rows)
+    device = next(model.parameters()).device
+    params = [p for p in model.parameters() if p.requires_grad]
+    logp, _, _ = rollout.score(model, sub.prompt_ids.to(device), sub.prompt_mask.to(device),
+                               sub.response.to(device), sub.response_mask.to(device),
                                temperature)  # log pi(y_t), (b, T'), keeps the graph
-    w = weights[torch.as_tensor(rows), :sub.response.shape[1]]  # (b, T')
-    return torch.cat([g.reshape(-1) for g in torch.autograd.grad((w * logp).sum(), params)])  # (D,)
+    w = weights[torch.as_tensor(rows), :sub.response.shape[1]].to(device)  # (b, T')
+    return project(torch.autograd.grad((w * logp).sum(), params)).cpu()  # (D,) or (k,)
 
 
-def per_response_scores(model, ro, temperature):
-    """S_i = grad_theta log pi(tau_i) = grad sum_t log pi(y_t^i) for every row: (B, D)."""
-    return torch.stack([weighted_score_gradient(model, ro, [i], ro.response_mask, temperature)
+def per_response_scores(model, ro, temperature, project=flatten):
+    """S_i = grad_theta log pi(tau_i) = grad sum_t log pi(y_t^i) for every row: (B, D) (projected: (B, k))."""
+    return torch.stack([weighted_score_gradient(model, ro, [i], ro.response_mask, temperature, project)
                         for i in range(len(ro.response))])
 
 
@@ -124,15 +165,16 @@ def is_sequence_level(adv, mask):
     return bool(torch.allclose(adv * mask, first * mask, rtol=0, atol=1e-7))
 
 
-def group_gradients(model, ro, groups, adv, temperature, S=None):
+def group_gradients(model, ro, groups, adv, temperature, S=None, project=flatten):
     """g_k of eq. (1) for the (K, N) row indices ``groups``: (K, D). With S (B, D) and a
-    sequence-level advantage, (1/N) sum_i A_i S_i; otherwise one backward pass per group."""
+    sequence-level advantage, (1/N) sum_i A_i S_i; otherwise one backward pass per group. A projection
+    is linear, so with projected S and the same ``project`` both ways give P g_k, (K, k)."""
     N = groups.shape[1]
     if S is not None and is_sequence_level(adv, ro.response_mask):
         A = adv[:, 0]  # A_i, (B,)
         return torch.stack([(A[g, None] * S[g]).sum(0) / N for g in groups])  # (K, D)
     w = adv / N  # the weights of eq. (1), (B, T)
-    return torch.stack([weighted_score_gradient(model, ro, g, w, temperature) for g in groups])  # (K, D)
+    return torch.stack([weighted_score_gradient(model, ro, g, w, temperature, project) for g in groups])  # (K, D)
 
 
 def group_ids_of(groups, M):
@@ -142,16 +184,16 @@ def group_ids_of(groups, M):
     return gid
 
 
-def reference_gradient(model, ro, token_rewards, rows, temperature, parts=4):
+def reference_gradient(model, ro, token_rewards, rows, temperature, parts=4, project=flatten):
     """One prompt's policy gradient, unbiased, from its responses ``rows`` of a separate pool: RLOO
-    inside ``parts`` disjoint sub-pools. Returns (the mean of the parts (D,), its variance)."""
+    inside ``parts`` disjoint sub-pools. Returns (the mean of the parts (D,) or (k,), its variance)."""
     sub = subset(ro, rows)
     r, m = token_rewards[rows, :sub.response.shape[1]], sub.response_mask  # (M, T)
     M = len(rows)
     part = torch.arange(parts).repeat_interleave(M // parts)  # sub-pool of each row, (M,)
     adv, _ = otb.rloo(r, m, part)  # A_i, (M, T)
     w = adv * parts / M  # a part's gradient: the mean of A_i S_i over its M / parts rows
-    est = torch.stack([weighted_score_gradient(model, sub, (part == k).nonzero()[:, 0], w, temperature)
+    est = torch.stack([weighted_score_gradient(model, sub, (part == k).nonzero()[:, 0], w, temperature, project)
                        for k in range(parts)])  # (parts, D)
     mean, var, _ = scale_free.unit_summary(est)  # var: tr Var of one part, eq. (2)
     return mean, var / parts

@@ -36,6 +36,17 @@ model's parameter count each): with the tiny model (0.8M parameters), 5 estimato
 sizes, 32 MB per prompt, and --prompts 128 was measured near 10 GB at its end; measure seeds in separate processes (--seeds 0, --seeds 1,
 ... each with its own --out) only as many at a time as memory holds, and join them with --from-saved.
 
+A pretrained model (``--model smollm2``, a folder or a hub id, as train.py's --model) is measured
+the same way on --task count (tasks.CountTask: n = how many numbers are listed), with no warm-up:
+one model for every (seed, n), the seeds drawing other prompts and responses. Its gradients are
+projected (--project k, common.sketch: a fixed count sketch that keeps every inner product in
+expectation), so a prompt keeps k numbers per estimator and N instead of 135M; pools are sampled
+--sample-prompts prompts at a time. It prints its projected GPU time before measuring
+(``projected_gpu_seconds``; docs/variance.md):
+
+    python benchmarks/horizon_sweep.py --model smollm2 --task count --horizons 10,30,70 --seeds 0 \
+        --estimators reinforce,group_mean,rloo,otb --project 4096 --out runs/smollm2_variance
+
 Writes runs/horizon_sweep/ by default; ``--out benchmarks/results/horizon_sweep`` updates the
 committed results (results.json, stats.npz, table.md, gain_vs_horizon.png).
 """
@@ -54,24 +65,36 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
+from lab import plumbing  # noqa: E402
 from lab import scale_free  # noqa: E402
 from lab import stats  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
 from lab import train_cli  # noqa: E402
-from benchmarks.common import (draw_pool, group_gradients, group_ids_of,  # noqa: E402
-                               per_response_scores, reference_gradient, subset)
+from benchmarks.common import (draw_pool, flatten, group_gradients, group_ids_of,  # noqa: E402
+                               per_response_scores, reference_gradient, sketch, subset)
 from benchmarks import cli  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 
 
 def parse_args(argv=None):
     p = cli.parser(__doc__)
-    p.add_argument("--task", default="periodic", choices=("periodic", "calculator", "factors"),
+    p.add_argument("--task", default="periodic", choices=("periodic", "calculator", "factors", "count"),
                    help="periodic: n = answer length; calculator and factors (its tool's replies vary in length): "
-                   "n = k, numbers added with k - 1 tool calls")
+                   "n = k, numbers added with k - 1 tool calls; count (a chat model, e.g. --model smollm2): "
+                   "n = numbers listed")
     p.add_argument("--horizons", type=cli.int_list(1), default=None,
-                   help="the task's horizons n (periodic: 16,64,128; calculator, factors: 2,4,8)")
+                   help="the task's horizons n (periodic: 16,64,128; calculator, factors: 2,4,8; count: 10,30,70)")
+    p.add_argument("--model", default="tiny", help="tiny (a warmed-up checkpoint per seed and n), or as train.py's "
+                   "--model: smollm2, a folder or a hub id (pretrained: no warm-up, one model for every cell)")
+    p.add_argument("--project", type=cli.at_least(0), default=None, help="k: keep a fixed random projection "
+                   "of each gradient to k numbers (common.sketch), not the gradient; 0: the exact gradient "
+                   "(default: 0 for tiny, 4096 otherwise)")
+    p.add_argument("--temperature", type=float, default=None, help="sampling and scoring temperature "
+                   "(default: train.py's 1.0 for tiny, the gpu preset's 0.7 otherwise)")
+    p.add_argument("--sample-prompts", type=cli.at_least(0), default=None, help="prompts per sampling call "
+                   "(memory: the KV cache of prompts x pool rows); 0: all at once (default: 0 for tiny, 8 otherwise)")
+    p.add_argument("--device", type=cli.device_option, default="auto", help="auto (cuda if there is one), cpu or cuda")
     p.add_argument("--estimators", type=cli.choice_list(list(otb.ESTIMATORS)),
                    default=",".join(otb.ESTIMATORS), help="reinforce and group_mean are always needed")
     p.add_argument("--seeds", type=cli.int_list(0), default=None, help="a warmed-up model per (seed, n) "
@@ -95,10 +118,17 @@ def parse_args(argv=None):
     p.add_argument("--out", type=cli.out_folder, default=str(cli.RUNS / "horizon_sweep"), help="the results")
     args = p.parse_args(argv)
     args.only_seeds, args.seeds = args.seeds, args.seeds or [0, 1, 2]
-    args.horizons = args.horizons or ([16, 64, 128] if args.task == "periodic" else [2, 4, 8])
+    args.horizons = args.horizons or dict(periodic=[16, 64, 128], count=[10, 30, 70]).get(args.task, [2, 4, 8])
+    tiny = args.model == "tiny"
+    args.project = (0 if tiny else 4096) if args.project is None else args.project
+    args.temperature = (1.0 if tiny else train_cli.PRESETS["gpu"]["temperature"]) if args.temperature is None \
+        else args.temperature
+    args.sample_prompts = (0 if tiny else 8) if args.sample_prompts is None else args.sample_prompts
+    if args.project == 1:
+        p.error("--project 1: k must be 0 (no projection) or at least 2")
     if not {"reinforce", "group_mean"} <= set(args.estimators):
         p.error(f"--estimators {','.join(args.estimators)}: reinforce and group_mean are always needed")
-    if any(n > 400 for n in args.horizons):
+    if args.model == "tiny" and any(n > 400 for n in args.horizons):
         p.error(f"--horizons {max(args.horizons)}: n must be at most 400 (the tiny model has 512 positions)")
     if any(args.pool % n or args.pool // n < 2 for n in args.group_sizes):
         p.error(f"--group-sizes {','.join(map(str, args.group_sizes))}: each N must divide "
@@ -113,12 +143,22 @@ def parse_args(argv=None):
     return args
 
 
+LOADED = {}  # a pretrained model is loaded once for every (n, seed)
+
+
 def checkpoint(n, seed, args):
-    """The warmed-up tiny model for (n, seed), through train.py's cached warm-up."""
+    """The warmed-up tiny model for (n, seed), through train.py's cached warm-up; or the pretrained
+    --model, the same for every cell."""
     cfg = train.Config(task=args.task, horizon=n, seed=seed, warmup_target=args.warmup_target,
-                       out=args.cache)
+                       out=args.cache, model=args.model, temperature=args.temperature)
     torch.manual_seed(seed)
-    model, tok, source = train_cli.load(cfg, torch.device("cpu"))
+    device = plumbing.pick_device(args.device) if args.model != "tiny" else torch.device("cpu")
+    if args.model == "tiny":
+        model, tok, source = train_cli.load(cfg, device)
+    else:
+        if (args.model, device) not in LOADED:
+            LOADED[(args.model, device)] = train_cli.load(cfg, device)
+        model, tok, source = LOADED[(args.model, device)]
     return model, tok, tasks.make_task(cfg), cfg, source
 
 
@@ -126,25 +166,34 @@ def measure_checkpoint(model, tok, task, cfg, args, seed):
     """Per estimator and N, the sufficient statistics over prompts (scale_free.gram_stats); info."""
     limit = tasks.response_limit(cfg, task)
     prompts, answers = tasks.prompt_batch(task, tok, 10_000 + seed, 0, args.prompts)  # unseen by RL
-    draw = lambda m, s: draw_pool(model, tok, task, prompts, answers, m, s, limit,  # noqa: E731
-                                  cfg.temperature)
-    pool, (R, token_rewards, _) = draw(args.pool, seed)
-    ref_pool, (R_ref, ref_rewards, _) = draw(args.ref_pool, seed + 7919)  # independent of the pool
+    block = args.sample_prompts or args.prompts  # prompts per sampling call
+
+    def draw(m, s):  # [(Rollout, (R, token_rewards, texts)) per block of prompts]; block b seeded s + 1000003 b
+        return [draw_pool(model, tok, task, prompts[b:b + block], answers[b:b + block], m, s + 1_000_003 * (b // block),
+                          limit, cfg.temperature) for b in range(0, args.prompts, block)]
+    pools, ref_pools = draw(args.pool, seed), draw(args.ref_pool, seed + 7919)  # the reference: independent
+    R, R_ref = (torch.cat([r for _, (r, _, _) in x]) for x in (pools, ref_pools))
     units = {(e, N): [] for e in args.estimators for N in args.group_sizes}  # per prompt: (m_p, V_p, K)
     refs, lengths = [], []
     split = torch.Generator().manual_seed(seed + 1)
+    project = sketch(model, args.project) if args.project else flatten  # the same P for every gradient
+    device = next(model.parameters()).device
     for p in tqdm(range(args.prompts), desc=f"n={task.horizon} seed={seed}", leave=False):
+        q = p % block  # the prompt's place in its block
+        pool, (_, token_rewards, _) = pools[p // block]
+        ref_pool, (_, ref_rewards, _) = ref_pools[p // block]
         # reference r_p: RLOO inside 4 disjoint sub-pools of a separate pool (unbiased for this prompt)
-        refs.append(reference_gradient(model, ref_pool, ref_rewards,
-                                       torch.arange(p * args.ref_pool, (p + 1) * args.ref_pool), cfg.temperature)[0])
+        ref_rows = torch.arange(q * args.ref_pool, (q + 1) * args.ref_pool)
+        refs.append(reference_gradient(model, ref_pool, ref_rewards, ref_rows, cfg.temperature, project=project)[0])
         # the pool: every estimator on the same groups
-        rows = torch.arange(p * args.pool, (p + 1) * args.pool)
+        rows = torch.arange(q * args.pool, (q + 1) * args.pool)
         sub = subset(pool, rows)
         m, r = sub.response_mask, token_rewards[rows, :sub.response.shape[1]]  # (M, T)
         lengths.append(m.sum(-1).mean().item())
         with torch.no_grad():
-            logp, spp, _ = rollout.score(model, sub.prompt_ids, sub.prompt_mask, sub.response, m, cfg.temperature)
-        S = per_response_scores(model, sub, cfg.temperature)  # S_i, (M, D)
+            logp, spp, _ = (x.cpu() for x in rollout.score(model, sub.prompt_ids.to(device), sub.prompt_mask.to(device),
+                                                           sub.response.to(device), m.to(device), cfg.temperature))
+        S = per_response_scores(model, sub, cfg.temperature, project)  # S_i, (M, D) or projected (M, k)
         perm = torch.randperm(args.pool, generator=split)
         for N in args.group_sizes:
             groups = perm.view(-1, N)  # (K, N) disjoint groups
@@ -152,7 +201,7 @@ def measure_checkpoint(model, tok, task, cfg, args, seed):
             for name in args.estimators:
                 adv, _ = otb.ESTIMATORS[name](token_rewards=r, response_mask=m, group_index=gid,
                                               log_probs=logp, sum_pi_sq=spp)
-                G = group_gradients(model, sub, groups, adv, cfg.temperature, S=S).double()  # (K, D)
+                G = group_gradients(model, sub, groups, adv, cfg.temperature, S=S, project=project).double()  # (K, D)
                 mean, var, K = scale_free.unit_summary(G)
                 units[(name, N)].append((mean.float(), var, K))  # float32 keeps 15 x P x D in memory
     refs = torch.stack(refs).float()  # r_p, (P, D)
@@ -160,6 +209,54 @@ def measure_checkpoint(model, tok, task, cfg, args, seed):
              for key, us in units.items()}
     return grams, dict(success=R.mean().item(), ref_success=R_ref.mean().item(),
                        mean_length=sum(lengths) / len(lengths))
+
+
+# =====================================================================================
+# What a sweep of a pretrained model would cost on one GPU (a projection, not a measurement)
+# =====================================================================================
+
+DECODE_SECONDS = (0.019, 0.035)  # one eager decode step of a 30-layer model: its Python launches (docs/training.md)
+PASS_LAUNCHES = 3  # a forward and backward pass launches about 3 decode steps' kernels
+FLOPS = 30e12  # assumed float32 FLOP/s of the passes on an H100 (the sweep runs float32; peak about 67e12)
+SEQUENCE_LEVEL = ("reinforce", "group_mean", "rloo", "grpo")  # advantages one number per response: through S_i
+
+
+def projected_gpu_seconds(args, model, tok):
+    """Seconds of one GPU for this sweep, low and high, from counts of what it runs (docs/variance.md):
+
+        decode steps  = cells x 2 pools x ceil(P / sample_prompts) x L      (L: the response limit, an upper bound)
+        passes        = cells x P x (M + 4 + E_tok x sum_N M / N)           (S_i, the reference's 4 parts, OTB's groups)
+        pass FLOPs    = 8 D x positions of those passes (+ 2 D for the scoring forward of each pool)
+        seconds       = decode steps x t_d + passes x 3 t_d + FLOPs / 30e12,   t_d = 19-35 ms
+
+    E_tok: the token-level estimators (one backward pass per group); D: parameters; positions: prompt
+    + L per row. Every input is returned with the result."""
+    D = sum(p.numel() for p in model.parameters())
+    cells, rows = [], 0
+    for n in args.horizons:
+        task = tasks.make_task(train.Config(task=args.task, horizon=n, model=args.model))
+        prompts, _ = tasks.prompt_batch(task, tok, 10_000, 0, args.prompts)
+        L, P = task.max_new_tokens(), max(map(len, prompts))
+        calls = -(-args.prompts // (args.sample_prompts or args.prompts))
+        e_tok = sum(e not in SEQUENCE_LEVEL for e in args.estimators)
+        passes = args.prompts * (args.pool + 4 + e_tok * sum(args.pool // N for N in args.group_sizes))
+        rows = args.prompts * (args.pool + args.ref_pool + e_tok * args.pool * len(args.group_sizes))
+        flops = 8 * D * rows * (P + L) + 2 * D * args.prompts * args.pool * (P + L)
+        cells.append(dict(n=n, response_limit=L, prompt_tokens=P, decode_steps=2 * calls * L, passes=passes,
+                          flops=flops))
+    seeds = len(args.seeds)
+    total = {k: seeds * sum(c[k] for c in cells) for k in ("decode_steps", "passes", "flops")}
+    seconds = [total["decode_steps"] * t + total["passes"] * PASS_LAUNCHES * t + total["flops"] / FLOPS
+               for t in DECODE_SECONDS]
+    return dict(seconds=seconds, parameters=D, seeds=seeds, per_horizon=cells, decode_seconds=list(DECODE_SECONDS),
+                pass_launches=PASS_LAUNCHES, flops_per_second=FLOPS, **total)
+
+
+def projection_line(g):
+    """One line: the projected GPU time and its main counts."""
+    return (f"projected on one GPU (not measured): {g['seconds'][0] / 60:.0f}-{g['seconds'][1] / 60:.0f} min "
+            f"({g['decode_steps']:,} decode steps and {g['passes']:,} backward passes at 19-35 ms of launches "
+            f"per decode step, {g['flops'] / 1e12:,.0f} TFLOP at 30 TFLOP/s; docs/variance.md)")
 
 
 # =====================================================================================
@@ -402,8 +499,9 @@ def plot(summary, path=None, task="periodic"):
             if seeds:
                 ax.plot(*zip(*seeds), ls="none", marker=st["marker"], mfc="none", color=f"C{i}", alpha=0.6)
         ax.axhline(1.0, color="k", lw=0.8, label="group_mean")
-        ax.set(xscale="log", yscale="log", xlabel="answer length n (periodic copy)" if task == "periodic"
-               else "k, numbers added with k - 1 calculator calls",
+        ax.set(xscale="log", yscale="log", xlabel=dict(periodic="answer length n (periodic copy)",
+                                                       count="n, numbers listed (count)").get(
+                   task, "k, numbers added with k - 1 calculator calls"),
                ylabel="nvar(group_mean) / nvar(estimator)", title=f"N = {N}: gain over the group mean (> 1 is "
                "better)\nfilled: seeds pooled, 95% set (arrow: lower bound only); hollow: one seed")
         ax.title.set_fontsize(9)
@@ -416,6 +514,15 @@ def plot(summary, path=None, task="periodic"):
     if path is not None:
         fig.savefig(path, dpi=110)
     return fig
+
+
+def model_note(args):
+    """'' for the tiny model; else the model, its temperature and the projection (a sweep's table says it)."""
+    model, k = getattr(args, "model", "tiny"), getattr(args, "project", 0)
+    if model == "tiny" and not k:
+        return ""
+    return (f"; model {model}, temperature {args.temperature}, " + (f"gradients projected to k = {k} numbers "
+            "(common.sketch: inner products kept in expectation)" if k else "exact gradients"))
 
 
 def took(seconds):
@@ -439,7 +546,8 @@ def write(out, command, args, seconds, checkpoints, grams_by_cell, measured_on):
     prompts = next(iter(next(iter(grams_by_cell.values())).values()))["V"].shape[0]
     text = (f"# Normalised gradient variance against the horizon\n\n`{command}`  \n"
             f"{len(seeds)} seeds x {prompts} prompts x {args.pool} responses per checkpoint; measured in "
-            f"{took(seconds)}. Seeds pooled: prompts resampled within each seed ({args.replicates} draws), "
+            f"{took(seconds)}{model_note(args)}. Seeds pooled: prompts resampled within each seed "
+            f"({args.replicates} draws), "
             f"signal and noise summed over seeds, the ratio's 95% set by test inversion (stats.py eqs. 4-5): "
             f"\u2265 where only the lower end is resolved, \"unresolved\" where neither is. Random effects: "
             f"DerSimonian-Laird over the seeds' log gains (eq. 6), with Cochran's Q (p) and I\u00b2; \"-\" "
@@ -457,12 +565,14 @@ def write(out, command, args, seconds, checkpoints, grams_by_cell, measured_on):
     return rows, summary
 
 
-SAME = ("prompts", "pool", "ref_pool", "group_sizes", "warmup_target", "task", "estimators")  # cells that mix
+SAME = ("prompts", "pool", "ref_pool", "group_sizes", "warmup_target", "task", "estimators", "model", "project",
+        "temperature")  # cells that mix
 
 
 def settings(saved, estimators):
     """The settings of a saved sweep that its cells share with any cell analysed beside them."""
-    args = {"task": "periodic", "estimators": estimators, **saved["args"]}  # older sweeps
+    args = {"task": "periodic", "estimators": estimators, "model": "tiny", "project": 0, "temperature": 1.0,
+            **saved["args"]}  # older sweeps
     return {k: args[k] for k in SAME}
 
 
@@ -522,10 +632,14 @@ def main(argv=None):
     todo = [(n, seed) for seed in args.seeds for n in args.horizons if (n, seed) not in grams_by_cell]
     for i, (n, seed) in enumerate(todo):  # seed by seed: a partial sweep has every n
         model, tok, task, cfg, source = checkpoint(n, seed, args)
+        if i == 0 and args.model != "tiny":  # before anything is measured: what it would cost on one GPU
+            args.gpu_projection = projected_gpu_seconds(args, model, tok)
+            print(projection_line(args.gpu_projection), flush=True)
         grams_by_cell[(n, seed)], info = measure_checkpoint(model, tok, task, cfg, args, seed)
-        warm = json.loads((Path(source["path"]) / "warmup.json").read_text())["history"]
-        checkpoints.append(dict(n=n, seed=seed, model=source["path"],
-                                warmup_success=warm[-1][1] if warm else None, **info))
+        warmup = Path(source["path"]) / "warmup.json"  # the tiny model's; a pretrained one has none
+        warm = json.loads(warmup.read_text())["history"] if warmup.is_file() else None
+        checkpoints.append(dict(n=n, seed=seed, model=source["path"], **info,
+                                **(dict(warmup_success=warm[-1][1] if warm else None) if warmup.is_file() else {})))
         print(f"n={n} seed={seed}: pool success {info['success']:.2f}, mean length "
               f"{info['mean_length']:.1f}", flush=True)
         save_grams(out / "stats.npz", grams_by_cell)  # after every checkpoint: nothing measured is lost,

@@ -1,0 +1,148 @@
+"""The variance sweep of a pretrained model (benchmarks/horizon_sweep.py --model ... --task count) at a
+tiny shape on the CPU, and the projection it measures through (benchmarks/common.sketch).
+
+The model is SmolLM2-135M's architecture (9 heads, 3 key-value heads, tied embeddings;
+common.smollm2_shaped) at width 72 and 2 layers over the character tokenizer with a chat template,
+warmed up on counting until some sampled lists are right (about 10 s), so that every estimator has
+signal. The real model's command and its projected GPU time are in docs/variance.md.
+"""
+import json
+import math
+
+import pytest
+import torch
+
+import rollout
+import tasks
+from benchmarks import common
+from benchmarks import horizon_sweep as hs
+from lab.models import char_tokenizer, warm_up
+
+CHAT = "{% for m in messages %}{{ m['content'] | lower }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
+
+
+def shaped_model():
+    """SmolLM2's architecture at width 72, 2 layers, on the character tokenizer (random weights)."""
+    tok = char_tokenizer()
+    tok.chat_template = CHAT  # tasks.CountTask writes its prompt through the chat template
+    model = common.smollm2_shaped(hidden=72, layers=2, vocab=len(tok))
+    model.config.pad_token_id, model.config.bos_token_id, model.config.eos_token_id = (
+        tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
+    return model, tok
+
+
+@pytest.fixture(scope="module")
+def counting_model(tmp_path_factory):
+    """A save_pretrained folder: the shaped model warmed up on counting 4 numbers to sampled success 0.3."""
+    model, tok = shaped_model()
+    task = tasks.CountTask(horizon=4)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        history = warm_up(model, tok, task, temperature=0.7, max_new=task.max_new_tokens(), max_steps=400,
+                          target=0.3, seed=0, batch=32, n_eval=64, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert history and history[-1][1] >= 0.3, f"the warm-up must reach success 0.3: {history[-3:]}"
+    folder = tmp_path_factory.mktemp("counting_model")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def sampled_gradients(model, tok, rows=6):
+    """Full gradients (rows, D) of the shaped model: grad of sum_t A_i log pi(y_t^i), a random A_i per row."""
+    task = tasks.CountTask(horizon=3)
+    prompts, _ = tasks.prompt_batch(task, tok, 0, 0, 2)
+    ro = rollout.sample(model, prompts, group_size=rows // 2, max_new_tokens=8, temperature=1.0,
+                        eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(0))
+    A = torch.randn(rows, 1, generator=torch.Generator().manual_seed(1)) * ro.response_mask  # (B, T)
+    return torch.stack([common.weighted_score_gradient(model, ro, [i], A, 1.0) for i in range(rows)]).double()
+
+
+def test_sketch_keeps_inner_products_in_expectation():
+    """Over the draw of P (300 seeds, k = 8: a large error per draw, so the test sees it), the mean of
+    <P a, P b> is <a, b> within 4 standard errors, for the real gradients of the shaped model, and so
+    are tr Var and the squared norm of the mean of those gradients (what nvar is made of). The standard
+    errors are below 6% of the values: a projection off by a factor, or one that kept only its own
+    terms in some other proportion, fails. Each coordinate lands in one bucket with sign +-1, and P is
+    linear: both checked exactly."""
+    model, tok = shaped_model()
+    G = sampled_gradients(model, tok)  # (6, D), full
+    D, k = G.shape[1], 8
+    full = dict(gram=G @ G.T, tr_var=((G - G.mean(0)) ** 2).sum() / (len(G) - 1), mean_sq=(G.mean(0) ** 2).sum())
+    draws = {key: [] for key in full}
+    params = [p for p in model.parameters()]
+    shapes = [p.shape for p in params]
+
+    def as_grads(v):  # a (D,) vector as the per-parameter gradients project() takes
+        out, i = [], 0
+        for s in shapes:
+            out.append(v[i:i + math.prod(s)].view(s))
+            i += math.prod(s)
+        return out
+    for seed in range(300):
+        project = common.sketch(model, k, seed)
+        PG = torch.stack([project(as_grads(g.float())) for g in G]).double()  # (6, k)
+        draws["gram"].append(PG @ PG.T)
+        draws["tr_var"].append(((PG - PG.mean(0)) ** 2).sum() / (len(PG) - 1))
+        draws["mean_sq"].append((PG.mean(0) ** 2).sum())
+    for key, value in full.items():
+        d = torch.stack(draws[key])  # (300, ...)
+        mean, se = d.mean(0), d.std(0) / math.sqrt(len(d))
+        assert ((mean - value).abs() <= 4 * se).all(), (key, mean, value, se)
+        if key != "gram":
+            assert se < 0.06 * value, (key, se, value)  # tight enough to catch a wrong scale
+    project = common.sketch(model, k, 0)
+    e = torch.zeros(D)
+    e[D // 3] = 2.5
+    assert project(as_grads(e)).abs().tolist().count(2.5) == 1 and project(as_grads(e)).abs().sum() == 2.5
+    a, b = G[0].float(), G[1].float()
+    assert torch.allclose(project(as_grads(a + 3 * b)), project(as_grads(a)) + 3 * project(as_grads(b)), atol=1e-5)
+
+
+def sweep(folder, out, project, replicates=200):
+    hs.main(["--model", str(folder), "--task", "count", "--horizons", "2,4", "--seeds", "0", "--prompts", "4",
+             "--pool", "8", "--ref-pool", "8", "--group-sizes", "2,4", "--estimators", "reinforce,group_mean,rloo,otb",
+             "--project", str(project), "--sample-prompts", "2", "--device", "cpu", "--replicates", str(replicates),
+             "--out", str(out)])
+    return json.loads((out / "results.json").read_text())
+
+
+def test_count_sweep_on_a_smollm2_shaped_model_projected_and_exact(counting_model, tmp_path):
+    """The sweep runs end to end at 2 horizons with the gradients projected to k = 1024 and exact (the same
+    sampled pools: the projection draws nothing from the sampler's generators). Checked: every gain of the
+    table; rloo's gain over the group mean is 1 (RLOO is the group mean times N / (N - 1) sample by sample,
+    and a projection is linear); the projected per-prompt tr Var and the Gram matrices agree with the exact
+    ones within the sketch's own error (5 x sqrt(2 / k) relative, per estimator and N, summed over prompts);
+    the projected GPU time is its own formula of the counts it returns; --from-saved rewrites table.md
+    byte for byte."""
+    k = 1024
+    projected = sweep(counting_model, tmp_path / "projected", k)
+    exact = sweep(counting_model, tmp_path / "exact", 0)
+    assert {c["n"] for c in projected["checkpoints"]} == {2, 4}
+    assert [c["success"] for c in projected["checkpoints"]] == [c["success"] for c in exact["checkpoints"]]
+    assert all(0 < c["success"] < 1 for c in projected["checkpoints"])  # signal, and not solved
+    cells = {(g["estimator"], g["N"], g["n"]) for g in projected["gains"] if "gain" in g}
+    assert cells == {(e, N, n) for e in ("reinforce", "rloo", "otb") for N in (2, 4) for n in (2, 4)}
+    for g in projected["gains"]:
+        if g["estimator"] == "rloo":
+            assert g["gain"][0] == pytest.approx(1.0, rel=1e-6)
+    P, E = hs.load_grams(tmp_path / "projected" / "stats.npz"), hs.load_grams(tmp_path / "exact" / "stats.npz")
+    tol = 5 * math.sqrt(2 / k)
+    for cell, by_estimator in E.items():
+        for key, s in by_estimator.items():
+            p = P[cell][key]
+            assert p["V"].sum().item() == pytest.approx(s["V"].sum().item(), rel=tol), (cell, key)
+            for m in ("gram", "ref_gram"):
+                scale = torch.diagonal(s[m]).sum().item()  # differences relative to the norms involved
+                assert (p[m] - s[m]).abs().max().item() <= tol * scale, (cell, key, m)
+    g = projected["args"]["gpu_projection"]
+    assert g["seconds"] == pytest.approx([g["decode_steps"] * t + g["passes"] * g["pass_launches"] * t
+                                          + g["flops"] / g["flops_per_second"] for t in g["decode_seconds"]])
+    assert g["passes"] == 2 * 4 * (8 + 4 + 1 * (8 // 2 + 8 // 4))  # horizons x prompts x (M + 4 + otb's groups)
+    assert "gpu_projection" not in exact["args"] or exact["args"]["gpu_projection"]["passes"] == g["passes"]
+    table = (tmp_path / "projected" / "table.md").read_text()
+    assert "gradients projected to k = 1024" in table
+    hs.main(["--from-saved", str(tmp_path / "projected"), "--out", str(tmp_path / "again"), "--replicates", "200"])
+    assert (tmp_path / "again" / "table.md").read_text() == table
