@@ -73,7 +73,7 @@ def lr_pilot(cfg, folder, model, tok, device, command, source, train):
         model, tok, _ = train_cli.load(sub, device)
     init = plumbing.weights(model)
     rows = []
-    for lr in tqdm(rates, desc=f"learning-rate pilot {cfg.lr_pilot_run}"):
+    for lr in tqdm(rates, desc=f"learning-rate pilot {cfg.lr_pilot_run}", disable=True if cfg.no_progress else None):
         history = run_one(replace(sub, lr=lr), folder / "pilot" / f"lr{lr:g}", model, init, tok, command,
                           source, train, cfg.keep_weights)
         e = endpoints(history, sub.steps, budget=budget, window=max(1, budget // 10), target=cfg.target_success)
