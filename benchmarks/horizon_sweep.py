@@ -254,7 +254,9 @@ def projected_gpu_seconds(args, model, tok):
 
 def projection_line(g):
     """One line: the projected GPU time and its main counts."""
-    return (f"projected on one GPU (not measured): {g['seconds'][0] / 60:.0f}-{g['seconds'][1] / 60:.0f} min "
+    lo, hi = g["seconds"]
+    span = f"{lo:.0f}-{hi:.0f} s" if hi < 120 else f"{lo / 60:.0f}-{hi / 60:.0f} min"
+    return (f"projected on one GPU (not measured): {span} "
             f"({g['decode_steps']:,} decode steps and {g['passes']:,} backward passes at 19-35 ms of launches "
             f"per decode step, {g['flops'] / 1e12:,.0f} TFLOP at 30 TFLOP/s; docs/variance.md)")
 
