@@ -318,14 +318,14 @@ def test_otb_grpo_trainer_runs_trls_tool_loop_for_two_steps(smollm2, tmp_path, c
                                          tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
                                          eos_token_id=tok.eos_token_id))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(200):
+    for _ in range(400):  # to a loss at which sampling at temperature 0.3 repeats the call on any CPU
         loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if loss.item() < 0.05:
+        if loss.item() < 0.005:
             break
-    assert loss.item() < 0.05, "the conversation must be memorised"
+    assert loss.item() < 0.005, "the conversation must be memorised"
     seen = []
 
     class Spy(otb_trl.OTBGRPOTrainer):
