@@ -264,7 +264,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
             last = step + 1 == cfg.steps or tokens >= (cfg.token_budget or math.inf)
             if last or stop.requested or time.monotonic() - saved_at >= 60 * cfg.checkpoint_minutes:
                 runs.save_checkpoint(run_dir, model, opt if keep_optimizer or not last else None,
-                                          step + 1, tokens, lengths)
+                                     step + 1, tokens, lengths)
                 saved_at = time.monotonic()
             if stop.requested and not last:
                 raise runs.Stopped(f"stopped after step {step + 1} of {cfg.steps}")
