@@ -486,6 +486,11 @@ def plot(cells, path=None, primary=PRIMARY_LR):
                 ylim=(-0.03, 1.03))
     axes[2].set(xscale="log", xlabel="learning rate", ylabel="collapse rate (95% Wilson)", ylim=(-0.03, 1.03),
                 title="the ladder")
+    rates = sorted({lr for _, lr in cells})
+    axes[2].set_xticks(rates, [f"{lr:g}" for lr in rates])  # the rates run, not a log axis's minor ticks
+    axes[2].minorticks_off()
+    if len(rates) == 1:
+        axes[2].set_xlim(rates[0] / 1.5, rates[0] * 1.5)
     for ax in axes:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
