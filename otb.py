@@ -93,7 +93,7 @@ def sum_pi_squared(logits, chunk_size=None):
     """
     if chunk_size is not None or not isinstance(logits, torch.Tensor) or logits.dim() == 0 or logits.shape[-1] == 0:
         return _sum_pi_squared_checked(logits, chunk_size)  # a list, chunks, or the error
-    spp = _spp(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32))  # (...)
+    spp = _spp(logits.to(_working_dtype(logits)))  # (...)
     if not torch.isfinite(spp).all():  # checked after the maths: one reduction
         _not_finite(spp)
     return spp
@@ -112,7 +112,7 @@ def _sum_pi_squared_checked(logits, chunk_size):
     z = _as_tensor("logits", logits)
     if z.dim() == 0 or z.shape[-1] == 0:
         raise ValueError(f"logits must have a non-empty last (vocabulary) dimension, got {tuple(z.shape)}")
-    dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
+    dtype = _working_dtype(z)
     rows = z.reshape(-1, z.shape[-1])  # one logit vector per row, (N, V)
     chunks = rows.split(chunk_size or max(len(rows), 1))  # a loop over memory chunks only
     spp = torch.cat([_spp(chunk.to(dtype)) for chunk in chunks]).reshape(z.shape[:-1])  # (...)

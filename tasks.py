@@ -74,11 +74,6 @@ class Tool:
     is_error: Optional[Callable[[list], bool]] = None  # is this output (a list of ids) an error reply?
 
 
-def tool_for(task, tokenizer):
-    """The task's ``Tool`` (``task.tool(tokenizer)``), or None for a task without one."""
-    return task.tool(tokenizer)
-
-
 @dataclass
 class ReverseTask(Task):
     """Reverse a random string: prompt ``<bos>cabd=``, correct response ``dbac<eos>``.

@@ -99,7 +99,7 @@ def draw_pool(model, tok, task, prompts, answers, size, seed, max_new, temperatu
     device = next(model.parameters()).device
     ro = rollout.sample(model, prompts, group_size=size, max_new_tokens=max_new, temperature=temperature,
                         eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                        generator=torch.Generator(device).manual_seed(seed), tool=tasks.tool_for(task, tok),
+                        generator=torch.Generator(device).manual_seed(seed), tool=task.tool(tok),
                         stop=task.stop_rule(tok, answers, size))
     ro = rollout.Rollout(**{k: v.cpu() if torch.is_tensor(v) else v for k, v in vars(ro).items()})
     return ro, tasks.rewards(task, tok, ro, answers, size)

@@ -46,7 +46,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     task = tasks.TASKS[a.task]() if a.horizon is None else tasks.TASKS[a.task](horizon=a.horizon)
     model, tok, source = models.load_model("smollm2", task, "cpu", max_new=task.max_new_tokens(), cache_dir=None)
-    tool = tasks.tool_for(task, tok)
+    tool = task.tool(tok)
     t0, wins, lengths, counts = time.time(), [], [], {"calls": [], "errors": [], "cut": []}
     for b in tqdm(range(0, a.prompts, a.batch), desc=f"{a.task} horizon {task.horizon}, tau {a.temperature}"):
         n = min(a.batch, a.prompts - b)

@@ -103,7 +103,7 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
     ``progress``: the bar (off anyway where stderr is not a terminal); it shows the step just done."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     rng = random.Random(-1 - seed)  # a prompt stream disjoint from the RL one
-    tool = tasks.tool_for(task, tok)
+    tool = task.tool(tok)
     history, start = [], 0
     if state_path is not None and Path(state_path).exists():  # an interrupted warm-up: go on from its last check
         start, history = load_warm_up_state(state_path, model, opt, rng)
@@ -180,7 +180,7 @@ def evaluate(model, tok, task, temperature, max_new, n, seed):
     prompts, answers = tasks.prompt_batch(task, tok, -7 - seed, 0, n)
     ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=max_new,
                         temperature=temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                        generator=torch.Generator().manual_seed(seed), tool=tasks.tool_for(task, tok),
+                        generator=torch.Generator().manual_seed(seed), tool=task.tool(tok),
                         stop=task.stop_rule(tok, answers, 1))
     R, _, _ = tasks.rewards(task, tok, ro, answers, 1)
     return R.mean().item()
