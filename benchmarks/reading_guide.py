@@ -91,14 +91,20 @@ def spans(rel):
     return found, tree
 
 
+def docstring_lines(tree):
+    """The line numbers of a parsed module's docstring (none without one)."""
+    doc = tree.body[0] if tree.body and isinstance(tree.body[0], ast.Expr) else None
+    is_doc = doc is not None and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)
+    return set(range(doc.lineno, doc.end_lineno + 1)) if is_doc else set()
+
+
 def measure(entered):
     """(total lines, per-file lines, path): the path is [(file, name, first, last, summary)]."""
     lines, path = {}, []
     for rel, first, name in entered:
         found, tree = spans(rel)
         if rel not in lines:
-            doc = tree.body[0] if tree.body and isinstance(tree.body[0], ast.Expr) else None
-            lines[rel] = set(range(doc.lineno, doc.end_lineno + 1)) if doc is not None else set()
+            lines[rel] = docstring_lines(tree)
         if first not in found:  # a module body or class body: not a function on the path
             continue
         last, node = found[first]
@@ -115,16 +121,9 @@ def measure(entered):
     return sum(per_file.values()), per_file, path
 
 
-def _docstring_lines(rel):
-    """Lines of a file's module docstring (0 without one)."""
-    body = ast.parse((ROOT / rel).read_text()).body
-    doc = body[0] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else None
-    return 0 if doc is None else doc.end_lineno - doc.lineno + 1
-
-
 def render(total, per_file, path):
     """The text of docs/reading_guide.md."""
-    docs = sum(_docstring_lines(Path(f)) for f in per_file)
+    docs = sum(len(docstring_lines(ast.parse((ROOT / f).read_text()))) for f in per_file)
     out = ["# Reading guide: one training step, in the order it runs", "",
            "Written by `python benchmarks/reading_guide.py` from a trace of one default `train.train_step`",
            "(`--estimator otb`, the tiny model, the reversal task, plain decoding): every function of the",
