@@ -55,9 +55,12 @@ def context_ids(response, response_mask, group_index):
     """An integer per (row, position) naming its context (prompt, y_<t), (B, T).
 
     Two entries get the same id exactly when their rows are in the same group and agree on every
-    token before t. The ids are built one position at a time, as the nodes of a prefix tree: the
-    context at t + 1 is the pair (context at t, y_t), renumbered densely with torch.unique. So the
-    cost is linear in T (one unique over B pairs per position), however long the shared prefixes.
+    token before t. Each row is the key (group, y_0, ..., y_{T-1}); the rows are sorted by it,
+    lexicographically, once. In that order the rows that share a context at t are consecutive (a
+    shared prefix sorts together), so the context of a row is new at t exactly when its first t + 1
+    keys differ from the row above it, and numbering the contexts of position t is a running count
+    of those changes down the sorted rows: the id is the context's rank among that position's
+    contexts, in [0, B). One sort and one cumulative sum for all positions, whatever the prefixes.
     A tool's output inside a response (mask 0 before the row's last valid token) is not an action
     but is part of the context of every token after it. Padded positions get ids too; they are
     never used.
@@ -67,14 +70,15 @@ def context_ids(response, response_mask, group_index):
     m = torch.as_tensor(response_mask).bool()  # (B, T)
     padding = m.flip(-1).cumsum(-1).flip(-1) == 0  # no valid token at or after t, (B, T)
     tokens = torch.where(padding, 0, response)  # y_t, tool output kept, 0 on padding
-    vocab = int(tokens.max()) + 1
-    node = gid.to(response.device)  # the context (prompt, empty prefix) at t = 0, ids in [0, B)
-    levels = []
-    for t in range(T):  # one level of the prefix tree per position
-        levels.append(node)
-        node = torch.unique(node * vocab + tokens[:, t], return_inverse=True)[1]  # (context, y_t)
-    # every level's ids lie in [0, B): shifting level t by t * B makes them distinct across levels
-    return torch.stack(levels, dim=1) + B * torch.arange(T, device=response.device)  # (B, T)
+    keys = torch.cat([gid.to(response.device)[:, None], tokens], dim=1)  # (group, y_0, ..., y_{T-1}), (B, 1 + T)
+    rank = torch.unique(keys, dim=0, return_inverse=True)[1]  # rows sorted lexicographically, (B,)
+    order = torch.sort(rank, stable=True).indices  # (B,)
+    k = keys[order]  # the sorted rows, (B, 1 + T)
+    new = (k[1:] != k[:-1]).cumsum(-1)[:, :T] > 0  # context at t differs from the row above's, (B - 1, T)
+    sorted_ids = torch.cat([new.new_zeros(1, T), new]).long().cumsum(0)  # rank of the context at t, (B, T)
+    ids = torch.empty_like(sorted_ids).index_copy_(0, order, sorted_ids)  # back to the rows' order
+    # every position's ids lie in [0, B): shifting position t by t * B makes them distinct across positions
+    return ids + B * torch.arange(T, device=response.device)  # (B, T)
 
 
 def mean_gradient_sq_norm(response, response_mask, group_index, adv, logp, sum_pi_sq):

@@ -111,6 +111,40 @@ def test_context_ids_equal_exactly_for_same_group_and_prefix(seed):
     assert any(t > 0 for _, prefix in keys for t in [len(prefix)])
 
 
+def naive_context_ids(response, mask, group_index):
+    """context_ids one row and one position at a time: the id of (row i, position t) is t * B plus
+    the rank of (group, y_0, ..., y_{t-1}) among position t's distinct contexts in sorted order;
+    padding (no valid token at or after t) reads as token 0."""
+    B, T = response.shape
+    gid = otb.group_ids(group_index, B)[0].tolist()
+    valid = mask.bool().tolist()
+    y = [[tok if any(valid[i][t:]) else 0 for t, tok in enumerate(row)] for i, row in enumerate(response.tolist())]
+    out = torch.empty(B, T, dtype=torch.long)
+    for t in range(T):
+        context = [(gid[i], tuple(y[i][:t])) for i in range(B)]
+        rank = {c: r for r, c in enumerate(sorted(set(context)))}
+        for i in range(B):
+            out[i, t] = t * B + rank[context[i]]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_context_ids_equal_the_per_row_definition_exactly(seed):
+    """Random batches: group labels as tensors or strings (groups numbered by first appearance), small
+    vocabularies (deep shared prefixes), holes (tool output) and padding holding garbage."""
+    rng = np.random.default_rng(3000 + seed)
+    B, T, vocab = int(rng.integers(1, 30)), int(rng.integers(1, 16)), int(rng.integers(1, 5))
+    response = torch.tensor(rng.integers(0, vocab, (B, T)))
+    lengths = rng.integers(0, T + 1, B)
+    mask = (np.arange(T)[None, :] < lengths[:, None]) & (rng.random((B, T)) > 0.2)  # holes inside
+    response[torch.tensor(np.arange(T)[None, :] >= lengths[:, None])] = 7  # padding: garbage
+    labels = rng.integers(0, 4, B)
+    for group_index in (torch.tensor(labels), [f"p{g}" for g in labels]):
+        mask_t = torch.tensor(mask, dtype=torch.float64)
+        assert torch.equal(diagnostics.context_ids(response, mask_t, group_index),
+                           naive_context_ids(response, mask_t, group_index))
+
+
 def test_mean_gradient_sq_norm_of_an_all_padding_batch_is_zero():
     z = torch.zeros(3, 4)
     assert diagnostics.mean_gradient_sq_norm(z.long(), z, [0, 0, 1], z, z - 1, z + 0.5) == 0.0
