@@ -63,11 +63,8 @@ another value out of range is set to 0 first, so that 0 * NaN never happens). Ea
 one line over the whole batch: G_t and W_t row by row, the sums over each group with
 ``_group_sum`` (no loop over groups), then each row's B_t and A_t.
 
-Bad input (wrong shapes, a mask other than 0/1, NaN or inf at a valid position, log-probs above
-0, sum pi^2 outside [0, 1], importance weights above 1e18, a negative eps, a string as
-group_index) raises a ValueError naming the argument; padded positions may hold anything. Plain
-(nested) lists are accepted wherever a tensor is. The forward-only variance diagnostics built on
-(7) live in ``diagnostics.py``.
+Bad input raises a ValueError naming the argument (the rules: "Input checks" at the end of the
+file). The forward-only variance diagnostics built on (7) live in ``lab/diagnostics.py``.
 
 Tool output inside a response (holes, m_t = 0 inside a row) is handled by ``action_aligned_otb``,
 which applies (1)-(6) over the policy's own tokens (eq. 8 in its docstring).
@@ -279,16 +276,18 @@ ESTIMATORS = {
 # =====================================================================================
 # Plumbing: group ids, group sums and the input checks
 # =====================================================================================
+# Input checks. Wrong shapes, a mask other than 0/1, NaN or inf at a valid position, log-probs above
+# 0, sum pi^2 outside [0, 1], importance weights above 1e18, a negative eps or a string as group_index
+# raise a ValueError naming the argument; padded positions may hold anything. Plain (nested) lists
+# are accepted wherever a tensor is. On valid input the checks cost one min/max reduction per tensor;
+# the helpers that find and name the culprit run only when something is wrong.
 
 def group_ids(group_index, batch):
-    """Map one prompt id per row (an integer tensor, or any hashables) to ids 0..n_groups-1.
-
-    Returns (gid, n_groups) with gid a (B,) long tensor. Groups may be interleaved.
-    """
-    if not isinstance(group_index, torch.Tensor) or group_index.dim() != 1 or group_index.is_floating_point():
+    """Map one prompt id per row (an integer tensor, or any hashables) to (gid, n_groups): gid (B,)
+    long, ids 0..n_groups-1. Groups may be interleaved."""
+    if not isinstance(group_index, torch.Tensor) or group_index.dim() != 1 or group_index.is_floating_point() \
+            or len(group_index) != batch:
         return _sequence_group_ids(group_index, batch)  # a list of ids, or an error naming the input
-    if len(group_index) != batch:
-        raise ValueError(f"group_index has {len(group_index)} entries but the batch has {batch} rows")
     uniq, gid = torch.unique(group_index, return_inverse=True)
     return gid.long(), len(uniq)
 
@@ -297,7 +296,7 @@ def _sequence_group_ids(group_index, batch):
     """group_ids of a sequence of hashable ids (in order of first appearance), or the error."""
     if isinstance(group_index, (str, bytes)):  # a string is one id, not one id per character
         raise ValueError(f"group_index must hold one prompt id per row, got the string {group_index!r}")
-    if isinstance(group_index, torch.Tensor):
+    if isinstance(group_index, torch.Tensor) and (group_index.dim() != 1 or group_index.is_floating_point()):
         raise ValueError(f"group_index must be a 1-D integer tensor or a sequence of ids, "
                          f"got a tensor of shape {tuple(group_index.shape)} and dtype {group_index.dtype}")
     try:
@@ -337,13 +336,15 @@ LIMITS = {  # name: (lowest, highest, rule) allowed at valid positions; every va
 
 
 def _checked(token_rewards, response_mask, group_index, eps=0.0, **per_token):
-    """The (B, T) inputs as tensors, checked as the module docstring says ("Bad input"): returns
-    (x, m, gid, n_groups), x the tensors by name (None stays None; padding out of range set to 0, so
-    the maths can mask by multiplying), m the 0/1 mask in the working dtype (float64 if token_rewards
-    is, else float32). On valid input: one min/max reduction per tensor; helpers search on failure."""
+    """The inputs checked (the rules: "Input checks" above) -> (x, m, gid, n_groups): x the (B, T)
+    tensors by name (None stays None; padding out of range set to 0, so the maths can mask by
+    multiplying), m the 0/1 mask in the working dtype (float64 if token_rewards is, else float32)."""
     x = {"token_rewards": token_rewards, "response_mask": response_mask, **per_token}
     x = {name: v if v is None or isinstance(v, torch.Tensor) else _as_tensor(name, v) for name, v in x.items()}
-    _check_shapes(x, eps)
+    shape = x["token_rewards"].shape  # (B, T)
+    if {v.shape for v in x.values() if v is not None} != {shape} or len(shape) != 2 or 0 in shape or not (
+            isinstance(eps, numbers.Real) and 0.0 <= eps < math.inf):
+        _shape_error(x, eps)
     m = x.pop("response_mask").to(_working_dtype(x["token_rewards"]))  # m_t, (B, T)
     if not (_in_range(m, 0, 1) and _in_range(m.frac(), 0, 0)):  # in [0, 1], no fraction: 0 or 1
         raise ValueError(f"response_mask must contain only 0 and 1, found {m[(m != 0) & (m != 1)][0].item()}")
@@ -354,8 +355,9 @@ def _checked(token_rewards, response_mask, group_index, eps=0.0, **per_token):
     return x, m, gid.to(m.device), n_groups
 
 
-def _check_shapes(x, eps):
-    """eps a number >= 0; every input 2-D, non-empty and of token_rewards' shape."""
+def _shape_error(x, eps):
+    """The ValueError for a bad eps or shape: eps a number >= 0; every input 2-D, non-empty and of
+    token_rewards' shape."""
     if not (isinstance(eps, numbers.Real) and 0.0 <= eps < math.inf):
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     shape = x["token_rewards"].shape
@@ -364,8 +366,7 @@ def _check_shapes(x, eps):
             raise ValueError(f"{name} must be 2-D (batch, length), got shape {tuple(v.shape)}")
         if v is not None and v.shape != shape:
             raise ValueError(f"{name} has shape {tuple(v.shape)} but token_rewards has shape {tuple(shape)}")
-    if 0 in shape:
-        raise ValueError(f"empty batch: token_rewards has shape {tuple(shape)}")
+    raise ValueError(f"empty batch: token_rewards has shape {tuple(shape)}")
 
 
 def _in_range(v, lowest, highest):

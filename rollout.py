@@ -17,6 +17,7 @@ right-padded; position ids come from the attention mask, so left padding shifts 
 """
 import inspect
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.utils.checkpoint
@@ -30,14 +31,9 @@ import otb
 
 def left_pad(seqs, pad_id):
     """List of token-id lists -> (ids, mask), both (B, P), padding on the left."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if len(s):
-            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s):] = 1
-    return ids, mask
+    rows = [torch.tensor(s, dtype=torch.long) for s in seqs]
+    pad = partial(torch.nn.utils.rnn.pad_sequence, batch_first=True, padding_side="left")
+    return pad(rows, padding_value=pad_id), pad([torch.ones_like(r) for r in rows], padding_value=0)
 
 
 def positions(attention_mask):
@@ -72,27 +68,22 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
            generator=None, tool=None, stop=None, decoder=None, sync_every=None):
     """Sample ``group_size`` responses to every prompt (a list of token-id lists) -> a ``Rollout``.
 
-    Each step draws y_t ~ softmax(z_t / tau) from ``generator``, on the generator's device (train.py
-    gives it one on the GPU there: a CPU one would copy (B, V) probabilities every token), and records
-    log pi_tau(y_t). ``decoder`` runs the forward passes (default ``PlainDecoder``; lab/fast_decode.py
-    has static and compiled ones). ``tool`` and ``stop`` bring the environment into the loop
-    (``Turns``). The host reads the tokens every ``sync_every`` steps (default: 1 on the CPU, else 8).
+    Each step draws y_t ~ softmax(z_t / tau) with ``generator``, on its device (train.py gives it one
+    on the GPU there), and records log pi_tau(y_t). ``decoder`` runs the forward passes (``PlainDecoder``
+    by default; lab/fast_decode.py has faster ones). ``tool`` and ``stop`` bring the environment into
+    the loop (``Turns``). The host reads the tokens every ``sync_every`` steps (default: 1 on the CPU, else 8).
     """
     device = next(model.parameters()).device
-    ids, mask = left_pad([p for p in prompts for _ in range(group_size)], pad_id)  # N rows a prompt, (B, P)
-    ids, mask, B = ids.to(device), mask.to(device), len(prompts) * group_size
-    group_index = torch.arange(len(prompts), device=device).repeat_interleave(group_size)  # (B,)
-    decoder = decoder or PlainDecoder(model)
-    pos = positions(mask)  # (B, P)
+    ids, mask = (x.to(device) for x in left_pad([p for p in prompts for _ in range(group_size)], pad_id))  # (B, P)
+    decoder, pos = decoder or PlainDecoder(model), positions(mask)  # pos: (B, P)
     logits = decoder.prefill(ids, mask, pos, max_new_tokens)  # z_t of the last prompt position, (B, V)
-    next_pos = pos[:, -1:] + 1  # (B, 1)
-    turns = Turns(B, tool, stop, device) if tool is not None or stop is not None else None
+    turns = Turns(len(ids), tool, stop, device) if tool is not None or stop is not None else None
     sync_every = sync_every or (1 if device.type == "cpu" else 8)
+    draw_on = device if generator is None else generator.device  # where the draws happen
     tokens, logps, actions = [], [], []
-    done = torch.zeros(B, dtype=torch.bool, device=device)  # rows that have ended
+    done = torch.zeros(len(ids), dtype=torch.bool, device=device)  # rows that have ended, (B,)
     for t in range(max_new_tokens):
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # log pi_tau, (B, V)
-        draw_on = generator.device if generator is not None else device
         y = torch.multinomial(logprobs.exp().to(draw_on), 1, generator=generator).to(device).squeeze(-1)  # (B,)
         action = ~done  # (B,) the positions the policy chooses
         if turns is not None:
@@ -104,15 +95,13 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
         ends = action & (y == eos_id)  # (B,)
         done = done | (ends if turns is None else turns.ends(ends, action, y, tokens))
         if (t + 1) % sync_every == 0 or t + 1 == max_new_tokens:  # the host looks at the tokens
-            if turns is not None:
-                done = turns.stop_rows(tokens, done)
+            done = done if turns is None else turns.stop_rows(tokens, done)
             if bool(done.all()) or t + 1 == max_new_tokens:  # no decode pass for a token never drawn
                 break
-        logits = decoder.step(y, next_pos)  # one token through the cache: O(1) tokens per pass, (B, V)
-        next_pos = next_pos + 1
-    response, m, logp = torch.stack(tokens, 1), torch.stack(actions, 1).float(), torch.stack(logps, 1)  # (B, T)
-    ro = Rollout(prompt_ids=ids, prompt_mask=mask, response=response, response_mask=m,
-                 group_index=group_index, logp=logp, finished=done)
+        logits = decoder.step(y, pos[:, -1:] + 1 + t)  # one token through the cache at its position, (B, V)
+    ro = Rollout(prompt_ids=ids, prompt_mask=mask, response=torch.stack(tokens, 1),  # (B, T) each from here
+                 response_mask=torch.stack(actions, 1).float(), logp=torch.stack(logps, 1), finished=done,
+                 group_index=torch.arange(len(prompts), device=device).repeat_interleave(group_size))
     return ro if turns is None else turns.finish(ro, pad_id)
 
 
@@ -266,17 +255,13 @@ def score(model, prompt_ids, prompt_mask, response, response_mask, temperature, 
     h = hidden[:, -T - 1:-1]  # (B, T, H)
     head = model.get_output_embeddings()  # the LM head: z = W h (+ b)
     step = T if chunk_size is None else chunk_size
-    logp, spp, ent = [], [], []
-    for s in range(0, T, step):  # a loop over memory chunks only
-        args = (h[:, s:s + step], response[:, s:s + step], head.weight, head.bias, temperature)
-        if chunk_size is None:
-            out = _score_chunk(*args)
-        else:  # the backward recomputes this chunk's logits from h instead of keeping them
-            out = torch.utils.checkpoint.checkpoint(_score_chunk, *args, use_reentrant=False)
-        for lst, x in zip((logp, spp, ent), out):
-            lst.append(x)
+    # With chunks, the backward recomputes each chunk's logits from h instead of keeping them.
+    run = _score_chunk if chunk_size is None else partial(torch.utils.checkpoint.checkpoint, _score_chunk,
+                                                          use_reentrant=False)
+    chunks = [run(h[:, s:s + step], response[:, s:s + step], head.weight, head.bias, temperature)
+              for s in range(0, T, step)]  # a loop over memory chunks only
     m = response_mask.float()
-    return torch.cat(logp, 1) * m, torch.cat(spp, 1) * m, torch.cat(ent, 1) * m
+    return tuple(torch.cat(x, 1) * m for x in zip(*chunks))  # (logp, sum_pi_sq, entropy), (B, T) each
 
 
 def _score_chunk(h, y, weight, bias, temperature):

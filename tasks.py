@@ -11,10 +11,7 @@ the model's random numbers, so every configuration of a comparison sees the same
 outcome reward R of a response is placed on its last valid token: r_t = R at that t, else 0.
 
 Seven tasks, each owning its defaults (``horizon``, and ``max_new_tokens()``, the response limit;
-``train.py --task NAME --horizon H``): ``ReverseTask`` (the default, for the tiny model), the
-long-horizon ``PeriodicTask``, the tool tasks ``CalculatorTask`` and ``FactorsTask`` (a ``Tool``
-whose output the sampler forces into the response with mask 0), and, for a pretrained chat model,
-``ArithmeticTask``, ``CountTask`` (long horizon, with a stop rule) and ``ChatCalculatorTask``.
+``train.py --task NAME --horizon H``); ``TASKS`` says what each is for. The default is ``ReverseTask``.
 """
 import random
 import re
@@ -422,6 +419,10 @@ class ChatCalculatorTask(ArithmeticTask):
         return 32 * self.horizon
 
 
+# The tasks by name: ``reverse`` (the default, for the tiny model), the long-horizon ``periodic``, the tool
+# tasks ``calculator`` and ``factors`` (a ``Tool`` whose output the sampler forces into the response with
+# mask 0), and, for a pretrained chat model, ``arithmetic``, ``count`` (long horizon, with a stop rule)
+# and ``chat_calculator``.
 TASKS = {"reverse": ReverseTask, "periodic": PeriodicTask, "arithmetic": ArithmeticTask,
          "calculator": CalculatorTask, "factors": FactorsTask, "count": CountTask,
          "chat_calculator": ChatCalculatorTask}
@@ -435,10 +436,7 @@ def step_seed(seed, step):
 
 
 def prompt_batch(task, tokenizer, seed, step, n_prompts):
-    """The prompts of one training step: a function of (seed, step) only, never of the model.
-
-    Returns (list of token-id lists, list of answers).
-    """
+    """The prompts of one training step, (token-id lists, answers): a function of (seed, step) only."""
     rng = random.Random(step_seed(seed, step))
     pairs = task.sample(rng, n_prompts)
     ids = [tokenizer(task.prompt_text(tokenizer, q), add_special_tokens=False)["input_ids"]
@@ -467,15 +465,13 @@ def response_texts(tokenizer, response, response_mask):
 
 
 def rewards(task, tokenizer, rollout, answers, group_size):
-    """Outcome reward per row (B,) and as token rewards (B, T): R at the last valid token."""
+    """Outcome reward per row R (B,), and as token rewards r_t (B, T): R at the last valid token."""
     texts = response_texts(tokenizer, rollout.response, rollout.response_mask)
     row_answers = [a for a in answers for _ in range(group_size)]
     R = torch.tensor([task.reward(t, a, f) for t, a, f in
                       zip(texts, row_answers, rollout.finished.tolist())], dtype=torch.float32)  # (B,)
-    m = rollout.response_mask.cpu()
-    last = last_valid(m)  # index of the last valid token, (B,)
-    token_rewards = torch.zeros_like(m)  # (B, T)
-    token_rewards[torch.arange(len(R)), last] = R
+    m = rollout.response_mask.cpu()  # (B, T)
+    token_rewards = torch.zeros_like(m).index_put_((torch.arange(len(R)), last_valid(m)), R)  # (B, T)
     return R, token_rewards * m, texts
 
 
