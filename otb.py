@@ -125,14 +125,21 @@ def _not_finite(spp):
 
 def token_energy(log_probs, sum_pi_sq):
     """w_t = 1 - 2 pi(y_t) + sum_k pi_k^2, eq. (7), clamped to [0, 2]. Both inputs the same shape."""
-    log_probs, sum_pi_sq = (v if isinstance(v, torch.Tensor) else _as_tensor(name, v)
-                            for name, v in (("log_probs", log_probs), ("sum_pi_sq", sum_pi_sq)))
-    if log_probs.shape != sum_pi_sq.shape:
-        raise ValueError(f"sum_pi_sq has shape {tuple(sum_pi_sq.shape)} but log_probs has shape "
-                         f"{tuple(log_probs.shape)}")
+    if not (isinstance(log_probs, torch.Tensor) and isinstance(sum_pi_sq, torch.Tensor)
+            and log_probs.shape == sum_pi_sq.shape):
+        log_probs, sum_pi_sq = _energy_inputs(log_probs, sum_pi_sq)  # lists as tensors, or the error
     dtype = torch.float64 if torch.float64 in (log_probs.dtype, sum_pi_sq.dtype) else torch.float32
     pi_y = log_probs.to(dtype).exp()  # pi(y_t)
     return (1.0 - 2.0 * pi_y + sum_pi_sq.to(dtype)).clamp(0.0, 2.0)  # w_t
+
+
+def _energy_inputs(log_probs, sum_pi_sq):
+    """token_energy's inputs as tensors of one shape, or a ValueError naming the problem."""
+    log_probs, sum_pi_sq = (_as_tensor(name, v) for name, v in (("log_probs", log_probs), ("sum_pi_sq", sum_pi_sq)))
+    if log_probs.shape != sum_pi_sq.shape:
+        raise ValueError(f"sum_pi_sq has shape {tuple(sum_pi_sq.shape)} but log_probs has shape "
+                         f"{tuple(log_probs.shape)}")
+    return log_probs, sum_pi_sq
 
 
 # =====================================================================================

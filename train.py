@@ -83,12 +83,15 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     t0 = time.perf_counter()
     # ---- rollout: N responses to each prompt, and their rewards
     prompts, answers = tasks.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
-    gen, draw_gen = generators(tasks.step_seed(cfg.seed, step), device)
+    seed = tasks.step_seed(cfg.seed, step)
+    gen = torch.Generator().manual_seed(seed)  # the minibatch order
+    # the sampler's draws: on a GPU there (a CPU generator would copy (B, V) probabilities every token)
+    draw_gen = gen if device.type != "cuda" else torch.Generator(device).manual_seed(seed)
     if sampler is not model:
         sampler.load_state_dict(model.state_dict())  # cast to the rollout dtype on copy
     with autocast(device):
         ro = rollout.sample(sampler, prompts, group_size=cfg.group_size, temperature=cfg.temperature,
-                            max_new_tokens=cfg.max_new_tokens or task.max_new_tokens(), generator=draw_gen,
+                            max_new_tokens=tasks.response_limit(cfg, task), generator=draw_gen,
                             eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, tool=task.tool(tok),  # tool: None
                             stop=task.stop_rule(tok, answers, cfg.group_size),  # None: a row ends at EOS
                             decoder=fast_decode.decoder(sampler, "compiled") if cfg.compile_decode else None)
@@ -105,9 +108,8 @@ def score_estimate_update(cfg, model, opt, ro, R, token_rewards, estimator, gen,
     # ---- score: the training forward pass, a micro-batch at a time (one block by default). When one
     # optimizer step takes the whole batch, its graph is kept and the update uses it as its forward.
     keep_graph = one_update_per_batch(cfg, len(m))
-    with torch.set_grad_enabled(keep_graph), autocast(device), checkpointing(model, cfg):
-        parts = [rollout.score(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response[rows], m[rows],
-                               cfg.temperature, cfg.chunk_size) for rows in micro_batches(cfg, len(m), device)]
+    with torch.set_grad_enabled(keep_graph):
+        parts = [score_rows(model, cfg, ro, rows) for rows in micro_batches(cfg, len(m), device)]
     logp, sum_pi_sq, entropy = (torch.cat(x) for x in zip(*parts))  # (B, T) each
     old_logp = logp.detach()  # log pi_old(y_t), (B, T)
     # ---- estimate: the one line that differs between configurations
@@ -138,15 +140,10 @@ def policy_update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
             opt.zero_grad(set_to_none=True)
             loss, n_clipped = 0.0, 0.0
             for rows in idx.split(cfg.micro_batch_rows or len(idx)):  # one block without --micro-batch-rows
-                m = ro.response_mask[rows]  # (b, T)
-                if logp is None:
-                    with autocast(adv.device), checkpointing(model, cfg):
-                        logp_mb, _, _ = rollout.score(model, ro.prompt_ids[rows], ro.prompt_mask[rows],
-                                                      ro.response[rows], m, cfg.temperature, cfg.chunk_size)
-                else:
-                    logp_mb, logp = logp, None  # the scoring pass's graph, used once
+                m, a = ro.response_mask[rows], adv[rows]  # m_t, A_t, (b, T)
+                logp_mb = logp if logp is not None else score_rows(model, cfg, ro, rows)[0]  # log pi(y_t), (b, T)
+                logp = None  # the scoring pass's graph is used once
                 rho = torch.exp(logp_mb - old_logp[rows])  # rho_t = pi / pi_old, (b, T)
-                a = adv[rows]  # A_t, (b, T)
                 surrogate = torch.minimum(rho * a, rho.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * a)
                 part = -(surrogate * m).sum() / n_tokens  # its share of the minibatch's token mean
                 part.backward()  # gradients add up over the blocks
@@ -172,6 +169,14 @@ class StepResult:
     clip_frac: float  # fraction of tokens whose PPO ratio was clipped
     loss: float
     seconds: tuple  # (rollout, score + estimate, update) wall-clock seconds
+
+
+def score_rows(model, cfg, ro, rows):
+    """rollout.score of the batch's rows ``rows``, in the step's precision (``autocast``) and with
+    --activation-checkpointing if it is on: (logp, sum_pi_sq, entropy), (b, T) each."""
+    with autocast(ro.response.device), checkpointing(model, cfg):
+        return rollout.score(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response[rows],
+                             ro.response_mask[rows], cfg.temperature, cfg.chunk_size)
 
 
 def one_update_per_batch(cfg, batch):
@@ -211,13 +216,6 @@ class RecomputeLayers:
 
     def __exit__(self, *exc):
         self.model.eval()
-
-
-def generators(seed, device):
-    """(CPU generator for the minibatch order, generator for the sampler's draws), both from seed
-    (on a GPU the draws happen there: a (B, V) copy to the CPU per token would be slow)."""
-    gen = torch.Generator().manual_seed(seed)
-    return gen, (gen if device.type != "cuda" else torch.Generator(device).manual_seed(seed))
 
 
 def autocast(device):
