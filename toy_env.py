@@ -69,23 +69,24 @@ POLICIES = ("tabular", "shared")
 MAX_RESPONSES = 200_000  # enumeration (and per-response scores) must fit in memory and a minute
 
 
-def _opt(default, help):
+def arg(default, help):
+    """A dataclass field with its --help text (ToyConfig's here; train.py's options use it too)."""
     return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class ToyConfig:
     """The toy bandit; every field is also a command-line option of toy_harness.py (--min-len)."""
-    K: int = _opt(3, "vocabulary size including EOS (token 0); (K-1)^(L-1) responses have length L")
-    T: int = _opt(7, "maximum response length; a response without EOS by then is cut off")
-    policy: str = _opt("tabular", "'tabular' (one softmax per position: proxy exact) or "
+    K: int = arg(3, "vocabulary size including EOS (token 0); (K-1)^(L-1) responses have length L")
+    T: int = arg(7, "maximum response length; a response without EOS by then is cut off")
+    policy: str = arg("tabular", "'tabular' (one softmax per position: proxy exact) or "
                                   "'shared' (embedding + RNN over the prefix: proxy approximate)")
-    reward: str = _opt("long_finish", "'long_finish' (default, sparse), 'streak' or 'length' (dense)")
-    min_len: int = _opt(5, "'long_finish' pays 1 for a response that ended with EOS at length >= min_len")
-    eos_bias: float = _opt(1.0, "added to the initial EOS logit: > 0 makes short answers typical, success rare")
-    init_scale: float = _opt(0.5, "std of the random initial logits / weights")
-    hidden: int = _opt(8, "hidden size of the shared policy's RNN (the embedding has half of it)")
-    seed: int = _opt(0, "seed of the initial policy and of the Monte Carlo groups")
+    reward: str = arg("long_finish", "'long_finish' (default, sparse), 'streak' or 'length' (dense)")
+    min_len: int = arg(5, "'long_finish' pays 1 for a response that ended with EOS at length >= min_len")
+    eos_bias: float = arg(1.0, "added to the initial EOS logit: > 0 makes short answers typical, success rare")
+    init_scale: float = arg(0.5, "std of the random initial logits / weights")
+    hidden: int = arg(8, "hidden size of the shared policy's RNN (the embedding has half of it)")
+    seed: int = arg(0, "seed of the initial policy and of the Monte Carlo groups")
 
 
 # =====================================================================================

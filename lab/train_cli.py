@@ -22,7 +22,7 @@ import math
 import os
 import re
 import sys
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -35,6 +35,7 @@ from lab import models
 import otb
 from lab import plumbing
 import tasks
+from toy_env import arg  # a dataclass field with its --help text, as the toy's config declares its own
 
 DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
 NEEDS_A_GROUP = tuple(name for name in otb.ESTIMATORS if name != "reinforce")  # a baseline from the group: N >= 2
@@ -75,10 +76,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def sampler(cfg, model):
     """The model that samples: the model itself, or a copy in --rollout-dtype (train_step refreshes it)."""
     return model if cfg.rollout_dtype == "float32" else copy.deepcopy(model).to(DTYPES[cfg.rollout_dtype])
-
-
-def arg(default, help):  # a dataclass field with its --help text
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass
