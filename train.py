@@ -40,7 +40,7 @@ import torch
 import otb
 import rollout
 import tasks
-from lab import compare, fast_decode, logbook, lr_schedule, preflight, runs, train_cli
+from lab import compare, fast_decode, logbook, lr_schedule, preflight, progress, runs, train_cli
 from lab.train_cli import arg
 
 
@@ -235,7 +235,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
     """Run one configuration in run_dir (metrics.jsonl, checkpoint.pt, DONE); returns the metrics.
     resume: from run_dir's checkpoint. Ctrl-C finishes the step, saves and raises runs.Stopped.
     keep_optimizer=False: the final checkpoint keeps the weights only (a comparison's). bar: makes the
-    progress bar from (cfg, first step) (default runs.Bar)."""
+    progress bar from (cfg, first step) (default progress.Bar)."""
     task = tasks.make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -243,7 +243,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
     sampler = train_cli.sampler(cfg, model)  # the model, or its copy in --rollout-dtype
     start, tokens, lengths, history = runs.load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])
     runs.write_metrics(run_dir, history)  # a resumed run drops the lines logged after its checkpoint
-    bar = (bar or runs.Bar)(cfg, start)
+    bar = (bar or progress.Bar)(cfg, start)
     schedule, saved_at = train_cli.schedule_kwargs(cfg), -math.inf  # -inf: the first step saves
     with runs.StopOnCtrlC() as stop:
         for step in range(start, cfg.steps):

@@ -5,7 +5,8 @@ a reader runs (train.py, toy_harness.py, otb_trl.py). What only those files impo
 that following one training step never leads into it:
 
     train_cli     train.py's command line: parsing and checking options, the device, presets
-    runs          the run folder around training: checkpoints, Ctrl-C / SIGTERM, --resume, bars
+    runs          the run folder around training: checkpoints, Ctrl-C / SIGTERM, --resume
+    progress      what a run shows while it runs: its progress bar and a comparison's time left
     models        the tiny character-level Llama, its cached supervised warm-up, pretrained loading
     compare       a comparison's runs, its table and plot, paired seeds, the learning-rate pilot
     preflight     one step at the largest shape: memory, time and disk of the whole run

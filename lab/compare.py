@@ -53,6 +53,7 @@ from tqdm.auto import tqdm
 
 from lab import machine
 from lab import plumbing
+from lab import progress
 from lab import stats
 import tasks
 from lab import train_cli
@@ -183,9 +184,9 @@ def run_one(sub, run_dir, model, init, tok, command, source, train, keep_weights
 
 def make_bars(cfg, folder):
     """{(seed, estimator, N): its bar}: labelled "[k/K] estimator N=n", with the time left of the
-    whole comparison (runs.TimeLeft: from the steps run so far)."""
-    time_left = runs.TimeLeft(cfg, runs.steps_left(cfg, folder))
-    return {(s, est, n): partial(runs.Bar, label=label, time_left=time_left)
+    whole comparison (progress.TimeLeft: from the steps run so far)."""
+    time_left = progress.TimeLeft(cfg, runs.steps_left(cfg, folder))
+    return {(s, est, n): partial(progress.Bar, label=label, time_left=time_left)
             for label, s, est, n, _ in runs.configurations(cfg, folder)}
 
 

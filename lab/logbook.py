@@ -47,7 +47,7 @@ def tool_metrics(ro):
 
 
 def log(run_dir, cfg, bar, r, s=None, tok=None):
-    """The row into metrics.jsonl, the progress bar (runs.Bar) and TensorBoard (--report-to); every
+    """The row into metrics.jsonl, the progress bar (progress.Bar) and TensorBoard (--report-to); every
     log_every steps, one readable line, ending with a sampled response of the step (``s``, its
     StepResult, decoded by ``tok``) when --show-samples."""
     with (run_dir / "metrics.jsonl").open("a") as f:

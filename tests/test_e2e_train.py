@@ -20,6 +20,7 @@ from lab import logbook
 from lab import models
 import otb
 from lab import preflight
+from lab import progress
 import rollout
 import tasks
 import train
@@ -579,16 +580,16 @@ def spy_bars(monkeypatch):
     bars are drawn although pytest's stderr is no terminal (where train.py turns them off)."""
     bars, lines = [], []
 
-    class Shown(runs.tqdm):
+    class Shown(progress.tqdm):
         def __init__(self, *a, **k):
             super().__init__(*a, **{**k, "disable": False})
-    monkeypatch.setattr(runs, "tqdm", Shown)
+    monkeypatch.setattr(progress, "tqdm", Shown)
 
-    class Bar(runs.Bar):
+    class Bar(progress.Bar):
         def __init__(self, cfg, start, label=None, time_left=None):
             super().__init__(cfg, start, label, time_left)
             bars.append((self.bar.desc, self.bar))
-    monkeypatch.setattr(runs, "Bar", Bar)
+    monkeypatch.setattr(progress, "Bar", Bar)
     monkeypatch.setattr(logbook.tqdm, "write", lambda line, *a, **k: lines.append((line, bars[-1][1].n)))
     return bars, lines
 
@@ -613,7 +614,7 @@ def test_the_time_left_counts_each_configuration_at_its_own_pace():
     """A configuration that has run steps: its seconds per step; one that has not: the seconds per
     sampled response so far times its responses (16 prompts x N per step)."""
     cfg = dataclasses.replace(train.Config(), prompts_per_step=16)
-    left = runs.TimeLeft(cfg, {(0, "otb", 4): 10, (0, "group_mean", 16): 10})
+    left = progress.TimeLeft(cfg, {(0, "otb", 4): 10, (0, "group_mean", 16): 10})
     left.done((0, "otb", 4), 1.0)
     left.done((0, "otb", 4), 1.0)  # 1 s per step, 2 s per 128 responses
     assert left.text() == "48 s left"  # 8 x 1 s + 10 x (256 x 2 / 128) s
