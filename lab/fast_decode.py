@@ -20,18 +20,24 @@ and torch provide is in two parts:
 The padding mask is the prompt's (left padding) followed by ones: slots past the current token
 hold zeros or stale values, and the causal mask (key index <= query index, the query index
 counting from ``cumulative_length``) hides them, so the mask needs no update between steps.
+Nor does building it wait for the device: with a cache of fixed size transformers always builds the
+full mask, where with the plain loop's growing cache it first reads the padding mask on the host to
+ask whether the mask can be skipped (a sync every step). The step itself reads nothing on the host.
 L = P + max_new_tokens rounded up to a multiple of ``BUCKET``, so prompts of nearby lengths
 share one compiled graph; one graph is compiled per (B, L, dtype, device). The cache is kept per
 model and shape (``reset`` between calls) so that its tensors keep their addresses, which a CUDA
-graph needs; it holds B x L slots for as long as the model lives.
+graph needs; it holds B x L slots for as long as the model lives. Every tensor the step writes (the
+cache) has a static address, so a replay copies in only the step's token, position and mask.
 
 Only the model's forward pass changes. The sampler's loop (the draws from its generator, EOS,
 a tool's forced tokens) is the same code for every decoder, so the tokens are the plain loop's
 whenever the logits are; attention over L slots instead of the grown cache sums in another
 order, so the logits agree to float32 rounding, not bit for bit (tested: tests/test_naive_fast_decode.py).
 
-What this buys on a CPU, and what is not yet measured on a GPU: docs/cost.md.
+``count_step`` counts what a decode step asks of the host (operators launched, kernels inside the
+compiled step, syncs). What this buys on a CPU, and what is not yet measured on a GPU: docs/cost.md.
 """
+import collections
 import weakref
 
 import torch
@@ -112,3 +118,77 @@ def decoder(model, decode):
     if decode not in DECODERS:
         raise ValueError(f"decode must be one of {', '.join(DECODERS)}; got {decode!r}")
     return DECODERS[decode](model)
+
+
+# =====================================================================================
+# What a decode step asks of the host (docs/cost.md)
+# =====================================================================================
+
+# Operators that launch no work of their own: views, allocations, dtype queries, and the read of a
+# value (counted apart, as a sync). A profiler event is counted when it launches work and no operator
+# around it does (so linear counts once, not again for the mm inside it).
+NO_WORK = {"view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "slice", "select", "unsqueeze", "squeeze",
+           "transpose", "t", "permute", "as_strided", "alias", "detach", "unbind", "split", "chunk", "narrow",
+           "flatten", "lift_fresh", "contiguous", "to", "empty", "empty_like", "empty_strided", "new_empty",
+           "resize_", "result_type", "resolve_conj", "resolve_neg", "item", "_local_scalar_dense", "is_nonzero"}
+
+
+def count_step(model, decode, batch=4, prompt=47, steps=(9, 17)):
+    """What one decode step of ``rollout.sample`` asks of the host, counted with torch.profiler on
+    ``batch`` random prompts of ``prompt`` - 2 to ``prompt`` tokens (left padding), no row ending:
+
+    - ``decoder_ops`` and ``sampler_ops``: operators dispatched from Python that launch work (each a
+      kernel launch on a GPU), in the decoder's step and in the sampler's own per-token work;
+    - ``compiled_kernels``: the kernels inside a compiled step (inductor's on a CPU, counted only
+      where the step was compiled in this call; one CUDA-graph replay on a GPU launches them all);
+    - ``decoder_syncs`` and ``sampler_syncs``: reads of a value on the host (aten::_local_scalar_dense:
+      an .item() or a bool() of a tensor, also inside native operators), each a wait for the device on
+      a GPU. The host reads the tokens every 8 steps, as on a GPU.
+
+    Per decode step: the difference of two calls of steps[0] and steps[1] decode steps (the prefill and
+    the loop's ends cancel), after a call that compiles."""
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, vocab, (prompt - i % 3,), generator=g).tolist() for i in range(batch)]
+
+    class Labelled:  # the decoder, its steps marked in the profile
+        def __init__(self, inner):
+            self.inner = inner
+
+        def prefill(self, *args):
+            return self.inner.prefill(*args)
+
+        def step(self, y, pos):
+            with torch.profiler.record_function("decode step"):
+                return self.inner.step(y, pos)
+
+    def counts(n):
+        with torch.profiler.profile() as prof:
+            rollout.sample(model, prompts, group_size=1, max_new_tokens=n, temperature=1.0, eos_id=-1, pad_id=0,
+                           generator=torch.Generator().manual_seed(0), decoder=Labelled(decoder(model, decode)),
+                           sync_every=8)
+        found = collections.Counter()
+        for e in prof.events():
+            around, p = [], e.cpu_parent
+            while p is not None:
+                around.append(p.name)
+                p = p.cpu_parent
+            where = "decoder" if "decode step" in around else "sampler"
+            compiled = any("Compiled" in name for name in around)
+            op = e.name.removeprefix("aten::") if e.name.startswith("aten::") else None
+            outermost = op and op not in NO_WORK and not any(  # no operator that works around it
+                a.startswith("aten::") and a.removeprefix("aten::") not in NO_WORK for a in around)
+            if op == "_local_scalar_dense":
+                found[f"{where}_syncs"] += 1
+            elif compiled and (outermost or "cpp_fused" in e.name):
+                found["compiled_kernels"] += 1
+            elif outermost:
+                found[f"{where}_ops"] += 1
+        return found
+
+    with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):  # inductor's CPU kernels in the profile
+        rollout.sample(model, prompts, group_size=1, max_new_tokens=2, temperature=1.0, eos_id=-1, pad_id=0,
+                       decoder=decoder(model, decode))
+    a, b = counts(steps[0]), counts(steps[1])
+    keys = ("decoder_ops", "sampler_ops", "compiled_kernels", "decoder_syncs", "sampler_syncs")
+    return {k: (b[k] - a[k]) / (steps[1] - steps[0]) for k in keys}

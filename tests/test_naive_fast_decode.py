@@ -9,7 +9,13 @@ torch.compile is checked in two ways. In the suite, dynamo traces the whole step
 with the ``aot_eager`` backend, a few seconds: the graph has no breaks and computes the same
 rollout. Inductor's code generation (the backend ``--compile-decode`` uses) takes 30-45 s on a
 2-core CPU for this model, so that test runs under CI (CI=true, as .ci/run sets) or with
-``OTB_SLOW_TESTS=1``, and is skipped in a plain local run.
+``OTB_SLOW_TESTS=1``, and is skipped in a plain local run. Both count the recompiles: none after the
+first call of a shape.
+
+What a decode step asks of the host (``fast_decode.count_step``, torch.profiler): the static and
+compiled steps read nothing on the host, the plain loop's reads the padding mask once; compiled, the
+step is one operator from Python whatever the depth. What a CUDA graph of the step needs, checked
+on the CPU: every tensor the step writes has a static address.
 """
 import os
 
@@ -88,26 +94,83 @@ def test_a_batch_that_fills_the_static_cache_to_its_last_slot():
     assert_same_rollout(plain, draw(model, "static", seed=4, eos_id=-1, max_new=max_new, batch=batch))
 
 
+def graphs(monkeypatch):
+    """The graphs (and their example inputs) dynamo hands the backend from now on; aot_eager runs them."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(list(example_inputs))
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+    monkeypatch.setattr(fast_decode, "BACKEND", backend)
+    monkeypatch.setattr(fast_decode, "_compiled", {})
+    return seen
+
+
+def recompiles():
+    return sum(torch._dynamo.utils.counters["recompiles"].values())
+
+
 def test_the_traced_compiled_step_gives_the_plain_loops_rollout(monkeypatch, capsys):
     """torch.compile(fullgraph=True) traces the whole decode step (a graph break would raise);
     the aot_eager backend runs the traced graph without generating code. Compiling a shape says
-    so in one line, once."""
-    monkeypatch.setattr(fast_decode, "BACKEND", "aot_eager")
+    so in one line, once, and later calls of that shape compile nothing."""
+    seen, before = graphs(monkeypatch), recompiles()
     model, tool = tiny(layers=1, seed=2), calls_on("a")
-    for seed in (5, 6):  # the second call reuses the compiled graph and the cache
+    for seed in (5, 6, 7):  # later calls reuse the compiled graph and the cache
         assert_same_rollout(draw(model, "plain", seed=seed, tool=tool, max_new=24),
                             draw(model, "compiled", seed=seed, tool=tool, max_new=24))
+    assert len(seen) == 1 and recompiles() == before
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("compiling")]
     assert len(said) == 1 and "once per shape" in said[0] and "minute" in said[0], said
+
+
+def test_a_cuda_graph_of_the_step_copies_in_only_its_token_position_and_mask(monkeypatch):
+    """What recording the compiled step as a CUDA graph needs, checked on the CPU: every tensor the
+    step writes in place (the cache's keys, values and length) has a static address, as the weights
+    do, so a replay reads and writes them where they are; the only inputs a replay copies in are the
+    token (B, 1), its position (B, 1) and the padding mask (B, L)."""
+    seen = graphs(monkeypatch)
+    model, B, max_new = tiny(layers=2, seed=2), 15, 10
+    dec = fast_decode.decoder(model, "compiled")
+    rollout.sample(model, prompts(), group_size=3, max_new_tokens=max_new, temperature=1.0, eos_id=-1, pad_id=PAD,
+                   decoder=dec, generator=torch.Generator().manual_seed(0))
+    inputs = [x for x in seen[0] if isinstance(x, torch.Tensor)]
+    static = [hasattr(x, "_dynamo_static_input_type") for x in inputs]
+    versions = [x._version for x in inputs]
+    dec.step(torch.zeros(B, dtype=torch.long), torch.full((B, 1), 30))  # one more step on the same cache
+    written = [x._version != v for x, v in zip(inputs, versions)]
+    cache = {id(t) for layer in dec.cache.layers for t in (layer.keys, layer.values)}
+    assert sum(id(x) in cache for x, w in zip(inputs, written) if w) == 2 * 2  # keys and values of 2 layers
+    assert all(s for s, w in zip(static, written) if w)
+    L = dec.attn.shape[1]
+    assert sorted(tuple(x.shape) for x, s in zip(inputs, static) if not s) == [(B, 1), (B, 1), (B, L)]
+
+
+def test_the_static_and_compiled_steps_never_wait_for_the_device(monkeypatch):
+    """fast_decode.count_step: the plain loop's step reads the padding mask on the host once (whether
+    transformers may skip it), the static step never; compiled, the step is one operator from Python
+    (the copy of its output) whatever the depth, the model's work inside it."""
+    graphs(monkeypatch)
+    counts = {(layers, d): fast_decode.count_step(tiny(layers=layers), d, steps=(3, 5))
+              for layers in (1, 3) for d in ("plain", "static", "compiled")}
+    for layers in (1, 3):
+        plain, static, compiled = (counts[layers, d] for d in ("plain", "static", "compiled"))
+        assert plain["decoder_syncs"] == 1 and static["decoder_syncs"] == 0 == compiled["decoder_syncs"]
+        assert compiled["decoder_ops"] == 1 and compiled["compiled_kernels"] > 20 * layers
+        assert plain["compiled_kernels"] == 0 == static["compiled_kernels"]
+        assert plain["sampler_ops"] == static["sampler_ops"] == compiled["sampler_ops"] > 0  # the same loop
+    assert counts[3, "plain"]["decoder_ops"] > counts[1, "plain"]["decoder_ops"] + 40  # Python launches each layer
 
 
 @pytest.mark.skipif(not (os.environ.get("OTB_SLOW_TESTS") or os.environ.get("CI")),
                     reason="inductor compiles for 30-45 s on a 2-core CPU; CI runs it, and OTB_SLOW_TESTS=1")
 def test_the_inductor_compiled_step_gives_the_plain_loops_rollout():
     model, tool = tiny(layers=1, seed=2), calls_on("a")
-    for seed in (5, 6):
+    before = recompiles()
+    for seed in (5, 6, 7):
         assert_same_rollout(draw(model, "plain", seed=seed, tool=tool, max_new=24),
                             draw(model, "compiled", seed=seed, tool=tool, max_new=24))
+    assert recompiles() == before
 
 
 def test_an_unknown_decode_names_the_choices():
