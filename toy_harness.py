@@ -21,7 +21,7 @@ the exact grad J (scale_free.py has the definitions):
 and, labelled raw because they reward a shrunk gradient, bias^2, variance and MSE in units of
 ||grad J||^2. All estimators see the same groups (common random numbers), so their differences
 are measured in pairs: the groups are cut into 50 blocks, the toy's sampled unit, and every
-scale-free number carries a paired bootstrap interval over blocks (stats.py), the gain over the
+scale-free number carries a paired bootstrap interval over blocks (resampling.py), the gain over the
 group mean included. Where E g_hat is known exactly (scale_free.FACTORS, and the oracles' fixed
 baselines: unbiased) alpha and the cosine are exact and the gain is a ratio of raw variances.
 

@@ -1,13 +1,13 @@
 """The factors sweep's headline, nvar(otb) / nvar(otb_tir) at N = 4 and 16, read across its seeds.
 
 The sweep (docs/tool_use.md, Addenda 3-4) reports a *stratified pooled ratio*: each side summed over
-the seeds, prompts resampled within each seed (stats.py eq. (5)). That is a statement about these
+the seeds, prompts resampled within each seed (resampling.py eq. (5)). That is a statement about these
 checkpoints, weighted by their signal. Whether a *new* checkpoint would see the same ratio is a
 question about the spread between seeds, which this script answers from the saved sufficient
 statistics alone (benchmarks/results/factors_sweep_128 and factors_replication, stats.npz), with
 the same bootstrap draws as the sweep's own tables (horizon_sweep.seed_evaluations):
 
-    y_s, se_s     each seed's log ratio and its bootstrap standard error (stats.log_ratio_se)
+    y_s, se_s     each seed's log ratio and its bootstrap standard error (resampling.log_ratio_se)
     DL            DerSimonian-Laird random effects over the seeds whose ratio resolves (stats eq. (6))
     HK            the same mean with the Hartung-Knapp interval, t with k - 1 df (eq. (6'))
     PI            the 95% prediction interval of a new seed's ratio, t with k - 2 df (eq. (6''))
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks import horizon_sweep as hs  # noqa: E402
 from benchmarks.cli import out_folder, parser, write_results  # noqa: E402
-from lab import scale_free, stats  # noqa: E402
+from lab import resampling, scale_free, stats  # noqa: E402
 
 FOLDERS = {"primary (seeds 0-5)": "benchmarks/results/factors_sweep_128",
            "replication (seeds 6-11)": "benchmarks/results/factors_replication"}
@@ -40,7 +40,7 @@ def per_seed(folder, replicates=2000):
         for seed, (_, point, boot, _, _) in by_seed.items():
             num, den, num_r, den_r = scale_free.gain_parts([(point, boot)], A, B, {})
             y = math.log(num / den) if num > 0 and den > 0 else math.nan
-            out.setdefault(N, {})[seed] = ((point, boot), y, stats.log_ratio_se(num_r, den_r))
+            out.setdefault(N, {})[seed] = ((point, boot), y, resampling.log_ratio_se(num_r, den_r))
     return out
 
 
@@ -48,7 +48,7 @@ def summarise(cells):
     """The pooled ratio and DL / HK / PI over the seeds (evaluation, y, se) whose ratio resolves."""
     evals = [ev for ev, _, _ in cells]
     num, den, num_r, den_r = scale_free.gain_parts(evals, A, B, {})
-    pooled = stats.ratio_set(num, den, num_r, den_r, low=0.0)
+    pooled = resampling.ratio_set(num, den, num_r, den_r, low=0.0)
     ok = [(y, se) for _, y, se in cells if math.isfinite(y) and math.isfinite(se)]
     ys, ses = [y for y, _ in ok], [se for _, se in ok]
     dl, hk = stats.random_effects(ys, ses), stats.hartung_knapp(ys, ses)
@@ -77,7 +77,7 @@ def table(rows):
     lines = ["| N | seeds | pooled ratio [95%] (these checkpoints) | seeds resolved | DerSimonian-Laird [95% z] | "
              "Hartung-Knapp [95% t] | I² | prediction interval for a new seed [95%] |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['N']} | {r['seeds_set']} | {stats.fmt_set(*r['pooled'], low=0.0)} | {r['resolved']} of "
+        lines.append(f"| {r['N']} | {r['seeds_set']} | {resampling.fmt_set(*r['pooled'], low=0.0)} | {r['resolved']} of "
                      f"{r['seeds']} | {f(r['dl'][0])} [{f(r['dl'][1])}, {f(r['dl'][2])}] | "
                      f"{f(r['hk'][0])} [{f(r['hk'][1])}, {f(r['hk'][2])}] | {100 * r['I2']:.0f}% | "
                      f"[{f(r['pi'][0])}, {f(r['pi'][1])}] |")

@@ -156,7 +156,7 @@ def load_stats(path):
 
 def summarize(grams, scatter, replicates=2000, boot_seed=0):
     """Per (estimator, N): scale-free quality (nvar, alpha, cosine, gain over group_mean; paired
-    bootstrap over prompts, nvar and gain as stats.py's eq. (4) sets), the raw true variance and the
+    bootstrap over prompts, nvar and gain as resampling.py's eq. (4) sets), the raw true variance and the
     proxies; each also relative to group_mean at the same N. boot_seed shifts the bootstrap's draws."""
     rows = []
     for n in sorted({n for _, n in grams}):
@@ -189,7 +189,7 @@ def summarize(grams, scatter, replicates=2000, boot_seed=0):
 
 def verdicts(rows):
     """The table's verdict per (estimator, N): the gain above 1, below, around it, or at the Monte Carlo
-    edge (stats.replicate_verdict)."""
+    edge (resampling.replicate_verdict)."""
     return {(r["estimator"], r["N"]): r["verdict"] for r in rows if r["estimator"] != "group_mean"}
 
 
@@ -244,7 +244,7 @@ def report(record, rows, corr, across):
             f"model: {Path(record['model_dir']).name} ({record['parameters']} parameters), {a['prompts']} prompts x "
             f"{a['pool']} responses, success rate of the pool {record['success_rate']:.3f}; {record['seconds']:.0f} s "
             f"on {describe(record['machine'])}. Intervals: 2,000 bootstrap draws of prompts; nvar and the gain "
-            f"are test-inversion sets (stats.py eq. 4'): \u2265 / \u2264 where only one end is resolved, (edge) a verdict "
+            f"are test-inversion sets (resampling.py eq. 4'): \u2265 / \u2264 where only one end is resolved, (edge) a verdict "
             f"against 1 within Monte Carlo error; * marks a number shown clipped to its range.\n\n{table_md(rows)}\n\n"
             f"Proxy W(tau) vs exact ||grad log pi(tau)||^2 over {corr['responses']} responses: "
             f"Pearson {corr['pearson']:.3f}, Spearman {corr['spearman']:.3f}, log-log Pearson "

@@ -13,7 +13,7 @@ scale-free normalised variance nvar = tr Var(g) / ||E g||^2 (scale_free.py), wit
 cosine against a separate reference pool, and the headline is the gain over the group mean,
 nvar(group_mean) / nvar(estimator). Prompts are the bootstrap's unit, resampled within each seed;
 the seeds are strata whose signal and noise are summed, the ratio's interval is a test inversion,
-and a random-effects fit over the seeds shows whether they agree (stats.py; how and why:
+and a random-effects fit over the seeds shows whether they agree (resampling.py, stats.py; how and why:
 docs/variance.md). The per-prompt sufficient statistics are
 saved in stats.npz, so --from-saved re-bootstraps without a model:
 
@@ -67,7 +67,7 @@ import otb  # noqa: E402
 import rollout  # noqa: E402
 from lab import plumbing  # noqa: E402
 from lab import scale_free  # noqa: E402
-from lab import stats  # noqa: E402
+from lab import resampling, stats  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
 from lab import train_cli  # noqa: E402
@@ -284,7 +284,7 @@ def load_grams(path):
 
 
 # =====================================================================================
-# Analysis: prompts resampled within each seed, seeds as strata, a random-effects check (stats.py)
+# Analysis: prompts resampled within each seed, seeds as strata, a random-effects check (resampling.py, stats.py)
 # =====================================================================================
 
 def seed_evaluations(grams_by_cell, replicates=2000, boot_seed=0):
@@ -304,16 +304,16 @@ def seed_evaluations(grams_by_cell, replicates=2000, boot_seed=0):
 
 
 def combined(evals, e, b, factors):
-    """nvar(b) / nvar(e) over the seeds of one cell: the stratified pooled ratio (stats.py eqs. (4)-(5)),
+    """nvar(b) / nvar(e) over the seeds of one cell: the stratified pooled ratio (resampling.py eqs. (4)-(5)),
     each seed's own set, and DerSimonian-Laird over the seeds' log ratios (eq. (6))."""
     pooled = scale_free.gain(evals, e, b, factors)
     per_seed, per_seed_verdict, y, se = [], [], [], []
     for ev in evals:
         num, den, num_r, den_r = scale_free.gain_parts([ev], e, b, factors)
-        per_seed.append(list(stats.ratio_set(num, den, num_r, den_r, low=0.0)))
-        per_seed_verdict.append(stats.replicate_verdict(num_r, den_r))
+        per_seed.append(list(resampling.ratio_set(num, den, num_r, den_r, low=0.0)))
+        per_seed_verdict.append(resampling.replicate_verdict(num_r, den_r))
         y.append(math.log(num / den) if num > 0 and den > 0 else math.nan)
-        se.append(stats.log_ratio_se(num_r, den_r))
+        se.append(resampling.log_ratio_se(num_r, den_r))
     if all(x < 1e-6 for x in se):  # a ratio fixed by the known factors (rloo, up to float error)
         return dict(gain=list(pooled), verdict=scale_free.gain_verdict(evals, e, b, factors), per_seed=per_seed,
                     per_seed_verdict=per_seed_verdict, random_effects=dict(exact=True))
@@ -331,15 +331,15 @@ def pooled_direction(evals, e, factor, level=0.95):
     E g = c grad J is known. Values as estimated; the caller flags those outside the range."""
     if factor is not None:
         return [factor] * 3, [1.0] * 3
-    total = {k: stats.stratified([(pt[e][k].item(), bt[e][k]) for pt, bt in evals]) for k in ("dot", "ref_sq", "signal")}
+    total = {k: resampling.stratified([(pt[e][k].item(), bt[e][k]) for pt, bt in evals]) for k in ("dot", "ref_sq", "signal")}
     (dot, dot_r), (ref, ref_r), (sig, sig_r) = total["dot"], total["ref_sq"], total["signal"]
-    alpha = list(stats.ratio_set(dot, ref, dot_r, ref_r, level=level))
+    alpha = list(resampling.ratio_set(dot, ref, dot_r, ref_r, level=level))
     if math.isinf(alpha[1]) or math.isinf(alpha[2]):  # ||grad J||^2 not resolved: no size to report
         alpha = [math.nan] * 3
-    if any(stats.covers_zero(*stats.interval(x, level)) for x in (ref_r, sig_r)) or not (sig > 0 and ref > 0):
+    if any(resampling.covers_zero(*resampling.interval(x, level)) for x in (ref_r, sig_r)) or not (sig > 0 and ref > 0):
         return alpha, [math.nan] * 3
     reps = dot_r / (sig_r.clamp_min(1e-300) * ref_r.clamp_min(1e-300)).sqrt()
-    return alpha, [dot / math.sqrt(sig * ref), *stats.interval(reps[(sig_r > 0) & (ref_r > 0)], level)]
+    return alpha, [dot / math.sqrt(sig * ref), *resampling.interval(reps[(sig_r > 0) & (ref_r > 0)], level)]
 
 
 def analyse(grams_by_cell, replicates=2000, boot_seed=0, baseline="group_mean"):
@@ -364,7 +364,7 @@ def analyse(grams_by_cell, replicates=2000, boot_seed=0, baseline="group_mean"):
                        raw_var_ratio=V[e] / V[baseline])
             if e != baseline:
                 row.update(combined(evals, e, baseline, factors))
-            row["out_of_range"] = [k for k in ("cosine",) if stats.clip(*row[k], *scale_free.RANGE[k])[3]]
+            row["out_of_range"] = [k for k in ("cosine",) if resampling.clip(*row[k], *scale_free.RANGE[k])[3]]
             summary.append(row)
     summary.sort(key=lambda r: (r["n"], r["N"], r["estimator"]))
     return rows, summary, evaluations
@@ -383,7 +383,7 @@ def head_to_head(evaluations, a="otb_tir", b="otb"):
 
 def verdicts(summary, versus):
     """Every verdict the tables print: each gain (seeds pooled, and each seed's) above 1, below, around
-    it, or at the Monte Carlo edge (stats.replicate_verdict)."""
+    it, or at the Monte Carlo edge (resampling.replicate_verdict)."""
     out = {}
     for s in summary:
         if "gain" in s:
@@ -407,7 +407,7 @@ def all_verdicts(grams_by_cell, replicates=2000, boot_seed=0, baseline="group_me
 
 def gain_cell(g, suffix="x", verdict=None):
     """A gain's set; ' (edge)' where its verdict against 1 is within Monte Carlo error."""
-    return stats.fmt_set(*g, low=0.0, suffix=suffix) + (" (edge)" if verdict == "edge" else "")
+    return resampling.fmt_set(*g, low=0.0, suffix=suffix) + (" (edge)" if verdict == "edge" else "")
 
 
 def random_effects_cell(r):
@@ -417,7 +417,7 @@ def random_effects_cell(r):
         return "- (no sampling error)"
     if math.isnan(re["gain"][0]):
         return "- (a seed not resolved)"
-    return (f"{stats.fmt(*re['gain'], suffix='x')}; Q = {re['Q']:.1f} (p {re['p']:.2f}), "
+    return (f"{resampling.fmt(*re['gain'], suffix='x')}; Q = {re['Q']:.1f} (p {re['p']:.2f}), "
             f"I\u00b2 {100 * re['I2']:.0f}%")
 
 
@@ -550,7 +550,7 @@ def write(out, command, args, seconds, checkpoints, grams_by_cell, measured_on):
             f"{len(seeds)} seeds x {prompts} prompts x {args.pool} responses per checkpoint; measured in "
             f"{took(seconds)}{model_note(args)}. Seeds pooled: prompts resampled within each seed "
             f"({args.replicates} draws), "
-            f"signal and noise summed over seeds, the ratio's 95% set by test inversion (stats.py eqs. 4-5): "
+            f"signal and noise summed over seeds, the ratio's 95% set by test inversion (resampling.py eqs. 4-5): "
             f"\u2265 where only the lower end is resolved, \"unresolved\" where neither is. Random effects: "
             f"DerSimonian-Laird over the seeds' log gains (eq. 6), with Cochran's Q (p) and I\u00b2; \"-\" "
             f"where a seed's gain is not resolved away from 0. alpha and cosine are exact where E g is known "

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import grid  # noqa: E402
 from benchmarks import stability as st  # noqa: E402
 from benchmarks.cli import at_least, int_list, out_folder, parser, write_results  # noqa: E402
-from lab import stats  # noqa: E402
+from lab import resampling, stats  # noqa: E402
 
 # ---- the protocol (docs/stability_replication_protocol.md); change only by a dated addendum there
 SEEDS = list(range(200, 224))  # 24 fresh seeds (the first study used 0-11, its pilot 100-101)
@@ -119,8 +119,8 @@ def contrast(per_run, a, b, boot=BOOT):
     mean, lo, hi = stats.mean_interval(d) if len(d) >= 2 else (d[0] if d else math.nan, math.nan, math.nan)
     b_lo = b_hi = math.nan
     if len(d) >= 2:
-        w = stats.bootstrap_weights(len(d), boot)  # (R, n)
-        b_lo, b_hi = stats.interval(w @ torch.tensor(d, dtype=torch.float64))
+        w = resampling.bootstrap_weights(len(d), boot)  # (R, n)
+        b_lo, b_hi = resampling.interval(w @ torch.tensor(d, dtype=torch.float64))
     p = signflip_p(d)
     if len(d) >= 2 and p <= ALPHA:
         verdict = f"{a[0]} collapses later than {b[0]}" if mean > 0 else f"{a[0]} collapses sooner than {b[0]}"

@@ -13,7 +13,8 @@ that following one training step never leads into it:
     lr_schedule   learning-rate schedules (the length-triggered rule and two fixed clocks)
     diagnostics   forward-only noise diagnostics logged with every step
     fast_decode   decoders that are not bound by Python (a static KV cache, a compiled step)
-    stats         intervals: the bootstrap over prompts, ratios near zero, seeds as strata
+    resampling    intervals: the bootstrap over prompts, ratios near zero, seeds as strata
+    stats         closed forms over seeds: random effects, the t interval, power, seeds needed
     scale_free    scale-free measures of an estimator (normalised variance, alpha, cosine)
     plumbing      small helpers every command line shares (atomic writes, disk errors, ...)
     machine       the fingerprint of the machine a saved result was made on (its numbers depend on the CPU)

@@ -31,7 +31,7 @@ Estimating from samples
 Samples come in *units* u = 1..U: a prompt of a language model, or a block of groups on the toy.
 Unit u gives K_u i.i.d. gradient samples with mean m_u and unbiased within-unit tr Var V_u, and a
 reference r_u (an estimate for that prompt, or the exact r for every unit). With unit weights
-w_u (1/U; a bootstrap draw in ``stats.py`` reweights them):
+w_u (1/U; a bootstrap draw in ``resampling.py`` reweights them):
 
     tr Var(g)  ~  V = sum_u w_u V_u                                                      (6)
     ||E g||^2 ~ P(m, m),   <E g, r> ~ P(m, r),   ||r||^2 ~ P(r, r)                        (7)
@@ -48,7 +48,7 @@ Different units are independent, so each product in (7) and (8) is unbiased for 
 quantity: ||E g||^2 over the distribution of prompts, not only over the sampled ones (keeping
 u = v would add each unit's own noise and the spread of the prompts' own gradients). The
 estimate of ||E g||^2 can still come out <= 0 when the signal is lost in the noise: then (2) is
-nan ("unresolved"), and (3), a ratio with that signal as denominator, gets ``stats.py``'s eq. (4')
+nan ("unresolved"), and (3), a ratio with that signal as denominator, gets ``resampling.py``'s eq. (4')
 set, which is then one-sided (nvar at least so much) or says nothing. V (6) is the noise *within* a prompt, the part a
 baseline acts on; nvar leaves out the spread between prompts' mean gradients, which a training
 batch of several prompts also carries. Everything is computed from U x U Gram matrices of the
@@ -59,7 +59,7 @@ import math
 
 import torch
 
-from lab import stats
+from lab import resampling
 
 # E g = c(N) grad J exactly (see "Known expectations"); absent: E g is unknown and estimated.
 FACTORS = {"reinforce": lambda N: 1.0, "rloo": lambda N: 1.0, "otb_loo": lambda N: 1.0,
@@ -67,7 +67,7 @@ FACTORS = {"reinforce": lambda N: 1.0, "rloo": lambda N: 1.0, "otb_loo": lambda 
 METRICS = ("alpha", "cosine", "nvar", "rmse", "raw_variance", "signal")
 RANGE = {"cosine": (-1.0, 1.0), "rmse": (0.0, 1.0), "nvar": (0.0, math.inf), "raw_variance": (0.0, math.inf),
          "gain": (0.0, math.inf)}  # where each metric can lie; printing never leaves it without a mark
-SETS = ("nvar", "gain")  # ratios reported as stats.py's eq. (4') sets
+SETS = ("nvar", "gain")  # ratios reported as resampling.py's eq. (4') sets
 
 
 def unit_summary(samples):
@@ -133,11 +133,11 @@ def evaluate(s, w, factor=None, j_gram=None):
 
 def evaluations(units, factors=None, replicates=2000, seed=0, j_gram=None):
     """Eqs. (1)-(8) of every estimator at the point (w_u = 1/U) and on R bootstrap draws of the units
-    (stats.py), the same draws for every estimator: (point {name: {metric: (1,)}}, boot {name: {metric: (R,)}})."""
+    (resampling.py), the same draws for every estimator: (point {name: {metric: (1,)}}, boot {name: {metric: (R,)}})."""
     factors = factors or {}
     U = next(iter(units.values()))["V"].shape[0]
     w_point = torch.full((1, U), 1.0 / U, dtype=torch.float64)
-    w_boot = stats.bootstrap_weights(U, replicates, seed)  # (R, U): the same draws for every estimator
+    w_boot = resampling.bootstrap_weights(U, replicates, seed)  # (R, U): the same draws for every estimator
     return ({e: evaluate(s, w_point, factors.get(e), j_gram) for e, s in units.items()},
             {e: evaluate(s, w_boot, factors.get(e), j_gram) for e, s in units.items()})
 
@@ -145,13 +145,13 @@ def evaluations(units, factors=None, replicates=2000, seed=0, j_gram=None):
 def gain_parts(evals, e, b, factors=None):
     """The gain nvar(b) / nvar(e) = (S_e / V_e) / (S_b / V_b) as a ratio num / den, over one or more
     strata (seeds): evals = [(point, boot), ...] from ``evaluations``, each seed with its own draws.
-    Summed over strata (stats.py eq. (5)): num = sum S_e * sum V_b, den = sum V_e * sum S_b, with S the
+    Summed over strata (resampling.py eq. (5)): num = sum S_e * sum V_b, den = sum V_e * sum S_b, with S the
     signal ||E g||^2 and V = tr Var; with both factors known, num = c_e^2 sum V_b, den = c_b^2 sum V_e
     (eq. (5): no estimated signal). Returns (num, den, num (R,), den (R,))."""
     factors = factors or {}
 
     def total(name, key):  # (sum of the points, sum of the replicates)
-        return stats.stratified([(pt[name][key].item(), bt[name][key]) for pt, bt in evals])
+        return resampling.stratified([(pt[name][key].item(), bt[name][key]) for pt, bt in evals])
     (Ve, Ve_r), (Vb, Vb_r) = total(e, "raw_variance"), total(b, "raw_variance")
     if e in factors and b in factors:
         ce, cb = factors[e] ** 2, factors[b] ** 2
@@ -162,26 +162,26 @@ def gain_parts(evals, e, b, factors=None):
 
 def bootstrap(units, factors=None, baseline=None, replicates=2000, seed=0, level=0.95, j_gram=None,
               evals=None):
-    """Every metric of every estimator with a paired bootstrap interval over units (stats.py).
+    """Every metric of every estimator with a paired bootstrap interval over units (resampling.py).
 
     units: {name: gram_stats(...)}, all over the same units (the same prompts). factors: {name: c}
     for the estimators whose E g = c r is known; their ||grad J||^2 comes from j_gram (eq. (8); None: the
     references). baseline: a name; adds ``gain`` = nvar(baseline) / nvar(e) = snr(e) / snr(baseline)
     with snr = 1 / nvar (exact ratio of variances by (5) when both factors are known).
-    nvar and gain are ratios whose denominator can be weak: their interval is stats.py's eq. (4') set
+    nvar and gain are ratios whose denominator can be weak: their interval is resampling.py's eq. (4') set
     within [0, inf) (an end at 0 or inf is open: a one-sided bound). alpha, cosine and rmse take the
     percentile interval, nan (unresolved) where a quantity they divide by is not resolved.
     evals: (point, boot) from ``evaluations`` with these arguments, when the caller has them already.
     Returns {name: {metric: (value, lo, hi)}}, values as estimated, plus ``out_of_range``: the metrics
     whose value or interval end lies outside RANGE (a table prints them clipped and marked), and with a
-    baseline ``verdict``: the gain above 1, below, around it, or at the edge (stats.replicate_verdict).
+    baseline ``verdict``: the gain above 1, below, around it, or at the edge (resampling.replicate_verdict).
     """
     factors = factors or {}
     point, boot = evals or evaluations(units, factors, replicates, seed, j_gram)
     out = {}
     for e in units:
-        ref_lo, ref_hi = stats.interval(boot[e]["ref_sq"], level)
-        sig_lo, sig_hi = stats.interval(boot[e]["signal"], level)
+        ref_lo, ref_hi = resampling.interval(boot[e]["ref_sq"], level)
+        sig_lo, sig_hi = resampling.interval(boot[e]["signal"], level)
         row = {}
         for k in METRICS:
             p = point[e][k].item()
@@ -189,42 +189,42 @@ def bootstrap(units, factors=None, baseline=None, replicates=2000, seed=0, level
                          rmse=[(ref_lo, ref_hi)]).get(k, [])
             if k == "nvar":  # V / S, eq. (4') within [0, inf); no signal at the point: nvar is unbounded
                 V, S = point[e]["raw_variance"].item(), point[e]["signal"].item()
-                lo, hi = stats.inverted_set(boot[e]["raw_variance"], boot[e]["signal"], V, S, level=level, low=0.0)
+                lo, hi = resampling.inverted_set(boot[e]["raw_variance"], boot[e]["signal"], V, S, level=level, low=0.0)
                 row[k] = (V / S if S > 0 else math.inf, lo, hi)
-            elif any(stats.covers_zero(lo, hi) for lo, hi in needs) or not math.isfinite(p):
+            elif any(resampling.covers_zero(lo, hi) for lo, hi in needs) or not math.isfinite(p):
                 row[k] = (math.nan, math.nan, math.nan)  # unresolved
             else:  # a resolved quantity is undefined in few replicates (< 2.5%): left out
                 reps = boot[e][k]
-                row[k] = (p, *stats.interval(reps[~reps.isnan()], level))
+                row[k] = (p, *resampling.interval(reps[~reps.isnan()], level))
         out[e] = row
     for e in units:
         if baseline is not None:
             out[e]["gain"] = gain([(point, boot)], e, baseline, factors, level)
             out[e]["verdict"] = gain_verdict([(point, boot)], e, baseline, factors, level) if e != baseline else "-"
-        out[e]["out_of_range"] = [k for k, v in out[e].items() if k in RANGE and stats.clip(*v, *RANGE[k])[3]]
+        out[e]["out_of_range"] = [k for k, v in out[e].items() if k in RANGE and resampling.clip(*v, *RANGE[k])[3]]
     return out
 
 
 def cell(key, interval, factor=None, digits=2, exact=".3g", moved=False):
     """One metric for a table: alpha = c and cosine = 1 marked "(exact)" where E g = c grad J is known
     (``factor``); nvar and gain, eq. (4') sets, as "value [lo, hi]", a one-sided bound or "unresolved"
-    (stats.fmt_set); the others as "value [lo, hi]" inside RANGE[key], each clipped number marked *
+    (resampling.fmt_set); the others as "value [lo, hi]" inside RANGE[key], each clipped number marked *
     (``moved``: the value was clipped before it was stored)."""
     if key in ("alpha", "cosine") and factor is not None:
         return f"{factor if key == 'alpha' else 1.0:{exact}} (exact)"
     low, high = RANGE.get(key, (-math.inf, math.inf))
     if key in SETS:
-        return stats.fmt_set(*interval, digits=digits, low=low, high=high)
-    return stats.fmt(*interval, digits=digits, low=low, high=high, moved=moved)
+        return resampling.fmt_set(*interval, digits=digits, low=low, high=high)
+    return resampling.fmt(*interval, digits=digits, low=low, high=high, moved=moved)
 
 
 def gain(evals, e, b, factors, level=0.95):
     """snr(e) / snr(b) = nvar(b) / nvar(e), with snr = signal / tr Var, over the strata ``evals``
-    (``gain_parts``): (value, lo, hi), the eq. (4') set of stats.py within [0, inf)."""
-    return stats.ratio_set(*gain_parts(evals, e, b, factors), level=level, low=0.0)
+    (``gain_parts``): (value, lo, hi), the eq. (4') set of resampling.py within [0, inf)."""
+    return resampling.ratio_set(*gain_parts(evals, e, b, factors), level=level, low=0.0)
 
 
 def gain_verdict(evals, e, b, factors, level=0.95):
-    """Whether the gain lies above 1, below 1, around it, or at the Monte Carlo edge (stats.replicate_verdict)."""
+    """Whether the gain lies above 1, below 1, around it, or at the Monte Carlo edge (resampling.replicate_verdict)."""
     _, _, num_r, den_r = gain_parts(evals, e, b, factors)
-    return stats.replicate_verdict(num_r, den_r, level=level)
+    return resampling.replicate_verdict(num_r, den_r, level=level)
