@@ -10,8 +10,10 @@ of the command line:
 1. **the worst case for memory**: score, estimate and update (train.py's learn) on the step's real
    prompts with fabricated responses of the full response limit (random tokens, every position
    valid), since training may well make responses that long;
-2. **one real step** (train.py's train_step: sampling, then the same update), for its time and its
-   response length.
+2. **one real step** (train.py's train_step: sampling, then the same update) from the initial weights
+   and a fresh optimizer, as training's first step, for its time and its response length. With
+   ``--compile-decode`` the step runs once before, untimed: the first rollout of a shape compiles
+   its decode step (on CUDA, and records its graph), which the timed step then reuses.
 
 It reports the peak memory of each phase (the full-length update; the real step's rollout and its
 score and update, split where train_step enters learn; CUDA: ``torch.cuda.max_memory_allocated``;
@@ -22,6 +24,8 @@ projection for the whole run:
     steps(n)  = min(--steps, ceil(B / (prompts x n x L)))      L: the real step's mean response length
     saves     = per run, floor(run time / --checkpoint-minutes) + 1 (the last);  every step with 0
     time      = sum over runs of steps(n) x (t_rollout + t_learn x n / n_max)  +  saves x t_save
+                +  compiles x t_compile     --compile-decode: one compile per batch size (prompts x n), t_compile
+                                            the untimed rollout's seconds less the timed one's
     written   = saves x S                                     S, t_save: one checkpoint, written and timed here
     disk      = 4 P  +  8 P   (--keep-weights: runs x 4 P + 8 P)   P parameters: float32 weights of the
                                      running run and AdamW's two moments (a finished run keeps its weights
@@ -30,9 +34,12 @@ projection for the whole run:
 where the runs are every configuration on every seed, and the pilot's runs (one per rate, at its
 own budget) when there is one.
 
-The time is an upper bound in the rollout (a smaller batch never samples slower) and an estimate
-elsewhere: the real step's response length and speed stand for every step. The weights are
-restored afterwards, so a comparison that follows starts from the same ones.
+t_rollout is the real step's decode steps (one per sampled position, until every row has ended) times
+its seconds per decode step; the report gives both. The time is an upper bound in the rollout (a
+smaller batch never samples slower) and an estimate elsewhere: the real step's response length and
+speed stand for every step. The weights are restored afterwards, so a comparison that follows
+starts from the same ones. For ``--preset gpu`` the report ends with the preset's goal (1 hour on
+one H100, 2 on a 24 GB card) beside the projection.
 
 If a phase runs out of memory, or its peak exceeds ``--memory-limit`` (GB; by default what the
 device has free when the preflight starts, plus what this process already holds), it stops with
@@ -124,13 +131,16 @@ def run(cfg, model, tok, folder, train_step, learn, make_estimator):
     rows = cfg.prompts_per_step * n
     folder.mkdir(parents=True, exist_ok=True)
     peaks, phase, s, t_full, save = {}, ["learn"], None, None, None  # phase: where an out-of-memory error lands
+    t_compile = 0.0  # seconds of compiling one decode step's shape (--compile-decode)
 
     def rollout_done():  # train_step is entering learn: the rollout's peak is complete
         peaks["rollout"], phase[0] = peak(device), "learn"
         reset_peak(device)
 
+    adamw = lambda: torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)  # noqa: E731
+
     try:
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        opt = adamw()
         # 1. the worst case: every response as long as the limit
         prompts, _ = tasks.prompt_batch(task, tok, cfg.seed, 0, cfg.prompts_per_step)
         ro, R, token_rewards = full_length_batch(prompts, n, limit, len(tok), tok.pad_token_id, device)
@@ -138,15 +148,27 @@ def run(cfg, model, tok, folder, train_step, learn, make_estimator):
         t0 = time.perf_counter()
         learn(sub, model, opt, ro, R, token_rewards, estimator, torch.Generator().manual_seed(0))
         peaks["learn_full_length"], t_full = peak(device), time.perf_counter() - t0
-        del ro, token_rewards
-        opt.zero_grad(set_to_none=True)  # as in training: no gradients held through the rollout
-        # 2. one real step: its time, response length, success and mismatch; a peak per phase
+        model.zero_grad(set_to_none=True)  # as in training: no gradients held through the rollout
+        del ro, token_rewards, opt
+        # 2. one real step, from the initial weights and a fresh optimizer as training's first step: its
+        # time, response length, success and mismatch; a peak per phase
+        model.load_state_dict(init)
         sampler = train_cli.sampler(cfg, model)
-        reset_peak(device)
         phase[0] = "rollout"
         with calls_first(train_step, learn, rollout_done):
+            if cfg.compile_decode:  # the first step of a shape compiles its decode step (CUDA: and records
+                warm = train_step(sub, model, sampler, adamw(), task, tok, estimator, 0)  # its graph): untimed
+                t_warm = warm.seconds[0]
+                del warm
+                model.zero_grad(set_to_none=True)
+                model.load_state_dict(init)
+                phase[0] = "rollout"
+            opt = adamw()
+            reset_peak(device)
             s = train_step(sub, model, sampler, opt, task, tok, estimator, 0)
         peaks["learn"] = peak(device)
+        if cfg.compile_decode:  # the warm-up's rollout less the timed one's
+            t_compile = max(0.0, t_warm - s.seconds[0])
         save = time_save(folder / "preflight_checkpoint.pt", model, opt)
     except torch.OutOfMemoryError:
         peaks["out_of_memory"] = phase[0]
@@ -155,7 +177,7 @@ def run(cfg, model, tok, folder, train_step, learn, make_estimator):
         if device.type == "cuda":
             torch.cuda.empty_cache()
     report = project(cfg, est, n, rows, limit, prompts, s, peaks, t_full, save,
-                     sum(p.numel() for p in model.parameters()))
+                     sum(p.numel() for p in model.parameters()), t_compile)
     report["memory_limit"] = memory_limit
     report["device"] = str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
     (folder / "preflight.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -207,7 +229,7 @@ def over_limit(r):
                   key=lambda k: -r["peaks"][k])
 
 
-def project(cfg, est, n, rows, limit, prompts, s, peaks, t_full, save, n_params):
+def project(cfg, est, n, rows, limit, prompts, s, peaks, t_full, save, n_params, t_compile=0.0):
     """The report: what was measured and the projection for the whole run or comparison."""
     P = max(map(len, prompts))
     oom = peaks.pop("out_of_memory", None)
@@ -229,29 +251,41 @@ def project(cfg, est, n, rows, limit, prompts, s, peaks, t_full, save, n_params)
         steps = min(cfg.steps, math.ceil(budget / per_step)) if budget else cfg.steps
         seconds = t_rollout + t_learn * g / n
         saves = steps if cfg.checkpoint_minutes == 0 else math.floor(steps * seconds / (60 * cfg.checkpoint_minutes)) + 1
-        return dict(run=name, runs=copies, steps=steps, seconds_per_step=seconds, saves=saves)
+        return dict(run=name, runs=copies, group_size=g, steps=steps, seconds_per_step=seconds, saves=saves)
     plan = [planned(f"{e}:{g}", g, cfg.token_budget, seeds) for e, g in train_cli.runs_of(cfg)]
     if cfg.lr_pilot:  # the pilot's runs come first: one per rate
         e, _, g = cfg.lr_pilot_run.partition(":")
         plan.insert(0, planned(f"pilot {e}:{g}", int(g), cfg.lr_pilot_budget or max(1, cfg.token_budget // 4),
                                len(cfg.lr_pilot.split(","))))
     saves = sum(r["runs"] * r["saves"] for r in plan)
+    # --compile-decode compiles once per batch size in the process (the cache length is the same for all)
+    compiles = len({cfg.prompts_per_step * r["group_size"] for r in plan}) if cfg.compile_decode else 0
+    decode_steps = s.ro.response.shape[1]  # positions the real step sampled: one decode step each
     report.update(mean_response_length=L, seconds_rollout=t_rollout, seconds_score_update=t_learn, seeds=seeds,
+                  decode_steps=decode_steps, seconds_per_decode_step=t_rollout / max(decode_steps, 1),
                   success=(s.R >= 1).float().mean().item(),
                   mismatch_mean_abs=(delta.sum() / m.sum().clamp(min=1)).item(), mismatch_max_abs=delta.max().item(),
                   checkpoint_bytes=size, seconds_checkpoint=t_save, checkpoint_saves=saves, runs=plan,
-                  projected_seconds=sum(r["runs"] * r["steps"] * r["seconds_per_step"] for r in plan) + saves * t_save,
+                  compiles=compiles, seconds_compile=t_compile,
+                  projected_seconds=sum(r["runs"] * r["steps"] * r["seconds_per_step"] for r in plan)
+                  + saves * t_save + compiles * t_compile,
                   projected_bytes_written=saves * size,
                   projected_disk=((sum(r["runs"] for r in plan) if cfg.keep_weights else 1) * 4 + 8) * n_params)
+    if cfg.preset in GOAL_HOURS:
+        report["goal_hours"] = GOAL_HOURS[cfg.preset]
     if cfg.seeds:
-        report["seeds_plan"] = seeds_plan(plan, seeds, t_save)
+        report["seeds_plan"] = seeds_plan(plan, seeds, t_save, compiles * t_compile)
     return report
 
 
-def seeds_plan(plan, seeds, t_save):
+# What the GPU preset should take, as this projection has it (issue 39; docs/training.md): (card, hours)
+GOAL_HOURS = {"gpu": [("one H100", 1.0), ("a 24 GB card", 2.0)]}
+
+
+def seeds_plan(plan, seeds, t_save, fixed=0.0):
     """How many paired seeds the primary contrast needs at the planning values (compare.POWER_PLAN,
     docs/training.md), the power of the seeds given, and what one seed and the needed seeds cost
-    by this projection (the pilot's runs counted once)."""
+    by this projection (the pilot's runs and the ``fixed`` seconds, compiling, counted once)."""
     plan_values = compare.POWER_PLAN
     cost = lambda r: r["runs"] * (r["steps"] * r["seconds_per_step"] + r["saves"] * t_save)  # noqa: E731
     pilot = sum(cost(r) for r in plan if r["run"].startswith("pilot"))
@@ -261,7 +295,7 @@ def seeds_plan(plan, seeds, t_save):
                 target_power=plan_values["power"], seeds_needed=need, seeds=seeds,
                 power_of_these_seeds=stats.paired_t_power(plan_values["effect"], plan_values["sd"], seeds,
                                                           plan_values["alpha"]) if seeds >= 2 else None,
-                seconds_per_seed=per_seed, projected_seconds_needed=pilot + need * per_seed)
+                seconds_per_seed=per_seed, projected_seconds_needed=pilot + fixed + need * per_seed)
 
 
 def describe(r):
@@ -277,11 +311,22 @@ def describe(r):
                   f"{r['seconds_full_length_update']:.1f} s",
                   f"  the real step as sampled here: success {r['success']:.3f}; sampler / trainer mismatch "
                   f"|log pi_train - log pi_rollout| mean {r['mismatch_mean_abs']:.1e}, max {r['mismatch_max_abs']:.1e}",
-                  f"  projected: {r['projected_seconds'] / 60:.1f} min for "
-                  + ", ".join(f"{p['runs']} x {p['run']} ({p['steps']} steps)" for p in r["runs"])
-                  + f", {r['checkpoint_saves']} checkpoint saves of {gb(r['checkpoint_bytes'])} "
-                  f"({r['seconds_checkpoint']:.1f} s each, {gb(r['projected_bytes_written'])} written); "
-                  f"disk {r['projected_disk'] / GB:.1f} GB (estimates from this one step)"]
+                  f"  projected: {r['projected_seconds'] / 60:.1f} min ({r['projected_seconds'] / 3600:.2f} h) = "
+                  "steps x seconds per step + saves x seconds per save"
+                  + (" + compiles x seconds per compile" if r["compiles"] else "") + ", each factor measured here:",
+                  "    " + ", ".join(f"{p['runs']} x {p['run']} ({p['steps']} steps of {p['seconds_per_step']:.1f} s)"
+                                     for p in r["runs"])
+                  + f"; the steps from the mean response, a step's rollout {r['decode_steps']} decode steps of "
+                  f"{1000 * r['seconds_per_decode_step']:.1f} ms and its score/update scaled by group size",
+                  f"    {r['checkpoint_saves']} checkpoint saves of {gb(r['checkpoint_bytes'])} "
+                  f"({r['seconds_checkpoint']:.1f} s each, {gb(r['projected_bytes_written'])} written)"
+                  + (f"; {r['compiles']} compiles of the decode step, one per batch size ({r['seconds_compile']:.0f} s "
+                     "each, as the largest's)" if r["compiles"] else "")
+                  + f"; disk {r['projected_disk'] / GB:.1f} GB (estimates from this one step)"]
+    if "goal_hours" in r:
+        goal = ", ".join(f"{h:g} h on {card}" for card, h in r["goal_hours"])
+        lines.append(f"  goal for this preset (docs/training.md): {goal}; projected here "
+                     f"{r['projected_seconds'] / 3600:.2f} h")
     if "seeds_plan" in r:
         p = r["seeds_plan"]
         power = "-" if p["power_of_these_seeds"] is None else f"{p['power_of_these_seeds']:.2f}"

@@ -1,5 +1,7 @@
 """--preflight: every failure is one line naming the phase and what lowers it; peaks per phase; the
-default limit is the memory free on the device; checkpoint saves are in the projection.
+default limit is the memory free on the device; checkpoint saves are in the projection; with
+--compile-decode the step is compiled before it is timed and each batch size's compile is projected;
+--preset gpu's goal is printed beside the projection.
 
 An out-of-memory error is simulated on the CPU: rollout.sample (the rollout) or rollout.score (learn:
 score and update) raises torch.OutOfMemoryError, as CUDA's allocator does.
@@ -157,3 +159,38 @@ def test_the_real_steps_success_and_mismatch_are_reported(out, capsys, monkeypat
     assert r["mismatch_max_abs"] < 1e-4 and 0 <= r["mismatch_mean_abs"] <= r["mismatch_max_abs"]
     assert f"success {r['success']:.3f}" in shown and "sampler / trainer mismatch" in shown
     assert len(seen) == 1 and seen[0].response.shape[0] == 16
+
+
+def test_compiled_decoding_is_compiled_before_the_timed_step_and_projected_once_per_batch_size(out, capsys,
+                                                                                              monkeypatch):
+    """--compile-decode: the real step runs twice from the initial weights (the first, untimed, compiles
+    the decode step), and the projection adds one compile per batch size (otb:2 and group_mean:4 at 4
+    prompts: 8 and 16 rows), at the untimed rollout's seconds less the timed one's. The rollout's time
+    is its decode steps x its seconds per decode step."""
+    from lab import fast_decode
+    monkeypatch.setattr(fast_decode, "BACKEND", "aot_eager")  # traced, not code-generated: seconds
+    weights, real = [], rollout.sample
+
+    def sample(model, *a, **k):
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]).clone())
+        return real(model, *a, **k)
+    monkeypatch.setattr(rollout, "sample", sample)
+    r = preflight_run(out, "compiled", "--compile-decode")
+    assert len(weights) == 2 and torch.equal(weights[0], weights[1])  # the timed step starts where the first did
+    assert r["compiles"] == 2 and r["seconds_compile"] >= 0
+    steps_time = sum(x["runs"] * x["steps"] * x["seconds_per_step"] for x in r["runs"])
+    assert r["projected_seconds"] == pytest.approx(steps_time + r["checkpoint_saves"] * r["seconds_checkpoint"]
+                                                   + 2 * r["seconds_compile"])
+    assert r["seconds_per_decode_step"] * r["decode_steps"] == pytest.approx(r["seconds_rollout"])
+    assert "2 compiles of the decode step, one per batch size" in capsys.readouterr().out
+    plain = preflight_run(out, "plain")
+    assert plain["compiles"] == 0 and "goal_hours" not in plain  # the goal is the GPU preset's
+
+
+def test_the_gpu_presets_goal_is_printed_beside_the_projection(out, capsys):
+    """--preset gpu on the tiny model and task: the preset's settings with a step that takes seconds."""
+    r = preflight_run(out, "goal", "--preset", "gpu", "--model", "tiny", "--task", "reverse", "--device", "cpu",
+                      "--temperature", "1.0")
+    assert r["goal_hours"] == [("one H100", 1.0), ("a 24 GB card", 2.0)]
+    assert f"goal for this preset (docs/training.md): 1 h on one H100, 2 h on a 24 GB card; projected here " \
+           f"{r['projected_seconds'] / 3600:.2f} h" in capsys.readouterr().out
