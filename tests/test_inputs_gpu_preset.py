@@ -3,6 +3,7 @@
 --preset gpu and gpu_tool on a machine where --device auto finds no CUDA (no GPU, or a driver that
 does not match the installed CUDA wheel) stop before anything is loaded or created: one line, exit
 status 2. Given --device cpu explicitly, they run there (the tests of the preset do exactly that).
+Where CUDA is available they sample with the compiled decoder; elsewhere with the plain loop.
 """
 
 import pytest
@@ -40,3 +41,13 @@ def test_an_explicit_device_runs_the_preset_there(device, tmp_path, monkeypatch,
         return
     assert train_cli.load(cfg, torch.device("cpu")) == ("model", torch.device("cpu"))
     assert "note: --preset gpu is sized for one CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_gpu_preset_samples_with_the_compiled_decoder_where_cuda_is_available():
+    """On CUDA the compiled decode step (one CUDA-graph replay a step) is the preset's; elsewhere, where the
+    preset runs as a smoke check, the plain loop; --compile-decode false turns it off on a GPU."""
+    parse = lambda *argv: train_cli.parse_config(list(argv), train.Config, train_cli.PRESETS)  # noqa: E731
+    assert parse("--preset", "gpu").compile_decode == torch.cuda.is_available()
+    assert parse("--preset", "gpu_tool").compile_decode == torch.cuda.is_available()
+    assert parse("--preset", "gpu", "--compile-decode", "false").compile_decode is False
+    assert parse("--preset", "gpu", "--compile-decode").compile_decode is True
