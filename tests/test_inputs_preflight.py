@@ -175,12 +175,15 @@ def test_compiled_decoding_is_compiled_before_the_timed_step_and_projected_once_
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]).clone())
         return real(model, *a, **k)
     monkeypatch.setattr(rollout, "sample", sample)
-    r = preflight_run(out, "compiled", "--compile-decode")
+    r = preflight_run(out, "compiled", "--compile-decode", "--seeds", "0,1")
     assert len(weights) == 2 and torch.equal(weights[0], weights[1])  # the timed step starts where the first did
     assert r["compiles"] == 2 and r["seconds_compile"] >= 0
     steps_time = sum(x["runs"] * x["steps"] * x["seconds_per_step"] for x in r["runs"])
     assert r["projected_seconds"] == pytest.approx(steps_time + r["checkpoint_saves"] * r["seconds_checkpoint"]
                                                    + 2 * r["seconds_compile"])
+    need = r["seeds_plan"]  # compiling is paid once, not per seed
+    assert need["projected_seconds_needed"] == pytest.approx(2 * r["seconds_compile"]
+                                                             + need["seeds_needed"] * need["seconds_per_seed"])
     assert r["seconds_per_decode_step"] * r["decode_steps"] == pytest.approx(r["seconds_rollout"])
     assert "2 compiles of the decode step, one per batch size" in capsys.readouterr().out
     plain = preflight_run(out, "plain")
