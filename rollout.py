@@ -84,7 +84,9 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
     done = torch.zeros(len(ids), dtype=torch.bool, device=device)  # rows that have ended, (B,)
     for t in range(max_new_tokens):
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # log pi_tau, (B, V)
-        y = torch.multinomial(logprobs.exp().to(draw_on), 1, generator=generator).to(device).squeeze(-1)  # (B,)
+        probs = logprobs.exp().to(draw_on)  # pi_tau, (B, V)
+        # y ~ pi_tau as torch.multinomial draws it (argmax pi / E, E ~ Exp(1)), without its 2 host syncs a token
+        y = (probs / torch.empty_like(probs).exponential_(1, generator=generator)).argmax(-1).to(device)  # (B,)
         action = ~done  # (B,) the positions the policy chooses
         if turns is not None:
             y, action = turns.force(y, action)  # a tool's output replaces the draws of its rows

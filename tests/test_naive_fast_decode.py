@@ -149,7 +149,8 @@ def test_a_cuda_graph_of_the_step_copies_in_only_its_token_position_and_mask(mon
 def test_the_static_and_compiled_steps_never_wait_for_the_device(monkeypatch):
     """fast_decode.count_step: the plain loop's step reads the padding mask on the host once (whether
     transformers may skip it), the static step never; compiled, the step is one operator from Python
-    (the copy of its output) whatever the depth, the model's work inside it."""
+    (the copy of its output) whatever the depth, the model's work inside it. The sampler's draw reads
+    nothing (torch.multinomial's input checks would read two values a token)."""
     graphs(monkeypatch)
     counts = {(layers, d): fast_decode.count_step(tiny(layers=layers), d, steps=(3, 5))
               for layers in (1, 3) for d in ("plain", "static", "compiled")}
@@ -159,6 +160,7 @@ def test_the_static_and_compiled_steps_never_wait_for_the_device(monkeypatch):
         assert compiled["decoder_ops"] == 1 and compiled["compiled_kernels"] > 20 * layers
         assert plain["compiled_kernels"] == 0 == static["compiled_kernels"]
         assert plain["sampler_ops"] == static["sampler_ops"] == compiled["sampler_ops"] > 0  # the same loop
+        assert plain["sampler_syncs"] == 0 == compiled["sampler_syncs"]  # the draw reads nothing on the host
     assert counts[3, "plain"]["decoder_ops"] > counts[1, "plain"]["decoder_ops"] + 40  # Python launches each layer
 
 
