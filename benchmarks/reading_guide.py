@@ -152,9 +152,10 @@ def render(total, per_file, path):
     out += ["", "| # | file | function | lines | what it does |", "|---|---|---|---|---|"]
     for i, (rel, name, first, last, summary) in enumerate(path, 1):
         out.append(f"| {i} | {rel} | `{name}` | {last - first + 1} | {summary.replace('|', '/')} |")
-    out += ["", "What is not on the path, and where it lives: the command line, the run folder and checkpoints",
-            "(lab/train_cli.py, lab/runs.py), comparisons (lab/compare.py), the preflight, the optional",
-            "decoders, the learning-rate schedules and the statistics (lab/). See lab/__init__.py for the map.", ""]
+    out += ["", "What is not on the path, and where it lives: the command line (lab/train_cli.py,",
+            "lab/parse_options.py), the run folder and checkpoints (lab/runs.py), comparisons (lab/compare.py),",
+            "the preflight, the optional decoders, the learning-rate schedules and the statistics (lab/). See",
+            "lab/__init__.py for the map.", ""]
     return "\n".join(out)
 
 

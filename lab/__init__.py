@@ -4,7 +4,8 @@ The repository root holds the concepts (otb.py, toy_env.py, rollout.py, tasks.py
 a reader runs (train.py, toy_harness.py, otb_trl.py). What only those files import lives here, so
 that following one training step never leads into it:
 
-    train_cli     train.py's command line: parsing and checking options, the device, presets
+    train_cli     train.py's options: their fields and presets, what they mean, the model they name
+    parse_options how a command line becomes those options: parsed, checked, or read back by --resume
     runs          the run folder around training: checkpoints, Ctrl-C / SIGTERM, --resume
     progress      what a run shows while it runs: its progress bar and a comparison's time left
     models        the tiny character-level Llama, its cached supervised warm-up, pretrained loading

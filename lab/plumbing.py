@@ -9,7 +9,7 @@
 - ``weights(model)``: a copy of the model's weights, to start every run of a comparison from (or to
   restore after the preflight).
 
-train.py (through train_cli.py), toy_harness.py and the scripts in benchmarks/ import these; a bad
+train.py (through lab/), toy_harness.py and the scripts in benchmarks/ import these; a bad
 value raises ``UsageError``, which each command line prints as one line.
 """
 import errno

@@ -1,6 +1,6 @@
 """The run folder around train.py's training: where a run writes, how it stops and how it resumes.
 
-train.py's ``main`` starts here (``start``: the options parsed by train_cli.py, the header printed
+train.py's ``main`` starts here (``start``: the options parsed by parse_options.py, the header printed
 (``header``: the folder, model, task, runs, steps, lr, device and whether the warm-up is cached), the
 model loaded, the run folder made with its config.json), and its loop uses the rest:
 
@@ -34,8 +34,9 @@ from tqdm.auto import tqdm
 from lab import models, plumbing
 from lab.plumbing import pick_device
 import tasks
-from lab.train_cli import (LOG_COLUMNS, PRESETS, UsageError, applied, checkpoint_step, load, parse,
-                           read_checkpoint, run_name, runs_of, seed_list, tiny_settings)
+from lab.parse_options import parse
+from lab.train_cli import (LOG_COLUMNS, PRESETS, UsageError, applied, checkpoint_step, load, read_checkpoint,
+                           run_name, runs_of, seed_list, tiny_settings)
 
 # Signals that stop a run as Ctrl-C does: SIGTERM (`timeout`, a cluster's preemption) and SIGHUP (the
 # terminal was closed; Windows has none). One that is ignored when train.py starts (nohup) stays ignored.

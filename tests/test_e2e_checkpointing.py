@@ -15,7 +15,7 @@ from lab import fast_decode
 from lab import models
 import tasks
 import train
-from lab import train_cli
+from lab import parse_options, train_cli
 
 STEPS = 20
 TOK = models.char_tokenizer()
@@ -25,7 +25,7 @@ ARGS = ["--estimator", "otb", "--group-size", "2", "--prompts-per-step", "2", "-
 
 
 def setup(*extra):
-    cfg = train_cli.parse(ARGS + list(extra), train.Config, train_cli.PRESETS)
+    cfg = parse_options.parse(ARGS + list(extra), train.Config, train_cli.PRESETS)
     model = models.tiny_model(TOK, hidden=32, layers=1, seed=0).eval()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     return cfg, model, opt, tasks.make_task(cfg), train.make_estimator(cfg.estimator, cfg.zero_tail)

@@ -24,6 +24,7 @@ from lab import progress
 import rollout
 import tasks
 import train
+from lab import parse_options
 from lab import train_cli
 from lab import runs
 from tiny_runs import TINY, interrupt_at, metrics, run, without_times
@@ -102,7 +103,7 @@ def test_same_seed_gives_the_same_metrics_twice(out):
 
 
 def parse(argv):
-    return train_cli.parse_config(argv, train.Config, train_cli.PRESETS)
+    return parse_options.parse_config(argv, train.Config, train_cli.PRESETS)
 
 
 def test_gpu_tool_preset_is_the_gpu_preset_on_the_chat_calculator():
@@ -114,12 +115,12 @@ def test_gpu_tool_preset_is_the_gpu_preset_on_the_chat_calculator():
     assert tool.seeds == "0,1,2"  # the gpu preset's seeds come from its power calculation; this one has none yet
     assert {k: getattr(tool, k) for k in same} == {k: getattr(gpu, k) for k in same}
     with pytest.raises(train_cli.UsageError, match="--task chat_calculator needs a pretrained chat model"):
-        train_cli.check(parse(["--task", "chat_calculator"]))
+        parse_options.check(parse(["--task", "chat_calculator"]))
 
 
 def test_preset_sets_defaults_that_explicit_flags_override():
     gpu = parse(["--preset", "gpu"])
-    help_text = " ".join(train_cli.make_parser(train.Config, train_cli.PRESETS).format_help().split())
+    help_text = " ".join(parse_options.make_parser(train.Config, train_cli.PRESETS).format_help().split())
     assert "--preset" in help_text and "docs/training.md" in help_text  # where the preset is described
     assert (gpu.model, gpu.task, gpu.lr, gpu.prompts_per_step) == ("smollm2", "count", 1e-5, 8)
     configs = "otb:4,group_mean:4,group_mean:16"  # the primary contrast (its seeds: tests/test_exact_power.py)
@@ -133,7 +134,7 @@ def test_preset_sets_defaults_that_explicit_flags_override():
 
 
 def test_help_documents_every_field_and_the_log_line():
-    parser = train_cli.make_parser(train.Config, train_cli.PRESETS, epilog=train_cli.LOG_COLUMNS)  # as main's
+    parser = parse_options.make_parser(train.Config, train_cli.PRESETS, epilog=train_cli.LOG_COLUMNS)  # as main's
     text = " ".join(parser.format_help().split())
     for f in dataclasses.fields(train.Config):
         assert "--" + f.name.replace("_", "-") in text
@@ -637,7 +638,7 @@ def test_a_resumed_comparison_prints_its_plan(out, monkeypatch, capsys):
         train.main(TINY + ["--out", str(out), "--name", "plan", *args])
     monkeypatch.undo()
     cut = out / "plan"
-    cfg = train_cli.parse(["--resume", str(cut)], train.Config, train_cli.PRESETS)
+    cfg = parse_options.parse(["--resume", str(cut)], train.Config, train_cli.PRESETS)
     plan = runs.resume_plan(cfg, cut)
     assert plan == "\n".join([
         f"resuming {cut}, up to step 3:",
@@ -694,8 +695,8 @@ def test_the_hub_id_loads_the_unquantised_weights_from_a_mocked_hub(tmp_path):
     (snapshot.parent.parent / "refs" / "main").write_text("0123abcd")
     torch.save(model.state_dict(), tmp_path / "want.pt")
     code = (
-        "import json, torch, train\nfrom lab import train_cli\n"
-        f"cfg = train_cli.parse(['--preset', 'gpu', '--model', '{repo}', '--device', 'cpu', '--out', "
+        "import json, torch, train\nfrom lab import parse_options, train_cli\n"
+        f"cfg = parse_options.parse(['--preset', 'gpu', '--model', '{repo}', '--device', 'cpu', '--out', "
         f"'{tmp_path}'], train.Config, train_cli.PRESETS)\n"
         "model, tok, source = train_cli.load(cfg, torch.device('cpu'))\n"
         f"want = torch.load('{tmp_path / 'want.pt'}')\n"
@@ -748,7 +749,8 @@ def test_preflight_projects_the_run_and_stops_above_the_memory_limit(out, capsys
 
 
 def test_preflight_leaves_the_weights_as_they_were(out):
-    cfg = train_cli.parse(TINY + ["--out", str(out), "--compare", "otb:2,group_mean:4"], train.Config, train_cli.PRESETS)
+    cfg = parse_options.parse(TINY + ["--out", str(out), "--compare", "otb:2,group_mean:4"], train.Config,
+                              train_cli.PRESETS)
     model, tok, _ = train_cli.load(cfg, torch.device("cpu"))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     preflight.run(cfg, model, tok, out / "pf", train.train_step, train.score_estimate_update, train.make_estimator)

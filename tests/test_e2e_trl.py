@@ -24,7 +24,7 @@ import otb
 import rollout
 import tasks
 import train
-from lab import train_cli
+from lab import parse_options, train_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 HAS_TRL = importlib.util.find_spec("trl") is not None
@@ -66,7 +66,7 @@ def test_without_trl_the_benchmark_says_what_to_install(tmp_path):
 def setup(tmp_path_factory):
     """(model folder, tokenizer, task, cfg, dataset): the warmed-up tiny model, saved once."""
     out = tmp_path_factory.mktemp("runs")
-    cfg = train_cli.parse_config(TINY + ["--max-new-tokens", str(MAX_NEW), "--out", str(out)], train.Config,
+    cfg = parse_options.parse_config(TINY + ["--max-new-tokens", str(MAX_NEW), "--out", str(out)], train.Config,
                                  train_cli.PRESETS)
     task = tasks.make_task(cfg)
     _, tok, source = train_cli.load(cfg, torch.device("cpu"))

@@ -112,8 +112,8 @@ def test_each_log_line_shows_a_sampled_response_and_its_reward(out, capsys):
 
 
 def test_samples_are_on_by_default_for_the_tiny_model_only():
-    from lab import train_cli
-    parse = lambda *argv: train_cli.parse_config(list(argv), train.Config, train_cli.PRESETS)  # noqa: E731
+    from lab import parse_options, train_cli
+    parse = lambda *argv: parse_options.parse_config(list(argv), train.Config, train_cli.PRESETS)  # noqa: E731
     assert parse().show_samples and not parse("--no-show-samples").show_samples
     assert not parse("--model", "smollm2").show_samples  # a pretrained model's responses are long
     assert parse("--model", "smollm2", "--show-samples").show_samples

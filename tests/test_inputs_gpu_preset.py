@@ -11,7 +11,7 @@ import torch
 
 import train
 from lab import models
-from lab import train_cli
+from lab import parse_options, train_cli
 
 
 @pytest.mark.parametrize("preset", ["gpu", "gpu_tool"])
@@ -33,7 +33,7 @@ def test_an_explicit_device_runs_the_preset_there(device, tmp_path, monkeypatch,
     """--device cpu: the model loads on the CPU, with a note; --device auto stops (the test above)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(models, "load_model", lambda name, task, dev, **k: ("model", dev))
-    cfg = train_cli.parse(["--preset", "gpu", "--device", device, "--out", str(tmp_path)], train.Config,
+    cfg = parse_options.parse(["--preset", "gpu", "--device", device, "--out", str(tmp_path)], train.Config,
                           train_cli.PRESETS)
     if device == "auto":
         with pytest.raises(train_cli.UsageError, match="needs a CUDA GPU"):
@@ -46,7 +46,7 @@ def test_an_explicit_device_runs_the_preset_there(device, tmp_path, monkeypatch,
 def test_the_gpu_preset_samples_with_the_compiled_decoder_where_cuda_is_available():
     """On CUDA the compiled decode step (one CUDA-graph replay a step) is the preset's; elsewhere, where the
     preset runs as a smoke check, the plain loop; --compile-decode false turns it off on a GPU."""
-    parse = lambda *argv: train_cli.parse_config(list(argv), train.Config, train_cli.PRESETS)  # noqa: E731
+    parse = lambda *argv: parse_options.parse_config(list(argv), train.Config, train_cli.PRESETS)  # noqa: E731
     assert parse("--preset", "gpu").compile_decode == torch.cuda.is_available()
     assert parse("--preset", "gpu_tool").compile_decode == torch.cuda.is_available()
     assert parse("--preset", "gpu", "--compile-decode", "false").compile_decode is False

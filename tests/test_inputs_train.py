@@ -1,5 +1,5 @@
 """train.py's command line: a bad argument or a --resume that cannot work is one line naming the
-option, exit status 2, and nothing is created (train_cli.py checks them before any work)."""
+option, exit status 2, and nothing is created (lab/parse_options.py checks them before any work)."""
 import json
 import subprocess
 import sys

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import train
-from lab import models, train_cli
+from lab import models, parse_options, train_cli
 from tiny_runs import TINY
 
 ROOT = Path(train.__file__).resolve().parent
@@ -33,7 +33,7 @@ def test_a_negative_value_after_an_option_is_checked_like_any_other(tmp_path, ca
 
 
 def test_negative_values_parse_where_they_are_allowed():
-    cfg = train_cli.parse_config(["--compare", "otb:2,group_mean:2", "--seeds", "-1,0", "--token-budget", "99",
+    cfg = parse_options.parse_config(["--compare", "otb:2,group_mean:2", "--seeds", "-1,0", "--token-budget", "99",
                                   "--seed", "-3"], train.Config, train_cli.PRESETS)
     assert (cfg.seeds, cfg.seed) == ("-1,0", -3)
 

@@ -1,0 +1,267 @@
+"""How a command line becomes train.py's options: parsed, then checked before anything is created.
+
+lab/train_cli.py says what the options are (``Options``, ``PRESETS``) and what they mean; this file
+turns argv into a checked Config. lab/runs.py's ``start`` calls it first:
+
+    cfg = parse_options.parse(argv, Config, PRESETS, epilog=LOG_COLUMNS)
+
+1. ``parse_config``: HfArgumentParser turns the dataclass's fields into ``--options``; --preset is
+   read first and its defaults set under the options given (``--lr -1e-3`` is taken as
+   ``--lr=-1e-3``, so a negative value is checked rather than misread as an option);
+2. with --resume, ``resume_config``: the folder's stored config.json, with only the options a resume
+   may change (``RESUMABLE``) taken from the command line;
+3. otherwise ``check_mode``, so that no option is silently ignored (a single run's option given to a
+   comparison, or the reverse), and ``check``: what argparse's types and choices cannot check (ranges,
+   a comparison's entries and seeds, the pilot, the schedule, a horizon the task can draw and the model
+   can hold, folders that can be written).
+
+Whatever a user can get wrong is a ``UsageError`` naming the option, raised before a model is loaded
+or a folder made; lab/runs.py's ``errors_exit`` prints it as one line with exit status 2.
+"""
+import argparse
+import importlib.util
+import json
+import math
+import os
+import re
+from dataclasses import fields, replace
+from pathlib import Path
+
+from transformers import HfArgumentParser
+
+from lab import lr_schedule
+from lab import plumbing
+from lab.plumbing import UsageError
+from lab.train_cli import checkpoint_step, flag, pilot_rates, runs_of, schedule_kwargs, seed_list
+import otb
+import tasks
+
+NEEDS_A_GROUP = tuple(name for name in otb.ESTIMATORS if name != "reinforce")  # a baseline from the group: N >= 2
+RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device", "show_samples", "no_progress",
+             "report_to")  # options a resume may change
+AT_LEAST_1 = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "tiny_layers", "log_every",
+              "horizon", "max_new_tokens", "minibatch_size", "micro_batch_rows", "chunk_size", "lr_warmup_window",
+              "token_budget", "lr_pilot_budget")
+POSITIVE = ("lr", "temperature", "clip_eps", "max_grad_norm", "memory_limit")
+NOT_NEGATIVE = ("weight_decay", "warmup_max_steps", "checkpoint_minutes")
+
+
+# =====================================================================================
+# Parsing: the preset's defaults, then the options given; --resume takes the stored ones
+# =====================================================================================
+
+class Parser(HfArgumentParser):
+    def error(self, message):  # one line instead of usage + error
+        raise UsageError(message)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """argparse's help with the defaults (but no "default: None"), the epilog (the log line's columns)
+    as written."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def make_parser(config, presets, preset="cpu", epilog=None):
+    p = Parser(config, prog="train.py", usage="python train.py [options]  (all of them below)",
+               description=config.__doc__, epilog=epilog, allow_abbrev=False, formatter_class=HelpFormatter)
+    p.set_defaults(**presets[preset])
+    return p
+
+
+def parse_config(argv, config, presets, epilog=None):
+    """A ``config`` (the dataclass) from the command line: the preset's defaults, then the options."""
+    argv = negative_values_attached(argv)
+    preset = make_parser(config, presets, epilog=epilog).parse_known_args(argv)[0].preset  # --help: with epilog
+    cfg, rest = make_parser(config, presets, preset, epilog).parse_args_into_dataclasses(
+        argv, return_remaining_strings=True)
+    if rest:
+        raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
+    if cfg.model != "tiny" and "show_samples" not in given_options(argv):  # a pretrained model's responses are long
+        cfg = replace(cfg, show_samples=False)
+    if cfg.estimator:  # a single run: the preset's comparison settings (--compare, --seeds) do not apply
+        preset_only = [k for k in ("compare", "seeds", "lr_pilot") if getattr(cfg, k) == presets[preset].get(k)]
+        cfg = replace(cfg, **dict.fromkeys(preset_only))
+    return cfg
+
+
+def parse(argv, config, presets, epilog=None):
+    """The checked Config of a command line; with --resume, the stored one with the options given."""
+    cfg = parse_config(argv, config, presets, epilog)
+    if cfg.resume:
+        return resume_config(cfg, argv)
+    check_mode(cfg, given_options(argv))
+    check(cfg)
+    return cfg
+
+
+def negative_values_attached(argv):
+    """``--lr -1e-3`` as ``--lr=-1e-3``: argparse takes a value that starts with '-' and is not a plain
+    number (1e-3, -inf, 0,-1) for an option and says "expected one argument"; attached, the value is
+    checked like any other ("--lr -0.001: must be > 0")."""
+    out = []
+    for a in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and re.fullmatch(
+                r"-(\d|\.\d|inf|nan)[\w.,+-]*", a, re.IGNORECASE):
+            out[-1] += "=" + a
+        else:
+            out.append(a)
+    return out
+
+
+def given_options(argv):
+    """The Config fields named on the command line (--group-size 8 and --group-size=8: group_size;
+    --no-show-samples: show_samples)."""
+    names = {a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")}
+    return {"show_samples" if n == "no_show_samples" else n for n in names}
+
+
+def check_mode(cfg, given):
+    """No option is silently ignored: an option of a single run given to a comparison, or of a
+    comparison given to a single run, is a UsageError naming the form that does apply."""
+    if not cfg.estimator and "group_size" in given:
+        n = cfg.group_size
+        raise UsageError(f"--group-size applies to a single run (--estimator); a comparison takes each group "
+                         f"size from --compare, e.g. --compare otb:{n},group_mean:{n}")
+    if cfg.estimator and "results_dir" in given:
+        raise UsageError("--results-dir applies to a comparison only (without --estimator); a single run's "
+                         "metrics are in its own folder")
+    pilot = sorted({"lr_pilot_run", "lr_pilot_seed", "lr_pilot_budget"} & given)
+    if pilot and (cfg.estimator or not cfg.lr_pilot):
+        raise UsageError(f"{flag(pilot[0])} applies to a comparison's learning-rate pilot only: give it with "
+                         "--lr-pilot RATES and without --estimator")
+    if cfg.estimator and cfg.keep_weights:
+        raise UsageError("--keep-weights applies to a comparison only (without --estimator); a single run "
+                         "always keeps its checkpoint.pt")
+
+
+def resume_config(cfg, argv):
+    """The stored Config of the folder given to --resume, with the options a resume may change.
+    UsageError says what is missing or what cannot change."""
+    folder = Path(cfg.resume)
+    if not (folder / "config.json").exists():
+        raise UsageError(f"--resume: {folder} has no config.json, so it is not a run or comparison "
+                         "folder of train.py" + ("" if folder.is_dir() else " (no such folder)"))
+    given = given_options(argv) - {"resume"}
+    if given - set(RESUMABLE):
+        raise UsageError(f"{flag(sorted(given - set(RESUMABLE))[0])} cannot be changed when resuming (the "
+                         f"settings are in {folder / 'config.json'}); only "
+                         f"{', '.join(map(flag, RESUMABLE))} can")
+    stored = json.loads((folder / "config.json").read_text())["config"]
+    unknown = sorted(set(stored) - {f.name for f in fields(cfg)})
+    if unknown:
+        raise UsageError(f"--resume: {folder} was written by another version of train.py (settings "
+                         f"{', '.join(unknown)} are unknown here); start a new run")
+    stored = type(cfg)(**stored)
+    new = replace(stored, resume=cfg.resume, **{k: getattr(cfg, k) for k in given})
+    check(replace(new, name=None))
+    kind = "run" if stored.estimator else "comparison"
+    if new.steps != stored.steps and (kind == "comparison" or new.lr_schedule == "cosine"):
+        what = "a comparison" if kind == "comparison" else "a run with a cosine schedule"
+        raise UsageError(f"--steps: {what} cannot change its number of steps; start a new one")
+    if kind == "run":
+        ckpt = folder / "checkpoint.pt"
+        if not ckpt.exists():
+            raise UsageError(f"--resume: {folder} has no checkpoint.pt (it stopped before its first "
+                             "checkpoint); start it again")
+        done = checkpoint_step(ckpt, single=True)
+        if new.steps <= done:
+            raise UsageError(f"--resume: {folder} has already run {done} steps; give --steps larger than "
+                             f"{done} to extend it")
+    return new
+
+
+# =====================================================================================
+# Checks: what argparse's types and choices cannot check
+# =====================================================================================
+
+def check(cfg):
+    """Raises UsageError naming the option."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"{flag(f.name)} {value}: must be a finite number")
+        for names, ok, want in ((AT_LEAST_1, lambda x: x >= 1, ">= 1"), (POSITIVE, lambda x: x > 0, "> 0"),
+                                (NOT_NEGATIVE, lambda x: x >= 0, ">= 0")):
+            if f.name in names and value is not None and not ok(value):
+                raise UsageError(f"{flag(f.name)} {value}: must be {want}")
+    for name, ok, want in (("warmup_target", 0 < cfg.warmup_target < 1, "in (0, 1)"),
+                           ("target_success", 0 < cfg.target_success <= 1, "in (0, 1]"),
+                           ("tiny_hidden", cfg.tiny_hidden >= 8 and cfg.tiny_hidden % 8 == 0,
+                            "a multiple of 8 (4 heads of an even size)")):
+        if not ok:
+            raise UsageError(f"{flag(name)} {getattr(cfg, name)}: must be {want}")
+    if cfg.estimator and cfg.compare:
+        raise UsageError("--compare cannot be combined with --estimator: give --estimator for one run, "
+                         "--compare for a comparison")
+    blame = "--group-size" if cfg.estimator else "--compare"
+    for est, n in runs_of(cfg):
+        if n < 1 or (n == 1 and est in NEEDS_A_GROUP):
+            raise UsageError(f"{blame}: {est} with group size {n}: " + ("must be >= 1" if n < 1 else
+                             "a group baseline needs >= 2 responses per prompt (or use reinforce)"))
+        if cfg.minibatch_size and (cfg.prompts_per_step * n) % cfg.minibatch_size:
+            raise UsageError(f"--minibatch-size {cfg.minibatch_size} does not divide the batch "
+                             f"(prompts_per_step * group_size = {cfg.prompts_per_step * n})")
+    if cfg.seeds and (cfg.estimator or not cfg.token_budget):
+        raise UsageError(f"--seeds {cfg.seeds}: " + ("runs a comparison, not one --estimator" if cfg.estimator
+                         else "needs --token-budget (the budget B its endpoints are measured at)"))
+    if cfg.seeds:
+        seed_list(cfg)
+    if cfg.lr_pilot:
+        check_lr_pilot(cfg)
+    if cfg.zero_tail and not {"otb", "otb_tir"} & {est for est, _ in runs_of(cfg)}:
+        raise UsageError("--zero-tail applies to the estimators otb and otb_tir only (otb_loo is "
+                         "leave-one-out: no row is alone in its own baseline)")
+    try:
+        lr_schedule.check_args(**schedule_kwargs(cfg))
+    except ValueError as e:  # e.g. "floor=2.0 is invalid: ..." -> --lr-floor
+        raise UsageError(f"{flag('lr_' + str(e).split('=')[0])}: {e}") from None
+    try:
+        limit = tasks.response_limit(cfg, tasks.make_task(cfg))
+    except ValueError as e:  # a horizon the task cannot draw
+        raise UsageError(f"--horizon {cfg.horizon}: {e}") from None
+    if cfg.model == "tiny" and limit > 480:
+        raise UsageError(f"--horizon {cfg.horizon}: responses of up to {limit} "
+                         "tokens do not fit the tiny model's 512 positions (prompt included)")
+    if cfg.model == "tiny" and cfg.task in ("arithmetic", "count", "chat_calculator"):
+        raise UsageError(f"--task {cfg.task} needs a pretrained chat model (--model smollm2 or a folder); "
+                         "the tiny character model learns --task reverse, periodic or calculator")
+    if cfg.report_to == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+        raise UsageError("--report-to tensorboard needs the tensorboard package: pip install -r "
+                         "requirements-tensorboard.txt")
+    looks_like_path = cfg.model.startswith((".", "/", "~")) or os.sep + os.sep in cfg.model
+    if cfg.model not in ("tiny", "smollm2") and looks_like_path and not Path(cfg.model).expanduser().is_dir():
+        raise UsageError(f"--model: folder {cfg.model} does not exist")
+    for name in ("out", "results_dir"):
+        check_folder(name, getattr(cfg, name))
+    if cfg.name and (Path(cfg.out) / cfg.name).exists():
+        raise UsageError(f"--name: {Path(cfg.out) / cfg.name} already exists; choose another name or "
+                         "--resume it")
+
+
+def check_lr_pilot(cfg):
+    """--lr-pilot and its settings: a comparison's, a valid run, a budget, a seed the comparison does not use."""
+    pilot_rates(cfg)  # the rates themselves
+    if cfg.estimator:
+        raise UsageError(f"--lr-pilot {cfg.lr_pilot}: precedes a comparison, not one --estimator run")
+    est, _, n = cfg.lr_pilot_run.partition(":")
+    if est not in otb.ESTIMATORS or not n.isdigit() or int(n) < (2 if est in NEEDS_A_GROUP else 1):
+        raise UsageError(f"--lr-pilot-run {cfg.lr_pilot_run!r}: expected estimator:group_size (a group baseline "
+                         f"with group size >= 2), estimator in {sorted(otb.ESTIMATORS)}")
+    if not (cfg.lr_pilot_budget or cfg.token_budget):
+        raise UsageError("--lr-pilot needs --lr-pilot-budget or --token-budget (the pilot's default is a quarter of it)")
+    if cfg.seeds and cfg.lr_pilot_seed in seed_list(cfg):
+        raise UsageError(f"--lr-pilot-seed {cfg.lr_pilot_seed} is one of --seeds {cfg.seeds}: the rate would be "
+                         "chosen on a seed the comparison then reports")
+
+
+def check_folder(name, path):
+    """A folder we may create files in: it is one, or its first existing parent is a writable folder."""
+    if path is None:
+        return
+    if Path(path).exists() and not Path(path).is_dir():
+        raise UsageError(f"{flag(name)} {path}: is not a folder")
+    why = plumbing.unwritable(path)
+    if why:
+        raise UsageError(f"{flag(name)} {path}: cannot create a folder there ({why})")
