@@ -48,7 +48,6 @@ LOG_COLUMNS = """columns of the log line, [estimator N=group size] step k, then:
 
 
 UsageError = plumbing.UsageError  # a bad argument: printed as one line, exit status 2, nothing created
-pick_device = plumbing.pick_device  # auto: cuda, then mps, then cpu
 
 
 # =====================================================================================
