@@ -137,6 +137,43 @@ def test_dersimonian_laird_and_hartung_knapp_reproduce_raudenbush_2009_table_16_
     assert hk["t_df"] == 18 and hk["tau2"] == dl["tau2"]
 
 
+# 50 studies of a published meta-analysis (Cisneros et al. 2024, late adaptation, standardised mean
+# differences TE with standard errors seTE, as tabulated to 4 decimals), and what R's meta 8.2.1 printed
+# for them with metagen(..., method.tau = "DL", prediction = TRUE, method.predict = "HTS") (the
+# Higgins-Thompson-Spiegelhalter interval, df.predict = k - 2 = 48) and with method.random.ci = "HK":
+# recorded in the public fixture validation/fixtures/r_reference.json of github.com/ShadowCoder1/autometa
+# (key cisneros_late, "DL" and "DL_HK"). Computed by R, not by this project.
+CISNEROS_TE = [-0.1941, 0.3245, 0.1704, -1.676, -0.4374, -0.5739, -1.8986, -0.4022, -1.0348, 0.2493, -0.1983,
+               -0.06641, -0.374, -0.294, -0.24, -0.8561, -0.1907, 0.0521, -0.5357, -0.1462, -0.492, -0.9365,
+               -0.3533, -0.37879, -0.6793, -0.6798, -1.685, -2.374, -0.6544, -0.6479, -0.7915, -1.1575, 0.1466,
+               -0.2582, 0.6418, 0.913, -1.067, -0.7166, 0.654, -1.275, -0.6893, -1.3985, -0.624, -0.224, -2.62,
+               0.0369, 0.1389, -0.346, 0.0428, -1.7101]
+CISNEROS_SE = [0.3212, 0.3285, 0.3443, 0.4801, 0.6418, 0.2478, 0.3839, 0.2566, 0.3336, 0.3175, 0.3094, 0.3179,
+               0.137, 0.2596, 0.351, 0.4037, 0.4275, 0.2858, 0.4405, 0.2212, 0.2873, 0.334, 0.3361, 0.3364,
+               0.4054, 0.4613, 0.4547, 0.5126, 0.3004, 0.2281, 0.2642, 0.4307, 0.3387, 0.3445, 0.3883, 0.3436,
+               0.5392, 0.518, 0.4854, 0.5225, 0.3345, 0.3639, 0.3242, 0.461, 0.399, 0.2928, 0.2711, 0.4633,
+               0.3163, 0.3006]
+
+
+def test_prediction_interval_reproduces_r_meta_on_a_published_meta_analysis():
+    assert len(CISNEROS_TE) == len(CISNEROS_SE) == 50
+    dl = stats.random_effects(CISNEROS_TE, CISNEROS_SE)  # meta: tau2, TE.random, seTE.random, Q
+    assert (dl["tau2"], dl["mean"], dl["se"], dl["Q"]) == pytest.approx(
+        (0.2793804883534, -0.516382353913, 0.09044342871575, 179.059081042789), rel=1e-9)
+    assert (dl["lo"], dl["hi"], dl["I2"]) == pytest.approx((-0.6936482168342, -0.3391164909918, 0.7263473055115),
+                                                           rel=1e-9)
+    hk = stats.hartung_knapp(CISNEROS_TE, CISNEROS_SE)  # meta's DL_HK: seTE.random, lower/upper.random
+    assert (hk["se"], hk["lo"], hk["hi"]) == pytest.approx((0.09979069195591, -0.7169192573636, -0.3158454504624),
+                                                           rel=1e-9)
+    published = (-1.594578568019, 0.5618138601935)  # lower.predict, upper.predict
+    assert stats.prediction_interval(CISNEROS_TE, CISNEROS_SE) == pytest.approx(published, rel=1e-9)
+    # The variants it is not: t with k - 1 degrees of freedom (meta >= 8's default) or the normal quantile
+    # (metafor's default) miss the printed interval by far more than its 13 digits.
+    scale = math.sqrt(dl["tau2"] + dl["se"] ** 2)
+    for q in (stats.t_quantile(0.975, 49), NormalDist().inv_cdf(0.975)):
+        assert abs(dl["mean"] - q * scale - published[0]) > 1e-4
+
+
 def test_hartung_knapp_with_equal_weights_is_the_t_interval_of_the_mean():
     # Equal se and tau^2 > 0: every w*_s is equal, mu is the plain mean and q / sum w* = s^2 / k,
     # so (6') is exactly mean_interval's t interval.
