@@ -34,9 +34,9 @@ from tqdm.auto import tqdm
 from lab import models, plumbing
 from lab.plumbing import pick_device
 import tasks
-from lab.parse_options import parse
-from lab.train_cli import (LOG_COLUMNS, PRESETS, UsageError, applied, checkpoint_step, load, read_checkpoint,
-                           run_name, runs_of, seed_list, tiny_settings)
+from lab.parse_options import given_options, parse
+from lab.train_cli import (LOG_COLUMNS, PRESETS, UsageError, applied, checkpoint_step, for_device, load,
+                           read_checkpoint, run_name, runs_of, seed_list, tiny_settings)
 
 # Signals that stop a run as Ctrl-C does: SIGTERM (`timeout`, a cluster's preemption) and SIGHUP (the
 # terminal was closed; Windows has none). One that is ignored when train.py starts (nohup) stays ignored.
@@ -331,6 +331,7 @@ def start(argv, config):
             sys.exit(0)
         plan = resume_plan(cfg, cfg.resume) if cfg.resume else ""  # what is kept, continued, redone
         device = pick_device(cfg.device)
+        cfg = for_device(cfg, device, given_options(argv))
         folder, stored = run_folder(cfg, command)  # a new folder, or --resume's (and its first command)
         print(header(cfg, folder, command, device), flush=True)
         cache = tiny_cache_folder(cfg)

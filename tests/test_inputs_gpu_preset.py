@@ -3,7 +3,7 @@
 --preset gpu and gpu_tool on a machine where --device auto finds no CUDA (no GPU, or a driver that
 does not match the installed CUDA wheel) stop before anything is loaded or created: one line, exit
 status 2. Given --device cpu explicitly, they run there (the tests of the preset do exactly that).
-Where CUDA is available they sample with the compiled decoder; elsewhere with the plain loop.
+On CUDA they sample with the compiled decoder; on any other device with the plain loop.
 """
 
 import pytest
@@ -11,7 +11,7 @@ import torch
 
 import train
 from lab import models
-from lab import parse_options, train_cli
+from lab import parse_options, runs, train_cli
 
 
 @pytest.mark.parametrize("preset", ["gpu", "gpu_tool"])
@@ -43,11 +43,31 @@ def test_an_explicit_device_runs_the_preset_there(device, tmp_path, monkeypatch,
     assert "note: --preset gpu is sized for one CUDA GPU" in capsys.readouterr().err
 
 
-def test_the_gpu_preset_samples_with_the_compiled_decoder_where_cuda_is_available():
-    """On CUDA the compiled decode step (one CUDA-graph replay a step) is the preset's; elsewhere, where the
-    preset runs as a smoke check, the plain loop; --compile-decode false turns it off on a GPU."""
-    parse = lambda *argv: parse_options.parse_config(list(argv), train.Config, train_cli.PRESETS)  # noqa: E731
-    assert parse("--preset", "gpu").compile_decode == torch.cuda.is_available()
-    assert parse("--preset", "gpu_tool").compile_decode == torch.cuda.is_available()
-    assert parse("--preset", "gpu", "--compile-decode", "false").compile_decode is False
-    assert parse("--preset", "gpu", "--compile-decode").compile_decode is True
+def test_the_gpu_preset_samples_with_the_compiled_decoder_on_cuda_only():
+    """On CUDA the compiled decode step (one CUDA-graph replay a step) is the preset's; on any other
+    device, where the preset runs as a smoke check, the plain loop; a given --compile-decode wins on both."""
+    def on(device, *argv):
+        cfg = parse_options.parse_config(list(argv), train.Config, train_cli.PRESETS)
+        return train_cli.for_device(cfg, torch.device(device), parse_options.given_options(list(argv))).compile_decode
+    for preset in ("gpu", "gpu_tool"):
+        assert on("cuda", "--preset", preset) is True and on("cpu", "--preset", preset) is False
+        assert on("mps", "--preset", preset) is False
+    assert on("cuda", "--preset", "gpu", "--compile-decode", "false") is False
+    assert on("cpu", "--preset", "gpu", "--compile-decode") is True
+    assert on("cuda") is False and on("cuda", "--compile-decode") is True  # without a preset: off unless given
+
+
+def test_a_gpu_preset_run_on_the_cpu_records_the_plain_loop(tmp_path, monkeypatch):
+    """train.py --preset gpu --device cpu: the resolved option is the one the run uses and stores."""
+    class Loaded(Exception):
+        pass
+
+    def load(cfg, device):  # where the model would load: the options as the run holds them
+        seen.append(cfg)
+        raise Loaded
+
+    seen = []
+    monkeypatch.setattr(runs, "load", load)
+    with pytest.raises(Loaded):
+        runs.start(["--preset", "gpu", "--device", "cpu", "--out", str(tmp_path)], train.Config)
+    assert seen[0].compile_decode is False and seen[0].preset == "gpu"
