@@ -8,6 +8,7 @@ that following one training step never leads into it:
     parse_options how a command line becomes those options: parsed, checked, or read back by --resume
     runs          the run folder around training: checkpoints, Ctrl-C / SIGTERM, --resume
     progress      what a run shows while it runs: its progress bar and a comparison's time left
+    logbook       what a step logs: the metrics.jsonl row, the readable line, a run's summary row
     models        the tiny character-level Llama, its cached supervised warm-up, pretrained loading
     compare       a comparison's runs, its table and plot, paired seeds, the learning-rate pilot
     preflight     one step at the largest shape: memory, time and disk of the whole run

@@ -133,3 +133,10 @@ def test_the_readme_file_tree_names_every_module():
     for name in sorted({p.name for p in ROOT.glob("*.py")} | {f"lab/{p.name}" for p in (ROOT / "lab").glob("*.py")}):
         if name != "lab/__init__.py":
             assert re.search(rf"(^|\s){re.escape(name.split('/')[-1])}\s", readme, re.M), name
+
+
+def test_the_package_map_names_every_module_of_lab():
+    import lab
+    for path in sorted((ROOT / "lab").glob("*.py")):
+        if path.name != "__init__.py":
+            assert re.search(rf"^    {re.escape(path.stem)}\s", lab.__doc__, re.M), path.name
