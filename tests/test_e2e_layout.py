@@ -8,7 +8,7 @@ in lab/, imports that run one way, a traced reading path that stays short, and d
 - docs/reading_guide.md is what ``python benchmarks/reading_guide.py`` writes from a trace of one default
   training step, and the traced total stays within its ceiling;
 - every relative link in README.md and docs/*.md points at a file that exists, and the README's
-  file tree names every module at the root and in lab/.
+  file tree names every module at the root and in lab/, as lab/__init__.py's map does for lab/.
 """
 import ast
 import re
