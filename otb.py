@@ -322,7 +322,7 @@ def _group_sum(x, gid, n_groups):
     return torch.zeros((n_groups, *x.shape[1:]), dtype=x.dtype, device=x.device).index_add_(0, gid, x)
 
 
-def _working_dtype(x):
+def _working_dtype(x):  # float64 stays float64; any other dtype is computed in float32
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 

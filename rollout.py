@@ -111,7 +111,7 @@ class PlainDecoder:
     """The default forward passes of ``sample``: a prefill over the prompts fills the KV cache, then
     each ``step`` feeds one token and the cache grows by one column."""
 
-    def __init__(self, model):
+    def __init__(self, model):  # the model, and what its forward calls the KV cache
         self.model, self.cache_arg = model, cache_name(model)
 
     def prefill(self, ids, mask, pos, max_new_tokens):

@@ -82,15 +82,15 @@ class ReverseTask(Task):
     horizon: int = 8
     alphabet: str = "abcdefgh"
 
-    def draw(self, rng):
+    def draw(self, rng):  # (question, answer): a random string and its reverse
         length = rng.randint(max(1, self.horizon // 2), self.horizon)
         s = "".join(rng.choice(self.alphabet) for _ in range(length))
         return s, s[::-1]
 
-    def prompt_text(self, tokenizer, question):
+    def prompt_text(self, tokenizer, question):  # the BOS token, the string, then "="
         return f"{tokenizer.bos_token}{question}="
 
-    def reward(self, text, answer, finished):
+    def reward(self, text, answer, finished):  # 1 if the row ended (EOS) on exactly the answer, else 0
         return float(bool(finished) and text == answer)
 
     def max_new_tokens(self):

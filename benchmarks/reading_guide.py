@@ -14,7 +14,8 @@ not tests/ or benchmarks/), and add up
 A function's span runs from its first line (a decorator's, if any) to its last; a function nested
 in another one, a lambda or a comprehension falls inside its parent's span and adds nothing more.
 The guide lists the path in reading order (the order in which each function is first entered), with
-the first sentence of each docstring, so a reader can follow the step with the guide beside them.
+the first sentence of each docstring (of a short function without one, the comment on its def line),
+so a reader can follow the step with the guide beside them.
 """
 import argparse
 import ast
@@ -117,6 +118,9 @@ def measure(entered):
         if not isinstance(node, ast.Lambda):
             summary = (ast.get_docstring(node) or "").split("\n\n")[0].replace("\n", " ")
             summary = re.split(r"(?<!\beq)\.\s+(?=[A-Z])", summary)[0].rstrip(".")  # "eq. (5)" ends nothing
+            if not summary:  # a short function without a docstring says what it does in a comment on its def line
+                line = (ROOT / rel).read_text().splitlines()[node.lineno - 1]
+                summary = line.partition("  # ")[2].strip()
         path.append((rel, name, first, last, summary))
     per_file = {str(rel): len(ls) for rel, ls in lines.items()}
     return sum(per_file.values()), per_file, path
