@@ -93,20 +93,22 @@ def spans(rel):
     return found, tree
 
 
-def docstring_lines(tree):
-    """The line numbers of a parsed module's docstring (none without one)."""
-    doc = tree.body[0] if tree.body and isinstance(tree.body[0], ast.Expr) else None
+def docstring_lines(node):
+    """The line numbers of a parsed module's or function's docstring (none without one)."""
+    body = node.body if isinstance(getattr(node, "body", None), list) else []  # a lambda's body is one expression
+    doc = body[0] if body and isinstance(body[0], ast.Expr) else None
     is_doc = doc is not None and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)
     return set(range(doc.lineno, doc.end_lineno + 1)) if is_doc else set()
 
 
 def measure(entered):
     """(total lines, per-file lines, path): the path is [(file, name, first, last, summary)]."""
-    lines, path = {}, []
+    lines, path, parsed = {}, [], {}
     for rel, first, name in entered:
-        found, tree = spans(rel)
-        if rel not in lines:
-            lines[rel] = docstring_lines(tree)
+        if rel not in parsed:  # each file read and parsed once
+            parsed[rel] = (*spans(rel), (ROOT / rel).read_text().splitlines())
+            lines[rel] = docstring_lines(parsed[rel][1])
+        found, _, source = parsed[rel]
         if first not in found:  # a module body or class body: not a function on the path
             continue
         last, node = found[first]
@@ -119,8 +121,7 @@ def measure(entered):
             summary = (ast.get_docstring(node) or "").split("\n\n")[0].replace("\n", " ")
             summary = re.split(r"(?<!\beq)\.\s+(?=[A-Z])", summary)[0].rstrip(".")  # "eq. (5)" ends nothing
             if not summary:  # a short function without a docstring says what it does in a comment on its def line
-                line = (ROOT / rel).read_text().splitlines()[node.lineno - 1]
-                summary = line.partition("  # ")[2].strip()
+                summary = source[node.lineno - 1].partition("  # ")[2].strip()
         path.append((rel, name, first, last, summary))
     per_file = {str(rel): len(ls) for rel, ls in lines.items()}
     return sum(per_file.values()), per_file, path
@@ -128,14 +129,8 @@ def measure(entered):
 
 def function_docstring_lines(path):
     """How many of the path's lines are the docstrings of its functions."""
-    n = 0
-    for rel, name, first, last, summary in path:
-        found, _ = spans(rel)
-        body = getattr(found[first][1], "body", [])
-        doc = body[0] if isinstance(body, list) and body and isinstance(body[0], ast.Expr) else None
-        if doc is not None and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str):
-            n += doc.end_lineno - doc.lineno + 1
-    return n
+    found = {rel: spans(rel)[0] for rel in {p[0] for p in path}}  # each file parsed once
+    return sum(len(docstring_lines(found[rel][first][1])) for rel, _, first, _, _ in path)
 
 
 def render(total, per_file, path):
