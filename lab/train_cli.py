@@ -170,6 +170,7 @@ PRESETS = {
 # 100,000 tokens is about 150 steps of 8 prompts x 4; not yet run on a GPU (docs/tool_use.md)
 PRESETS["gpu_tool"] = {**PRESETS["gpu"], "task": "chat_calculator", "token_budget": 100_000, "steps": 400,
                        "compare": "otb_tir:4,otb:4,group_mean:4,rloo:4", "seeds": "0,1,2"}  # no power calculation yet
+GPU_PRESETS = ("gpu", "gpu_tool")  # sized for one CUDA GPU: no silent CPU (load), the compiled decoder (for_device)
 
 
 def for_device(cfg, device, given):
@@ -177,7 +178,7 @@ def for_device(cfg, device, given):
     its CUDA graph replaces ~1,100 launches a token; elsewhere, where the preset runs as a smoke check
     and compiling SmolLM2 on a CPU takes about a minute per batch size, with the plain loop, unless
     --compile-decode is among ``given`` (the options given on the command line)."""
-    if cfg.preset in ("gpu", "gpu_tool") and device.type != "cuda" and "compile_decode" not in given:
+    if cfg.preset in GPU_PRESETS and device.type != "cuda" and "compile_decode" not in given:
         return replace(cfg, compile_decode=False)
     return cfg
 
@@ -263,7 +264,7 @@ def load(cfg, device):
     """(model, tokenizer, source) for cfg; a problem the user can fix is a UsageError."""
     task = tasks.make_task(cfg)
     tiny = dict(tiny_settings(cfg), progress=not cfg.no_progress)
-    if cfg.preset in ("gpu", "gpu_tool") and device.type != "cuda":
+    if cfg.preset in GPU_PRESETS and device.type != "cuda":
         if cfg.device == "auto":  # no silent CPU: a driver that does not match the CUDA wheel lands here
             raise UsageError(f"--preset {cfg.preset} needs a CUDA GPU and --device auto found none (torch "
                              f"{torch.__version__}, built for CUDA {torch.version.cuda}); to run it on {device} "
