@@ -47,27 +47,18 @@ Departures and choices (all matching the widely used verl implementation unless 
 - The row's own return is inside its baseline (6), so the gradient is biased, as with GRPO's
   mean, but the row weighs W_t^i / sum_j W_t^j m_t^j in it, not 1/N (up to 1 where it runs alone):
   on the toy the bias falls much more slowly than 1/N (docs/toy_bandit.md).
-  ``leave_one_out=True`` drops the row's own term: unbiased; B = 0 where no other row of the
-  group is active. (This variant is ours; verl has no leave-one-out OTB.)
 - Singleton groups get B = 0 (the advantage is the return itself).
-- Importance weights rho_t (``is_weights``) multiply w_t by rho_t^2.
-- ``zero_tail=True``: where only one row of a group is still active, B = 0 instead of its own
-  return (advantage ~ 0). verl 0.9.1 always runs with it on (``handle_zero_tail=True``); here it is
-  off by default (why: docs/toy_bandit.md, docs/variance.md); ``otb_zero_tail`` is verl's behaviour.
 - w_t is clamped to [0, 2]: rounding can push (7) a hair below 0 for confident tokens.
 - sum pi^2 is computed in float32 even for bf16 logits (float64 stays float64): in bf16 the
   difference in (7) can go negative.
 
-How the code computes (6): the mask m multiplies, as in the formula (padding that holds NaN or
-another value out of range is set to 0 first, so that 0 * NaN never happens). Each equation is
-one line over the whole batch: G_t and W_t row by row, the sums over each group with
-``_group_sum`` (no loop over groups), then each row's B_t and A_t.
+How the code computes (6): each equation is one line over the whole batch, the mask m multiplying
+as in the formula (padding out of range is set to 0 first, so 0 * NaN never happens) and the sums
+over each group taken by ``_group_sum``, without a loop over groups.
 
-Bad input raises a ValueError naming the argument (the rules: "Input checks" at the end of the
-file). The forward-only variance diagnostics built on (7) live in ``lab/diagnostics.py``.
-
-Tool output inside a response (holes, m_t = 0 inside a row) is handled by ``action_aligned_otb``,
-which applies (1)-(6) over the policy's own tokens (eq. 8 in its docstring).
+The variants (leave-one-out, zero tail, importance weights, tool output inside a response) are
+explained beside ``ESTIMATORS``; bad input raises a ValueError naming the argument ("Input checks"
+at the end of the file); the forward-only variance diagnostics built on (7): ``lab/diagnostics.py``.
 """
 import math
 import numbers
@@ -125,8 +116,7 @@ def _not_finite(spp):
 
 def token_energy(log_probs, sum_pi_sq):
     """w_t = 1 - 2 pi(y_t) + sum_k pi_k^2, eq. (7), clamped to [0, 2]. Both inputs the same shape."""
-    if not (isinstance(log_probs, torch.Tensor) and isinstance(sum_pi_sq, torch.Tensor)
-            and log_probs.shape == sum_pi_sq.shape):
+    if not all(isinstance(v, torch.Tensor) for v in (log_probs, sum_pi_sq)) or log_probs.shape != sum_pi_sq.shape:
         log_probs, sum_pi_sq = _energy_inputs(log_probs, sum_pi_sq)  # lists as tensors, or the error
     dtype = torch.float64 if torch.float64 in (log_probs.dtype, sum_pi_sq.dtype) else torch.float32
     pi_y = log_probs.to(dtype).exp()  # pi(y_t)
@@ -162,23 +152,28 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
         w = w * isw.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
     G = (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, eq. (1): reverse cumulative sum, (B, T)
     W = (w * m).cumsum(-1) * m  # W_t m_t, eq. (3): cumulative sum, (B, T)
-    # "Group total minus own term" (leave-one-out) cancels badly in float32 when one row's energy
-    # dwarfs the others', so its group sums are taken in float64.
-    acc = torch.float64 if leave_one_out else m.dtype
-    num = _group_sum((G * W).to(acc), gid, n_groups)  # sum_i G_t W_t m_t, (groups, T)
-    den = _group_sum(W.to(acc), gid, n_groups)  # sum_i W_t m_t, (groups, T)
-    active = _group_sum(m.to(acc), gid, n_groups) if zero_tail or leave_one_out else None  # sum_i m_t
-
-    if leave_one_out:  # eq. (6) over the *other* rows j != i of the group, (B, T)
-        num_i, den_i = num[gid] - G * W, (den[gid] - W).clamp(min=0.0)  # sum_{j != i} G W m, W m
-        B = torch.where(active[gid] - m > 0, num_i / (den_i + eps), 0.0)  # no other row active: B = 0
+    if leave_one_out:
+        B = _leave_one_out_baseline(G, W, m, gid, n_groups, eps)  # eq. (6) over the other rows j != i, (B, T)
     else:  # eq. (6) over all rows of the group: one B_t per group, (groups, T)
+        num = _group_sum(G * W, gid, n_groups)  # sum_i G_t W_t m_t, (groups, T)
+        den = _group_sum(W, gid, n_groups)  # sum_i W_t m_t, (groups, T)
         keep = (torch.bincount(gid, minlength=n_groups) > 1)[:, None]  # singleton groups: B = 0
         if zero_tail:
-            keep = keep & (active > 1)  # only one row left at t: B = 0
+            keep = keep & (_group_sum(m, gid, n_groups) > 1)  # only one row left at t (sum_i m_t = 1): B = 0
         B = torch.where(keep, num / (den + eps), 0.0)[gid]  # each row gets its group's B_t, (B, T)
     A = (G - B.to(m.dtype)) * m  # A_t, eq. (5), 0 on padding
     return A, G
+
+
+def _leave_one_out_baseline(G, W, m, gid, n_groups, eps):
+    """Eq. (6) over the *other* rows j != i of each row's group, (B, T); B = 0 where no other row is
+    active. "Group total minus own term" cancels badly in float32 when one row's energy dwarfs the
+    others', so the sums are taken in float64."""
+    GW, W, m = (G * W).double(), W.double(), m.double()  # G_t W_t m_t, W_t m_t, m_t, (B, T) each
+    num_i = _group_sum(GW, gid, n_groups)[gid] - GW  # sum_{j != i} G_t W_t m_t
+    den_i = (_group_sum(W, gid, n_groups)[gid] - W).clamp(min=0.0)  # sum_{j != i} W_t m_t
+    others = _group_sum(m, gid, n_groups)[gid] - m  # active rows besides row i
+    return torch.where(others > 0, num_i / (den_i + eps), 0.0)
 
 
 # =====================================================================================
@@ -266,7 +261,15 @@ def action_aligned_otb(token_rewards, response_mask, group_index, log_probs, sum
     return A, G
 
 
-# One string picks the estimator in a training loop; all take the same keyword arguments.
+# One string picks the estimator in a training loop; all take the same keyword arguments. The OTB variants:
+# - ``leave_one_out=True`` (otb_loo) drops the row's own term from its baseline (6): unbiased; B = 0 where
+#   no other row of the group is active. (This variant is ours; verl has no leave-one-out OTB.)
+# - ``zero_tail=True``: where only one row of a group is still active, B = 0 instead of its own return
+#   (advantage ~ 0). verl 0.9.1 always runs with it on (``handle_zero_tail=True``); here it is off by
+#   default (why: docs/toy_bandit.md, docs/variance.md); ``otb_zero_tail`` is verl's behaviour.
+# - ``is_weights``: importance weights rho_t multiply w_t by rho_t^2.
+# - ``otb_tir`` (``action_aligned_otb``): tool output inside a response (holes, m_t = 0 inside a row);
+#   (1)-(6) over the policy's own tokens, eq. (8).
 ESTIMATORS = {
     "reinforce": reinforce,
     "group_mean": group_mean,
