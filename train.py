@@ -83,15 +83,14 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     t0 = time.perf_counter()
     # ---- rollout: N responses to each prompt, and their rewards
     prompts, answers = tasks.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
-    seed = tasks.step_seed(cfg.seed, step)
-    gen = torch.Generator().manual_seed(seed)  # the minibatch order
-    # the sampler's draws: on a GPU there (a CPU generator would copy (B, V) probabilities every token)
-    draw_gen = gen if device.type != "cuda" else torch.Generator(device).manual_seed(seed)
+    # the sampler's draws, then the minibatch order: on a GPU there (a CPU generator would copy the (B, V)
+    # probabilities to the host every token)
+    gen = torch.Generator(device if device.type == "cuda" else "cpu").manual_seed(tasks.step_seed(cfg.seed, step))
     if sampler is not model:
         sampler.load_state_dict(model.state_dict())  # cast to the rollout dtype on copy
     with autocast(device):
         ro = rollout.sample(sampler, prompts, group_size=cfg.group_size, temperature=cfg.temperature,
-                            max_new_tokens=tasks.response_limit(cfg, task), generator=draw_gen,
+                            max_new_tokens=cfg.max_new_tokens or task.max_new_tokens(), generator=gen,
                             eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, tool=task.tool(tok),  # tool: None
                             stop=task.stop_rule(tok, answers, cfg.group_size),  # None: a row ends at EOS
                             decoder=fast_decode.decoder(sampler, "compiled") if cfg.compile_decode else None)
@@ -109,7 +108,8 @@ def score_estimate_update(cfg, model, opt, ro, R, token_rewards, estimator, gen,
     # optimizer step takes the whole batch, its graph is kept and the update uses it as its forward.
     keep_graph = one_update_per_batch(cfg, len(m))
     with torch.set_grad_enabled(keep_graph):
-        parts = [score_rows(model, cfg, ro, rows) for rows in micro_batches(cfg, len(m), device)]
+        blocks = torch.arange(len(m), device=device).split(cfg.micro_batch_rows or len(m))  # row indices
+        parts = [score_rows(model, cfg, ro, rows) for rows in blocks]
     logp, sum_pi_sq, entropy = (torch.cat(x) for x in zip(*parts))  # (B, T) each
     old_logp = logp.detach()  # log pi_old(y_t), (B, T)
     # ---- estimate: the one line that differs between configurations
@@ -123,18 +123,14 @@ def score_estimate_update(cfg, model, opt, ro, R, token_rewards, estimator, gen,
 
 
 def policy_update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
-    """The policy-gradient step(s), identical for every estimator: (grad norms, clip fraction, loss).
-
-    A minibatch's loss is -(1 / sum m) sum_{i,t} m min(rho A, clip(rho, 1 - eps, 1 + eps) A). With one
-    epoch and one minibatch rho == 1, and ``logp`` (the scoring pass's, with its graph) is the forward.
-    With --micro-batch-rows the rows run a block at a time, each block's sum divided by the whole
-    minibatch's sum m: the gradients add up to the minibatch's own.
-    """
+    """The policy-gradient step(s) on the loss L of the module docstring, identical for every estimator:
+    (grad norms, clip fraction, loss). When one update takes the whole batch in one pass (rho == 1),
+    ``logp``, the scoring pass's with its graph, is the forward."""
     B = adv.shape[0]
     size = cfg.minibatch_size or B
     norms, clipped, losses = [], [], []
     for _ in range(cfg.ppo_epochs):
-        order = torch.randperm(B, generator=generator) if size < B else torch.arange(B)
+        order = torch.randperm(B, generator=generator, device=generator.device) if size < B else torch.arange(B)
         for idx in order.to(adv.device).split(size):
             n_tokens = ro.response_mask[idx].sum()  # sum m over the whole minibatch
             opt.zero_grad(set_to_none=True)
@@ -172,9 +168,10 @@ class StepResult:
 
 
 def score_rows(model, cfg, ro, rows):
-    """rollout.score of the batch's rows ``rows``, in the step's precision (``autocast``) and with
-    --activation-checkpointing if it is on: (logp, sum_pi_sq, entropy), (b, T) each."""
-    with autocast(ro.response.device), checkpointing(model, cfg):
+    """rollout.score of the batch's rows ``rows`` in the step's precision (``autocast``), each layer recomputed
+    in the backward with --activation-checkpointing: (logp, sum_pi_sq, entropy), (b, T) each."""
+    recompute = RecomputeLayers(model) if cfg.activation_checkpointing else nullcontext()
+    with autocast(ro.response.device), recompute:
         return rollout.score(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response[rows],
                              ro.response_mask[rows], cfg.temperature, cfg.chunk_size)
 
@@ -182,17 +179,6 @@ def score_rows(model, cfg, ro, rows):
 def one_update_per_batch(cfg, batch):
     """One optimizer step on the whole batch in one pass: the scoring pass's graph is then the update's."""
     return cfg.ppo_epochs == 1 and min(cfg.minibatch_size or batch, cfg.micro_batch_rows or batch) >= batch
-
-
-def micro_batches(cfg, batch, device="cpu"):
-    """The row indices 0..batch-1 in blocks of --micro-batch-rows (one block without it)."""
-    return torch.arange(batch, device=device).split(cfg.micro_batch_rows or batch)
-
-
-def checkpointing(model, cfg):
-    """The context of a forward pass with its graph: with --activation-checkpointing, each layer is
-    recomputed in the backward (``RecomputeLayers``); without it, nothing changes."""
-    return RecomputeLayers(model) if cfg.activation_checkpointing else nullcontext()
 
 
 class RecomputeLayers:
@@ -239,7 +225,8 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
     task = tasks.make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    checkpointing(model, cfg)  # enabled before the first rollout: a compiled decode step is traced once
+    if cfg.activation_checkpointing:
+        RecomputeLayers(model)  # enabled before the first rollout: a compiled decode step is traced once
     sampler = train_cli.sampler(cfg, model)  # the model, or its copy in --rollout-dtype
     start, tokens, lengths, history = runs.load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])
     runs.write_metrics(run_dir, history)  # a resumed run drops the lines logged after its checkpoint

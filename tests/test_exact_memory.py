@@ -52,10 +52,9 @@ def gradient(model, cfg, ro, adv):
         p.grad = None
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     one_pass = train.one_update_per_batch(cfg, len(adv))
-    with torch.set_grad_enabled(one_pass), train.checkpointing(model, cfg):
-        scored = [rollout.score(model, ro.prompt_ids[r], ro.prompt_mask[r], ro.response[r], ro.response_mask[r],
-                                cfg.temperature, cfg.chunk_size)
-                  for r in train.micro_batches(cfg, len(adv))]
+    rows = torch.arange(len(adv)).split(cfg.micro_batch_rows or len(adv))  # the micro-batches
+    with torch.set_grad_enabled(one_pass):
+        scored = [train.score_rows(model, cfg, ro, r) for r in rows]
     logp, spp, ent = (torch.cat(x) for x in zip(*scored))
     _, _, loss = train.policy_update(model, opt, cfg, ro, logp.detach(), adv, torch.Generator(),
                               logp=logp if one_pass else None)
@@ -130,8 +129,8 @@ def test_activation_checkpointing_keeps_only_the_layer_inputs():
                 sizes[t.data_ptr()] = t.numel()
             return t
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with train.checkpointing(model, cfg):
-                rollout.score(model, ro.prompt_ids, ro.prompt_mask, ro.response, ro.response_mask, 1.0, 3)
+            cfg = dataclasses.replace(cfg, temperature=1.0, chunk_size=3)
+            train.score_rows(model, cfg, ro, torch.arange(len(ro.response)))
         return sum(sizes.values())
     plain = saved(train.Config())
     assert saved(dataclasses.replace(train.Config(), activation_checkpointing=True)) < plain / 3
