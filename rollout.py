@@ -240,11 +240,9 @@ def action_mask(tool, response):
 # =====================================================================================
 
 def score(model, prompt_ids, prompt_mask, response, response_mask, temperature, chunk_size=None):
-    """log pi_tau(y_t), sum_k pi_k^2 and entropy of every response token, from one forward pass.
-
-    Returns (logp, sum_pi_sq, entropy), each (B, T) float32 and 0 on padding; only ``logp`` keeps
-    its graph (the loss differentiates it). The float32 LM head runs ``chunk_size`` positions at a
-    time (None: all at once), each chunk recomputed in the backward (the module docstring, item 2).
+    """log pi_tau(y_t), sum_k pi_k^2 and entropy of every response token, from one forward pass:
+    (logp, sum_pi_sq, entropy), each (B, T) float32 and 0 on padding; only ``logp`` keeps its graph.
+    ``chunk_size``: positions per run of the float32 LM head (None: all; the module docstring, item 2).
     Every position is attended to, whatever its mask: a tool's output is context, as it was for the
     sampler, and padding after a row's end is never seen by an earlier position (causal attention).
     """

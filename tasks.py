@@ -451,9 +451,8 @@ def prompt_batch(task, tokenizer, seed, step, n_prompts):
 def last_valid(response_mask):
     """Index of each row's last valid token, (B,); 0 for a row without one. With tool output
     inside a response this is not ``sum(m) - 1``."""
-    T = response_mask.shape[-1]
-    t = torch.arange(T, device=response_mask.device).expand_as(response_mask)  # (B, T)
-    return torch.where(response_mask.bool(), t, -1).max(-1).values.clamp(min=0)
+    t1 = torch.arange(1, response_mask.shape[-1] + 1, device=response_mask.device)  # t + 1, (T,)
+    return (response_mask.bool() * t1).argmax(-1)  # the largest t + 1 at a valid token; 0 for a row without one
 
 
 def response_texts(tokenizer, response, response_mask):
