@@ -137,15 +137,15 @@ def _energy_inputs(log_probs, sum_pi_sq):
 # =====================================================================================
 
 def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, *,
-                           is_weights=None, leave_one_out=False, zero_tail=False, eps=1e-8):
+                           is_weights=None, leave_one_out=False, zero_tail=False, eps=1e-8, check=True):
     """OTB advantages A_t = G_t - B_t, eq. (5), with B_t from eq. (6).
 
     token_rewards, response_mask, log_probs (of the sampled tokens), sum_pi_sq, is_weights:
     (B, T). group_index: one prompt id per row. Returns (advantages, returns), both (B, T),
     exactly 0 at padded positions.
     """
-    x, m, gid, n_groups = _checked(token_rewards, response_mask, group_index, eps=eps,
-                                   log_probs=log_probs, sum_pi_sq=sum_pi_sq, is_weights=is_weights)
+    x, m, gid, n_groups = (_checked if check else _trusted)(token_rewards, response_mask, group_index, eps=eps,
+        log_probs=log_probs, sum_pi_sq=sum_pi_sq, is_weights=is_weights)  # check=False: "Input checks" below
     r, isw = x["token_rewards"], x["is_weights"]  # (B, T) each
     w = token_energy(x["log_probs"], x["sum_pi_sq"]).to(m.dtype)  # w_t, eq. (2) through (7), (B, T)
     if isw is not None:
@@ -180,9 +180,9 @@ def _leave_one_out_baseline(G, W, m, gid, n_groups, eps):
 # Group baselines: one number per response
 # =====================================================================================
 
-def _sequence_setup(token_rewards, response_mask, group_index):
+def _sequence_setup(token_rewards, response_mask, group_index, check=True):
     """R(tau) per row (B,), the mask m (B, T), group ids (B,), their count, and group sizes."""
-    x, m, gid, n_groups = _checked(token_rewards, response_mask, group_index)
+    x, m, gid, n_groups = (_checked if check else _trusted)(token_rewards, response_mask, group_index)
     score = (x["token_rewards"] * m).sum(-1)  # R(tau) = sum of r_t m_t, (B,)
     size = torch.bincount(gid, minlength=n_groups).to(m.dtype)  # rows per group, (G,)
     return score, m, gid, n_groups, size
@@ -193,23 +193,23 @@ def _broadcast(adv, score, m):
     return adv[:, None] * m, score[:, None] * m
 
 
-def reinforce(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None):
+def reinforce(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None, check=True):
     """No baseline: A = R(tau). (log_probs and sum_pi_sq are accepted and ignored.)"""
-    score, m, _, _, _ = _sequence_setup(token_rewards, response_mask, group_index)
+    score, m, _, _, _ = _sequence_setup(token_rewards, response_mask, group_index, check)
     return _broadcast(score, score, m)
 
 
-def group_mean(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None):
+def group_mean(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None, check=True):
     """Dr.GRPO: A = R - mean of the group's R (own row included). Singletons keep R."""
-    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index)
+    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index, check)
     mean = _group_sum(score, gid, n) / size  # group mean, (G,)
     mean = torch.where(size > 1, mean, 0.0)[gid]  # singleton: mean 0, (B,)
     return _broadcast(score - mean, score, m)
 
 
-def grpo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None):
+def grpo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None, check=True):
     """GRPO: A = (R - mean) / (std + 1e-6), std with N - 1. Singletons: mean 0, std 1."""
-    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index)
+    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index, check)
     mean = (_group_sum(score, gid, n) / size)[gid]  # (B,)
     sq_dev = _group_sum((score - mean) ** 2, gid, n)  # sum of squared deviations, (G,)
     std = (sq_dev / (size - 1).clamp(min=1)).sqrt()  # unbiased std, (G,)
@@ -219,9 +219,9 @@ def grpo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=No
     return _broadcast((score - mean) / (std + 1e-6), score, m)
 
 
-def rloo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None):
+def rloo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None, check=True):
     """RLOO: A = R - mean of the *other* rows' R. Singletons keep R."""
-    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index)
+    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index, check)
     others = size[gid] - 1  # (B,)
     loo_mean = (_group_sum(score, gid, n)[gid] - score) / others.clamp(min=1)  # (B,)
     loo_mean = torch.where(others > 0, loo_mean, 0.0)
@@ -233,7 +233,7 @@ def rloo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=No
 # =====================================================================================
 
 def action_aligned_otb(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, *,
-                       is_weights=None, **options):
+                       is_weights=None, check=True, **options):
     """OTB over k, the index of each token among its row's actions, eq. (8); scattered back to t.
 
     Tool output that the environment inserts into a response has m_t = 0 inside the row (holes).
@@ -249,19 +249,20 @@ def action_aligned_otb(token_rewards, response_mask, group_index, log_probs, sum
     response_mask may have holes (0 on tool output inside a response). Returns (advantages,
     returns), both (B, T), 0 at masked positions. Without holes it is optimal_token_baseline.
     """
-    x, m, gid, _ = _checked(token_rewards, response_mask, group_index, log_probs=log_probs,
-                            sum_pi_sq=sum_pi_sq, is_weights=is_weights)
+    x, m, gid, _ = (_checked if check else _trusted)(token_rewards, response_mask, group_index,
+        log_probs=log_probs, sum_pi_sq=sum_pi_sq, is_weights=is_weights)
     t_k = torch.argsort(m == 0, dim=-1, stable=True)  # t_k: where the k-th action sits, then the rest, (B, T)
     at_k = {name: None if v is None else v.gather(-1, t_k) for name, v in x.items()}  # inputs over k, (B, T)
     A_k, G_k = optimal_token_baseline(at_k["token_rewards"], m.gather(-1, t_k), gid, at_k["log_probs"],
-                                      at_k["sum_pi_sq"], is_weights=at_k["is_weights"],
-                                      **options)  # eqs. (1)-(6) over k, right-padded, (B, T) each
+                                      at_k["sum_pi_sq"], is_weights=at_k["is_weights"], check=False,
+                                      **options)  # eqs. (1)-(6) over k (inputs checked above), (B, T) each
     A = torch.zeros_like(A_k).scatter_(-1, t_k, A_k)  # A_t = A_{k_t}, 0 on masked positions, (B, T)
     G = torch.zeros_like(G_k).scatter_(-1, t_k, G_k)  # G_t = G_{k_t}
     return A, G
 
 
-# One string picks the estimator in a training loop; all take the same keyword arguments. The OTB variants:
+# One string picks the estimator in a training loop; all take the same keyword arguments, ``check`` included
+# ("Input checks" below). The OTB variants:
 # - ``leave_one_out=True`` (otb_loo) drops the row's own term from its baseline (6): unbiased; B = 0 where
 #   no other row of the group is active. (This variant is ours; verl has no leave-one-out OTB.)
 # - ``zero_tail=True``: where only one row of a group is still active, B = 0 instead of its own return
@@ -290,7 +291,11 @@ ESTIMATORS = {
 # 0, sum pi^2 outside [0, 1], importance weights above 1e18, a negative eps or a string as group_index
 # raise a ValueError naming the argument; padded positions may hold anything. Plain (nested) lists
 # are accepted wherever a tensor is. On valid input the checks cost one min/max reduction per tensor;
-# the helpers that find and name the culprit run only when something is wrong.
+# the helpers that find and name the culprit run only when something is wrong. ``check=False`` (every
+# estimator takes it) skips them, for a caller that vouches for its tensors: (B, T) tensors of one shape,
+# a 0/1 mask, every value in range (padding too) and a 1-D integer tensor of group ids. train.py does: its
+# tensors come from rollout.score (which raises on logits that are not finite) and its rewards are
+# checked by lab/logbook.py.
 
 def group_ids(group_index, batch):
     """Map one prompt id per row (an integer tensor, or any hashables) to (gid, n_groups): gid (B,)
@@ -363,6 +368,12 @@ def _checked(token_rewards, response_mask, group_index, eps=0.0, **per_token):
             x[name] = _zero_padding(name, x[name], m, lowest, highest, rule)  # or the error
     gid, n_groups = group_ids(group_index, len(m))
     return x, m, gid.to(m.device), n_groups
+
+
+def _trusted(token_rewards, response_mask, group_index, eps=0.0, **per_token):  # _checked's result, unchecked
+    uniq, gid = torch.unique(group_index, return_inverse=True)  # group ids 0..n_groups-1, (B,)
+    m = response_mask.to(_working_dtype(token_rewards))  # m_t, (B, T)
+    return {"token_rewards": token_rewards, **per_token}, m, gid, len(uniq)
 
 
 def _shape_error(x, eps):
