@@ -83,8 +83,7 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     t0 = time.perf_counter()
     # ---- rollout: N responses to each prompt, and their rewards
     prompts, answers = tasks.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
-    # the sampler's draws, then the minibatch order: on a GPU there (a CPU generator would copy the (B, V)
-    # probabilities to the host every token)
+    # the sampler's draws, then the minibatch order; on a GPU there (else a (B, V) copy to the host a token)
     gen = torch.Generator(device if device.type == "cuda" else "cpu").manual_seed(tasks.step_seed(cfg.seed, step))
     if sampler is not model:
         sampler.load_state_dict(model.state_dict())  # cast to the rollout dtype on copy
@@ -112,9 +111,9 @@ def score_estimate_update(cfg, model, opt, ro, R, token_rewards, estimator, gen,
         parts = [score_rows(model, cfg, ro, rows) for rows in blocks]
     logp, sum_pi_sq, entropy = (torch.cat(x) for x in zip(*parts))  # (B, T) each
     old_logp = logp.detach()  # log pi_old(y_t), (B, T)
-    # ---- estimate: the one line that differs between configurations
+    # ---- estimate: the one line that differs between configurations (check=False: the tensors are our own)
     adv, _ = estimator(token_rewards=token_rewards, response_mask=m, group_index=ro.group_index,
-                       log_probs=old_logp, sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
+                       log_probs=old_logp, sum_pi_sq=sum_pi_sq, check=False)  # A_t, (B, T)
     t2 = time.perf_counter()
     # ---- update
     norms, clip_frac, loss = policy_update(model, opt, cfg, ro, old_logp, adv, gen, logp=logp if keep_graph else None)

@@ -238,3 +238,32 @@ def test_a_full_disk_is_one_line_and_leaves_no_temporary_file(out, capsys, monke
     assert 0.85 * size < need <= size, (need, size)  # the tensors; the file adds its framing
     assert not (d / "checkpoint.pt.tmp").exists() and not (d / "checkpoint.pt").exists()
 
+
+
+# ----------------------------------------------------------------------------- a reward that is not finite
+
+def test_a_reward_that_is_not_finite_stops_the_run_before_the_step_is_logged_or_saved(out, monkeypatch):
+    """train_step calls the estimators with check=False, so the task's rewards are checked by lab/logbook.py:
+    a NaN reward in a training step (not in the warm-up) stops the run there, naming the reward, and
+    nothing of that step is written."""
+    import math
+
+    import tasks
+    real_reward, real_step, in_step = tasks.ReverseTask.reward, train.train_step, []
+
+    def reward(self, text, answer, finished):
+        return math.nan if in_step else real_reward(self, text, answer, finished)
+
+    def step(*args, **kwargs):
+        in_step.append(True)
+        try:
+            return real_step(*args, **kwargs)
+        finally:
+            in_step.clear()
+    monkeypatch.setattr(tasks.ReverseTask, "reward", reward)
+    monkeypatch.setattr(train, "train_step", step)
+    with pytest.raises(ValueError, match=r"^step 1: the task's reward is nan for 16 of 16 responses \(first: row 0\)"):
+        run(out, "nan", "--estimator", "otb", "--steps", "2")
+    d = out / "nan"
+    assert not (d / "checkpoint.pt").exists()
+    assert not (d / "metrics.jsonl").exists() or (d / "metrics.jsonl").read_text() == ""
