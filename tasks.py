@@ -93,8 +93,7 @@ class ReverseTask(Task):
     def reward(self, text, answer, finished):  # 1 if the row ended (EOS) on exactly the answer, else 0
         return float(bool(finished) and text == answer)
 
-    def max_new_tokens(self):
-        """Response length limit: room for the answer, EOS and as much again of mistakes."""
+    def max_new_tokens(self):  # the response limit: room for the answer, EOS and as much again of mistakes
         return 2 * self.horizon + 2
 
 
