@@ -295,7 +295,7 @@ ESTIMATORS = {
 # estimator takes it) skips them, for a caller that vouches for its tensors: (B, T) tensors of one shape,
 # a 0/1 mask, every value in range (padding too) and a 1-D integer tensor of group ids. train.py does: its
 # tensors come from rollout.score (which raises on logits that are not finite) and its rewards are
-# checked by lab/logbook.py.
+# checked by tasks.rewards.
 
 def group_ids(group_index, batch):
     """Map one prompt id per row (an integer tensor, or any hashables) to (gid, n_groups): gid (B,)

@@ -436,10 +436,8 @@ def step_seed(seed, step):
 
 def prompt_batch(task, tokenizer, seed, step, n_prompts):
     """The prompts of one training step, (token-id lists, answers): a function of (seed, step) only."""
-    rng = random.Random(step_seed(seed, step))
-    pairs = task.sample(rng, n_prompts)
-    ids = [tokenizer(task.prompt_text(tokenizer, q), add_special_tokens=False)["input_ids"]
-           for q, _ in pairs]
+    pairs = task.sample(random.Random(step_seed(seed, step)), n_prompts)  # (question, answer) pairs
+    ids = [tokenizer(task.prompt_text(tokenizer, q), add_special_tokens=False)["input_ids"] for q, _ in pairs]
     return ids, [a for _, a in pairs]
 
 
@@ -468,9 +466,18 @@ def rewards(task, tokenizer, rollout, answers, group_size):
     row_answers = [a for a in answers for _ in range(group_size)]
     R = torch.tensor([task.reward(t, a, f) for t, a, f in
                       zip(texts, row_answers, rollout.finished.tolist())], dtype=torch.float32)  # (B,)
+    if not torch.isfinite(R).all():  # checked here: train.py's estimators run without input checks
+        raise _reward_error(task, R, texts)
     m = rollout.response_mask.cpu()  # (B, T)
     token_rewards = torch.zeros_like(m).index_put_((torch.arange(len(R)), last_valid(m)), R)  # (B, T)
     return R, token_rewards * m, texts
+
+
+def _reward_error(task, R, texts):
+    """The ValueError for rewards that are not finite, naming the first such row, its reward and text."""
+    bad = (~torch.isfinite(R)).nonzero().flatten().tolist()
+    return ValueError(f"{type(task).__name__}.reward gave {R[bad[0]].item()} for {len(bad)} of {len(R)} responses "
+                      f"(first: row {bad[0]}, text {texts[bad[0]]!r}); a reward must be a finite number")
 
 
 def graded_stop_rule(task, tokenizer, answers, group_size):

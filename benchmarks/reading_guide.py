@@ -155,7 +155,7 @@ def render(total, per_file, path):
             "the preflight, the optional decoders, the learning-rate schedules and the statistics (lab/). See",
             "lab/__init__.py for the map. otb's input checks are off the path too: the step calls the estimator",
             "with `check=False`, since its tensors come from rollout.score (otb.py, \"Input checks\"), and",
-            "lab/logbook.py checks the task's rewards.", ""]
+            "tasks.rewards checks the task's rewards.", ""]
     return "\n".join(out)
 
 

@@ -20,13 +20,7 @@ TIME_KEYS = ("t_rollout", "t_score", "t_update", "t_log")  # wall-clock metrics:
 
 
 def step_metrics(step, s, tokens, lr):
-    """The metrics.jsonl row of one step (``s``, the StepResult of train_step). A reward that is not
-    finite is a ValueError here, before the step is logged or saved: train_step calls the estimators
-    without their input checks (``check=False``), so this is where a task's reward is checked."""
-    if not torch.isfinite(s.R).all():
-        bad = (~torch.isfinite(s.R)).nonzero().flatten().tolist()
-        raise ValueError(f"step {step + 1}: the task's reward is {s.R[bad[0]].item()} for {len(bad)} of {len(s.R)} "
-                         f"responses (first: row {bad[0]}); a task's reward must be a finite number")
+    """The metrics.jsonl row of one step (``s``, the StepResult of train_step)."""
     m, adv = s.ro.response_mask, s.adv  # (B, T)
     delta = (s.old_logp - s.ro.logp) * m  # log pi_train - log pi_rollout, (B, T)
     power = diagnostics.gradient_power(adv, m, s.old_logp, s.sum_pi_sq)  # P_i, (B,)

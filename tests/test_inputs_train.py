@@ -242,28 +242,32 @@ def test_a_full_disk_is_one_line_and_leaves_no_temporary_file(out, capsys, monke
 
 # ----------------------------------------------------------------------------- a reward that is not finite
 
-def test_a_reward_that_is_not_finite_stops_the_run_before_the_step_is_logged_or_saved(out, monkeypatch):
-    """train_step calls the estimators with check=False, so the task's rewards are checked by lab/logbook.py:
-    a NaN reward in a training step (not in the warm-up) stops the run there, naming the reward, and
-    nothing of that step is written."""
+def test_a_reward_that_is_not_finite_stops_the_step_before_its_update(out, monkeypatch):
+    """train_step calls the estimators with check=False, so tasks.rewards checks the task's rewards: a NaN
+    reward in a training step (not in the warm-up) stops the run there with a ValueError naming the task,
+    the reward and the row, before the update touches the weights, and nothing of that step is written."""
     import math
 
     import tasks
-    real_reward, real_step, in_step = tasks.ReverseTask.reward, train.train_step, []
+    real_reward, real_step, in_step, models = tasks.ReverseTask.reward, train.train_step, [], []
 
     def reward(self, text, answer, finished):
         return math.nan if in_step else real_reward(self, text, answer, finished)
 
-    def step(*args, **kwargs):
+    def step(cfg, model, *args, **kwargs):
         in_step.append(True)
+        models.append((model, {k: v.clone() for k, v in model.state_dict().items()}))
         try:
-            return real_step(*args, **kwargs)
+            return real_step(cfg, model, *args, **kwargs)
         finally:
             in_step.clear()
     monkeypatch.setattr(tasks.ReverseTask, "reward", reward)
     monkeypatch.setattr(train, "train_step", step)
-    with pytest.raises(ValueError, match=r"^step 1: the task's reward is nan for 16 of 16 responses \(first: row 0\)"):
+    with pytest.raises(ValueError, match=r"^ReverseTask\.reward gave nan for 16 of 16 responses \(first: row 0, text "
+                                         r"'.*'\); a reward must be a finite number$"):
         run(out, "nan", "--estimator", "otb", "--steps", "2")
+    (model, before), = models  # the first step raised
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # no update happened
     d = out / "nan"
     assert not (d / "checkpoint.pt").exists()
     assert not (d / "metrics.jsonl").exists() or (d / "metrics.jsonl").read_text() == ""
