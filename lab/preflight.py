@@ -278,7 +278,7 @@ def project(cfg, est, n, rows, limit, prompts, s, peaks, t_full, save, n_params,
     return report
 
 
-# What the GPU preset should take, as this projection has it (issue 39; docs/training.md): (card, hours)
+# What the GPU preset should take, as this projection has it (docs/training.md): (card, hours)
 GOAL_HOURS = {"gpu": [("one H100", 1.0), ("a 24 GB card", 2.0)]}
 
 
