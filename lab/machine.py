@@ -9,17 +9,30 @@ decide which character a sample draws. From then on the run is another draw of t
 So a saved result that a test repeats bit for bit records the fingerprint of its machine:
 
     cpu             the CPU's model name (/proc/cpuinfo; a virtual machine may show only the family)
-    cpu_capability  the instruction set torch's kernels run with: torch.backends.cpu.get_cpu_capability()
+    cpu_capability  the instruction set torch's kernels run with: torch.backends.cpu.get_cpu_capability(),
+                    which also reflects ATEN_CPU_CAPABILITY=default / avx2 when it is set
     torch, mkl, transformers
-                    the versions that compute the numbers (MKL is built into torch's CPU wheels)
+                    the versions that compute the numbers (MKL is built into torch's CPU wheels); the
+                    mkl field also names MKL_CBWR when it is set ('2024.2, MKL_CBWR=COMPATIBLE'), which
+                    makes MKL take another code path than the CPU's own
 
 A test compares a fresh run with the saved one bit for bit only where ``matches`` says the machine
 is the same; elsewhere it checks what the numbers show (docs/training.md, "Which numbers depend on
 the machine"). A field that was not recorded with a result is ``UNKNOWN``, and an unknown field
 never matches: a result whose machine is not fully known is never pinned bit for bit.
+
+The two settings above are how one machine plays another CPU: with ``ATEN_CPU_CAPABILITY=default``
+(or ``avx2`` on an AVX-512 machine) and ``MKL_CBWR=COMPATIBLE`` the float32 sums round as on a CPU with
+another instruction set, and the fingerprint differs, so the bit-for-bit branch is not taken under
+them (.ci/run runs the tests that read saved results a second time that way).
+
+Saved results also record the code that made them (``provenance``): the commit of the checkout and
+whether the code it runs had uncommitted changes (``code_changes``).
 """
+import os
 import platform
 import re
+import subprocess
 from pathlib import Path
 
 import torch
@@ -38,11 +51,14 @@ def cpu_model():
 
 
 def mkl_version():
-    """The MKL version torch was built with ('2024.2'), 'none' without MKL, UNKNOWN if not stated."""
+    """The MKL version torch was built with ('2024.2'), 'none' without MKL, UNKNOWN if not stated; with
+    MKL_CBWR set, its value too ('2024.2, MKL_CBWR=COMPATIBLE': MKL's code path is then not the CPU's)."""
     if not torch.backends.mkl.is_available():
         return "none"
     found = re.search(r"Math Kernel Library Version ([\w.]+)", torch.__config__.show())
-    return found.group(1) if found else UNKNOWN
+    version = found.group(1) if found else UNKNOWN
+    cbwr = os.environ.get("MKL_CBWR")
+    return f"{version}, MKL_CBWR={cbwr}" if cbwr and version != UNKNOWN else version
 
 
 def fingerprint():
@@ -70,3 +86,40 @@ def describe(fp):
     """One line: 'AMD EPYC (AVX2), torch 2.13.0+cpu, MKL unknown, transformers unknown'."""
     return (f"{fp.get('cpu', UNKNOWN)} ({fp.get('cpu_capability', UNKNOWN)}), torch {fp.get('torch', UNKNOWN)}, "
             f"MKL {fp.get('mkl', UNKNOWN)}, transformers {fp.get('transformers', UNKNOWN)}")
+
+
+# =====================================================================================
+# The code a result was made with
+# =====================================================================================
+
+ROOT = Path(__file__).resolve().parent.parent
+CODE = ("*.py", "lab/*.py", "benchmarks/*.py")  # what an experiment runs: the root modules, lab/, benchmarks/
+
+
+def _git(*args):
+    """git's output in the repository, or None where there is no git or no checkout."""
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.rstrip() if done.returncode == 0 else None  # rstrip: status lines start with a space
+
+
+def commit():
+    """The commit checked out (40 hex digits), or UNKNOWN outside a git checkout."""
+    return _git("rev-parse", "HEAD") or UNKNOWN
+
+
+def code_changes():
+    """The code files (``CODE``) with uncommitted changes, new files included, as paths from the root;
+    [] when the code is the commit's. None where git cannot tell (no checkout)."""
+    status = _git("status", "--porcelain", "--untracked-files=all", "--", *CODE)
+    if status is None:
+        return None
+    return sorted(line[3:].split(" -> ")[-1] for line in status.splitlines() if line.strip())
+
+
+def provenance():
+    """What a saved result records of the code that made it: {"commit", "code_changes"}
+    (code_changes: the files that differed from that commit; None: unknown)."""
+    return {"commit": commit(), "code_changes": code_changes()}
