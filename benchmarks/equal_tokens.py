@@ -26,6 +26,8 @@ from benchmarks import grid  # noqa: E402
 from benchmarks.cli import at_least, out_folder, parser, write_results  # noqa: E402
 from lab.plumbing import read_jsonl  # noqa: E402
 from lab.stats import mean_se  # noqa: E402
+from lab.machine import NOT_RECORDED, kept_provenance, provenance  # noqa: E402
+from benchmarks.machine import machine  # noqa: E402
 
 # ---- the protocol (docs/equal_tokens_protocol.md); change only by an addendum there
 HORIZON = 64
@@ -367,8 +369,10 @@ def main(argv=None):
     curves = {f"{e}:{n}": {str(s): curve(load(e, n, s, lrs[(e, n)])[0]) for s in SEEDS} for e, n in CONFIGS}
     main_runs = {run_name(e, n, s, lrs[(e, n)]) for e, n in CONFIGS for s in SEEDS}
     extra = {k: v for k, v in {**saved, **load.from_runs}.items() if k not in main_runs}
+    made_on = dict(machine=saved_json.get("machine", NOT_RECORDED), provenance=kept_provenance(saved_json)) \
+        if args.from_saved else dict(machine=machine(), provenance=provenance())  # the measurement's
     write_results(out, "results", dict(
-        protocol="docs/equal_tokens_protocol.md", command=source, budget=BUDGET, seeds=SEEDS,
+        protocol="docs/equal_tokens_protocol.md", command=source, **made_on, budget=BUDGET, seeds=SEEDS,
         pilot_seed=PILOT_SEED, lr_grid=LR_GRID, chosen_lr={f"{e}:{n}": lr for (e, n), lr in lrs.items()},
         pilot=pilot, per_run={f"{e}:{n}": {str(s): v for s, v in d.items()} for (e, n), d in per_run.items()},
         configs=configs, paired=paired, verdicts=verdicts(paired), post_hoc_vs_group_mean16=post_hoc,

@@ -24,8 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks import horizon_sweep as hs  # noqa: E402
-from benchmarks.cli import out_folder, parser, write_results  # noqa: E402
+from benchmarks.cli import RUNS, out_folder, parser, write_results  # noqa: E402
 from lab import resampling, scale_free, stats  # noqa: E402
+from lab.machine import NOT_RECORDED, kept_provenance  # noqa: E402
 
 FOLDERS = {"primary (seeds 0-5)": "benchmarks/results/factors_sweep_128",
            "replication (seeds 6-11)": "benchmarks/results/factors_replication"}
@@ -86,7 +87,8 @@ def table(rows):
 
 def main(argv=None):
     p = parser(__doc__)
-    p.add_argument("--out", type=out_folder, default=str(ROOT / "benchmarks" / "results" / "factors_meta"))
+    p.add_argument("--out", type=out_folder, default=str(RUNS / "factors_meta"),
+                   help="where to write (the committed tables: benchmarks/results/factors_meta)")
     args = p.parse_args(argv)
     rows = analyse()
     command = "python benchmarks/factors_meta.py --out benchmarks/results/factors_meta"
@@ -94,8 +96,12 @@ def main(argv=None):
                       "From the saved stats.npz of " + " and ".join(FOLDERS.values()) + ", with the sweep's own "
                       "bootstrap draws (2000). Random effects over the seeds whose ratio resolves (the log scale "
                       "needs a ratio bounded away from 0).", ""] + table(rows)) + "\n"
-    write_results(Path(args.out), "results", json.loads(json.dumps(dict(command=command, rows=rows))), text,
-                  md_stem="summary")
+    sources = {}  # the sweeps read: the machine and the code that measured each
+    for folder in FOLDERS.values():
+        saved = json.loads((ROOT / folder / "results.json").read_text())
+        sources[folder] = dict(machine=saved.get("machine", NOT_RECORDED), provenance=kept_provenance(saved))
+    record = json.loads(json.dumps(dict(command=command, sources=sources, rows=rows)))
+    write_results(Path(args.out), "results", record, text, md_stem="summary")
     return rows
 
 

@@ -43,6 +43,7 @@ from benchmarks.cli import (RUNS, at_least, choice_list, command, int_list, mult
 from benchmarks.common import (draw_pool, group_gradients, group_ids_of, load_model,  # noqa: E402
                                per_response_scores, reference_gradient, subset)
 from benchmarks.machine import describe, machine  # noqa: E402
+from lab.machine import kept_provenance, provenance  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -267,9 +268,10 @@ def write(out, record, grams, scatter):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.from_saved:  # re-analyse: the measurement's record (command, machine, time) is kept as it was
+    if args.from_saved:  # re-analyse: the measurement's record (command, machine, code, time) is kept as it was
         record = json.loads((Path(args.from_saved) / "results.json").read_text())
         record = {k: v for k, v in record.items() if k not in ("rows", "proxy_correlation", "across_cells")}
+        record["provenance"] = kept_provenance(record)
         return write(args.out, record, *load_stats(Path(args.from_saved) / "stats.npz"))
     torch.manual_seed(args.seed)
     model, tok, model_dir = load_model(args.model_dir)
@@ -281,7 +283,8 @@ def main(argv=None):
     grams, scatter = per_prompt_stats(cells, scatter, refs)
     record = dict(command=command("grad_variance.py", argv), args={k: v for k, v in vars(args).items()
                                                                     if k != "from_saved"},
-                  model_dir=str(model_dir), parameters=n_params, machine=info, seconds=time.time() - t0,
+                  model_dir=str(model_dir), parameters=n_params, machine=info, provenance=provenance(),
+                  seconds=time.time() - t0,
                   success_rate=R.mean().item())
     return write(args.out, record, grams, scatter)
 

@@ -75,6 +75,7 @@ from benchmarks.common import (draw_pool, flatten, group_gradients, group_ids_of
                                per_response_scores, reference_gradient, sketch, subset)
 from benchmarks import cli  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
+from lab.machine import kept_provenance, provenance as code_provenance  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -534,14 +535,16 @@ def took(seconds):
     return f"{seconds:.0f} s"
 
 
-def write(out, command, args, seconds, checkpoints, grams_by_cell, measured_on):
+def write(out, command, args, seconds, checkpoints, grams_by_cell, measured_on, provenance):
     """Analyse and write results.json, table.md, gain_vs_horizon.png (stats.npz is written by the
-    caller). measured_on: the machine record of the measurement (kept as it was by --from-saved);
-    seconds: its time, or a list of the times of sweeps measured side by side."""
+    caller). measured_on, provenance: the machine and the code (lab/machine.py) of the measurement, kept as
+    they were by --from-saved (provenance: a list for sweeps measured side by side); seconds: its time, or
+    a list of the times of sweeps measured side by side."""
     rows, summary, evaluations = analyse(grams_by_cell, args.replicates)
     versus = head_to_head(evaluations)
     (out / "results.json").write_text(json.dumps(dict(
-        command=command, args=vars(args), machine=measured_on, seconds=seconds, checkpoints=checkpoints,
+        command=command, args=vars(args), machine=measured_on, provenance=provenance, seconds=seconds,
+        checkpoints=checkpoints,
         sufficient_statistics="stats.npz", rows=rows, gains=summary, otb_tir_over_otb=versus,
         verdicts=[[*k, v] for k, v in verdicts(summary, versus).items()]), indent=1))
     seeds = sorted({s for _, s in grams_by_cell})
@@ -618,7 +621,8 @@ def from_saved(folders, out, replicates, seeds=None):
     times = [t for s in saved for t in (s["seconds"] if isinstance(s["seconds"], list) else [s["seconds"]])]
     return write(out, " ; ".join(s["command"] for s in saved), argparse.Namespace(**args),
                  saved[0]["seconds"] if len(saved) == 1 else times,  # a folder of folders: every one's time
-                 checkpoints, grams, saved[0].get("machine"))  # the measurement's
+                 checkpoints, grams, saved[0].get("machine"),  # the measurement's
+                 kept_provenance(saved[0]) if len(saved) == 1 else [kept_provenance(s) for s in saved])
 
 
 def main(argv=None):
@@ -629,8 +633,12 @@ def main(argv=None):
         return from_saved(args.from_saved.split(","), out, args.replicates, args.only_seeds)
     out.mkdir(parents=True, exist_ok=True)
     grams_by_cell, checkpoints, t0 = {}, [], time.time()
+    provenance = code_provenance()  # the commit this process measures with
     if args.resume:
         grams_by_cell, checkpoints, t0 = resumed(out, args, t0)
+        earlier = kept_provenance(json.loads((out / "results.json").read_text()))
+        earlier = earlier if isinstance(earlier, list) else [earlier]
+        provenance = earlier[0] if earlier == [provenance] else earlier + [provenance]  # every commit it ran under
     todo = [(n, seed) for seed in args.seeds for n in args.horizons if (n, seed) not in grams_by_cell]
     for i, (n, seed) in enumerate(todo):  # seed by seed: a partial sweep has every n
         model, tok, task, cfg, source = checkpoint(n, seed, args)
@@ -646,8 +654,9 @@ def main(argv=None):
               f"{info['mean_length']:.1f}", flush=True)
         save_grams(out / "stats.npz", grams_by_cell)  # after every checkpoint: nothing measured is lost,
         if i + 1 < len(todo):  # and a results.json that --resume continues from
-            write(out, command + "  # partial", args, time.time() - t0, checkpoints, grams_by_cell, machine())
-    return write(out, command, args, time.time() - t0, checkpoints, grams_by_cell, machine())
+            write(out, command + "  # partial", args, time.time() - t0, checkpoints, grams_by_cell, machine(),
+                  provenance)
+    return write(out, command, args, time.time() - t0, checkpoints, grams_by_cell, machine(), provenance)
 
 
 if __name__ == "__main__":

@@ -123,3 +123,53 @@ def provenance():
     """What a saved result records of the code that made it: {"commit", "code_changes"}
     (code_changes: the files that differed from that commit; None: unknown)."""
     return {"commit": commit(), "code_changes": code_changes()}
+
+
+NOT_RECORDED = "not recorded"  # a result saved before its machine or commit was recorded
+
+
+def kept_provenance(saved):
+    """The provenance a re-analysis of a saved record keeps: the measurement's (``saved["provenance"]``),
+    or, for a result saved before commits were recorded, {"commit": NOT_RECORDED, "code_changes": None}."""
+    return saved.get("provenance") or {"commit": NOT_RECORDED, "code_changes": None}
+
+
+# =====================================================================================
+# Rounded text made on another machine
+# =====================================================================================
+
+NUMBER = re.compile(r"[-+]?\d[\d,]*(\.\d+)?([eE][-+]?\d+)?")  # 90, 116,424, -0.375, 1.2e-17
+
+
+def _last_digit_unit(text):
+    """The value of one unit in the last printed digit of a number as printed: '0.375' -> 0.001,
+    '1.20e-05' -> 1e-07; None for an integer ('24', '116,424': counts, compared exactly)."""
+    mantissa, _, exponent = text.lower().partition("e")
+    if "." not in mantissa and not exponent:
+        return None
+    decimals = len(mantissa.partition(".")[2])
+    return 10.0 ** (int(exponent or 0) - decimals)
+
+
+def rounding_moves(want, got):
+    """What separates two rounded texts (a table, a summary, a notebook's output) when rounding alone can
+    explain it, as ['0.375 -> 0.376', ...] ([] when equal); None when it cannot.
+
+    Rounding alone: the words, the spacing and the integers are the same, and each number with a fraction
+    or an exponent is printed with as many digits and is at most one unit of its last digit away. A value
+    that sits at a rounding boundary (within the last bits of a float of one) prints one way on one CPU
+    and the other way on another; a change of code moves the words, the integers or a number further."""
+    if NUMBER.sub("#", want) != NUMBER.sub("#", got):
+        return None
+    moves = []
+    for a, b in zip(NUMBER.finditer(want), NUMBER.finditer(got)):
+        a, b = a.group(), b.group()
+        if a == b:
+            continue
+        unit = _last_digit_unit(a)
+        if unit is None or unit != _last_digit_unit(b):
+            return None
+        if abs(float(a.replace(",", "")) - float(b.replace(",", ""))) > unit * (1 + 1e-6):
+            return None
+        moves.append(f"{a} -> {b}")
+    return moves

@@ -9,6 +9,11 @@ The tests come in tiers, named by their file prefix:
 - ``test_e2e_*``: short end-to-end runs of the scripts (train.py, TRL, the experiments);
 - ``test_notebooks_*``: the tutorials (stored with current outputs) and the exercises.
 
+A test that repeats a saved result (a table re-analysed from saved statistics, the default run, a
+stored notebook) is marked ``saved_results``. .ci/run runs those a second time under another CPU's
+rounding (``ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE``), which the machine fingerprint sees, so
+a comparison pinned to one CPU's last bits fails in CI rather than on a user's machine.
+
 ``tiny_runs.py`` holds the tiny train.py configuration and helpers that test_e2e_train.py and
 test_inputs_train.py share. The ``out`` fixture gives a test a fresh folder for train.py's --out
 whose warm-up cache (``_cache``) is one folder for the whole test run, so each tiny model is
@@ -30,6 +35,11 @@ import pytest  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "saved_results: repeats a saved result; .ci/run runs these again "
+                                       "under another CPU's rounding")
 
 
 @pytest.fixture(scope="session")

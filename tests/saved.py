@@ -1,14 +1,30 @@
 """A saved result against a fresh re-analysis of its saved statistics: the same record.
 
-The tables a script writes (``table.md``, ``summary.md``) round every number, so they are compared
-byte for byte. The JSON records keep floats to their last bit, and the last bits of a float sum
-depend on the CPU's kernels (another SIMD width adds in another order): the same code re-analysing
-the same ``stats.npz`` on another CPU moves them by about 1e-16 relative. ``same_record`` therefore
-holds the JSON to everything a changed analysis would move (keys, order of rows, strings, integers,
-verdicts, None) and floats to ``rel`` = 1e-9, a billion times that rounding and far below any digit
-a table or a doc shows.
+The last bits of a float sum depend on the CPU's kernels (another SIMD width adds in another order,
+MKL picks its code by CPU): the same code re-analysing the same saved statistics on another CPU moves
+a float by about 1e-16 relative. So neither kind of saved file is compared byte for byte:
+
+- ``same_record``, for the JSON records, which keep floats to their last bit: everything a changed
+  analysis would move exactly (keys, order of rows, strings, integers, verdicts, None), floats to
+  ``rel`` = 1e-9, a billion times that rounding and far below any digit a table or a doc shows;
+- ``same_text``, for the tables a script writes (``table.md``, ``summary.md``), which round every
+  number: the words and integers exactly, and each rounded number as printed or one unit of its last
+  digit away (a value within the last bits of a rounding boundary prints either way:
+  ``lab.machine.rounding_moves``).
 """
 import math
+
+from lab.machine import rounding_moves
+
+
+def same_text(got, want, where="text"):
+    """Raise AssertionError naming the first line where two rounded texts differ by more than rounding."""
+    if rounding_moves(want, got) is not None:
+        return
+    a, b = want.splitlines(), got.splitlines()
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if rounding_moves(x, y) is None), min(len(a), len(b)))
+    line = lambda lines: repr(lines[k]) if k < len(lines) else "(no such line)"  # noqa: E731
+    raise AssertionError(f"{where}, line {k + 1}: {line(b)} against the saved {line(a)}")
 
 
 def same_record(got, want, rel=1e-9, where="record"):

@@ -137,6 +137,7 @@ def warm_up_history(run_dir):
 
 # ----------------------------------------------------------------------------- the run
 
+@pytest.mark.saved_results
 def test_the_default_configuration_repeats_the_saved_default_run(out):
     """The default configuration itself (its own warm-up, every setting a default) run as
     --estimator otb for 10 steps, against the first 10 saved rows of otb-n4: bit for bit where this
@@ -173,6 +174,7 @@ def test_the_bit_for_bit_branch_is_taken_where_the_fingerprint_matches(monkeypat
     assert check_against_saved(moved, warm_up, unknown, want) == "numbers show"
 
 
+@pytest.mark.saved_results
 @pytest.mark.parametrize("other", ["group_mean-n4", "rloo-n4", "grpo-n4"])
 def test_what_the_numbers_show_tells_another_estimator_from_otb(other):
     """The saved runs of the other estimators (same pipeline, warm-up and seeds, so the same first
@@ -186,6 +188,7 @@ def test_what_the_numbers_show_tells_another_estimator_from_otb(other):
         check_numbers_show(want[:FIRST], [(1500, 0.12)], want, summary["config"])  # it never reached its target
 
 
+@pytest.mark.saved_results
 def test_the_saved_results_record_their_machine(tmp_path):
     """summary.json of the saved default run names every fingerprint field (unknown where it was not
     recorded when the run was made); a comparison's summary.json records this machine's fingerprint,

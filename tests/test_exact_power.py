@@ -61,6 +61,7 @@ def test_bad_input_is_one_clear_error():
         stats.paired_t_power(0.1, 1.0, 1)
 
 
+@pytest.mark.saved_results
 def test_the_planning_values_are_the_saved_studys_and_the_preset_has_the_seeds_they_ask_for():
     """effect: mean of otb:4 - group_mean:16 (primary endpoint) over the 6 seeds of the saved CPU study;
     sd: the larger between-seed SD of the paired differences of the two primary contrasts."""

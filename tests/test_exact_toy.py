@@ -284,6 +284,7 @@ def test_rloo_is_group_mean_rescaled_so_only_raw_numbers_differ(tab):
             assert lo[k] == pytest.approx(gm[k], rel=1e-9), (k, N)
 
 
+@pytest.mark.saved_results
 def test_docs_tables_are_the_saved_results():
     # docs/toy_bandit.md shows markdown_table() of the committed JSON, not numbers copied by hand.
     root = Path(__file__).resolve().parent.parent
@@ -297,6 +298,7 @@ def test_docs_tables_are_the_saved_results():
             assert th.markdown_table(rows, key, title, digits) in doc, (name, key)
 
 
+@pytest.mark.saved_results
 @pytest.mark.parametrize("name, policy", [("toy_table.json", "tabular"), ("toy_table_shared.json", "shared")])
 def test_committed_toy_tables_have_the_rows_and_keys_toy_harness_writes_today(name, policy):
     # The committed tables must be regenerated when toy_harness.py gains or loses an estimator (or a

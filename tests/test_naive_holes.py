@@ -121,6 +121,7 @@ def test_group_baselines_with_holes_equal_the_compacted_twin(args, hole_seed, na
     assert (adv[masked] == 0).all() and (ret[masked] == 0).all()  # the reward 7 in the holes never counts
 
 
+@pytest.mark.saved_results
 def test_the_alignment_figures_baselines_are_the_hand_computed_ones():
     """benchmarks/alignment_figure.py (docs/tool_use.md's teaching figure): with w = 0.5 on every action
     and R = 1, 0, by action the shared k get (1 W + 0 W) / (2 W) = 1/2; by position a row alone is its

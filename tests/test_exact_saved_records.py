@@ -1,0 +1,125 @@
+"""What a saved result records of where it was made, and how a fresh result is held against it on
+another CPU (lab/machine.py).
+
+- Every results file that a test regenerates records the machine that measured it and the commit of
+  the code that did ("not recorded" for results saved before commits were: never a guess).
+- ``provenance`` reads the commit and the uncommitted changes to the code from git.
+- ``rounding_moves`` lets a rounded number move by one unit of its last printed digit and nothing else.
+- The settings under which .ci/run repeats the saved-result tests really change a float, and the
+  fingerprint sees them, so that second pass cannot pass by running the first one again.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lab import machine
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+# the results files a test regenerates from saved statistics or runs, and the tests that do
+REGENERATED = {
+    "equal_tokens/results.json": "test_exact_equal_tokens.py",
+    "factors_meta/results.json": "test_exact_factors_meta.py",
+    "horizon_sweep/results.json": "test_exact_horizon_sweep.py",
+    "calculator_sweep/results.json": "test_exact_horizon_sweep.py",
+    "factors_sweep/results.json": "test_exact_horizon_sweep.py",
+    "factors_sweep_128/results.json": "test_exact_horizon_sweep.py",
+    "factors_replication/results.json": "test_exact_horizon_sweep.py",
+    "grad_variance/results.json": "test_naive_grad_variance.py",
+}
+SECOND_CPU = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}  # .ci/run's second pass
+
+
+def check_made_on(record, where):
+    """A machine record (a dict naming the CPU, or NOT_RECORDED) and a provenance record (a commit of 40
+    hex digits or NOT_RECORDED, and the changed code files: a list, or None where unknown)."""
+    made = record["machine"]
+    assert made == machine.NOT_RECORDED or (isinstance(made, dict) and made.get("cpu")), where
+    provenance = record["provenance"]
+    for p in provenance if isinstance(provenance, list) else [provenance]:  # a list: one per commit it ran under
+        assert re.fullmatch(r"[0-9a-f]{40}", p["commit"]) or p["commit"] == machine.NOT_RECORDED, where
+        assert p["code_changes"] is None or isinstance(p["code_changes"], list), where
+
+
+@pytest.mark.parametrize("name", sorted(REGENERATED))
+def test_every_regenerated_result_records_its_machine_and_commit(name):
+    record = json.loads((RESULTS / name).read_text())
+    assert (ROOT / "tests" / REGENERATED[name]).read_text().count(name.split("/")[0]) >= 1  # a test reads it
+    if "sources" in record:  # an analysis across saved sweeps: each sweep's record
+        assert record["sources"]
+        for folder, made_on in record["sources"].items():
+            check_made_on(made_on, f"{name}: {folder}")
+    else:
+        check_made_on(record, name)
+
+
+def git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_provenance_names_the_commit_and_the_code_changed_since(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "lab").mkdir(parents=True)
+    (repo / "train.py").write_text("x = 1\n")
+    (repo / "notes.md").write_text("notes\n")
+    git(repo, "init", "-q")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    monkeypatch.setattr(machine, "ROOT", repo)
+    assert machine.provenance() == {"commit": git(repo, "rev-parse", "HEAD"), "code_changes": []}
+    (repo / "train.py").write_text("x = 2\n")  # a change to the code
+    (repo / "lab" / "new.py").write_text("y = 1\n")  # a new module
+    (repo / "notes.md").write_text("more notes\n")  # not code: not listed
+    assert machine.code_changes() == ["lab/new.py", "train.py"]
+    monkeypatch.setattr(machine, "ROOT", tmp_path / "not-a-checkout")
+    (tmp_path / "not-a-checkout").mkdir()
+    assert machine.provenance()["commit"] == machine.UNKNOWN and machine.code_changes() is None
+
+
+def test_rounding_moves_allows_one_unit_of_the_last_digit_and_nothing_else():
+    table = "| otb | 0.375 [0.120, 0.631] | 24 seeds | 1.20e-05 |"
+    assert machine.rounding_moves(table, table) == []
+    assert machine.rounding_moves(table, table.replace("0.375", "0.376").replace("1.20e-05", "1.19e-05")) == [
+        "0.375 -> 0.376", "1.20e-05 -> 1.19e-05"]
+    assert machine.rounding_moves("| -0.000 |", "| 0.000 |") == ["-0.000 -> 0.000"]
+    for changed in (table.replace("0.375", "0.377"),  # two units
+                    table.replace("24 seeds", "25 seeds"),  # an integer: a count, exact
+                    table.replace("0.375", "0.38"),  # printed with another number of digits
+                    table.replace("otb", "rloo"),  # a word
+                    table.replace("1.20e-05", "1.20e-04"),  # another exponent
+                    table + " |"):  # the layout
+        assert machine.rounding_moves(table, changed) is None, changed
+
+
+PROBE = ("import json, torch\nfrom lab import machine\ntorch.manual_seed(0)\nx = torch.randn(1_000_003)\n"
+         "a, b = torch.randn(64, 257), torch.randn(257, 129)\n"
+         "print(json.dumps(dict(sum=x.sum().item(), matmul=torch.nn.functional.linear(a, b.T).double().sum().item(), "
+         "fingerprint=machine.fingerprint())))")
+
+
+def probe(env):
+    """A float32 sum (ATen's reduction) and a float32 matrix product (MKL's GEMM), and the fingerprint,
+    computed in a fresh process with ``env``."""
+    done = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+@pytest.mark.saved_results
+def test_the_second_cpu_settings_change_a_float_and_the_fingerprint():
+    """The settings of .ci/run's second pass move the last bits of a float32 sum or matrix product (as
+    another CPU does), and the fingerprint sees them, so no bit-for-bit branch runs under them. In that
+    second pass this process itself runs under them."""
+    native_env = {k: v for k, v in os.environ.items() if k not in SECOND_CPU}
+    native, second = probe(native_env), probe({**native_env, **SECOND_CPU})
+    if native["fingerprint"]["cpu_capability"] == "DEFAULT" and native["fingerprint"]["mkl"] == "none":
+        pytest.skip("no vectorised kernels and no MKL here (not x86-64): nothing to change")
+    assert (native["sum"], native["matmul"]) != (second["sum"], second["matmul"])
+    assert not machine.matches(native["fingerprint"], second["fingerprint"])
+    assert second["fingerprint"]["cpu_capability"] == "DEFAULT" and "MKL_CBWR=COMPATIBLE" in second["fingerprint"]["mkl"]
+    if all(os.environ.get(k) == v for k, v in SECOND_CPU.items()):  # .ci/run's second pass
+        assert machine.fingerprint() == second["fingerprint"]
