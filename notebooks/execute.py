@@ -8,7 +8,9 @@ The stored outputs are compared as text (printed numbers, tables); figures are c
 only (their bytes depend on the matplotlib build), anything that looks like a wall-clock time is
 masked, a number below 1e-10 printed in e-notation is a rounding residue (``max |a - b| = 1.2e-17``:
 the CPU's float64 rounding decides its digits) and is compared as ``<1e-10``, and stderr (warnings)
-is neither stored nor compared. The test suite runs the check, so a
+is neither stored nor compared. Progress bars are not outputs: tqdm writes them to stderr, or, where
+ipywidgets is installed (the README's notebook extras), as widgets, which are left out too, so a
+notebook stores the same outputs with or without ipywidgets. The test suite runs the check, so a
 change to a module that moves a number in a notebook fails until the notebook is re-run with this
 command. The exercise notebooks are not touched: they stay blank (see exercises/build.py).
 
@@ -19,6 +21,8 @@ metadata (``machine``: CPU model and capability, torch, MKL and transformers ver
 lab/machine.py). A code cell tagged ``machine-dependent`` is compared as text only where the
 fingerprint matches; on any other machine its numbers are masked and the rest (the words, the rows
 and columns of a table) is compared, and the numbers that differ are listed, not counted as stale.
+Any other cell is compared as text on the machine that stored it; elsewhere a number may also move by
+one unit of its last printed digit (a value at a rounding boundary: ``machine.rounding_moves``).
 """
 import argparse
 import re
@@ -46,18 +50,23 @@ def residues_masked(text):
     return E_NOTATION.sub(lambda m: "<1e-10" if abs(float(m.group())) < 1e-10 else m.group(), text)
 
 
+WIDGET = "application/vnd.jupyter.widget-view+json"  # a widget's output (tqdm's bar where ipywidgets is installed)
+
+
 def execute(path, timeout=600):
     """The notebook at ``path`` (relative to the repo root), executed top to bottom from the root.
 
     What depends on the machine rather than the code is left out: stderr (warnings that name the
-    virtual environment's path) and the execution timestamps in each cell's metadata."""
+    virtual environment's path; tqdm's bars without ipywidgets), widgets (tqdm's bars with it) and the
+    execution timestamps in each cell's metadata."""
     nb = nbformat.read(str(ROOT / path), as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=False,
                    resources={"metadata": {"path": str(ROOT)}}).execute()
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
         if cell.cell_type == "code":
-            cell.outputs = [o for o in cell.outputs if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
+            cell.outputs = [o for o in cell.outputs if not (o.get("output_type") == "stream" and o.get("name") == "stderr")
+                            and WIDGET not in o.get("data", {})]
     return nb
 
 
@@ -94,8 +103,8 @@ def first_difference(stored, fresh, width=100):
 def compare(stored, fresh, same_machine=True):
     """(stale, cpu): what differs between the stored and the fresh outputs, per code cell. ``stale``:
     differences a change of code or notebook explains. ``cpu``: on another machine than the one that
-    stored the outputs (``same_machine`` False), cells tagged machine-dependent whose text differs only
-    in its numbers, with the numbers that moved."""
+    stored the outputs (``same_machine`` False), cells whose numbers alone moved as another CPU moves them
+    (``cpu_moves``), with the numbers that moved."""
     a, b = cell_outputs(stored), cell_outputs(fresh)
     if len(a) != len(b):
         return [f"{len(a)} code cells stored, {len(b)} in the fresh run"], []
@@ -105,14 +114,23 @@ def compare(stored, fresh, same_machine=True):
             stale.append(f"code cell {i}: {images} figure(s) stored, {new_images} here")
         elif text == new_text:
             continue
-        elif tagged and not same_machine and NUMBER.sub("#", text) == NUMBER.sub("#", new_text):
-            moved = [f"{x.group()} -> {y.group()}" for x, y in zip(NUMBER.finditer(text), NUMBER.finditer(new_text))
-                     if x.group() != y.group()]
+        elif not same_machine and (moved := cpu_moves(text, new_text, tagged)) is not None:
             more = f" and {len(moved) - 6} more" if len(moved) > 6 else ""
             cpu.append(f"code cell {i}: {', '.join(moved[:6])}{more}")
         else:
             stale.append(f"code cell {i}: text differs, {first_difference(text, new_text)}")
     return stale, cpu
+
+
+def cpu_moves(text, new_text, tagged):
+    """The numbers that another CPU moved in a cell's text (['0.375 -> 0.376', ...]), or None when the texts
+    differ in more than that: in any cell, numbers one unit of their last digit away; in a cell tagged
+    machine-dependent, any numbers, the words and layout the same."""
+    rounded = machine.rounding_moves(text, new_text)
+    if rounded is not None or not tagged or NUMBER.sub("#", text) != NUMBER.sub("#", new_text):
+        return rounded
+    return [f"{x.group()} -> {y.group()}" for x, y in zip(NUMBER.finditer(text), NUMBER.finditer(new_text))
+            if x.group() != y.group()]
 
 
 def stale_cells(stored, fresh, same_machine=True):
@@ -161,6 +179,7 @@ def main(argv=None):
                 if cpu else ""))
         else:
             fresh.metadata["machine"] = machine.fingerprint()  # the outputs' numbers depend on it
+            fresh.metadata["provenance"] = machine.provenance()  # and the code that made them
             nbformat.write(fresh, str(ROOT / path))
             print(f"wrote {path} with its outputs")
     if bad:

@@ -7,6 +7,7 @@ text only on the machine recorded in the notebook's metadata; elsewhere their nu
 (notebooks/execute.py). The two figures of docs/teaching.md's two-hour path come from
 notebooks/teaching_figures.py, run here into a temporary folder.
 """
+import os
 import sys
 
 import nbformat
@@ -20,6 +21,7 @@ from lab import machine  # noqa: E402
 import teaching_figures  # noqa: E402  (notebooks/teaching_figures.py)
 
 
+@pytest.mark.saved_results
 @pytest.mark.parametrize("path", execute.TUTORIALS)
 def test_tutorial_is_stored_with_current_outputs(path):
     stored = nbformat.read(str(ROOT / path), as_version=4)
@@ -86,6 +88,39 @@ def test_numbers_the_cpu_decides_are_compared_only_on_the_machine_that_stored_th
     plain, moved = machine_dependent_pair("success 0.375\n", "success 0.385\n", tagged=False)
     assert execute.compare(plain, moved, same_machine=False)[0] == [
         "code cell 0: text differs, line 1: stored 'success 0.375', here 'success 0.385'"]
+
+
+def test_an_untagged_number_may_move_by_one_unit_of_its_last_digit_on_another_machine_only():
+    """A value within the last bits of a rounding boundary prints either way on two CPUs: in any cell, one
+    unit of the last digit is listed as the CPU's on another machine, and is stale on the machine that
+    stored it; two units are stale anywhere."""
+    stored, fresh = machine_dependent_pair("alpha 0.375, 24 seeds\n", "alpha 0.376, 24 seeds\n", tagged=False)
+    assert execute.compare(stored, fresh, same_machine=False) == ([], ["code cell 0: 0.375 -> 0.376"])
+    assert execute.compare(stored, fresh, same_machine=True)[0] != []
+    stored, fresh = machine_dependent_pair("alpha 0.375, 24 seeds\n", "alpha 0.377, 24 seeds\n", tagged=False)
+    assert execute.compare(stored, fresh, same_machine=False)[0] != []
+
+
+def test_progress_bars_leave_the_same_outputs_with_or_without_ipywidgets(tmp_path, monkeypatch):
+    """tqdm.auto draws a widget where ipywidgets is installed (the README's notebook extras) and writes to
+    stderr where it is not: neither is stored, so a notebook's outputs are the same either way. Run twice,
+    the second time with ipywidgets hidden from the kernel."""
+    if os.environ.get("CI") == "true":  # .ci/run installs what the README's Quick start installs
+        import ipywidgets  # noqa: F401
+    else:
+        pytest.importorskip("ipywidgets")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from tqdm.auto import tqdm\nfor _ in tqdm(range(3), desc='steps'):\n    pass\nprint('done')")])
+    path = tmp_path / "bars.ipynb"
+    nbformat.write(nb, str(path))
+    with_widgets = execute.execute(path)
+    hidden = tmp_path / "hidden" / "ipywidgets"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('ipywidgets hidden by the test')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hidden.parent), os.environ.get("PYTHONPATH", "")]))
+    without = execute.execute(path)
+    assert execute.cell_outputs(with_widgets) == execute.cell_outputs(without) == [("done\n", 0, False)]
+    assert "widgets" not in with_widgets.metadata
 
 
 def test_a_stale_notebook_says_how_to_check_and_not_how_to_overwrite(monkeypatch):
