@@ -41,6 +41,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lab import plumbing
+from lab.progress import Heartbeat, drawn, duration
 import rollout
 import tasks
 
@@ -122,6 +123,7 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
     bar = tqdm(total=max_steps, initial=start, dynamic_ncols=True, disable=None if progress else True,
                desc=f"warm-up to success {target} (at most {max_steps} steps)",
                bar_format="{desc}: step {n_fmt} [{elapsed}{postfix}]")
+    heartbeat, started = Heartbeat(drawn(bar)), time.monotonic()  # a log file: a line every 30 s instead
     for step in range(start + 1, max_steps + 1):
         rows, labels = [], []
         for q, a in task.sample(rng, batch):
@@ -137,6 +139,8 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
         since.append((ids, lab, attn))
         loss = update(ids, lab, attn)
         bar.update(1)
+        heartbeat.beat(lambda: f"warm-up: step {step} of at most {max_steps}, {duration(time.monotonic() - started)}"
+                       + (f", success {history[-1][1]:.2f} at the last check" if history else ""))
         if step % check_every:
             continue
         success = evaluate(model, tok, task, temperature, max_new, n_eval, seed=step)

@@ -7,7 +7,7 @@ model loaded, the run folder made with its config.json), and its loop uses the r
 - checkpoint.pt: everything --resume needs (``save_checkpoint`` / ``load_checkpoint``; a full disk or
   a damaged file is one line saying what to do), and metrics.jsonl rewritten on resume;
 - Ctrl-C: the first one stops after the step and saves (``StopOnCtrlC``), a second one at once; either
-  way the message says how to resume (``ctrl_c_exits``); SIGTERM, which `timeout` or a cluster sends,
+  way the message says how to resume, and so does resume.txt in the run folder (``ctrl_c_exits``); SIGTERM, which `timeout` or a cluster sends,
   and SIGHUP, which a closed terminal sends, are a Ctrl-C (``STOP_SIGNALS``); ``errors_exit`` turns a
   bad option into one line and exit status 2;
 - the plan that --resume prints (``resume_plan``; a finished comparison has none: ``finished``).
@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lab import models, plumbing
+from lab import models, plumbing, progress
 from lab.plumbing import pick_device
 import tasks
 from lab.parse_options import given_options, parse
-from lab.train_cli import (LOG_COLUMNS, PRESETS, UsageError, applied, checkpoint_step, for_device, load,
+from lab.train_cli import (LOG_COLUMNS, PRESETS, UsageError, applied, check_device, checkpoint_step, for_device, load,
                            read_checkpoint, run_name, runs_of, seed_list, tiny_settings)
 
 # Signals that stop a run as Ctrl-C does: SIGTERM (`timeout`, a cluster's preemption) and SIGHUP (the
@@ -45,7 +45,8 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if 
 
 @contextmanager
 def errors_exit(command="the same command"):
-    """A UsageError inside the block: one line and exit status 2; a full disk: exit status 1; Ctrl-C
+    """A UsageError, or a file the system refuses, inside the block: one line and exit status 2; a full
+    disk: exit status 1; Ctrl-C
     (and from here on SIGTERM, which a `timeout` or a cluster sends, is a Ctrl-C): exit status 130,
     saying how to continue an interrupted warm-up (``command``: the command line to run again)."""
     sigterm_is_ctrl_c()
@@ -56,7 +57,9 @@ def errors_exit(command="the same command"):
         exit_with(f"error: {e}", 2)
     except (DiskFull, OSError) as e:  # in the warm-up, or writing the run folder's config.json
         if not isinstance(e, DiskFull) and e.errno != errno.ENOSPC:
-            raise
+            if e.filename is None:
+                raise
+            exit_with(f"error: {e.filename}: {e.strerror}; nothing was started", 2)  # a folder it cannot write
         where = e if isinstance(e, DiskFull) else f"no space left in {Path(e.filename or '.').parent}"
         exit_with(f"error: {where}; what was saved is kept (a warm-up goes on from its last check): free some "
                   f"space, then run the same command again: {command}", 1)
@@ -150,9 +153,14 @@ def run_folder(cfg, command):
     return Path(cfg.out) / name, command
 
 
+RESUME_NOTE = "resume.txt"  # a stopped run's folder: why it stopped and the command that continues it
+
+
 def write_config(run_dir, cfg, command, source):
-    """config.json: the command line, every setting applied (``applied``), the model's source, the versions."""
+    """config.json: the command line, every setting applied (``applied``), the model's source, the versions.
+    A resumed run's folder loses its resume.txt here: it is running again."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RESUME_NOTE).unlink(missing_ok=True)
     (run_dir / "config.json").write_text(json.dumps(dict(
         command=command, config=applied(cfg), model_source=source, **versions()), indent=1))
 
@@ -227,7 +235,9 @@ def ctrl_c_exits(folder, checkpoint_minutes):
     except (Stopped, KeyboardInterrupt) as e:
         what = f"{e}; checkpoint saved" if isinstance(e, Stopped) else (
             f"interrupted; the last checkpoint is kept (at most {checkpoint_minutes:g} minutes old)")
-        exit_with(f"{what}; resume with: python train.py --resume {shlex.quote(str(folder))}", 130)
+        resume = f"python train.py --resume {shlex.quote(str(folder))}"
+        (Path(folder) / RESUME_NOTE).write_text(f"{what}\nresume with: {resume}\n")  # kept after the terminal is gone
+        exit_with(f"{what}; resume with: {resume} (also in {Path(folder) / RESUME_NOTE})", 130)
     except UsageError as e:  # e.g. an unreadable checkpoint met during the comparison
         exit_with(f"error: {e}", 2)
     except (DiskFull, OSError) as e:
@@ -331,6 +341,7 @@ def start(argv, config):
             sys.exit(0)
         plan = resume_plan(cfg, cfg.resume) if cfg.resume else ""  # what is kept, continued, redone
         device = pick_device(cfg.device)
+        check_device(cfg, device)  # a GPU preset without a GPU stops here, before the header
         cfg = for_device(cfg, device, given_options(argv))
         folder, stored = run_folder(cfg, command)  # a new folder, or --resume's (and its first command)
         print(header(cfg, folder, command, device), flush=True)
@@ -362,6 +373,10 @@ def header(cfg, folder, command, device):
           else f"{cfg.lr:g}") + f" ({cfg.lr_schedule} schedule)"
     budget = f", or until {cfg.token_budget:,} response tokens" if cfg.token_budget and not cfg.seeds else ""
     threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
+    folder_of_cache = tiny_cache_folder(cfg)
+    warm_up_runs = folder_of_cache is not None and not (folder_of_cache / "warmup.json").exists()
+    took = progress.estimate(cfg, runs_of(cfg), tasks.response_limit(cfg, task), warm_up_runs) \
+        if device.type == "cpu" else None
     return "\n".join([
         command,
         f"  output  {folder}" + ("  (resumed)" if cfg.resume else ""),
@@ -370,7 +385,8 @@ def header(cfg, folder, command, device):
         f"  runs    {runs}" + ("" if cfg.estimator else f"  ({len(runs_of(cfg))} configurations, one after another)"),
         f"  steps   {cfg.steps}{budget}, {cfg.prompts_per_step} prompts x N responses each; seed {cfg.seed}",
         f"  lr      {lr}",
-        f"  device  {device}{threads}"])
+        f"  device  {device}{threads}"] + ([f"  time    {took}; the bar (in a log: a line every 30 s) "
+                                            "gives the time left"] if took else []))
 
 
 def warm_up_state(cfg):

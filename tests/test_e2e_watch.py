@@ -1,6 +1,7 @@
 """A run a person can watch: the header first, a sampled response on each log line, the comparison's
 plot redrawn as each configuration finishes, TensorBoard, no bar noise in a log file, a closed terminal
 (SIGHUP) stopping like Ctrl-C, and a checkpoint from the first step on."""
+import dataclasses
 import io
 import json
 import os
@@ -16,7 +17,7 @@ import torch
 
 import tasks
 import train
-from lab import compare, models, plumbing
+from lab import compare, models, plumbing, progress, train_cli
 from tiny_runs import TINY, interrupt_at, metrics, run, without_times
 
 ROOT = Path(train.__file__).resolve().parent
@@ -59,12 +60,45 @@ def test_the_header_comes_first_and_says_whether_the_warm_up_is_cached(tmp_path,
         "  steps   1, 4 prompts x N responses each; seed 0",
         "  lr      0.0003 (constant schedule)",
         f"  device  cpu, {torch.get_num_threads()} threads"]
+    assert first[8].startswith("  time    about ") and "(warm-up " in first[8] and ", not cached; 2 steps)" in first[8]
     step, success = json.loads((cache / "warmup.json").read_text())["history"][-1]
-    assert first[8].startswith(f"warm-up: stopped at step {step} with sampled success {success:.2f} in ")
+    assert first[9].startswith(f"warm-up: stopped at step {step} with sampled success {success:.2f} in ")
     train.main(argv + ["--name", "second"])
     second = capsys.readouterr().out.splitlines()
     assert second[2] == f"  model   tiny; warm-up: from the cache ({cache})"
+    assert "(warm-up cached; 2 steps)" in second[8]
     assert not any(line.startswith("warm-up:") for line in second)
+
+
+def test_the_time_estimate_is_the_measured_rates_times_the_work():
+    """The header's range: start-up, the warm-up (unless cached) and every sampled response position at the
+    rates measured on the 2-core CPUs (progress.STEP_SECONDS, WARMUP_SECONDS). The default comparison samples
+    16 prompts x (4 + 4 + 4 + 4 + 16) responses x 100 steps x 18 positions = 921,600 positions: 10 + 25 +
+    110.6 = 146 s to 10 + 100 + 331.8 = 442 s, shown as 2-7 min; cached, 121-342 s, 2-6 min."""
+    cfg = train.Config()
+    runs = train_cli.runs_of(cfg)
+    assert progress.estimate(cfg, runs, 18, warm_up_runs=True).startswith("about 2-7 min on a 2-core CPU (warm-up")
+    assert progress.estimate(cfg, runs, 18, warm_up_runs=False) == (
+        "about 2-6 min on a 2-core CPU (warm-up cached; 500 steps)")
+    one = dataclasses.replace(cfg, estimator="otb", steps=10)  # 16 x 4 x 10 x 18 = 11,520 positions
+    assert progress.estimate(one, [("otb", 4)], 18, warm_up_runs=False) == "about 11-14 s on a 2-core CPU (warm-up " \
+                                                                             "cached; 10 steps)"
+    assert progress.estimate(dataclasses.replace(cfg, model="smollm2"), runs, 18, warm_up_runs=False) is None
+
+
+def test_a_log_file_gets_a_progress_line_through_the_warm_up_and_the_steps(tmp_path, capsys, monkeypatch):
+    """Where no bar is drawn (stdout and stderr captured: no terminal), the heartbeat prints where the run
+    is once HEARTBEAT_SECONDS have passed: here 0, so after every warm-up step and every training step."""
+    monkeypatch.setattr(progress, "HEARTBEAT_SECONDS", 0)
+    train.main(TINY + ["--out", str(tmp_path), "--estimator", "otb", "--group-size", "2", "--steps", "2",
+                       "--warmup-max-steps", "20"])
+    lines = capsys.readouterr().out.splitlines()
+    warm = [line for line in lines if line.startswith("warm-up: step ")]
+    assert warm[0].startswith("warm-up: step 1 of at most 20, ") and len(warm) == len({w.split(",")[0] for w in warm})
+    assert any(", success " in w and "at the last check" in w for w in warm[10:])  # after the check at step 10
+    steps = [line for line in lines if line.startswith("otb N=2: step ")]
+    assert [s.split(",")[0] for s in steps] == ["otb N=2: step 1 of 2", "otb N=2: step 2 of 2"]
+    assert all("left" in s for s in steps)
 
 
 def test_a_warm_up_outside_train_py_prints_no_line(tmp_path, capsys):
@@ -212,7 +246,8 @@ def test_sighup_stops_like_ctrl_c_and_says_how_to_resume(out, monkeypatch, capsy
     text = capsys.readouterr()
     assert "SIGHUP: stopping after this step and saving a checkpoint" in text.out
     assert e.value.code == 130 and text.err.strip().splitlines()[-1] == (
-        f"train.py: stopped after step 2 of 3; checkpoint saved; resume with: python train.py --resume {out / 'hup'}")
+        f"train.py: stopped after step 2 of 3; checkpoint saved; resume with: python train.py --resume {out / 'hup'} "
+        f"(also in {out / 'hup' / 'resume.txt'})")
     assert torch.load(out / "hup" / "checkpoint.pt", weights_only=True)["step"] == 2
 
 
