@@ -32,13 +32,11 @@ from transformers import HfArgumentParser
 from lab import lr_schedule
 from lab import plumbing
 from lab.plumbing import UsageError
-from lab.train_cli import checkpoint_step, flag, pilot_rates, runs_of, schedule_kwargs, seed_list
+from lab.train_cli import RESUMABLE, checkpoint_step, flag, pilot_rates, runs_of, schedule_kwargs, seed_list
 import otb
 import tasks
 
 NEEDS_A_GROUP = tuple(name for name in otb.ESTIMATORS if name != "reinforce")  # a baseline from the group: N >= 2
-RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device", "show_samples", "no_progress",
-             "report_to")  # options a resume may change
 AT_LEAST_1 = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "tiny_layers", "log_every",
               "horizon", "max_new_tokens", "minibatch_size", "micro_batch_rows", "chunk_size", "lr_warmup_window",
               "token_budget", "lr_pilot_budget")
@@ -121,7 +119,7 @@ def check_mode(cfg, given):
     """No option is silently ignored: an option of a single run given to a comparison, or of a
     comparison given to a single run, is a UsageError naming the form that does apply."""
     if not cfg.estimator and "group_size" in given:
-        n = cfg.group_size
+        n = cfg.group_size if cfg.group_size >= 2 else 4  # the example must itself be valid
         raise UsageError(f"--group-size applies to a single run (--estimator); a comparison takes each group "
                          f"size from --compare, e.g. --compare otb:{n},group_mean:{n}")
     if cfg.estimator and "results_dir" in given:

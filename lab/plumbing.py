@@ -2,7 +2,8 @@
 
 - ``pick_device("auto")``: cuda, then mps, then cpu; a named device must exist on this machine.
 - ``unwritable(path)``: why a file or folder cannot be created at ``path`` (None if it can), checked
-  before a slow run starts, so that a typo in an output path fails in the first second.
+  before a slow run starts, so that a typo in an output path fails in the first second (by any user:
+  a temporary folder is tried and removed, since root passes every permission check).
 - ``read_jsonl(path)``: the rows of a JSON-lines file such as a run's ``metrics.jsonl``.
 - ``save_atomic(state, path)``: torch.save through a temporary file; a full disk is ``DiskFull``,
   one line saying where and how much, with the temporary file removed.
@@ -16,6 +17,7 @@ import errno
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -47,15 +49,23 @@ def pick_device(name):
 
 
 def unwritable(path):
-    """None if ``path`` can be created here (or, if it exists, written), else why not. Creates nothing."""
+    """None if ``path`` can be created here (or, if it exists, written), else why not. Leaves nothing behind:
+    besides the permission bits, which root passes everywhere, it tries a temporary folder in the nearest
+    folder that exists (a read-only mount, or /proc, refuses it even to root) and removes it."""
     path = Path(path).expanduser().absolute()
     parent = path.parent
     while not parent.exists():  # the nearest folder that already exists
         parent = parent.parent
     if not parent.is_dir():
         return f"{parent} is a file, not a folder"
-    target = path if path.exists() else parent
-    return None if os.access(target, os.W_OK) else f"{target} is not writable"
+    target = path if path.is_dir() else parent
+    if not os.access(target, os.W_OK):
+        return f"{target} is not writable"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-check-", dir=target))
+    except OSError as e:
+        return f"{target} refuses a new folder ({e.strerror})"
+    return None
 
 
 def read_jsonl(path):

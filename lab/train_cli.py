@@ -34,6 +34,12 @@ DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
 RUN_ONLY = ("estimator", "group_size")  # a comparison takes these from --compare
 COMPARISON_ONLY = ("compare", "seeds", "results_dir", "keep_weights", "lr_pilot", "lr_pilot_run", "lr_pilot_seed",
                    "lr_pilot_budget")  # a single run (--estimator) has none of these
+RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device", "show_samples", "no_progress",
+             "report_to")  # the options a resume may change (--help and the error name these)
+
+
+def flag(name):
+    return "--" + name.replace("_", "-")
 
 # What each column of train.py's log line means (printed before every run and under --help).
 LOG_COLUMNS = """columns of the log line, [estimator N=group size] step k, then:
@@ -137,8 +143,8 @@ class Options:
     checkpoint_minutes: float = arg(
         2.0, "minutes between checkpoints (0: after every step); always one at the end and on Ctrl-C")
     resume: Optional[str] = arg(
-        None, "run or comparison folder to continue; only --steps (larger: extends a finished run), "
-        "--log-every, --checkpoint-minutes and --device may be given with it")
+        None, f"run or comparison folder to continue; only {', '.join(map(flag, RESUMABLE))} may be given with "
+        "it (a larger --steps extends a finished run)")
     results_dir: Optional[str] = arg(None, "comparison only: also copy its plot, tables and metrics here")
     keep_weights: bool = arg(
         False, "comparison only: keep each finished configuration's final weights (<run>/checkpoint.pt); "
@@ -181,10 +187,6 @@ def for_device(cfg, device, given):
     if cfg.preset in GPU_PRESETS and device.type != "cuda" and "compile_decode" not in given:
         return replace(cfg, compile_decode=False)
     return cfg
-
-
-def flag(name):
-    return "--" + name.replace("_", "-")
 
 
 # =====================================================================================
@@ -260,15 +262,21 @@ def tiny_settings(cfg):
                 warmup_max_steps=cfg.warmup_max_steps, warmup_target=cfg.warmup_target)
 
 
+def check_device(cfg, device):
+    """A GPU preset with --device auto on a machine without CUDA is a UsageError (no silent CPU: a driver
+    that does not match the CUDA wheel lands here), raised before the header announces a run."""
+    if cfg.preset in GPU_PRESETS and device.type != "cuda" and cfg.device == "auto":
+        raise UsageError(f"--preset {cfg.preset} needs a CUDA GPU and --device auto found none (torch "
+                         f"{torch.__version__}, built for CUDA {torch.version.cuda}); to run it on {device} "
+                         f"anyway (a step takes minutes), give --device {device.type}")
+
+
 def load(cfg, device):
     """(model, tokenizer, source) for cfg; a problem the user can fix is a UsageError."""
     task = tasks.make_task(cfg)
     tiny = dict(tiny_settings(cfg), progress=not cfg.no_progress)
+    check_device(cfg, device)
     if cfg.preset in GPU_PRESETS and device.type != "cuda":
-        if cfg.device == "auto":  # no silent CPU: a driver that does not match the CUDA wheel lands here
-            raise UsageError(f"--preset {cfg.preset} needs a CUDA GPU and --device auto found none (torch "
-                             f"{torch.__version__}, built for CUDA {torch.version.cuda}); to run it on {device} "
-                             f"anyway (a step takes minutes), give --device {device.type}")
         print(f"note: --preset {cfg.preset} is sized for one CUDA GPU; on {device} a step takes minutes, not "
               "seconds (docs/training.md gives a smoke check that runs in minutes)",
               file=sys.stderr, flush=True)

@@ -342,6 +342,7 @@ def saved_table():
     return {cells[0].strip(): dict(zip(cols, (c.strip() for c in cells))) for cells in lines[2:]}
 
 
+@pytest.mark.saved_results
 def test_the_saved_table_summarises_the_saved_metrics():
     """Every cell of summary.md (initial_success: the mean success of the first 10 saved steps, ...)
     recomputed from the saved metrics.jsonl of its run."""
@@ -371,11 +372,15 @@ def test_ctrl_c_saves_a_checkpoint_says_how_to_resume_and_resume_is_exact(out, m
     cut = out / "cut"
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 130 and "Traceback" not in "\n".join(err)
-    assert err[-1] == f"train.py: stopped after step 3 of 6; checkpoint saved; resume with: python train.py --resume {cut}"
+    assert err[-1] == (f"train.py: stopped after step 3 of 6; checkpoint saved; resume with: python train.py --resume "
+                       f"{cut} (also in {cut / 'resume.txt'})")
+    assert (cut / "resume.txt").read_text() == ("stopped after step 3 of 6; checkpoint saved\n"
+                                                f"resume with: python train.py --resume {cut}\n")  # for a closed terminal
     assert not (cut / "DONE").exists() and len(metrics(cut)) == 3
     assert torch.load(cut / "checkpoint.pt", weights_only=True)["step"] == 3
     train.main(["--resume", str(cut)])
     assert without_times(metrics(cut)) == full and (cut / "DONE").exists()
+    assert not (cut / "resume.txt").exists()  # running again: the note is gone
 
 
 def test_sigterm_stops_like_ctrl_c_and_says_how_to_resume(out, monkeypatch, capsys):
@@ -385,7 +390,8 @@ def test_sigterm_stops_like_ctrl_c_and_says_how_to_resume(out, monkeypatch, caps
     monkeypatch.undo()
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 130 and err[-1] == ("train.py: stopped after step 2 of 3; checkpoint saved; resume "
-                                               f"with: python train.py --resume {out / 'term'}")
+                                               f"with: python train.py --resume {out / 'term'} (also in "
+                                               f"{out / 'term' / 'resume.txt'})")
     assert torch.load(out / "term" / "checkpoint.pt", weights_only=True)["step"] == 2
 
 
@@ -458,7 +464,9 @@ def test_an_interrupted_comparison_resumes_keeping_finished_configurations(out, 
         train.main(TINY + ["--out", str(out), "--name", "cmp-cut", *args])
     monkeypatch.undo()
     cut = out / "cmp-cut"
-    assert capsys.readouterr().err.strip().endswith(f"resume with: python train.py --resume {cut}")
+    assert capsys.readouterr().err.strip().endswith(f"resume with: python train.py --resume {cut} (also in "
+                                                    f"{cut / 'resume.txt'})")
+    assert (cut / "resume.txt").read_text().endswith(f"resume with: python train.py --resume {cut}\n")
     assert (cut / "otb-n2" / "DONE").exists() and not (cut / "group_mean-n4" / "DONE").exists()
     done_before = (cut / "otb-n2" / "metrics.jsonl").stat().st_mtime_ns
     train.main(["--resume", str(cut)])

@@ -22,9 +22,11 @@ def test_a_gpu_preset_without_cuda_stops_with_one_line(preset, tmp_path, monkeyp
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as stop:
         train.main(["--preset", preset, "--out", str(out)])
-    err = capsys.readouterr().err.strip()
+    printed = capsys.readouterr()
+    err = printed.err.strip()
     assert stop.value.code == 2 and len(err.splitlines()) == 1, err
     assert f"--preset {preset} needs a CUDA GPU" in err and "--device cpu" in err, err
+    assert printed.out == ""  # no plan announced (with an output folder) for a run that does not start
     assert not loaded and not out.exists()  # nothing loaded, nothing created
 
 

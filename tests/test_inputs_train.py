@@ -1,6 +1,8 @@
 """train.py's command line: a bad argument or a --resume that cannot work is one line naming the
 option, exit status 2, and nothing is created (lab/parse_options.py checks them before any work)."""
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +11,7 @@ import pytest
 import torch
 
 import train
+from lab import train_cli
 from tiny_runs import TINY, interrupt_at, run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,6 +89,8 @@ BAD = [
     (["--estimator", "otb", "--out", "/dev/null"], "--out"),
     (["--estimator", "otb", "--out", __file__ + "/runs"], "--out"),
 ]
+if Path("/proc/self").is_dir():  # a folder that refuses a new folder even to root (which passes access())
+    BAD.append((["--estimator", "otb", "--out", "/proc/otb-runs"], "--out"))
 if not torch.cuda.is_available():
     BAD.append((["--estimator", "otb", "--device", "cuda"], "--device"))
 if not torch.backends.mps.is_available():
@@ -144,8 +149,22 @@ def test_an_unreachable_hub_id_fails_fast_with_one_line(tmp_path, capsys, monkey
     assert "HF_HUB_OFFLINE" in err and "local folder" in err and not (tmp_path / "r").exists()
 
 
+def test_the_resume_help_and_its_error_name_the_same_options(tmp_path, capsys):
+    """--help for --resume lists the options a resume may change, and the error for any other lists the same."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"command": "python train.py", "config": {}}))
+    with pytest.raises(SystemExit) as e:
+        train.main(["--resume", str(tmp_path / "run"), "--lr", "1e-3"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("train.py: error: --lr cannot be changed when resuming"), err
+    help_text = next(f.metadata["help"] for f in dataclasses.fields(train.Config) if f.name == "resume")
+    named = lambda text: set(re.findall(r"--[a-z][a-z-]+", text))  # noqa: E731
+    assert named(help_text) == named(err.split("; only ")[1]) == {train_cli.flag(n) for n in train_cli.RESUMABLE}
+
+
 def test_an_option_of_the_other_mode_names_the_form_that_applies(tmp_path, capsys):
     for argv, form in ((["--group-size", "8"], "--compare otb:8,group_mean:8"),
+                       (["--group-size", "0"], "--compare otb:4,group_mean:4"),  # a valid size in the example
                        (["--estimator", "otb", "--results-dir", "res"], "without --estimator")):
         with pytest.raises(SystemExit) as e:
             train.main(argv + ["--out", str(tmp_path)])
