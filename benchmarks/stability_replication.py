@@ -64,22 +64,7 @@ FIRST_STUDY_D = [36, 95, 77, 109, 104, 30, 2, 0, 58, 104, 30, 0]
 # The test, eq. (4), and its power
 # =====================================================================================
 
-def signflip_p(diffs):
-    """Eq. (4): the exact two-sided sign-flip P of mean(diffs) = 0, for whole-number diffs."""
-    d = [int(round(x)) for x in diffs]
-    if not d:
-        return 1.0
-    span = sum(abs(x) for x in d)
-    counts = torch.zeros(2 * span + 1, dtype=torch.float64)  # counts[span + v]: patterns with sum v
-    counts[span] = 1.0
-    for x in d:
-        a = abs(x)
-        if a:
-            counts = torch.roll(counts, a) + torch.roll(counts, -a)  # no wrap: |sum| <= span throughout
-        else:
-            counts = 2 * counts
-    sums = torch.arange(-span, span + 1, dtype=torch.float64)
-    return (counts[sums.abs() >= abs(sum(d))].sum() / 2 ** len(d)).item()
+signflip_p = stats.signflip_p  # eq. (4): whole-number diffs -> the exact two-sided P
 
 
 def power(n, effect, base=FIRST_STUDY_D, sims=2000, alpha=ALPHA, seed=0, low=-(TAU - st.WINDOW), high=TAU - st.WINDOW):
