@@ -21,7 +21,10 @@ Beside it: the t interval of Delta, and a percentile bootstrap interval over see
 (``power``) is simulated from the first study's differences used only as a planning value: their
 spread around their mean, recentred on a smaller effect. Secondary endpoints (protocol): the
 absolute failure (success <= 0.02 over the last 20 steps), the final success, and the same contrast
-for otb against rloo and grpo.
+for otb against rloo and grpo. Added after the verdict, and labelled so: Holm's correction of the
+secondary contrasts, a sensitivity analysis of the primary and two post hoc contrasts
+(``with_holm``, ``sensitivity``, ``post_hoc``). As in stability.py, runs start only from committed
+code (``--allow-dirty`` overrides) and each saved run records the commit and machine that made it.
 
     python benchmarks/stability_replication.py --power          # the protocol's power table
     nice -n 10 python benchmarks/stability_replication.py       # the replication (resumes)
@@ -42,7 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks import grid  # noqa: E402
 from benchmarks import stability as st  # noqa: E402
-from benchmarks.cli import at_least, int_list, out_folder, parser, write_results  # noqa: E402
+from benchmarks.cli import (allow_dirty_option, at_least, code_to_run, int_list, out_folder, parser,  # noqa: E402
+                            write_results)
 from lab import resampling, stats  # noqa: E402
 
 # ---- the protocol (docs/stability_replication_protocol.md); change only by a dated addendum there
@@ -348,6 +352,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=at_least(1), default=TAU, help="training steps per run")
     p.add_argument("--train-args", default="", help="extra train.py arguments (smoke tests only)")
     p.add_argument("--power", action="store_true", help="print the protocol's power table and stop")
+    allow_dirty_option(p)
     args = p.parse_args(argv)
     if args.from_saved is not None and not (Path(args.from_saved) / "runs").is_dir():
         p.error(f"--from-saved {args.from_saved}: no runs/ folder of saved metrics in it")
@@ -362,6 +367,7 @@ def main(argv=None):
     out = Path(args.out)
     saved = Path(args.from_saved or args.out) / "runs"
     if not args.from_saved:
+        code = code_to_run("benchmarks/stability_replication.py", args.allow_dirty)  # refuses uncommitted code
         chosen = [b for b in BLOCKS if b[0] in args.blocks.split(",")]
         todo = plan(args.seeds, chosen)
         out.mkdir(parents=True, exist_ok=True)
@@ -370,6 +376,7 @@ def main(argv=None):
             jobs = [(e, s, lr) for e, s, lr in jobs if not (Path(args.runs) / st.run_name(e, s, lr) / "DONE").exists()]
             if not jobs:
                 continue
+            st.started(args.runs, [st.run_name(e, s, lr) for e, s, lr in jobs], code)
             record_load(out / "load.jsonl", block=name, seed=jobs[0][1], event="start")
             grid.run([(st.command(e, s, lr, args.runs, args.steps, args.train_args.split()),
                        Path(args.runs) / st.run_name(e, s, lr), s) for e, s, lr in jobs], 1)
@@ -388,10 +395,11 @@ def write(out, saved, n_planned=None):
     sens = sensitivity(primary, per_run) if len(primary["seeds"]) >= n_planned else None  # once the verdict is read
     hoc = post_hoc(per_run)
     source = "python benchmarks/stability_replication.py --from-saved benchmarks/results/stability_replication"
-    text = report(per_run, primary, secondary, n_planned, source, sens=sens, hoc=hoc)
+    code = st.saved_code(saved, [st.run_name(e, s, x) for (e, x), by_seed in histories.items() for s in by_seed])
+    text = report(per_run, primary, secondary, n_planned, source, sens=sens, hoc=hoc) + "\n" + st.code_line(code) + "\n"
     key = lambda cell: f"{cell[0]} lr {cell[1]:g}"  # noqa: E731
     record = dict(protocol="docs/stability_replication_protocol.md", command=source, tau=TAU,
-                  planned_seeds=n_planned, failure=dict(window=FAIL_WINDOW, level=FAIL_LEVEL),
+                  planned_seeds=n_planned, code=code, failure=dict(window=FAIL_WINDOW, level=FAIL_LEVEL),
                   per_run={key(c): {str(s): r for s, r in runs.items()} for c, runs in per_run.items()},
                   primary=primary, secondary=secondary, sensitivity=sens, post_hoc=hoc)
     Path(out).mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """The stability study's statistics (benchmarks/stability.py) against answers computed another way:
 closed forms of the Wilson interval, McNemar's test by enumerating every sign pattern, Kaplan-Meier
 by hand, the power by enumerating every joint outcome of the pairs; the collapse rule on hand-made
-histories; the committed tables regenerated (summary.md byte for byte, results.json to float rounding); and a two-run end-to-end smoke of the runner."""
+histories; the committed tables regenerated (summary.md byte for byte, results.json to float
+rounding) and the docs checked against them; and a two-run end-to-end smoke of the runner."""
 import itertools
 import json
 import math
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import stability as st
+from code_repo import checkout
+from lab import machine
 from saved import same_record
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "stability"
@@ -166,12 +169,22 @@ def test_the_committed_tables_are_what_the_script_writes_from_the_saved_runs(tmp
     same_record(json.loads((tmp_path / "results.json").read_text()), json.loads((RESULTS / "results.json").read_text()))
 
 
-def test_runner_end_to_end_two_tiny_runs(tmp_path):
+def test_runner_end_to_end_two_tiny_runs(tmp_path, monkeypatch):
+    """Two runs from a clean checkout (tests/code_repo.py): each records its commit and machine
+    beside its saved metrics and in results.json."""
     tiny = ("--tiny-hidden 32 --tiny-layers 1 --warmup-max-steps 0 --horizon 4 --prompts-per-step 2 "
             "--checkpoint-minutes 1000")
     args = ["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--estimators", "otb",
             "--seeds", "0,1", "--lrs", "1e-3", "--primary-lr", "1e-3", "--steps", "2", "--train-args", tiny]
-    st.main(args)
+    head = checkout(tmp_path / "repo", monkeypatch)
+    record = st.main(args)
+    names = [st.run_name("otb", seed, 1e-3) for seed in (0, 1)]
+    assert record["code"]["commits"] == [head] and record["code"]["not_recorded"] == 0
+    for name in names:
+        saved = json.loads((tmp_path / "out" / "runs" / f"{name}.code.json").read_text())
+        assert saved == record["code"]["runs"][name]
+        assert (saved["commit"], saved["code_changes"], saved["allow_dirty"]) == (head, [], False)
+        assert saved["machine"] == machine.fingerprint()
     for seed in (0, 1):
         name = st.run_name("otb", seed, 1e-3)
         full = [json.loads(x) for x in (tmp_path / "runs" / name / "metrics.jsonl").read_text().splitlines()]
@@ -184,6 +197,7 @@ def test_runner_end_to_end_two_tiny_runs(tmp_path):
     assert "| otb lr 0.001 vs group_mean lr 0.001 | 0 |" in summary  # no group_mean runs: no pairs
     st.main(["--from-saved", str(tmp_path / "out"), "--out", str(tmp_path / "again"), "--primary-lr", "1e-3"])
     assert (tmp_path / "again" / "summary.md").read_text() == summary
+    assert f"Code: commit {head[:12]} (2 runs) (of 2 saved runs;" in summary
 
 
 @pytest.mark.skipif(not (RESULTS / "summary.md").is_file(), reason="no saved results yet")

@@ -13,6 +13,8 @@ import pytest
 
 from benchmarks import stability as st
 from benchmarks import stability_replication as rp
+from code_repo import checkout, commit, edit
+from lab import machine
 from saved import same_record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,15 +79,34 @@ def test_plan_runs_the_primary_block_for_every_seed_first():
     assert order[-1][1] == [("otb", 202, 1e-3), ("group_mean", 202, 1e-3)]
 
 
-def test_runner_end_to_end_two_tiny_seeds(tmp_path):
+def test_runner_end_to_end_two_tiny_seeds(tmp_path, monkeypatch):
+    """Two sittings, as a study resumed on another day: seed 0 from a clean commit A, then (after
+    commit B and an uncommitted edit) seeds 0 and 1 with --allow-dirty: seed 0 is kept, seed 1 runs.
+    Each run records the sitting that ran it, and results.json every commit the study ran under."""
     tiny = ("--tiny-hidden 32 --tiny-layers 1 --warmup-max-steps 0 --horizon 4 --prompts-per-step 2 "
             "--checkpoint-minutes 1000")
-    out = tmp_path / "out"
-    args = ["--runs", str(tmp_path / "runs"), "--out", str(out), "--seeds", "0,1", "--blocks", "R1",
-            "--steps", "2", "--train-args", tiny]
-    rp.main(args)
-    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(
-        f"{st.run_name(e, s, 7e-4)}.jsonl" for e in ("otb", "group_mean") for s in (0, 1))
+    out, repo = tmp_path / "out", tmp_path / "repo"
+    first = checkout(repo, monkeypatch)
+    common = ["--runs", str(tmp_path / "runs"), "--out", str(out), "--blocks", "R1", "--steps", "2", "--train-args", tiny]
+    rp.main(common + ["--seeds", "0"])
+    (repo / "tasks.py").write_text("print('a task')\n")
+    second = commit(repo, "second")
+    edit(repo)
+    args = common + ["--seeds", "0,1", "--allow-dirty"]
+    record = rp.main(args)
+    names = {s: [st.run_name(e, s, 7e-4) for e in ("otb", "group_mean")] for s in (0, 1)}
+    assert sorted(p.name for p in (out / "runs").glob("*.jsonl")) == sorted(f"{n}.jsonl" for n in names[0] + names[1])
+    code = record["code"]
+    assert code["commits"] == [first, second] and code["not_recorded"] == 0
+    assert code["allow_dirty"] == sorted(names[1]) and code["machines"] == [machine.fingerprint()]
+    for seed, commit_, dirty, changes in ((0, first, False, []), (1, second, True, ["train.py"])):
+        for name in names[seed]:
+            saved = json.loads((out / "runs" / f"{name}.code.json").read_text())
+            assert saved == code["runs"][name]
+            assert (saved["commit"], saved["allow_dirty"], saved["code_changes"]) == (commit_, dirty, changes), name
+    assert json.loads((out / "results.json").read_text())["code"] == code
+    assert (f"Code: commit {first[:12]} (2 runs), commit {second[:12]} (2 runs); 2 runs started with --allow-dirty, "
+            "from uncommitted changes to train.py (of 4 saved runs;") in (out / "summary.md").read_text()
     loads = [json.loads(x) for x in (out / "load.jsonl").read_text().splitlines()]
     assert [(r["block"], r["seed"], r["event"]) for r in loads] == [("R1", 0, "start"), ("R1", 0, "end"),
                                                                     ("R1", 1, "start"), ("R1", 1, "end")]
