@@ -228,7 +228,8 @@ SECONDARY_HEAD = ["| A vs B | paired seeds | RMST A | RMST B | difference A - B 
 
 
 def secondary_line(c):
-    return (f"| {c['a']} vs {c['b']} | {len(c['seeds'])} | {st.num(c['mean_a'], '.1f')} | {st.num(c['mean_b'], '.1f')} | "
+    return (f"| {c['a']} vs {c['b']} | {len(c['seeds'])} | {st.num(c['mean_a'], '.1f')} | "
+            f"{st.num(c['mean_b'], '.1f')} | "
             f"{fmt_iv(c['delta'], c['t_lo'], c['t_hi'])} | {fmt_iv(c['delta'], c['boot_lo'], c['boot_hi'])} | "
             f"{c['later']} / {c['earlier']} | {c['p_value']:.4f} | {c['p_holm']:.4f} ({c['holm_family']}) | "
             f"{c['verdict']} | {fmt_iv(c['final_delta'], c['final_lo'], c['final_hi'], '.3f')} |")

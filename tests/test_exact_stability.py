@@ -3,9 +3,11 @@ closed forms of the Wilson interval, McNemar's test by enumerating every sign pa
 by hand, the power by enumerating every joint outcome of the pairs; the collapse rule on hand-made
 histories; the committed tables regenerated (summary.md byte for byte, results.json to float
 rounding) and the docs checked against them; and a two-run end-to-end smoke of the runner."""
+import datetime
 import itertools
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -200,12 +202,74 @@ def test_runner_end_to_end_two_tiny_runs(tmp_path, monkeypatch):
     assert f"Code: commit {head[:12]} (2 runs) (of 2 saved runs;" in summary
 
 
-@pytest.mark.skipif(not (RESULTS / "summary.md").is_file(), reason="no saved results yet")
-def test_the_docs_tables_are_rows_of_the_committed_summary():
-    """Every table row of docs/stability.md is a row of the first study's summary.md or of the
-    replication's (benchmarks/results/stability_replication), never typed by hand."""
-    doc = (RESULTS.parent.parent.parent / "docs" / "stability.md").read_text()
-    summary = (RESULTS / "summary.md").read_text().splitlines()
-    summary += (RESULTS.parent / "stability_replication" / "summary.md").read_text().splitlines()
+REPLICATION = RESULTS.parent / "stability_replication"
+DOC = RESULTS.parent.parent.parent / "docs" / "stability.md"
+
+
+def blocks_copied(doc):
+    """The lines of every ``<!-- from: ... -->`` ... ``<!-- end -->`` block of a page, blank lines left out."""
+    lines, inside = [], False
+    for line in doc.splitlines():
+        if line.startswith("<!-- from:"):
+            inside = True
+        elif line.startswith("<!-- end -->"):
+            inside = False
+        elif inside and line.strip():
+            lines.append(line)
+    return lines
+
+
+@pytest.mark.skipif(not (REPLICATION / "summary.md").is_file(), reason="no saved results yet")
+def test_the_docs_tables_and_copied_lines_are_lines_of_the_committed_summaries():
+    """Every table row of docs/stability.md, and every line of its ``<!-- from: -->`` blocks (the
+    sensitivity paragraph, the Code lines), is a line of the first study's summary.md or of the
+    replication's, never typed by hand; the corrected reading has no "does as well"."""
+    doc = DOC.read_text()
+    summary = (RESULTS / "summary.md").read_text().splitlines() + (REPLICATION / "summary.md").read_text().splitlines()
     rows = [line for line in doc.splitlines() if line.startswith("|")]
     assert len(rows) >= 12 and [r for r in rows if r not in summary] == []
+    copied = blocks_copied(doc)
+    assert len(copied) >= 6 and [line for line in copied if line not in summary] == []
+    assert any(line.startswith("- Ties: d = 0 on") for line in copied)  # the sensitivity paragraph is there
+    readme = (DOC.parent.parent / "README.md").read_text()
+    assert not [w for w in ("does as well", "did as well", "do as well") if w in doc or w in readme]
+
+
+HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")  # a commit: hex with a digit and a letter
+
+
+@pytest.mark.skipif(not (REPLICATION / "results.json").is_file(), reason="no saved results yet")
+def test_what_the_docs_say_about_the_code_that_ran_is_what_the_runs_record():
+    """For each study, the Code line written from its runs' records (runs/<name>.code.json, gathered
+    in results.json) is in docs/stability.md; and every commit the page names in its prose is either
+    one the records hold or sits in a paragraph that says the commit is not recorded (a procedure is
+    not a record)."""
+    doc = DOC.read_text()
+    recorded = []
+    for folder in (RESULTS, REPLICATION):
+        code = json.loads((folder / "results.json").read_text())["code"]
+        assert len(code["runs"]) == len(list((folder / "runs").glob("*.jsonl")))
+        assert code["not_recorded"] == sum(r == st.NOT_RECORDED for r in code["runs"].values())
+        assert st.code_line(code) in blocks_copied(doc)
+        recorded += code["commits"]
+    prose = re.sub(r"```.*?```", "", doc, flags=re.S)  # commands are instructions, not claims
+    for paragraph in prose.split("\n\n"):
+        for named in HASH.findall(paragraph):
+            assert any(c.startswith(named) for c in recorded) or "not recorded" in paragraph, (named, paragraph)
+
+
+def test_the_replications_times_are_those_of_its_load_record():
+    """The block end times and the R1 seed durations that docs/stability.md states, from load.jsonl."""
+    rows = [json.loads(x) for x in (REPLICATION / "load.jsonl").read_text().splitlines()]
+    when = lambda r: datetime.datetime.strptime(r["utc"], "%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    doc = " ".join(DOC.read_text().split())  # one line: the page wraps its sentences anywhere
+    for block in ("R1", "R2", "R3", "R4"):
+        end = max(when(r) for r in rows if r["block"] == block and r["event"] == "end")
+        assert end.strftime("%H:%M:%S") in doc, block
+    start = {r["seed"]: when(r) for r in rows if r["block"] == "R1" and r["event"] == "start"}
+    minutes = [(when(r) - start[r["seed"]]).total_seconds() / 60 for r in rows
+               if r["block"] == "R1" and r["event"] == "end"]
+    assert len(minutes) == 24
+    assert f"took {min(minutes):.1f}-{max(minutes):.1f} minutes, {sum(m < 3 for m in minutes)} of the 24 under 3" in doc
+    last = max(when(r) for r in rows if r["block"] == "R1")
+    assert f"R1 from {min(start.values()):%H:%M:%S} to {last:%H:%M:%S}" in doc

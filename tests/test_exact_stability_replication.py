@@ -87,7 +87,8 @@ def test_runner_end_to_end_two_tiny_seeds(tmp_path, monkeypatch):
             "--checkpoint-minutes 1000")
     out, repo = tmp_path / "out", tmp_path / "repo"
     first = checkout(repo, monkeypatch)
-    common = ["--runs", str(tmp_path / "runs"), "--out", str(out), "--blocks", "R1", "--steps", "2", "--train-args", tiny]
+    common = ["--runs", str(tmp_path / "runs"), "--out", str(out), "--blocks", "R1", "--steps", "2",
+              "--train-args", tiny]
     rp.main(common + ["--seeds", "0"])
     (repo / "tasks.py").write_text("print('a task')\n")
     second = commit(repo, "second")
@@ -174,11 +175,13 @@ def test_sensitivity_by_hand():
     assert sens["signed_rank"] == dict(n=4, w_plus=8.0, p=6 / 16)
     # sign test 3 later, 1 earlier: 2 (1 + 4) / 16
     assert sens["sign_test"] == dict(later=3, earlier=1, p=10 / 16)
-    assert sens["largest"] == [dict(seed=2, d=30), dict(seed=3, d=20)] and (sens["largest_sum"], sens["total"]) == (50, 45)
-    assert sens["rest"] == 4 and sens["rest_mean"] == pytest.approx(-5 / 4) and sens["rest_p"] == enumerated_p([0, 0, -10, 5])
+    assert sens["largest"] == [dict(seed=2, d=30), dict(seed=3, d=20)]
+    assert (sens["largest_sum"], sens["total"], sens["rest"]) == (50, 45, 4)
+    assert sens["rest_mean"] == pytest.approx(-5 / 4) and sens["rest_p"] == enumerated_p([0, 0, -10, 5])
     lines = rp.sensitivity_lines(sens, primary)
     assert lines[0] == ("- Ties: d = 0 on 2 of the 6 seeds: both runs collapsed at step 10 on 1 (0); neither run "
-                        "collapsed (both censored at 120) on 1 (1). The test rests on the other 4 (3 later, 1 earlier).")
+                        "collapsed (both censored at 120) on 1 (1). The test rests on the other 4 (3 later, "
+                        "1 earlier).")
     assert "(seed 2: +30, seed 3: +20) sum to +50 of the total +45 steps (111%)" in lines[3]
 
 
@@ -187,6 +190,7 @@ def test_post_hoc_reinforce_and_the_first_studys_endpoint():
     per_run[("reinforce", 7e-4)] = per_run_of({0: (20, 0), 1: (None, 0), 2: (60, 0), 3: (None, 0)})[("otb", 7e-4)]
     hoc = rp.post_hoc(per_run)
     first = hoc["first_endpoint"]  # collapsed: otb on 0, 2; group_mean on 0, 1
-    assert (first["a_only"], first["b_only"], first["both"], first["neither"]) == (1, 1, 1, 1) and first["p_value"] == 1.0
+    assert (first["a_only"], first["b_only"], first["both"], first["neither"]) == (1, 1, 1, 1)
+    assert first["p_value"] == 1.0
     r = hoc["reinforce_vs_group_mean"]
     assert r["d"] == [10, 110, -60, 0] and r["verdict"] == "post hoc: descriptive"
