@@ -257,6 +257,12 @@ def conclusion(names, histories, k=FINAL):
     if len(names) < 2:
         return [f"One configuration ({ref}): nothing to compare."]
     d = {n: paired_steps(histories[ref], histories[n], k) for n in names[1:]}
+    if min(x["steps"] for x in d.values()) < 2:
+        return [f"Success of {ref} minus each other run at the one step they share: "
+                + "; ".join(f"{n} {d[n]['mean']:+.3f}" for n in d) + ".",
+                "One step gives no interval, so this run resolves none of these differences; the paired "
+                "multi-seed comparisons are in docs/reproduction.md (equal sampled tokens) and docs/stability.md "
+                "(collapse)."]
     shown = lambda n: f"{n} {d[n]['mean']:+.3f} [{d[n]['lo']:+.3f}, {d[n]['hi']:+.3f}]"  # noqa: E731
     resolved = [n for n in d if stats.verdict(d[n]["lo"], d[n]["hi"], 0.0) != "covers"]
     unresolved = [n for n in d if n not in resolved]

@@ -90,6 +90,8 @@ def test_the_conclusion_pairs_the_steps_both_runs_ran():
     got = compare.paired_steps(a, b)
     assert got["steps"] == 10 and got["mean"] == pytest.approx(0.14)
     assert compare.conclusion(["a"], {"a": a}) == ["One configuration (a): nothing to compare."]
+    one = compare.conclusion(["a", "b"], {"a": a[:1], "b": b[:1]})  # one step: no interval to read
+    assert one[0] == "Success of a minus each other run at the one step they share: b +0.100." and "none" in one[1]
 
 
 def rows_of(*reached):
