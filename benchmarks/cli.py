@@ -3,11 +3,17 @@ one line (`error: argument --steps: must be an integer >= 1, got '0'`, exit stat
 anything runs or is written, output paths checked the same way, the parser and the command line
 stored with the results. By default the benchmarks write under ``runs/`` (git-ignored); the
 committed ``benchmarks/results/`` change only when ``--out``/``--json`` names them.
+
+A long experiment records the code it runs: ``code_to_run`` refuses to start runs from code with
+uncommitted changes (``--allow-dirty``, from ``allow_dirty_option``, overrides it, and the runs then
+record the changed files and the flag), and returns what the runs record: the commit, the changed
+files, the flag, this machine's fingerprint and the time (lab/machine.py).
 """
 import argparse
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -26,6 +32,30 @@ def parser(doc):
 def command(script, argv=None):
     """The command line that ran benchmarks/<script> (argv: main's, else the process's), shell-quoted."""
     return f"python benchmarks/{script} {shlex.join(sys.argv[1:] if argv is None else argv)}".strip()
+
+
+def allow_dirty_option(p):
+    """--allow-dirty on parser p (for a script that starts runs with ``code_to_run``)."""
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="start runs even though the code (*.py, lab/, benchmarks/) has uncommitted changes or git "
+                   "cannot tell; each run then records the changed files and that this flag was given")
+
+
+def code_to_run(script, allow_dirty):
+    """What each run started now records of its code: {commit, code_changes, allow_dirty, machine, utc}.
+    SystemExit (status 1, before anything is written) naming the changed files when the code has
+    uncommitted changes, or git cannot tell, and ``allow_dirty`` is not set."""
+    from lab import machine  # imports torch: only where runs start
+    code = machine.provenance()
+    changes = code["code_changes"]
+    if changes != [] and not allow_dirty:
+        why = ("git cannot tell which code would run (no git checkout)" if changes is None else
+               f"the code has uncommitted changes ({', '.join(changes[:8])}{', ...' if len(changes) > 8 else ''})")
+        raise SystemExit(f"{script}: not starting any run: {why}, so the runs could not record the code they ran. "
+                         "Commit the changes first, or pass --allow-dirty (the runs then record the changed files "
+                         "and the flag).")
+    return dict(code, allow_dirty=bool(allow_dirty), machine=machine.fingerprint(),
+                utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
 def write_json(out, name, record):

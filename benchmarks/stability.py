@@ -5,7 +5,9 @@ copy task at a long horizon, six estimators at N = 4 on a ladder of learning rat
 across estimators, through benchmarks/grid.py (a run folder with DONE is kept, so a study resumes
 across sittings). Each finished run's metrics.jsonl is copied, reduced to the columns the analysis
 reads, into <out>/runs/, and the analysis reads only those copies, so ``--from-saved`` remakes every
-table and the figure from committed data alone.
+table and the figure from committed data alone. Runs start only from committed code (``--allow-dirty``
+overrides, and says so in the record): each saved run records the commit and machine that made it
+in <out>/runs/<name>.code.json, and results.json and summary.md list every commit the study ran under.
 
 A run *collapses* when its trailing success mean falls below a fraction of its best level and stays
 there to the end of the run (success = the step's fraction of responses with reward 1, from
@@ -41,8 +43,8 @@ from statistics import NormalDist, fmean, median
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks import grid  # noqa: E402
-from benchmarks.cli import (at_least, choice_list, int_list, out_folder, parser,  # noqa: E402
-                            positive_float_list, write_results)
+from benchmarks.cli import (allow_dirty_option, at_least, choice_list, code_to_run, int_list,  # noqa: E402
+                            out_folder, parser, positive_float_list, write_results)
 import otb  # noqa: E402
 from lab import stats  # noqa: E402
 from lab.plumbing import read_jsonl  # noqa: E402
@@ -70,17 +72,7 @@ SURVIVAL_AT = [10, 25, 50, 100, 120]  # steps at which the survival table reads 
 # =====================================================================================
 
 wilson = stats.wilson  # eq. (4): (k / n, lo, hi), the Wilson score interval of a binomial proportion
-
-
-def mcnemar_exact(b, c):
-    """Eq. (5): the two-sided exact McNemar p-value of b pairs (A yes, B no) against c (A no, B yes)."""
-    if b < 0 or c < 0:
-        raise ValueError(f"discordant counts must be >= 0, got b={b}, c={c}")
-    m = b + c
-    if m == 0:
-        return 1.0
-    tail = sum(math.comb(m, i) for i in range(min(b, c) + 1)) / 2 ** m  # P(Bin(m, 1/2) <= min)
-    return min(1.0, 2 * tail)
+mcnemar_exact = stats.sign_test  # eq. (5): (b, c) discordant pairs -> the exact two-sided P
 
 
 def kaplan_meier(times, events, z=Z):
@@ -219,8 +211,10 @@ def blocks(estimators, seeds, ladder, primary, first=8):
 
 
 def collect(runs, saved, finished_only=True):
-    """Copy each finished run's metrics.jsonl (DONE), reduced to KEEP, to saved/<name>.jsonl."""
+    """Copy each finished run's metrics.jsonl (DONE), reduced to KEEP, to saved/<name>.jsonl, and the
+    code it ran (``started``'s ledger) to saved/<name>.code.json."""
     saved.mkdir(parents=True, exist_ok=True)
+    ledger = code_ledger(runs)
     for folder in sorted(Path(runs).iterdir()):
         if not (folder / "metrics.jsonl").exists() or not NAME.match(folder.name):
             continue
@@ -229,6 +223,67 @@ def collect(runs, saved, finished_only=True):
         lines = [json.dumps({k: float(f"{r[k]:.6g}") if isinstance(r[k], float) else r[k] for k in KEEP})
                  for r in read_jsonl(folder / "metrics.jsonl")]
         (saved / f"{folder.name}.jsonl").write_text("\n".join(lines) + "\n")
+        if folder.name in ledger:
+            (saved / f"{folder.name}.code.json").write_text(json.dumps(ledger[folder.name], indent=1) + "\n")
+
+
+# =====================================================================================
+# The code each run ran: recorded when it starts, saved beside its metrics
+# =====================================================================================
+# benchmarks/cli.code_to_run refuses uncommitted code (unless --allow-dirty) and says what a run
+# records; ``started`` appends it, with the names of the runs about to start, to <runs>/code.jsonl
+# before they start, so a run that is stopped and started again in a later sitting (grid.py runs it
+# again from step 0) is credited to the sitting that finished it. A study resumed over several
+# sittings lists every commit its runs ran under.
+
+NOT_RECORDED = "commit not recorded"
+
+
+def started(runs, names, code):
+    """Append ``code`` (cli.code_to_run) and the run names about to start to <runs>/code.jsonl."""
+    Path(runs).mkdir(parents=True, exist_ok=True)
+    with open(Path(runs) / "code.jsonl", "a") as f:
+        f.write(json.dumps(dict(code, runs=list(names))) + "\n")
+
+
+def code_ledger(runs):
+    """{run name: the code of the last sitting that started it} from <runs>/code.jsonl ({} without one)."""
+    path = Path(runs) / "code.jsonl"
+    out = {}
+    for entry in read_jsonl(path) if path.exists() else []:
+        out.update({name: {k: v for k, v in entry.items() if k != "runs"} for name in entry["runs"]})
+    return out
+
+
+def saved_code(saved, names):
+    """The code record of each saved run: {"runs": {name: record or NOT_RECORDED}, "commits": every
+    commit the runs ran under, in order of first use, "not_recorded": how many runs record none,
+    "allow_dirty": the runs started with --allow-dirty, "machines": the distinct fingerprints}."""
+    runs = {}
+    for name in sorted(names):
+        path = Path(saved) / f"{name}.code.json"
+        runs[name] = json.loads(path.read_text()) if path.exists() else NOT_RECORDED
+    recorded = [r for r in runs.values() if r != NOT_RECORDED]
+    return dict(commits=list(dict.fromkeys(r["commit"] for r in recorded)),
+                not_recorded=len(runs) - len(recorded),
+                allow_dirty=[n for n, r in runs.items() if r != NOT_RECORDED and r["allow_dirty"]],
+                machines=[dict(t) for t in dict.fromkeys(tuple(r["machine"].items()) for r in recorded)], runs=runs)
+
+
+def code_line(code):
+    """One line for summary.md: which commits made the saved runs, and how many record none."""
+    n = len(code["runs"])
+    if not code["commits"]:
+        return f"Code: {NOT_RECORDED} for any of the {n} saved runs."
+    count = lambda c: sum(r != NOT_RECORDED and r["commit"] == c for r in code["runs"].values())  # noqa: E731
+    text = "Code: " + ", ".join(f"commit {c[:12]} ({count(c)} runs)" for c in code["commits"])
+    if code["not_recorded"]:
+        text += f"; {NOT_RECORDED}: {code['not_recorded']} runs"
+    if code["allow_dirty"]:
+        changed = sorted({f for name in code["allow_dirty"] for f in code["runs"][name]["code_changes"] or ["?"]})
+        text += (f"; {len(code['allow_dirty'])} runs started with --allow-dirty, from uncommitted changes to "
+                 + ", ".join(changed))
+    return text + f" (of {n} saved runs; each run's record: runs/<name>.code.json)."
 
 
 def load_saved(saved):
@@ -525,6 +580,7 @@ def parse_args(argv=None):
     p.add_argument("--primary-lr", type=float, default=PRIMARY_LR, help="the rate of the primary endpoint")
     p.add_argument("--steps", type=at_least(1), default=STEPS, help="training steps per run")
     p.add_argument("--train-args", default="", help="extra train.py arguments (smoke tests only)")
+    allow_dirty_option(p)
     args = p.parse_args(argv)
     if args.from_saved is not None and not (Path(args.from_saved) / "runs").is_dir():
         p.error(f"--from-saved {args.from_saved}: no runs/ folder of saved metrics in it")
@@ -537,12 +593,15 @@ def main(argv=None):
     saved = Path(args.from_saved or args.out) / "runs"
     if not args.from_saved:
         if not args.no_train:
+            code = code_to_run("benchmarks/stability.py", args.allow_dirty)  # refuses uncommitted code
             extra = args.train_args.split()
             todo = blocks(args.estimators, args.seeds, args.lrs, args.primary_lr)
             print(f"{sum(map(len, todo))} runs in {len(todo)} blocks into {args.runs}", flush=True)
             for block in todo:
-                grid.run([(command(e, s, lr, args.runs, args.steps, extra), Path(args.runs) / run_name(e, s, lr), s)
-                          for e, s, lr in block], args.jobs)
+                jobs = [(command(e, s, lr, args.runs, args.steps, extra), Path(args.runs) / run_name(e, s, lr), s)
+                        for e, s, lr in block]
+                started(args.runs, [folder.name for _, folder, _ in jobs if not (folder / "DONE").exists()], code)
+                grid.run(jobs, args.jobs)
                 collect(args.runs, saved)  # each finished block is saved at once
         else:
             collect(args.runs, saved)
@@ -553,8 +612,10 @@ def main(argv=None):
     source = "python benchmarks/stability.py --from-saved benchmarks/results/stability"
     text = report(cells, primary_test, secondary, source, args.primary_lr, per_run, histories, too_few)
     key = lambda cell: f"{cell[0]} lr {cell[1]:g}"  # noqa: E731
+    code = saved_code(saved, [run_name(e, s, lr) for (e, lr), by_seed in histories.items() for s in by_seed])
+    text += "\n" + code_line(code) + "\n"
     record = dict(protocol="docs/stability_protocol.md", command=source, primary_lr=args.primary_lr,
-                  collapse_rule=dict(window=WINDOW, ratio=RATIO), rise=RISE,
+                  code=code, collapse_rule=dict(window=WINDOW, ratio=RATIO), rise=RISE,
                   per_run={key(c): {str(s): r for s, r in runs.items()} for c, runs in per_run.items()},
                   cells={key(c): v for c, v in cells.items()}, primary=primary_test, secondary=secondary,
                   post_hoc_later=later(per_run, ("otb", args.primary_lr), ("group_mean", args.primary_lr)))

@@ -21,7 +21,10 @@ Beside it: the t interval of Delta, and a percentile bootstrap interval over see
 (``power``) is simulated from the first study's differences used only as a planning value: their
 spread around their mean, recentred on a smaller effect. Secondary endpoints (protocol): the
 absolute failure (success <= 0.02 over the last 20 steps), the final success, and the same contrast
-for otb against rloo and grpo.
+for otb against rloo and grpo. Added after the verdict, and labelled so: Holm's correction of the
+secondary contrasts, a sensitivity analysis of the primary and two post hoc contrasts
+(``with_holm``, ``sensitivity``, ``post_hoc``). As in stability.py, runs start only from committed
+code (``--allow-dirty`` overrides) and each saved run records the commit and machine that made it.
 
     python benchmarks/stability_replication.py --power          # the protocol's power table
     nice -n 10 python benchmarks/stability_replication.py       # the replication (resumes)
@@ -42,7 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks import grid  # noqa: E402
 from benchmarks import stability as st  # noqa: E402
-from benchmarks.cli import at_least, int_list, out_folder, parser, write_results  # noqa: E402
+from benchmarks.cli import (allow_dirty_option, at_least, code_to_run, int_list, out_folder, parser,  # noqa: E402
+                            write_results)
 from lab import resampling, stats  # noqa: E402
 
 # ---- the protocol (docs/stability_replication_protocol.md); change only by a dated addendum there
@@ -64,22 +68,7 @@ FIRST_STUDY_D = [36, 95, 77, 109, 104, 30, 2, 0, 58, 104, 30, 0]
 # The test, eq. (4), and its power
 # =====================================================================================
 
-def signflip_p(diffs):
-    """Eq. (4): the exact two-sided sign-flip P of mean(diffs) = 0, for whole-number diffs."""
-    d = [int(round(x)) for x in diffs]
-    if not d:
-        return 1.0
-    span = sum(abs(x) for x in d)
-    counts = torch.zeros(2 * span + 1, dtype=torch.float64)  # counts[span + v]: patterns with sum v
-    counts[span] = 1.0
-    for x in d:
-        a = abs(x)
-        if a:
-            counts = torch.roll(counts, a) + torch.roll(counts, -a)  # no wrap: |sum| <= span throughout
-        else:
-            counts = 2 * counts
-    sums = torch.arange(-span, span + 1, dtype=torch.float64)
-    return (counts[sums.abs() >= abs(sum(d))].sum() / 2 ** len(d)).item()
+signflip_p = stats.signflip_p  # eq. (4): whole-number diffs -> the exact two-sided P
 
 
 def power(n, effect, base=FIRST_STUDY_D, sims=2000, alpha=ALPHA, seed=0, low=-(TAU - st.WINDOW), high=TAU - st.WINDOW):
@@ -111,6 +100,13 @@ def failed(rows):
     return fmean(r["success"] for r in rows[-FAIL_WINDOW:]) <= FAIL_LEVEL
 
 
+def read_verdict(a, b, n, delta, p):
+    """The protocol's decision rule: a later / sooner than b when P <= ALPHA, else no difference shown."""
+    if n >= 2 and p <= ALPHA:
+        return f"{a} collapses later than {b}" if delta > 0 else f"{a} collapses sooner than {b}"
+    return "no difference shown"
+
+
 def contrast(per_run, a, b, boot=BOOT):
     """Eqs. (2)-(4) for estimator cells a, b on the seeds both finished, and the final-success difference."""
     seeds = sorted(set(per_run.get(a, {})) & set(per_run.get(b, {})))
@@ -122,10 +118,7 @@ def contrast(per_run, a, b, boot=BOOT):
         w = resampling.bootstrap_weights(len(d), boot)  # (R, n)
         b_lo, b_hi = resampling.interval(w @ torch.tensor(d, dtype=torch.float64))
     p = signflip_p(d)
-    if len(d) >= 2 and p <= ALPHA:
-        verdict = f"{a[0]} collapses later than {b[0]}" if mean > 0 else f"{a[0]} collapses sooner than {b[0]}"
-    else:
-        verdict = "no difference shown"
+    verdict = read_verdict(a[0], b[0], len(d), mean, p)
     fm, flo, fhi = stats.mean_interval(f) if len(f) >= 2 else (math.nan,) * 3
     return dict(a=f"{a[0]} lr {a[1]:g}", b=f"{b[0]} lr {b[1]:g}", seeds=seeds, d=d, mean_a=
                 fmean(per_run[a][s]["time_steps"] for s in seeds) if seeds else math.nan,
@@ -136,7 +129,8 @@ def contrast(per_run, a, b, boot=BOOT):
 
 
 def analyse(histories, lr=st.PRIMARY_LR):
-    """Per run (stability.summarize_run plus the failure), the primary contrast and the secondary ones."""
+    """Per run (stability.summarize_run plus the failure), the primary contrast and the secondary ones,
+    each secondary with its Holm-adjusted P (``with_holm``)."""
     per_run = {cell: {s: dict(st.summarize_run(h), failed=failed(h)) for s, h in by_seed.items()}
                for cell, by_seed in histories.items()}
     primary = contrast(per_run, ("otb", lr), ("group_mean", lr))
@@ -144,7 +138,68 @@ def analyse(histories, lr=st.PRIMARY_LR):
                  if (e, lr) in per_run]
     secondary += [contrast(per_run, ("otb", x), ("group_mean", x)) for x in sorted({x for _, x in per_run})
                   if x != lr and ("otb", x) in per_run and ("group_mean", x) in per_run]
-    return per_run, primary, secondary
+    return per_run, primary, with_holm(secondary)
+
+
+# =====================================================================================
+# Added after the verdict (not registered): the correction, the sensitivity, post hoc contrasts
+# =====================================================================================
+
+def with_holm(secondary):
+    """Each secondary contrast with ``p_holm``: Holm's adjusted P (lab/stats.py, eq. (10)) within the
+    contrasts at its learning rate (at the primary rate: otb against each other estimator; at another
+    rate: the primary pair, alone), and its verdict read from that adjusted P. ``p_holm_all``: the
+    adjusted P with every secondary contrast in one family, for comparison. The protocol planned no
+    correction; this one was added after the results."""
+    rate = lambda c: c["a"].split(" lr ")[1]  # noqa: E731  ('otb lr 0.0007' -> '0.0007')
+    adjusted = {}
+    for x in dict.fromkeys(rate(c) for c in secondary):
+        family = [i for i, c in enumerate(secondary) if rate(c) == x]
+        adjusted.update(zip(family, stats.holm([secondary[i]["p_value"] for i in family])))
+    everything = stats.holm([c["p_value"] for c in secondary])
+    return [dict(c, p_holm=adjusted[i], holm_family=sum(rate(o) == rate(c) for o in secondary),
+                 p_holm_all=everything[i],
+                 verdict=read_verdict(c["a"].split()[0], c["b"].split()[0], len(c["seeds"]), c["delta"], adjusted[i]))
+            for i, c in enumerate(secondary)]
+
+
+def sensitivity(primary, per_run, lr=st.PRIMARY_LR, largest=4):
+    """How much the primary's P rests on single seeds (descriptive, not the registered test): the tied
+    seeds and why they tie, P with each seed left out, Wilcoxon's signed-rank and the sign test on the
+    untied seeds (lab/stats.py), and the ``largest`` differences in size: their share of the total
+    difference, and the mean difference, its t interval and its P without them."""
+    seeds, d = primary["seeds"], primary["d"]
+    a, b = per_run.get(("otb", lr), {}), per_run.get(("group_mean", lr), {})
+    ties = {}  # why each tied seed ties: both collapsed at step t, neither collapsed, or one at step tau
+    for s in (s for s, x in zip(seeds, d) if x == 0):
+        ta, tb = a[s]["collapse_step"], b[s]["collapse_step"]
+        why = f"step {ta}" if ta is not None and tb is not None else "censored" if ta == tb else "mixed"
+        ties.setdefault(why, []).append(s)
+    loo = [signflip_p(d[:i] + d[i + 1:]) for i in range(len(d))]
+    untied = [x for x in d if x != 0]
+    ranked = sorted(range(len(d)), key=lambda i: (-abs(d[i]), seeds[i]))[:largest]
+    rest = [d[i] for i in range(len(d)) if i not in ranked]
+    rest_mean, rest_lo, rest_hi = stats.mean_interval(rest) if len(rest) >= 2 else (math.nan,) * 3
+    return dict(ties=ties, leave_one_out={str(s): p for s, p in zip(seeds, loo)},
+                loo_min=min(loo, default=math.nan), loo_max=max(loo, default=math.nan),
+                loo_above_alpha=[s for s, p in zip(seeds, loo) if p > ALPHA],
+                untied=len(untied), signed_rank=stats.signed_rank(untied),
+                sign_test=dict(later=primary["later"], earlier=primary["earlier"],
+                               p=stats.sign_test(primary["later"], primary["earlier"])),
+                largest=[dict(seed=seeds[i], d=d[i]) for i in ranked], largest_sum=sum(d[i] for i in ranked),
+                total=sum(d), rest=len(rest), rest_mean=rest_mean, rest_lo=rest_lo, rest_hi=rest_hi,
+                rest_p=signflip_p(rest))
+
+
+def post_hoc(per_run, lr=st.PRIMARY_LR):
+    """Questions asked after the results (descriptive): reinforce against group_mean in time to
+    collapse (the reading that group baselines speed the collapse), and the first study's primary
+    endpoint, the collapse by step 120 (exact McNemar, stability.paired), on this study's seeds."""
+    out = dict(first_endpoint=st.paired(per_run, ("otb", lr), ("group_mean", lr)))
+    if ("reinforce", lr) in per_run and ("group_mean", lr) in per_run:
+        out["reinforce_vs_group_mean"] = dict(contrast(per_run, ("reinforce", lr), ("group_mean", lr)),
+                                              verdict="post hoc: descriptive")
+    return out
 
 
 # =====================================================================================
@@ -167,7 +222,52 @@ def contrast_line(c):
             f"{fmt_iv(c['final_delta'], c['final_lo'], c['final_hi'], '.3f')} |")
 
 
-def report(per_run, primary, secondary, n_planned, source, lr=st.PRIMARY_LR):
+SECONDARY_HEAD = ["| A vs B | paired seeds | RMST A | RMST B | difference A - B [95% t] | [95% bootstrap] | "
+                  "A later / earlier | exact sign-flip P | Holm-adjusted P | verdict (adjusted P) | "
+                  "final success A - B [95% t] |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def secondary_line(c):
+    return (f"| {c['a']} vs {c['b']} | {len(c['seeds'])} | {st.num(c['mean_a'], '.1f')} | "
+            f"{st.num(c['mean_b'], '.1f')} | "
+            f"{fmt_iv(c['delta'], c['t_lo'], c['t_hi'])} | {fmt_iv(c['delta'], c['boot_lo'], c['boot_hi'])} | "
+            f"{c['later']} / {c['earlier']} | {c['p_value']:.4f} | {c['p_holm']:.4f} ({c['holm_family']}) | "
+            f"{c['verdict']} | {fmt_iv(c['final_delta'], c['final_lo'], c['final_hi'], '.3f')} |")
+
+
+def seed_list(seeds):
+    return ", ".join(map(str, seeds))
+
+
+def sensitivity_lines(sens, primary, lr=st.PRIMARY_LR):
+    """The sensitivity paragraph, one bullet a line, every number from ``sensitivity``."""
+    n, tied = len(primary["seeds"]), sum(map(len, sens["ties"].values()))
+    why = {k: (f"both runs collapsed at {k}" if k.startswith("step") else "neither run collapsed (both censored "
+               f"at {TAU})" if k == "censored" else f"one run collapsed at step {TAU}, the other was censored there")
+           for k in sens["ties"]}
+    sr, sg = sens["signed_rank"], sens["sign_test"]
+    big = ", ".join(f"seed {x['seed']}: {x['d']:+d}" for x in sens["largest"])
+    lines = [f"- Ties: d = 0 on {tied} of the {n} seeds: "
+             + "; ".join(f"{why[k]} on {len(v)} ({seed_list(v)})" for k, v in sens["ties"].items())
+             + f". The test rests on the other {sens['untied']} ({sg['later']} later, {sg['earlier']} earlier)."
+             if tied else f"- Ties: none of the {n} seeds has d = 0.",
+             f"- Leaving out one seed at a time, P ranges from {sens['loo_min']:.4f} to {sens['loo_max']:.4f}; "
+             f"it is above {ALPHA} when any one of {len(sens['loo_above_alpha'])} seeds is left out"
+             + (f" ({seed_list(sens['loo_above_alpha'])})" if sens["loo_above_alpha"] else "")
+             + (f"; leaving out a tied seed leaves it at {primary['p_value']:.4f}." if tied else "."),
+             f"- On the {sens['untied']} untied seeds: exact Wilcoxon signed-rank P = {sr['p']:.4f} (W+ = "
+             f"{sr['w_plus']:g} of {sr['n'] * (sr['n'] + 1) // 2}; tied |d| share their mean rank); exact sign "
+             f"test, {sg['later']} later against {sg['earlier']} earlier, P = {sg['p']:.4f}.",
+             f"- The {len(sens['largest'])} largest |d| ({big}) sum to {sens['largest_sum']:+d} of the total "
+             f"{sens['total']:+d} steps"
+             + (f" ({sens['largest_sum'] / sens['total']:.0%})" if sens["total"] else "")
+             + f"; without them the mean difference over the other {sens['rest']} seeds is "
+             f"{fmt_iv(sens['rest_mean'], sens['rest_lo'], sens['rest_hi'])} steps (95% t), sign-flip "
+             f"P = {sens['rest_p']:.4f}."]
+    return lines
+
+
+def report(per_run, primary, secondary, n_planned, source, lr=st.PRIMARY_LR, sens=None, hoc=None):
     lines = ["# Stability replication: results", "",
              f"Protocol: docs/stability_replication_protocol.md (pre-registered). Written by `{source}`.", "",
              f"RMST: the mean over seeds of the collapse step (a run that did not collapse: {TAU}), restricted to "
@@ -180,6 +280,9 @@ def report(per_run, primary, secondary, n_planned, source, lr=st.PRIMARY_LR):
                   "is a progress report, not the verdict.", ""]
     else:
         lines += [f"Verdict (as pre-registered): **{primary['verdict']}**.", ""]
+        if sens is not None:
+            lines += ["### Sensitivity of the primary (added after the verdict; descriptive, not the registered "
+                      "test)", ""] + sensitivity_lines(sens, primary, lr) + [""]
     a, b = per_run.get(("otb", lr), {}), per_run.get(("group_mean", lr), {})
     lines += [f"Per seed at lr {lr:g} (- : did not collapse; failed: success <= {FAIL_LEVEL} over the last "
               f"{FAIL_WINDOW} steps):", "",
@@ -204,8 +307,21 @@ def report(per_run, primary, secondary, n_planned, source, lr=st.PRIMARY_LR):
     fb = sum(b[s]["failed"] and not a[s]["failed"] for s in seeds)
     lines += ["", f"Failure, paired at lr {lr:g}: otb only {fa}, group_mean only {fb}; exact McNemar "
               f"P = {st.mcnemar_exact(fa, fb):.3f}.", "",
-              "## Secondary: otb against the other estimators, and at the other rate (no multiplicity correction)",
-              ""] + CONTRAST_HEAD + [contrast_line(c) for c in secondary]
+              "## Secondary: otb against the other estimators, and at the other rate", "",
+              "Holm-adjusted P (added after the results; the protocol planned no correction): Holm's step-down "
+              "correction within the contrasts at each rate, whose number is in parentheses; the verdict reads the "
+              "adjusted P with the primary's rule."
+              + (f" With all {len(secondary)} rows as one family the smallest adjusted P is "
+                 f"{min(c['p_holm_all'] for c in secondary):.4f}." if secondary else ""), ""]
+    lines += SECONDARY_HEAD + [secondary_line(c) for c in secondary]
+    if hoc:
+        lines += ["", "## Post hoc (asked after the results; descriptive, not tested by the protocol)", ""]
+        if "reinforce_vs_group_mean" in hoc:
+            lines += [f"Time to collapse, reinforce (no baseline) against group_mean at lr {lr:g}:", ""]
+            lines += CONTRAST_HEAD + [contrast_line(hoc["reinforce_vs_group_mean"]), ""]
+        lines += [f"The first study's primary endpoint (docs/stability_protocol.md), collapse by step {TAU}, "
+                  f"on this study's seeds at lr {lr:g} (exact McNemar on the seeds where one collapsed):", ""]
+        lines += st.PAIR_HEAD + [st.pair_line(hoc["first_endpoint"])]
     return "\n".join(lines) + "\n"
 
 
@@ -237,6 +353,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=at_least(1), default=TAU, help="training steps per run")
     p.add_argument("--train-args", default="", help="extra train.py arguments (smoke tests only)")
     p.add_argument("--power", action="store_true", help="print the protocol's power table and stop")
+    allow_dirty_option(p)
     args = p.parse_args(argv)
     if args.from_saved is not None and not (Path(args.from_saved) / "runs").is_dir():
         p.error(f"--from-saved {args.from_saved}: no runs/ folder of saved metrics in it")
@@ -251,6 +368,7 @@ def main(argv=None):
     out = Path(args.out)
     saved = Path(args.from_saved or args.out) / "runs"
     if not args.from_saved:
+        code = code_to_run("benchmarks/stability_replication.py", args.allow_dirty)  # refuses uncommitted code
         chosen = [b for b in BLOCKS if b[0] in args.blocks.split(",")]
         todo = plan(args.seeds, chosen)
         out.mkdir(parents=True, exist_ok=True)
@@ -259,6 +377,7 @@ def main(argv=None):
             jobs = [(e, s, lr) for e, s, lr in jobs if not (Path(args.runs) / st.run_name(e, s, lr) / "DONE").exists()]
             if not jobs:
                 continue
+            st.started(args.runs, [st.run_name(e, s, lr) for e, s, lr in jobs], code)
             record_load(out / "load.jsonl", block=name, seed=jobs[0][1], event="start")
             grid.run([(st.command(e, s, lr, args.runs, args.steps, args.train_args.split()),
                        Path(args.runs) / st.run_name(e, s, lr), s) for e, s, lr in jobs], 1)
@@ -274,13 +393,16 @@ def write(out, saved, n_planned=None):
         sys.exit(f"no saved runs in {saved}")
     per_run, primary, secondary = analyse(histories)
     n_planned = n_planned or len(SEEDS)
+    sens = sensitivity(primary, per_run) if len(primary["seeds"]) >= n_planned else None  # once the verdict is read
+    hoc = post_hoc(per_run)
     source = "python benchmarks/stability_replication.py --from-saved benchmarks/results/stability_replication"
-    text = report(per_run, primary, secondary, n_planned, source)
+    code = st.saved_code(saved, [st.run_name(e, s, x) for (e, x), by_seed in histories.items() for s in by_seed])
+    text = report(per_run, primary, secondary, n_planned, source, sens=sens, hoc=hoc) + "\n" + st.code_line(code) + "\n"
     key = lambda cell: f"{cell[0]} lr {cell[1]:g}"  # noqa: E731
     record = dict(protocol="docs/stability_replication_protocol.md", command=source, tau=TAU,
-                  planned_seeds=n_planned, failure=dict(window=FAIL_WINDOW, level=FAIL_LEVEL),
+                  planned_seeds=n_planned, code=code, failure=dict(window=FAIL_WINDOW, level=FAIL_LEVEL),
                   per_run={key(c): {str(s): r for s, r in runs.items()} for c, runs in per_run.items()},
-                  primary=primary, secondary=secondary)
+                  primary=primary, secondary=secondary, sensitivity=sens, post_hoc=hoc)
     Path(out).mkdir(parents=True, exist_ok=True)
     write_results(out, "results", json.loads(json.dumps(record)), text, md_stem="summary")
     cells = {cell: st.cell_summary(runs) for cell, runs in sorted(per_run.items(), key=lambda kv: (kv[0][1], kv[0][0]))

@@ -8,9 +8,13 @@ This file holds what happens around those runs:
 - ``run_comparison``: the runs (a finished one, with its DONE marker, is kept on --resume; its
   checkpoint, only with ``--keep-weights``), then
   ``summary.md`` / ``summary.json`` (one row per run: success at the start and the end, tokens
-  sampled until the 10-step mean success first reaches ``--target-success``, gradient norms) and
-  ``compare.png`` (success against tokens sampled and against steps, the gradient norm), which is
-  also redrawn as each configuration finishes, so a long comparison can be watched.
+  sampled until the 10-step mean success first reaches ``--target-success``, a column left out when
+  no run reached it, gradient norms) and ``compare.png`` (success against tokens sampled and against
+  steps, the gradient norm), which is also redrawn as each configuration finishes, so a long
+  comparison can be watched. summary.md, and the screen, end with what one seed can say
+  (``conclusion``): the first configuration's final success minus each other's, paired by step over
+  the last 10 steps with a 95% t interval, which differences that interval resolves and which it
+  does not, and where the answer over seeds is (docs/reproduction.md, docs/stability.md).
 - With ``--seeds 0,1,2 --token-budget B`` (``run_seeds``), the equal-token comparison of
   docs/equal_tokens_protocol.md over paired seeds: every configuration on every seed
   (``<folder>/seed<s>/``), each run ending where its sampled response tokens reach B. Per run,
@@ -197,14 +201,86 @@ def write_summary(out, cfg, histories):
     (out / "summary.json").write_text(json.dumps(dict(config=train_cli.applied(cfg), runs=rows,
                                                       **runs.versions(), machine=machine.fingerprint()),
                                                  indent=1))  # machine: its numbers depend on the CPU
+    (out / "summary.md").write_text(summary_text(rows, {name: h for name, (_, h) in histories.items()},
+                                                 cfg.target_success))
+    return rows
+
+
+def rewrite_summary(folder):
+    """summary.md of a saved comparison made again from its summary.json (the rows and the target) and
+    each run's metrics.jsonl, by the code that wrote it (``summary_text``); summary.json, the figure
+    and the runs are left as they are:
+    python -c "from lab import compare; compare.rewrite_summary('benchmarks/results/default_run')"."""
+    folder = Path(folder)
+    saved = json.loads((folder / "summary.json").read_text())
+    histories = {r["run"]: plumbing.read_jsonl(folder / r["run"] / "metrics.jsonl") for r in saved["runs"]}
+    (folder / "summary.md").write_text(summary_text(saved["runs"], histories, saved["config"]["target_success"]))
+
+
+def summary_text(rows, histories, target):
+    """summary.md of one seed's comparison: the table (``rows``, one per run; tokens_to_target only where
+    some run reached ``target``), what its columns mean, and the conclusion (``conclusion``) from the
+    runs' per-step successes (``histories``: {run name: its metrics rows})."""
     cell = lambda x: "-" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))  # noqa: E731
-    cols = [c for c in rows[0] if c not in ("estimator", "group_size", "steps")]  # run, tokens, ..., seconds
+    reached = any(r["tokens_to_target"] is not None for r in rows)
+    cols = [c for c in rows[0] if c not in ("estimator", "group_size", "steps")  # run, tokens, ..., seconds
+            and (c != "tokens_to_target" or reached)]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows]
-    note = (f"\nsuccess: mean over the first / last 10 steps; tokens_to_target: response tokens sampled "
-            f"until the 10-step moving average of success first reached {cfg.target_success}.\n")
-    (out / "summary.md").write_text("\n".join(lines) + "\n" + note)
-    return rows
+    note = (f"tokens_to_target: response tokens sampled until the 10-step moving average of success first "
+            f"reached {target} (-: not reached)." if reached else
+            f"No run's 10-step moving average of success reached the target {target}, so the table has no "
+            "tokens_to_target column.")
+    return ("\n".join(lines) + f"\n\nsuccess: mean over the first / last {FINAL} steps. {note}\n\n"
+            + " ".join(conclusion([r["run"] for r in rows], histories)) + "\n")
+
+
+FINAL = 10  # final_success is the mean over the last FINAL steps; the conclusion pairs those steps
+
+
+def paired_steps(a, b, k=FINAL):
+    """a's success minus b's at each of the last k steps both ran (the same prompts at a step: both are
+    functions of (seed, step)): mean, 95% t interval over those steps, and their number."""
+    sa, sb = ({r["step"]: r["success"] for r in h} for h in (a, b))
+    steps = sorted(set(sa) & set(sb))[-k:]
+    mean, lo, hi = stats.mean_interval([sa[t] - sb[t] for t in steps])
+    return dict(mean=mean, lo=lo, hi=hi, steps=len(steps))
+
+
+def conclusion(names, histories, k=FINAL):
+    """Two or three sentences: the first run's final success minus each other's, paired by step over the
+    last k steps (``paired_steps``), which of these differences this one seed resolves (its 95% t
+    interval excludes 0) and which it does not, and where the answer over seeds is. The interval treats
+    the k steps as independent draws: it holds the noise of sampling prompts and responses in these
+    runs, not the spread between seeds (another seed's warm-up and prompts)."""
+    ref = names[0]
+    if len(names) < 2:
+        return [f"One configuration ({ref}): nothing to compare."]
+    d = {n: paired_steps(histories[ref], histories[n], k) for n in names[1:]}
+    if min(x["steps"] for x in d.values()) < 2:
+        return [f"Success of {ref} minus each other run at the one step they share: "
+                + "; ".join(f"{n} {d[n]['mean']:+.3f}" for n in d) + ".",
+                "One step gives no interval, so this run resolves none of these differences; the paired "
+                "multi-seed comparisons are in docs/reproduction.md (equal sampled tokens) and docs/stability.md "
+                "(collapse)."]
+    shown = lambda n: f"{n} {d[n]['mean']:+.3f} [{d[n]['lo']:+.3f}, {d[n]['hi']:+.3f}]"  # noqa: E731
+    resolved = [n for n in d if stats.verdict(d[n]["lo"], d[n]["hi"], 0.0) != "covers"]
+    unresolved = [n for n in d if n not in resolved]
+    steps = min(x["steps"] for x in d.values())
+    first = (f"Final success of {ref} minus each other run, paired by step over the last {steps} steps (the same "
+             f"prompts at each step; mean and 95% t interval over the steps): "
+             + "; ".join(shown(n) for n in d) + ".")
+    if resolved and unresolved:
+        second = (f"This seed resolves the difference from {', '.join(resolved)} (its interval excludes 0) and not "
+                  f"from {', '.join(unresolved)} (the interval contains 0).")
+    elif resolved:
+        second = "This seed resolves every one of these differences (each interval excludes 0)."
+    else:
+        second = "This seed resolves none of these differences: every interval contains 0."
+    third = ("The interval holds only the noise of sampling within these runs, not the spread between seeds, so "
+             "even a resolved difference may not repeat on another seed; the paired multi-seed comparisons are "
+             "in docs/reproduction.md (equal sampled tokens) and docs/stability.md (collapse).")
+    return [first, second, third]
 
 
 def title(cfg):
@@ -390,9 +466,9 @@ def main(cfg, model, tok, folder, command, source, train):
             rows = run_seeds(cfg, folder, model, tok, device, command, source, train)
         else:
             rows = run_comparison(cfg, folder, model, tok, command, source, train)
-    print((folder / "summary.md").read_text())
     if cfg.results_dir:
         runs.copy_results(folder, Path(cfg.results_dir))
     print(f"comparison done in {time.time() - t0:.0f} s\nplot: {folder / 'compare.png'}\n"
-          f"table: {folder / 'summary.md'} (and summary.json)")
+          f"table: {folder / 'summary.md'} (and summary.json)\n")
+    print((folder / "summary.md").read_text(), end="")  # the table, then what it shows: the screen ends there
     return rows

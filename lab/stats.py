@@ -1,4 +1,5 @@
-"""Closed forms over seeds: random effects, the t distribution, the power of a paired test.
+"""Closed forms over seeds: random effects, the t distribution, the power of a paired test, exact
+tests of paired differences and Holm's correction.
 
 ``resampling.py`` puts an interval on one comparison by resampling the prompts of each seed. The
 questions about seeds themselves (do they agree, where would a new one land, what does a mean over
@@ -51,6 +52,26 @@ T' = (Z + delta) / S with delta = effect sqrt(n) / sd and S = sqrt(chi2_{n-1} / 
 
 integrated over the density of S (``paired_t_power``); ``seeds_needed`` is the fewest n whose (8)
 reaches the wanted power (it sizes the GPU preset's seeds).
+
+Exact tests on paired differences, and a correction for several of them
+-----------------------------------------------------------------------
+With few seeds and whole-step differences, the tests that need no distribution are exact: under the
+null each paired difference d_s is as likely to be +|d_s| as -|d_s|, so
+
+    P = #{signs e in {-1, +1}^n : |sum_s e_s x_s| >= |sum_s sign(d_s) x_s|} / 2^n             (9)
+
+counted exactly by convolving the n two-point distributions (``signflip_p``). With x_s = |d_s| it is
+the sign-flip (permutation) test of the mean; with x_s = the rank of |d_s| among the non-zero
+differences (tied |d_s| share their mean rank), Wilcoxon's signed-rank test, exact given the ties
+(``signed_rank``). The sign test, which counts only the signs, is the binomial test of McNemar's
+form (``sign_test``): P = min(1, 2 P(Bin(b + c, 1/2) <= min(b, c))).
+
+When m tests answer one question, Holm's step-down correction (Holm 1979) keeps the chance of any
+false rejection at alpha: with the P values in increasing order p_(1) <= ... <= p_(m),
+
+    adjusted p_(k) = min(1, max_{j <= k} (m - j + 1) p_(j))                                   (10)
+
+and a test rejects at alpha exactly when its adjusted P is <= alpha (``holm``).
 
 ``wilson`` is the score interval of a success rate. Small helpers used by the benchmarks sit at the
 end: mean and standard error, Pearson and Spearman correlations.
@@ -257,6 +278,70 @@ def seeds_needed(effect, sd, alpha=0.05, power=0.8, most=10_000):
         if paired_t_power(effect, sd, n, alpha) >= power:
             return n
     raise ValueError(f"more than {most} pairs needed")
+
+
+# =====================================================================================
+# Exact tests on paired differences, eq. (9), and Holm's correction, eq. (10)
+# =====================================================================================
+
+def signflip_p(values):
+    """Eq. (9) on whole numbers: the share of the 2^n sign patterns e with |sum e_s |x_s|| >= |sum x_s|
+    (x_s carries its own sign). 1.0 for no values; a zero counts in every pattern unchanged."""
+    x = [int(round(v)) for v in values]
+    if not x:
+        return 1.0
+    span = sum(abs(v) for v in x)
+    counts = torch.zeros(2 * span + 1, dtype=torch.float64)  # counts[span + v]: patterns with sum v
+    counts[span] = 1.0
+    for v in x:
+        if v:
+            counts = torch.roll(counts, abs(v)) + torch.roll(counts, -abs(v))  # no wrap: |sum| <= span
+        else:
+            counts = 2 * counts
+    sums = torch.arange(-span, span + 1, dtype=torch.float64)
+    return (counts[sums.abs() >= abs(sum(x))].sum() / 2 ** len(x)).item()
+
+
+def signed_rank(diffs):
+    """Wilcoxon's signed-rank test, exact: the zero differences dropped, |d| ranked 1..n with tied
+    values sharing their mean rank, and eq. (9) on the signed ranks (doubled, so whole numbers).
+    Returns dict(n, w_plus (the sum of the ranks of the positive d), p (two-sided))."""
+    d = [float(x) for x in diffs if x != 0]
+    order = sorted(range(len(d)), key=lambda i: abs(d[i]))
+    twice = [0] * len(d)  # 2 x the mid-rank of each |d|
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and abs(d[order[j + 1]]) == abs(d[order[i]]):
+            j += 1
+        for k in range(i, j + 1):
+            twice[order[k]] = (i + 1) + (j + 1)  # ranks i+1..j+1 share (i + j + 2) / 2
+        i = j + 1
+    signed = [r if x > 0 else -r for r, x in zip(twice, d)]
+    return dict(n=len(d), w_plus=sum(r for r in signed if r > 0) / 2, p=signflip_p(signed))
+
+
+def sign_test(b, c):
+    """The exact two-sided sign test of b positive against c negative signs (McNemar's exact test when
+    b, c are the discordant pairs): min(1, 2 P(Bin(b + c, 1/2) <= min(b, c)))."""
+    if b < 0 or c < 0 or int(b) != b or int(c) != c:
+        raise ValueError(f"counts must be whole numbers >= 0, got b={b}, c={c}")
+    m = b + c
+    if m == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(m, i) for i in range(min(b, c) + 1)) / 2 ** m)
+
+
+def holm(pvalues):
+    """Eq. (10): Holm's step-down adjusted P values, in the order given."""
+    ps = [float(p) for p in pvalues]
+    if any(not 0 <= p <= 1 for p in ps):
+        raise ValueError(f"P values must lie in [0, 1], got {ps}")
+    m, adjusted, running = len(ps), [0.0] * len(ps), 0.0
+    for k, i in enumerate(sorted(range(m), key=lambda i: ps[i])):
+        running = max(running, min(1.0, (m - k) * ps[i]))  # (m - j + 1) p_(j), j = k + 1
+        adjusted[i] = running
+    return adjusted
 
 
 # =====================================================================================

@@ -1,7 +1,9 @@
-"""compare.py's equal-token analysis on histories whose endpoints are computed by hand."""
+"""compare.py's equal-token analysis on histories whose endpoints are computed by hand, and what one
+seed's comparison concludes (compare.conclusion, summary_text) on histories made by hand."""
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +40,82 @@ def test_paired_seeds_endpoints_and_differences_on_known_histories(tmp_path):
     assert "| group_mean:16 | AUC" in (tmp_path / "summary.md").read_text()
     with pytest.raises(SystemExit, match="--token-budget 30 is smaller than one step"):  # 40 tokens > B
         compare.analyse_seeds(dataclasses.replace(cfg, token_budget=30), tmp_path)
+
+
+# ---- what one seed's comparison concludes (compare.conclusion), on histories made by hand
+
+T9 = 2.262157162740992  # t(0.975, 9), the tables' 2.262: the 95% t interval over 10 paired steps
+
+
+def steps(successes, first=1):
+    return [dict(step=first + i, success=s) for i, s in enumerate(successes)]
+
+
+def interval(d, t):
+    """Mean and t interval of a list, written out: mean +- t sd / sqrt(n)."""
+    n = len(d)
+    mean = sum(d) / n
+    half = t * math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def test_the_conclusion_names_the_resolved_and_the_unresolved_difference():
+    """Reference a; b is 0.2 lower at every one of the last 10 steps, give or take 0.05 (resolved); c
+    is 0.1 above and 0.1 below a in turn (mean 0: not resolved). Earlier steps, where c is far below
+    a, do not count: only the last 10 steps, the window of final_success."""
+    a = [0.9] * 5 + [0.5, 0.6] * 5
+    b = [0.9] * 5 + [x - 0.2 + e for x, e in zip([0.5, 0.6] * 5, [0.05, -0.05] * 5)]
+    c = [0.0] * 5 + [x + e for x, e in zip([0.5, 0.6] * 5, [0.1, -0.1] * 5)]
+    first, second, third = compare.conclusion(["a", "b", "c"], {"a": steps(a), "b": steps(b), "c": steps(c)})
+    db = interval([x - y for x, y in zip(a[5:], b[5:])], T9)  # 0.2 -+ 0.05: mean 0.2, sd 0.0527
+    dc = interval([x - y for x, y in zip(a[5:], c[5:])], T9)  # -0.1, +0.1: mean 0
+    assert db[1] > 0 and dc[1] < 0 < dc[2]
+    assert first == ("Final success of a minus each other run, paired by step over the last 10 steps (the same "
+                     "prompts at each step; mean and 95% t interval over the steps): "
+                     f"b {db[0]:+.3f} [{db[1]:+.3f}, {db[2]:+.3f}]; c {dc[0]:+.3f} [{dc[1]:+.3f}, {dc[2]:+.3f}].")
+    assert "b +0.200 [+0.162, +0.238]; c +0.000 [-0.075, +0.075]" in first  # the same, as printed
+    assert second == ("This seed resolves the difference from b (its interval excludes 0) and not from c (the "
+                      "interval contains 0).")
+    assert "docs/reproduction.md" in third and "docs/stability.md" in third and "not the spread between seeds" in third
+    only_c = compare.conclusion(["a", "c"], {"a": steps(a), "c": steps(c)})
+    assert only_c[1] == "This seed resolves none of these differences: every interval contains 0."
+    only_b = compare.conclusion(["a", "b"], {"a": steps(a), "b": steps(b)})
+    assert only_b[1] == "This seed resolves every one of these differences (each interval excludes 0)."
+
+
+def test_the_conclusion_pairs_the_steps_both_runs_ran():
+    """A run that stopped 2 steps early is paired with the reference on the last 10 steps both ran."""
+    a = steps([0.5] * 12)
+    b = steps([0.4] * 6 + [0.3] * 4)  # steps 1-10: the last 10 both ran are 1-10, d = 0.1 x 6, 0.2 x 4
+    got = compare.paired_steps(a, b)
+    assert got["steps"] == 10 and got["mean"] == pytest.approx(0.14)
+    assert compare.conclusion(["a"], {"a": a}) == ["One configuration (a): nothing to compare."]
+    one = compare.conclusion(["a", "b"], {"a": a[:1], "b": b[:1]})  # one step: no interval to read
+    assert one[0] == "Success of a minus each other run at the one step they share: b +0.100." and "none" in one[1]
+
+
+def rows_of(*reached):
+    return [dict(run=f"r{i}", estimator="otb", group_size=4, steps=10, tokens=100, initial_success=0.1,
+                 final_success=0.2, tokens_to_target=t, grad_norm_mean=0.5, seconds=1.0) for i, t in enumerate(reached)]
+
+
+def test_tokens_to_target_is_a_column_only_where_some_run_reached_the_target():
+    histories = {f"r{i}": steps([0.2] * 10) for i in range(2)}
+    none = compare.summary_text(rows_of(None, None), histories, 0.35)
+    assert none.splitlines()[0] == "| run | tokens | initial_success | final_success | grad_norm_mean | seconds |"
+    assert "No run's 10-step moving average of success reached the target 0.35, so the table has no " \
+           "tokens_to_target column." in none
+    some = compare.summary_text(rows_of(None, 640), histories, 0.35)
+    assert "| tokens_to_target |" in some.splitlines()[0] and "| r0 | 100 | 0.100 | 0.200 | - |" in some
+    for text in (none, some):  # both end with the conclusion
+        assert text.rstrip("\n").splitlines()[-1] == " ".join(compare.conclusion(["r0", "r1"], histories))
+
+
+def test_the_saved_default_run_summary_is_what_the_code_writes_from_its_saved_metrics(tmp_path):
+    """benchmarks/results/default_run/summary.md is made again from its summary.json and the runs'
+    metrics.jsonl (compare.rewrite_summary), byte for byte: its numbers are rounded to 3 digits."""
+    import shutil
+    saved = Path(compare.__file__).resolve().parent.parent / "benchmarks" / "results" / "default_run"
+    shutil.copytree(saved, tmp_path / "run")
+    compare.rewrite_summary(tmp_path / "run")
+    assert (tmp_path / "run" / "summary.md").read_text() == (saved / "summary.md").read_text()

@@ -1,6 +1,10 @@
 """Exact tier: the closed forms of stats.py (the t and chi-square distributions, random effects over
-seeds, the t interval) against closed forms, published meta-analyses, and their coverage on simulations."""
+seeds, the t interval) against closed forms, published meta-analyses, and their coverage on simulations;
+its exact tests (signed-rank, sign test) and Holm's correction against hand enumeration, textbook
+examples and Holm's step-down procedure as he stated it."""
+import itertools
 import math
+import random
 from statistics import NormalDist
 
 import pytest
@@ -200,3 +204,80 @@ def test_prediction_interval_by_hand_and_its_coverage():
         lo, hi = stats.prediction_interval(y, [0.5] * 30)
         hits += lo <= theta[30].item() <= hi
     assert 0.91 <= hits / trials <= 0.99
+
+
+# ---- Exact tests on paired differences, eq. (9), and Holm's correction, eq. (10)
+
+def holm_rejects(ps, alpha):
+    """Holm's procedure as Holm (1979) states it: test the P values in increasing order, the k-th
+    (from 1) at alpha / (m - k + 1); reject until the first that is not below its level, then stop."""
+    m, rejected = len(ps), set()
+    for k, i in enumerate(sorted(range(m), key=lambda i: ps[i]), start=1):
+        if ps[i] > alpha / (m - k + 1):
+            break
+        rejected.add(i)
+    return rejected
+
+
+def test_holm_hand_values_and_the_step_down_procedure():
+    # by hand: sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> running max
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # 0.01..0.05 times 5..1 = 0.05, 0.08, 0.09, 0.08, 0.05 -> 0.05, 0.08, 0.09, 0.09, 0.09
+    assert stats.holm([0.05, 0.04, 0.03, 0.02, 0.01]) == pytest.approx([0.09, 0.09, 0.09, 0.08, 0.05])
+    assert stats.holm([0.5, 0.6]) == [1.0, 1.0] and stats.holm([0.2]) == [0.2] and stats.holm([]) == []
+    with pytest.raises(ValueError, match="1.5"):
+        stats.holm([0.1, 1.5])
+    # an adjusted P is <= alpha exactly when the step-down procedure rejects that test, at every alpha
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        m = int(torch.randint(1, 7, (1,), generator=gen))
+        ps = (torch.rand(m, generator=gen) ** 3).tolist()  # many small P values
+        adjusted = stats.holm(ps)
+        for alpha in (0.001, 0.01, 0.05, 0.1, 0.3):
+            assert {i for i, a in enumerate(adjusted) if a <= alpha} == holm_rejects(ps, alpha), (ps, alpha)
+
+
+def enumerated_signed_rank(d):
+    """Two-sided exact P of Wilcoxon's signed-rank statistic by listing the 2^n sign patterns: zeros
+    dropped, mid-rank of |x| = #{|y| < |x|} + (#{|y| = |x|} + 1) / 2, W+ = sum of the positive ranks,
+    P = share of patterns whose W+ lies at least as far from its null mean T / 2 as the observed one."""
+    d = [x for x in d if x != 0]
+    a = [abs(x) for x in d]
+    ranks = [sum(y < x for y in a) + (sum(y == x for y in a) + 1) / 2 for x in a]
+    half = sum(ranks) / 2
+    obs = abs(sum(r for r, x in zip(ranks, d) if x > 0) - half)
+    pats = list(itertools.product((0, 1), repeat=len(d)))
+    return sum(abs(sum(r for r, s in zip(ranks, signs) if s) - half) >= obs - 1e-9 for signs in pats) / len(pats)
+
+
+def test_signed_rank_textbook_examples():
+    # Hollander & Wolfe's depression scores (R's ?wilcox.test: paired, V = 40, two-sided p = 0.03906):
+    # the negative differences are the 2nd and 3rd smallest |d|, so W- = 5, W+ = 45 - 5 = 40, and the
+    # subsets of ranks 1..9 with sum <= 5 are {}, 1, 2, 3, 4, 5, 12, 13, 14, 23: P = 2 x 10 / 512.
+    x = [1.83, 0.50, 1.62, 2.48, 1.68, 1.88, 1.55, 3.06, 1.30]
+    y = [0.878, 0.647, 0.598, 2.05, 1.06, 1.29, 1.06, 3.14, 1.29]
+    r = stats.signed_rank([a - b for a, b in zip(x, y)])
+    assert (r["n"], r["w_plus"], r["p"]) == (9, 40.0, 20 / 512)
+    # n = 10, W- = 8 (the 8th smallest |d| negative): the subsets of 1..10 with sum <= 8 number
+    # 1 + 1 + 1 + 2 + 2 + 3 + 4 + 5 + 6 = 25 (sum 0, 1, ..., 8): P = 50 / 1024, the tables' critical value
+    d = [1, 2, 3, 4, 5, 6, 7, -8, 9, 10]
+    assert stats.signed_rank(d) == dict(n=10, w_plus=47.0, p=50 / 1024)
+    assert stats.signed_rank([0, 0] + d)["p"] == 50 / 1024  # zeros are dropped
+    assert stats.signed_rank([0, 0]) == dict(n=0, w_plus=0, p=1.0)
+
+
+def test_signed_rank_with_ties_equals_enumeration():
+    rng = random.Random(1)
+    cases = [[3, -3, 3, 1], [5, 5, -5, -5, 2], [2, 2, 2, 2, -1, 0]]
+    cases += [[rng.choice([-1, 1]) * rng.randint(0, 6) for _ in range(rng.randint(1, 11))] for _ in range(40)]
+    for d in cases:
+        assert stats.signed_rank(d)["p"] == pytest.approx(enumerated_signed_rank(d), abs=1e-15), d
+
+
+def test_sign_test_closed_forms():
+    # 10 against 5: 2 (C(15,0) + ... + C(15,5)) / 2^15 = 2 (1 + 15 + 105 + 455 + 1365 + 3003) / 32768
+    assert stats.sign_test(10, 5) == 2 * 4944 / 32768 == stats.sign_test(5, 10)
+    assert stats.sign_test(2, 3) == 1.0  # 2 (1 + 5 + 10) / 32 = 1
+    assert stats.sign_test(6, 0) == 2 / 64 and stats.sign_test(0, 0) == 1.0
+    with pytest.raises(ValueError, match="b=-1"):
+        stats.sign_test(-1, 3)
