@@ -198,9 +198,9 @@ def write_summary(out, cfg, histories):
     """compare.png, summary.json and summary.md of one seed's runs; returns the table's rows."""
     plot_runs(out / "compare.png", cfg, histories)
     rows = [summarize(sub, h) for sub, h in histories.values()]
-    (out / "summary.json").write_text(json.dumps(dict(config=train_cli.applied(cfg), runs=rows,
-                                                      **runs.versions(), machine=machine.fingerprint()),
-                                                 indent=1))  # machine: its numbers depend on the CPU
+    (out / "summary.json").write_text(json.dumps(dict(config=train_cli.applied(cfg), runs=rows, **runs.versions(),
+                                                      machine=machine.fingerprint(), provenance=machine.provenance()),
+                                                 indent=1))  # machine and code: its numbers depend on both
     (out / "summary.md").write_text(summary_text(rows, {name: h for name, (_, h) in histories.items()},
                                                  cfg.target_success))
     return rows
@@ -409,7 +409,8 @@ def analyse_seeds(cfg, folder):
         p["verdict"] = verdict(p, names[0])
     (folder / "summary.md").write_text(seeds_table(cfg, names[0], rows, pairs, len(seeds)))
     (folder / "summary.json").write_text(json.dumps(dict(
-        config=train_cli.applied(cfg), **runs.versions(), machine=machine.fingerprint(), budget=B, seeds=seeds,
+        config=train_cli.applied(cfg), **runs.versions(), machine=machine.fingerprint(),
+        provenance=machine.provenance(), budget=B, seeds=seeds,
         per_run=per_run, configs=rows, paired=pairs), indent=1))
     plot_seeds(histories, B, folder / "compare.png", f"{title(cfg)}, {len(seeds)} seeds")
     return rows

@@ -31,6 +31,9 @@ REGENERATED = {
     "factors_sweep_128/results.json": "test_exact_horizon_sweep.py",
     "factors_replication/results.json": "test_exact_horizon_sweep.py",
     "grad_variance/results.json": "test_naive_grad_variance.py",
+    "default_run/summary.json": "test_e2e_default_run.py",
+    "stability/results.json": "test_exact_stability.py",
+    "stability_replication/results.json": "test_exact_stability_replication.py",
 }
 SECOND_CPU = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}  # .ci/run's second pass
 
@@ -54,6 +57,12 @@ def test_every_regenerated_result_records_its_machine_and_commit(name):
         assert record["sources"]
         for folder, made_on in record["sources"].items():
             check_made_on(made_on, f"{name}: {folder}")
+    elif "code" in record:  # a study of many runs (benchmarks/stability.py): each run's commit and machine
+        code = record["code"]
+        recorded = [c for c in code["runs"].values() if c != "commit not recorded"]
+        assert code["runs"] and len(recorded) + code["not_recorded"] == len(code["runs"]), name
+        assert all(re.fullmatch(r"[0-9a-f]{40}", c) for c in code["commits"]), name
+        assert len(code["machines"]) >= (1 if recorded else 0), name
     else:
         check_made_on(record, name)
 
