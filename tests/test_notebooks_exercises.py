@@ -268,8 +268,9 @@ def test_grading_reports_a_cell_that_raises(tmp_path, capsys):
 def test_grading_reports_a_loop_that_never_ends_and_a_file_that_is_not_a_notebook_in_one_line_each(
         tmp_path, capsys):
     """A cell past the time limit is interrupted and reported on its exercise's line, the cells after it
-    still run; a file that is not a notebook is one line, and the notebook after it is still graded.
-    (The check cells here stand in for check.py's, so that the kernel needs no torch and the test is fast.)"""
+    still run; a kernel that dies leaves the checks after it "did not run"; a file that is not a notebook
+    is one line, and the notebook after it is still graded. (The check cells here stand in for check.py's,
+    so that the kernel needs no torch and the test is fast.)"""
     from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
     loop = new_notebook(cells=[
         new_markdown_cell("## 1a. stand-in"),
@@ -278,7 +279,9 @@ def test_grading_reports_a_loop_that_never_ends_and_a_file_that_is_not_a_noteboo
                       "                          'ex1b_token_energy': staticmethod(lambda f: print(\n"
                       "                              'Exercise 1b (the Logit-Gradient Proxy w_t): CORRECT. ok'))})"),
         new_code_cell("ok_1a = check.ex1a_sum_pi_squared(sum_pi_squared)", metadata={"tags": ["check"]}),
-        new_code_cell("ok_1b = check.ex1b_token_energy(None)", metadata={"tags": ["check"]})])
+        new_code_cell("ok_1b = check.ex1b_token_energy(None)", metadata={"tags": ["check"]}),
+        new_code_cell("import os\nos._exit(1)  # the kernel dies"),
+        new_code_cell("ok_2a = check.ex2a_sequence_scores(None)", metadata={"tags": ["check"]})])
     (tmp_path / "b_loop.ipynb").write_text(nbformat.writes(loop))
     (tmp_path / "a_cut.ipynb").write_text('{"cells": [{"cell_type": "code", "sou')  # a copy cut short
     (tmp_path / "a_list.ipynb").write_text("[1, 2]")  # JSON, but not a notebook
@@ -289,11 +292,13 @@ def test_grading_reports_a_loop_that_never_ends_and_a_file_that_is_not_a_noteboo
         mine = [line for line in lines if name in line]
         assert len(mine) == 1 and why in mine[0] and "cannot be read" in mine[0], lines
     k = lines.index("b_loop.ipynb")
-    assert lines[k:k + 3] == ["b_loop.ipynb",
-                          f"  NOT YET   {check.TITLES['ex1a_sum_pi_squared']}: timed out after 3 s (a loop that "
-                          f"never ends?)",
-                          f"  CORRECT   {check.TITLES['ex1b_token_energy']}"], lines
-    assert lines[-1] == "1 of 4 checks correct in 3 notebook(s)"
+    assert lines[k:k + 4] == ["b_loop.ipynb",
+                              f"  NOT YET   {check.TITLES['ex1a_sum_pi_squared']}: timed out after 3 s (a loop "
+                              f"that never ends?)",
+                              f"  CORRECT   {check.TITLES['ex1b_token_energy']}",
+                              f"  NOT YET   {check.TITLES['ex2a_sequence_scores']}"], lines
+    assert lines[k + 4].startswith("            this check cell did not run: the run stopped (DeadKernelError"), lines
+    assert lines[-1] == "1 of 5 checks correct in 3 notebook(s)"
     assert grade.TIMEOUT <= 60  # the default: a class of 30 with one such loop each waits minutes, not hours
 
 

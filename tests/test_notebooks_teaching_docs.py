@@ -4,6 +4,7 @@ cells run a tutorial from outside the project, say in one line when the clone fa
 notebook of the class copy."""
 import ast
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -319,7 +320,8 @@ def test_a_colab_student_grades_a_notebook_of_the_class_copy_pushed_to_git(class
         "import json, os\n\n\ndef blocking_request(kind, timeout_sec=None, **kwargs):  # the front end's answer\n"
         "    assert kind == 'get_ipynb'\n"
         "    return {'ipynb': json.load(open(os.environ['FAKE_COLAB_NOTEBOOK']))}\n")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake_colab"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path / "fake_colab"),
+                                                                 os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("FAKE_COLAB_NOTEBOOK", str(notebook))
     NotebookClient(sol, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
     printed = ["".join(o.get("text", "") for o in c.outputs) for c in sol.cells if c.cell_type == "code"]
