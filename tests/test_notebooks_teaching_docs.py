@@ -362,12 +362,7 @@ def test_the_setup_cell_runs_a_tutorial_from_a_copy_outside_the_project(tmp_path
     from nbclient import NotebookClient
     if subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode != 0:
         pytest.skip("not a git checkout: nothing to clone")
-    monkeypatch.delenv("OTB_ROOT", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("OTB_REPO", str(ROOT))
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    work = tmp_path / "upload"
-    work.mkdir()
+    work = _colab(tmp_path, monkeypatch, ROOT)
     nb = nbformat.read(str(ROOT / "notebooks" / "01_toy_bandit.ipynb"), as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     for c in code:
