@@ -2,15 +2,21 @@
 
 Four kinds of test:
 1. build.py: the committed blanks are what it makes from the committed solutions, the blanks hide
-   every answer, and it refuses to overwrite a blank someone filled in (a backup when forced);
+   every answer, it refuses to overwrite a blank someone filled in (a backup when forced), and every
+   exercise cell is followed by a graded check;
 2. running the notebooks that build.py makes (never the ones in a student's folder): every solution
    check prints CORRECT, every blank runs top to bottom and fails its checks with a hint, and
-   grade.py grades a filled-in notebook without changing a byte of it;
+   grade.py grades a filled-in notebook without changing a byte of it, titles every verdict by its
+   exercise, and reports a cell that never ends and a file that is not a notebook in one line each;
 3. every notebook, copied out of the project, stops at its first cell with a one-line message;
-4. the checks: plain right answers pass, the reference passes only when calling it is allowed, and
-   the values a check prints are the same on every run (each usual slip and the hint that names it:
-   tests/test_notebooks_teaching_slips.py, over the catalogue in solutions/slips.py).
+4. the checks: plain right answers pass, the reference (and the loops of tests/naive.py and the
+   benchmarks) passes only when calling it is allowed, and the values a check prints are the same on
+   every run (each usual slip and the hint that names it: tests/test_notebooks_teaching_slips.py, over
+   the catalogue in solutions/slips.py).
 """
+import functools
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +44,31 @@ def _built(name):
     """(solution, blank) notebooks as build.py makes them from the solution in the repository."""
     sol = build.clean(nbformat.read(str(EXERCISES / "solutions" / name), as_version=4))
     return sol, build.make_blank(sol)
+
+
+def _exercise(title):
+    """'3e' from 'Exercise 3e (your OTB trains the model)'."""
+    return re.match(r"Exercise (\w+)", title).group(1)
+
+
+def _headings(nb):
+    """The exercises of a notebook that a check grades: its headings '## 1a. ...', '## 3d. ...', except a
+    part answered in words only (a written question such as 4d)."""
+    parts, current = {}, None
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            if current:
+                parts[current].append("code")
+            continue
+        for line in cell.source.splitlines():
+            if line.startswith("## "):
+                heading = re.match(r"## (\d[a-z])\.", line)
+                current = heading.group(1) if heading else None
+                if current:
+                    parts[current] = []
+            elif current and "<!-- BEGIN SOLUTION -->" in line:
+                parts[current].append("words")
+    return {k for k, kinds in parts.items() if "code" in kinds or "words" not in kinds}
 
 
 def _git_show(path):
@@ -76,6 +107,30 @@ def test_blanks_hide_every_solution_and_are_marked(name):
     solution_text = "\n".join(c.source for c in sol.cells)
     assert solution_text.count("### BEGIN SOLUTION") == text.count("TODO(student): fill in the lines above")
     assert blank.metadata["otb_exercise"]["built"] == build.fingerprint(blank)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_exercise_cell_has_a_graded_check_after_it(name):
+    """A cell with a blank is followed, before the next blank, by a cell tagged `check` (what grade.py
+    grades); every cell that calls a check is tagged; every exercise heading gets a graded verdict."""
+    cells = [c for c in _built(name)[1].cells if c.cell_type == "code"]
+    graded = [c for c in cells if "check" in c.metadata.get("tags", [])]
+    calls = [c for c in cells if re.search(r"\bcheck\.ex\w+\(", c.source)]
+    assert calls == graded, [c.source for c in calls if c not in graded] or [c.source for c in graded]
+    blanks = [k for k, c in enumerate(cells) if "TODO(student): fill in the lines above" in c.source]
+    assert blanks
+    for k, end in zip(blanks, blanks[1:] + [len(cells)]):
+        assert any(c in graded for c in cells[k + 1:end]), f"no graded check after the blank of {cells[k].source[:80]}"
+    titles = {_exercise(grade._title(c)) for c in graded}
+    assert titles == _headings(_built(name)[0]), titles
+
+
+def test_every_check_in_check_py_is_graded_in_a_notebook():
+    """check.TITLES names every check function of check.py, and each is called from a graded cell."""
+    defined = {n for n in dir(check) if re.match(r"ex\d[a-z]_", n) and callable(getattr(check, n))}
+    called = {m for name in NAMES for c in _built(name)[1].cells if "check" in c.metadata.get("tags", [])
+              for m in re.findall(r"\bcheck\.(ex\w+)\(", c.source)}
+    assert defined == set(check.TITLES) == called, (defined, called)
 
 
 def test_builder_replaces_blocks_and_keeps_indentation():
@@ -139,11 +194,28 @@ def test_build_rewrites_an_untouched_blank_after_a_solution_edit(exercise_copy):
 # 2. Running the notebooks build.py makes, and grading
 # =====================================================================================
 
+@pytest.fixture
+def no_ipywidgets(tmp_path, monkeypatch):
+    """Kernels started by the test see no ipywidgets (as on a machine without it): tqdm.auto then warns
+    "IProgress not found" if a bar is made or tqdm.notebook imported."""
+    fake = tmp_path / "no_ipywidgets"
+    (fake / "ipywidgets").mkdir(parents=True)
+    (fake / "ipywidgets" / "__init__.py").write_text("raise ImportError('no ipywidgets here (a test)')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(fake), os.environ.get("PYTHONPATH")])))
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_solution_notebook_passes_every_check(name):
-    found = grade.results(grade.run_copy(EXERCISES / "solutions" / name, timeout=120))
+def test_solution_notebook_passes_every_check(name, no_ipywidgets):
+    """Every exercise of the notebook gets a verdict titled by it (3e included), all CORRECT, and nothing
+    prints a warning (3e runs train.py, whose bars are tqdm.auto's)."""
+    nb = grade.run_copy(EXERCISES / "solutions" / name, timeout=120)
+    found = grade.results(nb)
     assert len(found) >= 2, "each exercise has at least two checks"
     assert all(ok for _, ok, _ in found), found
+    assert [_exercise(t) for t, _, _ in found] == sorted(_headings(nb)), found
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    warned = [line for line in printed.splitlines() if "IProgress" in line or "Warning" in line]
+    assert not warned, warned
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -179,13 +251,55 @@ def test_grading_a_filled_notebook_reports_each_exercise_and_changes_no_byte(tmp
 
 
 def test_grading_reports_a_cell_that_raises(tmp_path, capsys):
+    """The check after a syntax error is titled by its exercise, and the cell is named by its number among
+    the code cells (as a student counts them) and its first line."""
     nb = _built(NAMES[0])[1]
     cell = next(c for c in nb.cells if "def sum_pi_squared" in c.source)
     cell.source = cell.source.replace("return None  # TODO", "return (  # a syntax error\n    # TODO")
     (tmp_path / "broken.ipynb").write_text(build._dumps(nb))
     assert grade.main([str(tmp_path / "broken.ipynb")]) == 1
     out = capsys.readouterr().out
-    assert "raised SyntaxError" in out and "NOT YET" in out
+    number = [c for c in nb.cells if c.cell_type == "code"].index(cell) + 1
+    assert f"NOT YET   {check.TITLES['ex1a_sum_pi_squared']}\n" in out, out
+    assert f"code cell {number} (`def sum_pi_squared(logits):`) raised SyntaxError" in out, out
+    assert "this check cell raised NameError" in out and "`ok_1a" not in out
+
+
+def test_grading_reports_a_loop_that_never_ends_and_a_file_that_is_not_a_notebook_in_one_line_each(
+        tmp_path, capsys):
+    """A cell past the time limit is interrupted and reported on its exercise's line, the cells after it
+    still run; a kernel that dies leaves the checks after it "did not run"; a file that is not a notebook
+    is one line, and the notebook after it is still graded. (The check cells here stand in for check.py's,
+    so that the kernel needs no torch and the test is fast.)"""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+    loop = new_notebook(cells=[
+        new_markdown_cell("## 1a. stand-in"),
+        new_code_cell("def sum_pi_squared(logits):\n    while True:  # a loop that never ends\n        pass"),
+        new_code_cell("check = type('check', (), {'ex1a_sum_pi_squared': staticmethod(lambda f: f(None)),\n"
+                      "                          'ex1b_token_energy': staticmethod(lambda f: print(\n"
+                      "                              'Exercise 1b (the Logit-Gradient Proxy w_t): CORRECT. ok'))})"),
+        new_code_cell("ok_1a = check.ex1a_sum_pi_squared(sum_pi_squared)", metadata={"tags": ["check"]}),
+        new_code_cell("ok_1b = check.ex1b_token_energy(None)", metadata={"tags": ["check"]}),
+        new_code_cell("import os\nos._exit(1)  # the kernel dies"),
+        new_code_cell("ok_2a = check.ex2a_sequence_scores(None)", metadata={"tags": ["check"]})])
+    (tmp_path / "b_loop.ipynb").write_text(nbformat.writes(loop))
+    (tmp_path / "a_cut.ipynb").write_text('{"cells": [{"cell_type": "code", "sou')  # a copy cut short
+    (tmp_path / "a_list.ipynb").write_text("[1, 2]")  # JSON, but not a notebook
+    paths = [str(tmp_path / n) for n in ("a_cut.ipynb", "a_list.ipynb", "b_loop.ipynb")]
+    assert grade.main(paths + ["--timeout", "3"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    for name, why in (("a_cut.ipynb", "not valid JSON"), ("a_list.ipynb", "not a Jupyter notebook")):
+        mine = [line for line in lines if name in line]
+        assert len(mine) == 1 and why in mine[0] and "cannot be read" in mine[0], lines
+    k = lines.index("b_loop.ipynb")
+    assert lines[k:k + 4] == ["b_loop.ipynb",
+                              f"  NOT YET   {check.TITLES['ex1a_sum_pi_squared']}: timed out after 3 s (a loop "
+                              f"that never ends?)",
+                              f"  CORRECT   {check.TITLES['ex1b_token_energy']}",
+                              f"  NOT YET   {check.TITLES['ex2a_sequence_scores']}"], lines
+    assert lines[k + 4].startswith("            this check cell did not run: the run stopped (DeadKernelError"), lines
+    assert lines[-1] == "1 of 5 checks correct in 3 notebook(s)"
+    assert grade.TIMEOUT <= 60  # the default: a class of 30 with one such loop each waits minutes, not hours
 
 
 # =====================================================================================
@@ -243,6 +357,57 @@ _stable_idx, _to_actions, _from_actions = slips.stable_idx, slips.to_actions, sl
 _unstable_argsort, _sort_descending = slips.unstable_argsort, slips.sort_descending
 
 
+def _ids(g, B):
+    return otb.group_ids(g, B)[0].tolist()
+
+
+def _naive_answers():
+    """Right answers that call the loops of tests/naive.py or benchmarks/bench_estimators.py (which a class
+    copy without tests/naive.py still has): {label: (check, answer, check keywords, the file called)}."""
+    import naive
+    from benchmarks.bench_estimators import per_group_loop
+
+    def scores(kind):
+        return lambda r, m, g: torch.tensor(naive.naive_scores(r.tolist(), m.tolist(), _ids(g, len(r)), kind)[0],
+                                            dtype=r.dtype)
+
+    def otb_loop(pick, by_action=False):
+        fn = naive.naive_otb_by_action if by_action else naive.naive_otb
+        return lambda r, m, g, lp, s, leave_one_out=False: torch.tensor(
+            fn(r.tolist(), m.tolist(), _ids(g, len(r)), lp.tolist(), s.tolist(), leave_one_out=leave_one_out)[pick],
+            dtype=r.dtype)
+
+    def group_loop(r, m, g, lp, s, leave_one_out=False):
+        return per_group_loop(r, m, torch.tensor(_ids(g, len(r))), lp, s)[0]
+    naive_py, bench_py = "tests/naive.py", "benchmarks/bench_estimators.py"
+    return {
+        "2a": (check.ex2a_sequence_scores,
+               lambda r, m: torch.tensor(naive.naive_scores(r.tolist(), m.tolist(), range(len(r)), "reinforce")[1],
+                                         dtype=r.dtype)[:, 0], {}, naive_py),  # R on every valid token: t = 0
+        "2b": (check.ex2b_group_mean, scores("group_mean"), {}, naive_py),
+        "2c": (check.ex2c_rloo, scores("rloo"), {}, naive_py),
+        "3a": (check.ex3a_reward_to_go, lambda r, m: otb_loop(1)(r, m, [0] * len(r), r * 0 - 1, r * 0 + 0.5), {},
+               naive_py),
+        "3c": (check.ex3c_optimal_token_baseline, otb_loop(0), {}, naive_py),
+        "3c bench": (check.ex3c_optimal_token_baseline, group_loop, {}, bench_py),
+        "3d": (check.ex3d_leave_one_out, otb_loop(0), {}, naive_py),
+        "5c": (check.ex5c_action_aligned_otb, otb_loop(0, by_action=True), {}, naive_py),
+    }
+
+
+@pytest.mark.parametrize("label", ["2a", "2b", "2c", "3a", "3c", "3c bench", "3d", "5c"])
+def test_answers_that_call_the_loops_of_the_tests_or_benchmarks_are_not_correct(label, capsys, monkeypatch):
+    """Those loops compute the answers: an answer calling them is NOT YET, as a call to otb.py's reference
+    is. The same answers pass when the check does not watch for them, so they are right answers."""
+    fn, answer, kwargs, called = _naive_answers()[label]
+    for wrapped in (answer, functools.partial(answer), lambda *a, **k: answer(*a, **k)):
+        ok, out = _verdict(capsys, fn, wrapped, **kwargs)
+        assert not ok and f"({called})" in out and "prove nothing" in out, out
+    monkeypatch.setattr(check, "_helper", lambda filename: False)
+    ok, out = _verdict(capsys, fn, answer, **kwargs)
+    assert ok, out
+
+
 def test_checks_accept_plain_implementations(capsys):
     assert _verdict(capsys, check.ex2b_group_mean, _group_estimator("mean"))[0]
     assert _verdict(capsys, check.ex2c_rloo, _group_estimator("loo"))[0]
@@ -285,7 +450,7 @@ def test_compaction_without_a_stable_sort_is_not_correct(capsys, idx_fn):
 def test_compaction_check_names_a_hole_that_is_not_zero(capsys):
     ok, out = _verdict(capsys, check.ex5b_compaction, _to_actions(_stable_idx),
                        lambda y, m: _from_actions(_stable_idx)(y, m) + (1 - m))  # holes hold 1
-    assert not ok and "must be 0" in out
+    assert not ok and "not 0" in out and "response_mask" in out
 
 
 def test_a_crashing_student_function_is_reported_not_raised(capsys):
@@ -331,7 +496,7 @@ def test_toy_checks_diagnose_sum_instead_of_mean_biased_statistics_and_the_refer
     def zeros(en, A, rows, N):  # right shape, no work: the sparse toy must not let this through
         return torch.zeros(len(rows) // N, en.scores.shape[-1], dtype=en.scores.dtype)
     ok, out = _verdict(capsys, check.ex4a_batch_gradients, zeros, toy)
-    assert not ok and "differ" in out and "times too large" not in out
+    assert not ok and "0 everywhere" in out and "times too large" not in out
 
     def ungathered(en, A, rows, N):  # scores of responses 0..G*N-1 instead of the sampled rows
         g = torch.einsum("bt,btp->bp", A, en.scores[: len(rows)])

@@ -1,9 +1,12 @@
 """The teaching material says what the project measures: the answer keys take the project's position,
-docs/teaching.md quotes the numbers the notebooks print, the class copy leaks no answer and still grades,
-and the Colab setup cell runs a tutorial from outside the project."""
+docs/teaching.md quotes the numbers the notebooks print, the class copy leaks no answer, and the Colab
+cells run a tutorial from outside the project, say in one line when the clone fails, and grade a
+notebook of the class copy."""
+import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +20,8 @@ TEACHING = (ROOT / "docs" / "teaching.md").read_text()
 sys.path.insert(0, str(EXERCISES))
 
 import build  # noqa: E402
+import check  # noqa: E402
+import grade  # noqa: E402
 import handout  # noqa: E402
 
 
@@ -160,6 +165,27 @@ def test_the_path_of_the_two_hour_class_has_no_rough_edges():
     assert "Exercises 1 and 3 in class" in TEACHING and "which Exercise 3 assumes" in TEACHING
 
 
+def test_the_quiz_key_says_when_nvar_is_the_same_and_counts_bf16_bits_right():
+    """Q4's 'exactly the same normalised variance' holds for groups of one size only; bf16 keeps 7 bits of
+    mantissa plus the implicit leading 1. Nowhere (teaching.md, check.py, the notebooks) says '8 bits of
+    mantissa'."""
+    answers = TEACHING[TEACHING.index("Answers, for the lecturer"):]
+    q4 = _flat(answers[answers.index("\n4. "):answers.index("\n5. ")])
+    assert "every group has N responses" in q4 and "different sizes" in q4, q4
+    q8 = _flat(answers[answers.index("\n8. "):])
+    assert "7 stored" in q8 and "implicit" in q8, q8
+    texts = [TEACHING, (EXERCISES / "check.py").read_text()] + \
+        ["\n".join(c.source for c in _cells(p.name)) for p in (EXERCISES / "solutions").glob("*.ipynb")]
+    assert not any(re.search(r"8 bits of\s+mantissa", t) for t in texts)
+    assert "every group has the same size" in _flat(_solution_text("02_group_baselines.ipynb", "**Question.**"))
+
+
+def test_teaching_md_states_the_graders_time_limit_and_how_to_change_it():
+    text = _flat(TEACHING[TEACHING.index("### For students: checking your answers"):TEACHING.index("## A two-hour")])
+    assert f"**{grade.TIMEOUT} seconds**" in text and f"timed out after {grade.TIMEOUT} s" in text
+    assert "--timeout" in text and "grade.py --timeout" in grade.__doc__
+
+
 def test_teaching_md_has_a_quiz_with_answers_an_answer_key_policy_and_the_ta_table():
     quiz = TEACHING[TEACHING.index("## A short quiz"):]
     questions = re.findall(r"^(\d)\. .*\?$", quiz[:quiz.index("<!-- BEGIN ANSWERS -->")], re.MULTILINE)
@@ -172,6 +198,31 @@ def test_teaching_md_has_a_quiz_with_answers_an_answer_key_policy_and_the_ta_tab
 # =====================================================================================
 # 3. The class copy: no answers, and it grades
 # =====================================================================================
+
+def _solution_lines():
+    """Every line of code in the answer blocks of the solution notebooks (its comment cut, 20 characters or
+    more), except those the exercise itself hands out (the line, or what it assigns): in a blank notebook
+    (the TODO comments, the code around a blank) or in check.py (the hints)."""
+    given = "\n".join(c.source for p in sorted(EXERCISES.glob("0*.ipynb")) for c in _cells(p.name, EXERCISES))
+    given += (EXERCISES / "check.py").read_text()
+    lines = set()
+    for path in sorted((EXERCISES / "solutions").glob("*.ipynb")):
+        for cell in nbformat.read(str(path), as_version=4).cells:
+            for block in re.findall(r"### BEGIN SOLUTION[^\n]*\n(.*?)### END SOLUTION", cell.source, re.DOTALL):
+                lines |= {code for line in block.splitlines() if len(code := line.split("  #")[0].strip()) >= 20}
+    return sorted(line for line in lines if line not in given and line.split(" = ", 1)[-1] not in given)
+
+
+def _answer_functions():
+    """{name: its body, flattened, without the docstring} of every function of tests/naive.py, the loops
+    that compute the answers of Exercises 2, 3 and 5."""
+    source, out = (ROOT / "tests" / "naive.py").read_text(), {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef):
+            body = node.body[1:] if ast.get_docstring(node) else node.body
+            out[node.name] = _flat("\n".join(ast.get_source_segment(source, stmt) for stmt in body))
+    return out
+
 
 def _solution_blocks():
     """Every answer block of every solution notebook, whitespace-flattened."""
@@ -191,6 +242,8 @@ def class_copy(tmp_path_factory):
 
 
 def test_the_class_copy_holds_no_solution_and_no_test_with_answers(class_copy):
+    """No answer block or line of the solutions, no test with answers, and no function of tests/naive.py
+    (loops that compute Exercises 2, 3 and 5), nor a test that imports it, is in the class copy."""
     files = [p for p in class_copy.rglob("*") if p.is_file()]
     rel = {str(p.relative_to(class_copy)) for p in files}
     assert "otb.py" in rel and "notebooks/exercises/check.py" in rel and "notebooks/exercises/grade.py" in rel
@@ -198,27 +251,89 @@ def test_the_class_copy_holds_no_solution_and_no_test_with_answers(class_copy):
     assert not any(r.startswith("notebooks/exercises/solutions") for r in rel)
     assert not any(r.startswith(("tests/test_notebooks_exercises", "tests/test_notebooks_teaching_")) for r in rel)
     assert not any("ta_table" in r for r in rel)
-    blocks = _solution_blocks()
-    assert len(blocks) >= 15
+    answer_tests = handout.answer_tests(ROOT)
+    assert {"naive", "test_naive_otb", "test_naive_holes"} <= answer_tests
+    assert not {f"tests/{name}.py" for name in answer_tests} & rel
+    blocks, lines, functions = _solution_blocks(), _solution_lines(), _answer_functions()
+    assert len(blocks) >= 15 and len(lines) >= 20
+    assert {"naive_otb", "naive_scores", "naive_otb_by_action"} <= set(functions)
     for path in files:
-        text = _flat(path.read_text(errors="replace")) if path.suffix in (".py", ".md", ".ipynb", ".json", ".txt") \
-            else ""
+        raw = path.read_text(errors="replace") if path.suffix in (".py", ".md", ".ipynb", ".json", ".txt") else ""
         if path.suffix == ".ipynb":
-            text = _flat("\n".join(c.source for c in nbformat.reads(path.read_text(), as_version=4).cells))
-        leaked = [b[:60] for b in blocks if b in text]
+            raw = "\n".join(c.source for c in nbformat.reads(raw, as_version=4).cells)
+        text = _flat(raw)
+        leaked = [b[:60] for b in blocks if b in text] + [line for line in lines if line in raw]
+        leaked += [f"the body of naive.{name}" for name, body in functions.items() if body in text]
         assert not leaked, (path, leaked)
     teaching = (class_copy / "docs" / "teaching.md").read_text()
     assert "BEGIN ANSWERS" not in teaching and "A short quiz" in teaching
     assert "Answers, for the lecturer" not in teaching and "1.19 against 0.15" not in teaching
 
 
-def test_the_class_copy_grades_a_correct_answer(class_copy, tmp_path):
+def _colab(tmp_path, monkeypatch, repo):
+    """The environment of a notebook in Colab, for kernels started by the test: a fresh HOME, OTB_REPO =
+    ``repo``, no OTB_ROOT, pip without an index (it only confirms that requirements.txt is satisfied)."""
+    monkeypatch.delenv("OTB_ROOT", raising=False)
+    monkeypatch.delenv("OTB_GRADING", raising=False)
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OTB_REPO", str(repo))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    work = tmp_path / "upload"
+    work.mkdir()
+    return work
+
+
+def test_the_setup_cell_says_in_one_line_when_the_clone_fails(tmp_path, monkeypatch):
+    from nbclient import NotebookClient
+    work = _colab(tmp_path, monkeypatch, tmp_path / "no-such-repository")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell((EXERCISES / "colab_setup.py").read_text())])
+    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(work)}}).execute()
+    error = next(o for o in nb.cells[0].outputs if o.output_type == "error")
+    assert error.ename == "SetupError" and "\n" not in error.evalue and len(error.traceback) == 1, error
+    assert error.evalue.startswith(f"git could not clone OTB_REPO = {tmp_path / 'no-such-repository'} (")
+    assert "set OTB_REPO" in error.evalue and not (tmp_path / "home" / "otb").exists()
+
+
+def test_a_colab_student_grades_a_notebook_of_the_class_copy_pushed_to_git(class_copy, tmp_path, monkeypatch):
+    """The recipe of teaching.md: the class copy pushed to a git repository (here a local one), the setup
+    cell at the top of a student's notebook (correct answers to Exercise 1), the grade cell at its end.
+    Colab's front end, which hands the grade cell the notebook, is played by a stand-in google.colab."""
+    from nbclient import NotebookClient
+    repo = tmp_path / "otb-class.git"
+    shutil.copytree(class_copy, repo)
+    git = ["git", "-c", "user.name=teacher", "-c", "user.email=teacher@example.org", "-C", str(repo)]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "the class copy"]):
+        subprocess.run(git + args, check=True, capture_output=True)
+    work = _colab(tmp_path, monkeypatch, repo)
     sol = build.clean(nbformat.read(str(EXERCISES / "solutions" / "01_sum_pi_squared.ipynb"), as_version=4))
-    (tmp_path / "mine_01.ipynb").write_text(build._dumps(sol))  # a student's correct answers
-    env = {k: v for k, v in os.environ.items() if k != "OTB_ROOT"}
-    out = subprocess.run([sys.executable, str(class_copy / "notebooks" / "exercises" / "grade.py"),
-                          str(tmp_path / "mine_01.ipynb")], capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 0 and "2 of 2 checks correct" in out.stdout, out.stdout + out.stderr
+    first = next(i for i, c in enumerate(sol.cells) if c.cell_type == "code")
+    sol.cells.insert(first, nbformat.v4.new_code_cell((EXERCISES / "colab_setup.py").read_text()))
+    sol.cells.append(nbformat.v4.new_code_cell((EXERCISES / "colab_grade.py").read_text()))
+    notebook = work / "mine_01.ipynb"
+    notebook.write_text(build._dumps(sol))
+    fake = tmp_path / "fake_colab" / "google" / "colab"  # google stays a namespace package
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "_message.py").write_text(
+        "import json, os\n\n\ndef blocking_request(kind, timeout_sec=None, **kwargs):  # the front end's answer\n"
+        "    assert kind == 'get_ipynb'\n"
+        "    return {'ipynb': json.load(open(os.environ['FAKE_COLAB_NOTEBOOK']))}\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path / "fake_colab"),
+                                                                 os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("FAKE_COLAB_NOTEBOOK", str(notebook))
+    NotebookClient(sol, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
+    printed = ["".join(o.get("text", "") for o in c.outputs) for c in sol.cells if c.cell_type == "code"]
+    assert printed[0].startswith(f"the OTB project is in {tmp_path / 'home' / 'otb'}"), printed[0]
+    graded = printed[-1]
+    for name in ("ex1a_sum_pi_squared", "ex1b_token_energy"):
+        assert f"CORRECT   {check.TITLES[name]}" in graded, graded
+    assert "2 of 2 checks correct in 1 notebook(s): all done" in graded, graded
+    clone = tmp_path / "home" / "otb"
+    assert (clone / "notebooks" / "exercises" / "grade.py").is_file()
+    assert not (clone / "notebooks" / "exercises" / "solutions").exists()
+    assert not (clone / "tests" / "naive.py").exists()
 
 
 def test_handout_refuses_a_folder_inside_the_project_or_one_that_is_not_empty(tmp_path):
@@ -233,8 +348,11 @@ def test_handout_refuses_a_folder_inside_the_project_or_one_that_is_not_empty(tm
 # 4. The Colab / JupyterHub setup cell, run from outside the project
 # =====================================================================================
 
-def test_teaching_md_shows_the_setup_cell_as_it_is_stored():
+def test_teaching_md_shows_the_colab_cells_as_they_are_stored_and_says_where_the_class_copy_lives():
     assert (EXERCISES / "colab_setup.py").read_text() in TEACHING
+    assert (EXERCISES / "colab_grade.py").read_text() in TEACHING
+    colab = _flat(TEACHING[TEACHING.index("### Colab or JupyterHub"):TEACHING.index("## Tutorials")])
+    assert "must clone the class copy, not the public project" in colab and "git push" in colab
 
 
 def test_the_setup_cell_runs_a_tutorial_from_a_copy_outside_the_project(tmp_path, monkeypatch):
@@ -244,12 +362,7 @@ def test_the_setup_cell_runs_a_tutorial_from_a_copy_outside_the_project(tmp_path
     from nbclient import NotebookClient
     if subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode != 0:
         pytest.skip("not a git checkout: nothing to clone")
-    monkeypatch.delenv("OTB_ROOT", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("OTB_REPO", str(ROOT))
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    work = tmp_path / "upload"
-    work.mkdir()
+    work = _colab(tmp_path, monkeypatch, ROOT)
     nb = nbformat.read(str(ROOT / "notebooks" / "01_toy_bandit.ipynb"), as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     for c in code:

@@ -1,5 +1,6 @@
-"""Every slip in notebooks/exercises/solutions/slips.py gets NOT YET and the hint that names it, and the
-teaching assistants' table (notebooks/exercises/ta_table.md) is what the checks print for them.
+"""Every slip in notebooks/exercises/solutions/slips.py gets NOT YET and the hint that names it (none gets
+the generic fallback of its check), and the teaching assistants' table (notebooks/exercises/ta_table.md)
+lists every hint the grader can print, with the slips whose verdict prints it.
 
 Each slip is a right answer with one change (written in slips.py from the formulas, not copied from
 otb.py); its expected words were chosen for the slip, so a check that stops naming it fails here.
@@ -45,6 +46,24 @@ def test_the_catalogue_covers_every_exercise_and_the_slips_named_in_the_issue():
     assert len(slips.SLIPS) >= 100
     assert len({(s.exercise, s.what) for s in slips.SLIPS}) == len(slips.SLIPS), "two slips share a description"
     assert sum(s.named_in == "#42" for s in slips.SLIPS) >= 15
+    review = {s.exercise for s in slips.SLIPS if s.named_in == "#51"}  # the slips a lecturer's review found
+    assert review >= {"1a", "1b", "2b", "2c", "3d", "4a", "4c", "5a", "5b"}, review
+
+
+# The hint a check prints when no slip it knows explains the difference: restating the formula or the
+# recipe, it names no slip, so a slip of the catalogue should never land there.
+_FALLBACKS = {"1b": "d log softmax(z)_y / dz_k = 1[k=y] - pi_k; square and sum over k",
+              "4a": "g(tau_i) = sum_t A_t^i s_t^i with s_t^i = en.scores[rows]",
+              "4c": "sample with toy_harness.sample_groups(en, N, groups, torch.Generator().manual_seed(seed)), get"}
+
+
+@pytest.mark.parametrize("exercise", sorted(_FALLBACKS))
+def test_no_slip_of_the_catalogue_gets_the_generic_hint(exercise, toy):
+    landed = []
+    for slip in (s for s in slips.SLIPS if s.exercise == exercise):
+        hint = slips.run(slip, toy if slip.toy else None)[1].split("hint:", 1)[1].strip()
+        landed += [slip.what] if hint.startswith(_FALLBACKS[exercise]) else []
+    assert not landed, landed
 
 
 def test_the_plain_answers_the_slips_start_from_are_correct(capsys, toy):
@@ -93,6 +112,22 @@ def test_the_padding_case_of_exercise_2_has_scores_that_are_not_all_zero():
 
 
 def test_the_ta_table_is_what_the_checks_print(toy):
-    """notebooks/exercises/ta_table.md is generated; regenerate with python notebooks/exercises/ta_table.py."""
-    stored = (EXERCISES / "ta_table.md").read_text()
-    assert stored == ta_table.render(ta_table.rows(toy)), "run: python notebooks/exercises/ta_table.py"
+    """notebooks/exercises/ta_table.md is generated; regenerate with python notebooks/exercises/ta_table.py.
+    It has a row for every H(...) of check.py and grade.py (the fallbacks too), and every slip's verdict
+    prints one of them (ta_table.rows stops on a hint that is not written H(...))."""
+    table = ta_table.rows(toy)
+    assert (EXERCISES / "ta_table.md").read_text() == ta_table.render(table), \
+        "run: python notebooks/exercises/ta_table.py"
+    hints = [template for _, template, _ in table]
+    assert len(hints) == len(set(hints)) and all(h in hints for h in _FALLBACKS.values() if h.endswith("over k"))
+    assert sum(len(found) for _, _, found in table) == len(slips.SLIPS)
+    assert any(h.startswith("timed out after <seconds> s") for h in hints)  # grade.py's own lines are there too
+
+
+def test_a_hint_that_is_not_written_h_stops_the_table(monkeypatch, toy):
+    """The table cannot silently miss a hint: a check printing one that is not written H(...) stops it."""
+    monkeypatch.setattr(ta_table, "hints", lambda: [("Exercise 1", "expand ||e_y - pi||^2 = sum_k (1[k=y] - pi_k)^2 "
+                                                                   "term by term")])
+    monkeypatch.setattr(slips, "SLIPS", [s for s in slips.SLIPS if s.exercise == "1b"][:2])
+    with pytest.raises(SystemExit, match="not written H"):
+        ta_table.rows(toy)

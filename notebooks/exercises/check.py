@@ -22,6 +22,12 @@ Three rules keep the verdicts honest:
   reference the check compares with (``otb.action_aligned_otb`` in 5c, ``toy_harness.measure`` in
   4c, ...) is reported as NOT YET, since the comparison would then prove nothing;
 * an error raised inside the project's code names its file and the student's line that called it.
+
+Calling the project's test helpers (``tests/naive.py``'s loops) or the benchmarks' loops from an
+answer is reported the same way: they compute the answers too.
+
+Every hint a check can print is written ``H("...")``: ``ta_table.py`` reads them all from this file
+for the teaching assistants' table, so a hint that is not wrapped is missing from it.
 """
 import contextlib
 import io
@@ -36,6 +42,32 @@ import otb
 
 CORRECT = "CORRECT"
 NOT_YET = "NOT YET CORRECT"
+
+# Every graded exercise, by the check function its notebook calls: grade.py titles a check cell that
+# printed no verdict (a syntax error above it, a loop that never ends) with the title of its exercise.
+TITLES = {
+    "ex1a_sum_pi_squared": "Exercise 1a (sum_k pi_k^2 from logits)",
+    "ex1b_token_energy": "Exercise 1b (the Logit-Gradient Proxy w_t)",
+    "ex2a_sequence_scores": "Exercise 2a (sequence scores R)",
+    "ex2b_group_mean": "Exercise 2b (group-mean baseline)",
+    "ex2c_rloo": "Exercise 2c (leave-one-out baseline, RLOO)",
+    "ex3a_reward_to_go": "Exercise 3a (reward-to-go G_t)",
+    "ex3b_realized_energy": "Exercise 3b (realized energy W_t)",
+    "ex3c_optimal_token_baseline": "Exercise 3c (the Optimal Token Baseline)",
+    "ex3d_leave_one_out": "Exercise 3d (leave-one-out OTB)",
+    "ex3e_trains": "Exercise 3e (your OTB trains the model)",
+    "ex4a_batch_gradients": "Exercise 4a (one gradient estimate per group)",
+    "ex4b_bias_and_variance": "Exercise 4b (bias^2 and variance)",
+    "ex4c_measure": "Exercise 4c (measure two estimators)",
+    "ex5a_action_index": "Exercise 5a (the action index k_t)",
+    "ex5b_compaction": "Exercise 5b (gather the actions, scatter back)",
+    "ex5c_action_aligned_otb": "Exercise 5c (OTB aligned by action)",
+}
+
+
+def H(text):
+    """A hint the checks can print (see the module docstring): returned unchanged."""
+    return text
 
 
 class NotYet(Exception):
@@ -55,7 +87,7 @@ def _verdict(title, body):
         return False
     except Exception as e:  # a bug in the check itself must still not crash the notebook
         print(f"{title}: {NOT_YET}\n  problem: the check failed unexpectedly ({type(e).__name__}: {e})\n"
-              f"  hint:    run your function on the example inputs above and look at what it returns")
+              f"  hint:    {H('run your function on the example inputs above and look at what it returns')}")
         return False
     print(f"{title}: {CORRECT}. {summary}")
     return True
@@ -84,19 +116,41 @@ def _where(tb):
     return f"raised inside {here}; called from your code, line {yours[-1].lineno}: {yours[-1].line}"
 
 
+def _helper(filename):
+    """True for a module of the project's tests (``tests/naive.py``, not the ``test_*.py`` files) or of
+    its benchmarks: they hold loop versions of the estimators, so calling them proves nothing either."""
+    path = Path(filename).resolve()
+    if path.parent == _PROJECT / "tests":
+        return not path.name.startswith(("test_", "conftest"))
+    return _PROJECT / "tests" in path.parents or _PROJECT / "benchmarks" in path.parents
+
+
 class _Watch:
-    """Records whether any of ``references`` ({name: function}) runs while the block runs.
+    """Records whether any of ``references`` ({name: function}), or any helper of the project's tests
+    or benchmarks (``_helper``), runs while the block runs.
 
     A profile hook sees every Python call, whatever name the student reached the function by
-    (``otb.action_aligned_otb``, ``otb.ESTIMATORS["otb_tir"]``, ``from otb import ...``)."""
+    (``otb.action_aligned_otb``, ``otb.ESTIMATORS["otb_tir"]``, ``from otb import ...``, a lambda or
+    ``functools.partial`` around it)."""
 
     def __init__(self, references):
         self.codes = {id(fn.__code__): name for name, fn in references.items()}  # the functions stay alive
-        self.called = None
+        self.helpers = {}  # file name -> whether it is a helper (_helper), computed once per file
+        self.called = self.helper = None
 
     def _hook(self, frame, event, arg):
-        if event == "call" and self.called is None and id(frame.f_code) in self.codes:
-            self.called = self.codes[id(frame.f_code)]
+        if event != "call" or self.called is not None:
+            return
+        code = frame.f_code
+        if id(code) in self.codes:
+            self.called = self.codes[id(code)]
+        else:
+            name = code.co_filename
+            if name not in self.helpers:
+                self.helpers[name] = not name.startswith("<") and _helper(name)
+            if self.helpers[name]:
+                self.called = f"{code.co_name} ({Path(name).resolve().relative_to(_PROJECT)})"
+                self.helper = True
 
     def __enter__(self):
         self.previous = sys.getprofile()
@@ -110,7 +164,8 @@ class _Watch:
 
 def _call(fn, case, *args, references=None, **kwargs):
     """Call the student's function; an exception, a None result or a call to one of ``references``
-    (the functions the check compares with, {name: function}) becomes NotYet."""
+    (the functions the check compares with, {name: function}) or to a helper of the project's tests
+    becomes NotYet."""
     try:
         with _Watch(references or {}) as watch:
             out = fn(*args, **kwargs)
@@ -118,20 +173,22 @@ def _call(fn, case, *args, references=None, **kwargs):
         last = traceback.extract_tb(e.__traceback__)[-1].filename
         raise NotYet(f"on the case '{case}' your function raised {type(e).__name__}: {e}\n"
                      f"           ({_where(e.__traceback__)})",
-                     "a function you call still returns None: finish the earlier blanks first"
+                     H("a function you call still returns None: finish the earlier blanks first")
                      if "NoneType" in str(e) else
-                     f"{Path(last).name} rejected the arguments your line passed it: print them and compare with "
-                     f"what that function expects (which mask, which shape)" if _is_project(last) else
-                     "call your function on the example inputs in the notebook and read the traceback")
+                     H(f"{Path(last).name} rejected the arguments your line passed it: print them and compare "
+                       f"with what that function expects (which mask, which shape)") if _is_project(last) else
+                     H("call your function on the example inputs in the notebook and read the traceback"))
     if watch.called:
-        raise NotYet(f"on the case '{case}' your function calls {watch.called}, the project's reference that "
-                     f"this check compares with, so the comparison would prove nothing",
-                     "write this step yourself from the formulas above (the helpers the instructions name "
-                     "are fine)")
+        what = ("a loop the project's tests (or benchmarks) use to check its code, which computes this answer"
+                if watch.helper else "the project's reference that this check compares with")
+        raise NotYet(f"on the case '{case}' your function calls {watch.called}, {what}, so the comparison would "
+                     f"prove nothing",
+                     H("write this step yourself from the formulas above (the helpers the instructions name "
+                       "are fine)"))
     if out is None:
         raise NotYet("your function returned None: the blank marked TODO(student) is not filled in yet",
-                     "replace the `return None` line with your code (the markdown above the cell says what "
-                     "to compute)")
+                     H("replace the `return None` line with your code (the markdown above the cell says what "
+                       "to compute)"))
     return out
 
 
@@ -139,15 +196,16 @@ def _show(x):
     return str(x.detach().double().numpy().round(4).tolist()) if x.numel() <= 24 else f"<{tuple(x.shape)} tensor>"
 
 
-def _compare(got, want, case, hint, *, atol=1e-5, rtol=1e-5, dtype=None):
-    """got must be a tensor with want's shape (and dtype if given) and close values."""
+def _compare(got, want, case, hint, *, atol=1e-5, rtol=1e-5, dtype=None, shape_hint=None):
+    """got must be a tensor with want's shape (and dtype if given) and close values. ``shape_hint``: the
+    hint for a result of the wrong shape, if the check knows better than the generic one."""
     if not isinstance(got, torch.Tensor):
         raise NotYet(f"on the case '{case}' your function returned a {type(got).__name__}, not a tensor",
-                     "return a torch.Tensor")
+                     H("return a torch.Tensor"))
     if tuple(got.shape) != tuple(want.shape):
         raise NotYet(f"on the case '{case}' your result has shape {tuple(got.shape)}, expected "
-                     f"{tuple(want.shape)}", "check which dimension you reduce over (dim=-1) and whether you "
-                     "kept or dropped it")
+                     f"{tuple(want.shape)}", shape_hint or H("check which dimension you reduce over (dim=-1) and "
+                                                             "whether you kept or dropped it"))
     if dtype is not None and got.dtype != dtype:
         raise NotYet(f"on the case '{case}' your result has dtype {got.dtype}, expected {dtype}", hint)
     got_d, want_d = got.detach().double(), want.detach().double()
@@ -209,15 +267,50 @@ _REF_1A = {f"otb.{name}": getattr(otb, name) for name in dir(otb)  # sum_pi_squa
 _REF_1B = {"otb.token_energy": otb.token_energy}
 
 
+_HALF = (torch.bfloat16, torch.float16)  # 8 and 11 significant bits; float32 has 24
+
+
 def _dtype_hint(z, got_dtype, want_dtype):
     """The hint for a result of the wrong dtype, naming the input's and the result's."""
     if want_dtype == torch.float64:
-        return "float64 input should stay float64 (upcast half precision to float32, but do not downcast float64)"
+        return H("float64 input should stay float64 (upcast half precision to float32, but do not downcast "
+                 "float64)")
     if got_dtype == torch.float64:
-        return (f"{z.dtype} logits give a float32 result: upcast with z.float(), not z.double() (float64 is "
-                f"kept for float64 input only)")
-    return (f"compute and return float32 for {z.dtype} input: upcast the logits first (z.float()), then "
-            f"logsumexp; a half-precision result has 8 or 11 bits of mantissa")
+        return H(f"{z.dtype} logits give a float32 result: upcast with z.float(), not z.double() (float64 is "
+                 f"kept for float64 input only)")
+    return H(f"compute and return float32 for {z.dtype} input, not {got_dtype}: upcast the logits first "
+             f"(z.float()), then logsumexp; a half-precision result keeps 8 (bf16) or 11 (float16) significant "
+             f"bits, float32 24")
+
+
+def _half_precision(got, want, candidates):
+    """The half-precision dtype whose rounding explains ``got``: one of ``candidates`` ({dtype: [values the
+    right formula gives when computed in that dtype]}) lies much closer to ``got`` than the right answer
+    ``want`` does. None if there is none."""
+    got_d, want_d = got.detach().double(), want.detach().double()
+    off = (got_d - want_d).abs().max().item()
+    for dtype, values in candidates.items():
+        for value in values:
+            near = (got_d - value.double()).abs().max().item()
+            if near == near and near <= 0.25 * off:  # near == near: not NaN
+                return dtype
+    return None
+
+
+def _precision_hint(dtype, what):
+    """The hint for arithmetic done in ``dtype`` (bf16 or float16) instead of float32."""
+    if dtype == torch.float16:
+        return H(f"float16 is half precision too: compute {what} in float32 (upcast with .float(), not .half()) "
+                 f"before any arithmetic; float16 keeps 11 significant bits (10 stored + 1 implicit), float32 24")
+    return H(f"compute {what} in float32, not bf16 (upcast with .float() before any arithmetic): bf16 keeps 8 "
+             f"significant bits (7 stored + 1 implicit), float32 24")
+
+
+def _sum_pi_sq_in(z, dtype):
+    """sum_k pi_k^2 of z computed in ``dtype``, three ways a student might write it."""
+    zz = z.to(dtype)
+    return [torch.exp(torch.logsumexp(2 * zz, -1) - 2 * torch.logsumexp(zz, -1)),
+            (zz.softmax(-1) ** 2).sum(-1), (zz.softmax(-1).float() ** 2).sum(-1)]
 
 
 def ex1a_sum_pi_squared(student_fn):
@@ -232,21 +325,23 @@ def ex1a_sum_pi_squared(student_fn):
                           1.5 * torch.randn(6, 4, generator=g) + torch.tensor([3.0, 0.0, 0.0, 0.0])])
     cases = [
         ("small float32 logits, shape (3, 5)", torch.randn(3, 5, generator=g),
-         "sum_k pi_k^2 = sum_k exp(2 z_k) / (sum_k exp(z_k))^2 = exp(logsumexp(2z) - 2 logsumexp(z))"),
+         H("sum_k pi_k^2 = sum_k exp(2 z_k) / (sum_k exp(z_k))^2 = exp(logsumexp(2z) - 2 logsumexp(z))")),
         ("huge float32 logits (|z| ~ 1000)", 1000.0 * torch.randn(4, 7, generator=g),
-         "exp(1000) overflows to inf; never exponentiate raw logits, work with torch.logsumexp "
-         "(which subtracts the max for you)"),
+         H("exp(1000) overflows to inf; never exponentiate raw logits, work with torch.logsumexp "
+           "(which subtracts the max for you)")),
         ("moderately confident bf16 logits (the rows of the table below)", moderate.bfloat16(),
-         "upcast the bf16 logits to float32 *before* any arithmetic (z = logits.float()): a softmax, "
-         "logsumexp or sum done in bf16 and upcast afterwards keeps bf16's rounding (8 bits of mantissa: "
-         "0.9375 instead of 0.9432 on the table's first row)"),
+         H("upcast the bf16 logits to float32 *before* any arithmetic (z = logits.float()): a softmax, "
+           "logsumexp or sum done in bf16 and upcast afterwards keeps bf16's rounding (8 significant bits, 7 "
+           "stored + 1 implicit: 0.9375 instead of 0.9432 on the table's first row)")),
         ("confident bf16 logits", confident.bfloat16(),
-         "compute and return float32 for bf16/fp16 input (upcast the logits first, e.g. z.float()): bf16 has "
-         "8 bits of mantissa, far too few for 1 - 2 pi(y) + sum pi^2 when pi(y) ~ 1"),
+         H("compute and return float32 for bf16/fp16 input (upcast the logits first, e.g. z.float()): bf16 "
+           "keeps 8 significant bits (7 stored + 1 implicit), far too few for 1 - 2 pi(y) + sum pi^2 when "
+           "pi(y) ~ 1")),
         ("float64 logits", torch.randn(5, 9, generator=g, dtype=torch.float64),
-         "float64 input should stay float64 (upcast half precision to float32, but do not downcast float64)"),
+         H("float64 input should stay float64 (upcast half precision to float32, but do not downcast "
+           "float64)")),
         ("batched logits, shape (2, 3, 4, 6)", torch.randn(2, 3, 4, 6, generator=g),
-         "reduce over the last dimension only (dim=-1), whatever the number of leading dimensions"),
+         H("reduce over the last dimension only (dim=-1), whatever the number of leading dimensions")),
     ]
 
     def body():
@@ -265,11 +360,18 @@ def ex1a_sum_pi_squared(student_fn):
                 for what, value in slips.items():
                     if torch.allclose(got.double(), value, rtol=1e-4, atol=1e-5):
                         raise NotYet(f"on the case '{case}' you computed {what}",
-                                     "sum_k pi_k^2 = exp(logsumexp(2z) - 2 logsumexp(z)), over dim=-1")
+                                     H("sum_k pi_k^2 = exp(logsumexp(2z) - 2 logsumexp(z)), over dim=-1"))
+                if not torch.allclose(got.double(), want.double(), rtol=1e-5, atol=atol):
+                    half = _half_precision(got, want, {d: _sum_pi_sq_in(z, d) for d in _HALF if d != z.dtype})
+                    if half is not None:  # (bf16 arithmetic on bf16 input: the case's own hint names it)
+                        raise NotYet(f"on the case '{case}' your values carry the rounding of {str(half)[6:]} "
+                                     f"arithmetic (largest value: yours {got.double().max().item():.6g}, expected "
+                                     f"{want.double().max().item():.6g})",
+                                     _precision_hint(half, "sum_k pi_k^2"))
             _compare(got, want, case, hint, atol=atol, dtype=want.dtype)
         return ("Matches otb.sum_pi_squared on small, huge, moderately and very confident bf16, float64 and "
                 "batched logits.")
-    return _verdict("Exercise 1a (sum_k pi_k^2 from logits)", body)
+    return _verdict(TITLES["ex1a_sum_pi_squared"], body)
 
 
 def _autograd_token_energy(logits, tokens):
@@ -288,17 +390,40 @@ def ex1b_token_energy(student_fn):
     # A confident token whose log-prob (from a bf16 rollout, say) says pi(y) = 1 while sum pi^2 says
     # 0.999: the formula gives 1 - 2 + 0.999 < 0, impossible for a squared norm.
     lp_c, s_c = torch.tensor([[0.0, -1e-4, -0.5]]), torch.tensor([[0.999, 0.9996, 0.5]])
-    expand = "expand ||e_y - pi||^2 = sum_k (1[k=y] - pi_k)^2 term by term"
+    expand = H("expand ||e_y - pi||^2 = sum_k (1[k=y] - pi_k)^2 term by term")
+    pi = lp.exp()  # pi(y_t), (B, T)
     wrong = {  # the usual slips, recognised so the hint can be specific: {what: (w, hint)}
-        "1 - pi(y) + sum pi^2 (the factor 2 is missing)": (1 - lp.exp() + s, expand),
-        "1 - 2 pi(y) + pi(y)^2 = (1 - pi(y))^2 (you kept only the y-th component)": ((1 - lp.exp()) ** 2, expand),
+        "1 - pi(y) + sum pi^2 (the factor 2 is missing)": (1 - pi + s, expand),
+        "1 - 2 pi(y) + pi(y)^2 = (1 - pi(y))^2 (you kept only the y-th component)": ((1 - pi) ** 2, expand),
+        "(1 - pi(y))^2 + sum pi^2 (pi(y)^2 counted twice)": (
+            (1 - pi) ** 2 + s, H("sum_k (1[k=y] - pi_k)^2 = (1 - pi(y))^2 + sum over k != y of pi_k^2: the second "
+                                 "sum leaves pi(y)^2 out, so the total is 1 - 2 pi(y) + sum_k pi_k^2")),
+        "- 2 pi(y) + sum pi^2 (the 1 is missing)": (
+            -2 * pi + s, H("the expansion starts with sum_k 1[k=y]^2 = 1: w_t = 1 - 2 pi(y) + sum_k pi_k^2")),
         "1 - 2 log pi(y) + sum pi^2 (log-prob used as a probability)": (
-            1 - 2 * lp + s, "log_probs holds log pi(y): pi(y) = log_probs.exp()"),
-        "1 + 2 pi(y) + sum pi^2 (sign of the cross term)": (1 + 2 * lp.exp() + s, expand),
+            1 - 2 * lp + s, H("log_probs holds log pi(y): pi(y) = log_probs.exp()")),
+        "1 - 2 exp(-log_probs) + sum pi^2 (exp(-log_probs) = 1 / pi(y), not pi(y))": (
+            1 - 2 * (-lp).exp() + s, H("pi(y) = log_probs.exp(), without a minus sign: exp(-log_probs) is 1 / pi(y) "
+                                      ">= 1, which makes 1 - 2 pi(y) + sum pi^2 negative and the clamp then gives 0")),
+        "pi(y) from a softmax of the log-probs over the positions of the row": (
+            1 - 2 * lp.softmax(-1) + s, H("log_probs holds one log-probability per position, not a row of logits: "
+                                          "pi(y_t) = log_probs.exp(), element by element (a softmax over dim=-1 "
+                                          "mixes the positions of the row)")),
+        "1 - 2 pi(y) + (sum pi^2)^2 (sum pi^2 squared again)": (
+            1 - 2 * pi + s ** 2, H("sum_pi_sq already is sum_k pi_k^2 (Exercise 1a): add it as it is")),
+        "the norm ||e_y - pi|| (a square root), not its square": (
+            (1 - 2 * pi + s).clamp(0, 2).sqrt(), H("w_t is the *squared* norm ||e_y - pi||^2 = 1 - 2 pi(y) + "
+                                                   "sum pi^2: no square root")),
+        "1 + 2 pi(y) + sum pi^2 (sign of the cross term)": (1 + 2 * pi + s, expand),
         "the energy clamped to [0, 1]": (
-            (1 - 2 * lp.exp() + s).clamp(0, 1),
-            "w_t can exceed 1 (up to 2, when pi puts its mass on a token that was not sampled): clamp to [0, 2]"),
+            (1 - 2 * pi + s).clamp(0, 1),
+            H("w_t can exceed 1 (up to 2, when pi puts its mass on a token that was not sampled): clamp to [0, 2]")),
     }
+    right = (1 - 2 * pi + s).clamp(0, 2)
+    in_half = {d: [(1 - 2 * lp.to(d).exp() + s.to(d)).clamp(0, 2), (1 - 2 * pi.to(d) + s.to(d)).clamp(0, 2)]
+               for d in _HALF}
+    same_shape = H("w_t is one number per token: return the same shape as log_probs (no sum or mean over "
+                   "positions)")
 
     def body():
         case = "random tokens, compared with autograd"
@@ -307,15 +432,28 @@ def ex1b_token_energy(student_fn):
             for name, (w, slip_hint) in wrong.items():  # with or without the clamp to [0, 2]
                 if any(torch.allclose(got.double(), v.double(), atol=1e-5) for v in (w, w.clamp(0, 2))):
                     raise NotYet(f"on the case '{case}' you computed {name}", slip_hint)
-        err = _compare(got, exact, case, "d log softmax(z)_y / dz_k = 1[k=y] - pi_k; square and sum over k",
-                       atol=1e-5)
+            if got.dtype in _HALF:
+                raise NotYet(f"on the case '{case}' your result has dtype {got.dtype}, expected {lp.dtype} (the "
+                             f"inputs' dtype)", _precision_hint(got.dtype, "w_t"))
+            if not torch.allclose(got.double(), right.double(), atol=1e-5):
+                half = _half_precision(got, right, in_half)
+                if half is not None:
+                    raise NotYet(f"on the case '{case}' your values carry the rounding of {str(half)[6:]} arithmetic",
+                                 _precision_hint(half, "w_t = 1 - 2 pi(y) + sum pi^2"))
+                if not got.double().abs().max() > 0:
+                    raise NotYet(f"on the case '{case}' your w_t is 0 at every position",
+                                 H("pi(y) = log_probs.exp() lies in (0, 1]; with exp(-log_probs) = 1 / pi(y) or "
+                                   "another value >= 1 in its place, 1 - 2 pi(y) + sum pi^2 is below 0 and the "
+                                   "clamp gives 0"))
+        err = _compare(got, exact, case, H("d log softmax(z)_y / dz_k = 1[k=y] - pi_k; square and sum over k"),
+                       atol=1e-5, shape_hint=same_shape)
         case = "confident tokens where rounding gives 1 - 2 pi(y) + sum pi^2 < 0"
         _compare(_call(student_fn, case, lp_c.clone(), s_c.clone(), references=_REF_1B),
                  otb.token_energy(lp_c, s_c), case,
-                 "a squared norm cannot be negative: clamp the result to [0, 2]")
+                 H("a squared norm cannot be negative: clamp the result to [0, 2]"), shape_hint=same_shape)
         return (f"Equals ||d log pi(y)/dz||^2 from autograd (max error {err:.1e}) and clamps like "
                 f"otb.token_energy.")
-    return _verdict("Exercise 1b (the Logit-Gradient Proxy w_t)", body)
+    return _verdict(TITLES["ex1b_token_energy"], body)
 
 
 # =====================================================================================
@@ -329,24 +467,24 @@ _GROUP_CASES = [  # (case, lengths, group_index, batch options, hint; None: the 
      None),
     ("right padding with junk (7.0) in the padded rewards", [5, 2, 4, 3], [0, 0, 0, 0],
      {"junk": 7.0, "outcome": [1, 1, 0, 1]},  # non-zero scores: an advantage left unmasked shows on padding
-     "only valid tokens count: multiply the rewards by response_mask before summing, and multiply the "
-     "advantage by response_mask so padded positions are exactly 0"),
+     H("only valid tokens count: multiply the rewards by response_mask before summing, and multiply the "
+       "advantage by response_mask so padded positions are exactly 0")),
     ("two interleaved groups with string ids", [4, 4, 4, 4, 4, 4], ["a", "b", "a", "b", "a", "b"], {},
-     "group by id, not by position: rows of a group need not be next to each other (otb.group_ids maps "
-     "ids to 0..n-1)"),
+     H("group by id, not by position: rows of a group need not be next to each other (otb.group_ids maps "
+       "ids to 0..n-1)")),
     ("groups of sizes 3 and 5", [3, 4, 5, 3, 4, 5, 3, 4], [0, 1, 0, 1, 1, 0, 1, 1], {},
-     "do not reshape to (n_groups, N): groups can have different sizes"),
+     H("do not reshape to (n_groups, N): groups can have different sizes")),
     ("a singleton group next to a group of 3", [4, 4, 4, 4], ["solo", "x", "x", "x"], {"dense": True},
-     "a group with one response has nothing to compare with: like otb.py (and verl), use baseline 0 "
-     "there, so a singleton keeps its score as its advantage"),
+     H("a group with one response has nothing to compare with: like otb.py (and verl), use baseline 0 "
+       "there, so a singleton keeps its score as its advantage")),
     ("group_index as an integer tensor", [3, 3, 3, 3, 3], torch.tensor([7, 7, 2, 2, 2]), {"dense": True},
-     "group_index may be a tensor; otb.group_ids(group_index, B) handles both lists and tensors"),
+     H("group_index may be a tensor; otb.group_ids(group_index, B) handles both lists and tensors")),
 ]
 
 _FIRST_HINT = {
-    "group_mean": "b_i = the mean score of row i's group, row i included; A = R - b on every valid token",
-    "rloo": "b_i = the mean score of the *other* rows of i's group, (sum of the group - R_i) / (n - 1); "
-            "A = R - b on every valid token",
+    "group_mean": H("b_i = the mean score of row i's group, row i included; A = R - b on every valid token"),
+    "rloo": H("b_i = the mean score of the *other* rows of i's group, (sum of the group - R_i) / (n - 1); "
+              "A = R - b on every valid token"),
 }
 
 
@@ -366,40 +504,67 @@ def _group_slips(b, gi, name):
         return torch.where(single, scores, (scores - baseline) / scale)[:, None] * mask  # (B, T)
     var = (square - total ** 2 / size).clamp(min=0)  # sum of squared deviations over the group, (B,)
     std_n, std_n1 = (var / size).sqrt(), (var / (size - 1).clamp(min=1)).sqrt()  # per row, (B,)
-    grpo_hint = ("do not divide by the group's standard deviation: that is GRPO's normalisation, which "
-                 "this exercise (like Dr.GRPO) leaves out; A = R - b")
+    grpo_hint = H("do not divide by the group's standard deviation: that is GRPO's normalisation, which "
+                  "this exercise (like Dr.GRPO) leaves out; A = R - b")
     raw = b["token_rewards"].sum(-1)  # R from every position, padding included, (B,)
     raw_total = torch.zeros(n_groups).index_add_(0, gid, raw)[gid]
     raw_own = raw_total / size if name == "group_mean" else (raw_total - raw) / (size - 1).clamp(min=1)
     last = torch.zeros_like(m)
     last[torch.arange(len(R)), (m.sum(-1) - 1).long()] = 1.0  # the last valid token of each row
     batch_b = R.mean() if name == "group_mean" else (R.sum() - R) / max(len(R) - 1, 1)
+    L = m.sum(-1)  # each row's number of valid tokens, (B,)
+    LR = torch.zeros(n_groups).index_add_(0, gid, L * R)[gid]  # sum of L_j R_j over row i's group, (B,)
+    L_sum = torch.zeros(n_groups).index_add_(0, gid, L)[gid]  # sum of L_j over the group, (B,)
+    by_tokens = LR / L_sum if name == "group_mean" else (LR - L * R) / (L_sum - L).clamp(min=1)
     slips = {
         "group_mean": (adv(total / size), "a baseline that includes the row's own score (the group mean of 2b)",
-                       "leave row i out: b_i = (sum of the group - R_i) / (n - 1), the mean of the others"),
+                       H("leave row i out: b_i = (sum of the group - R_i) / (n - 1), the mean of the others")),
         "rloo": (adv((total - R) / (size - 1).clamp(min=1)),
                  "a leave-one-out baseline (that is RLOO, Exercise 2c)",
-                 "2b's baseline is the mean of the whole group, row i included: b_i = sum of the group / n"),
+                 H("2b's baseline is the mean of the whole group, row i included: b_i = sum of the group / n")),
         "over_n": (adv((total - R) / size), "(sum of the others) / n, the sum of the n - 1 other scores divided "
-                   "by n", "there are n - 1 other rows: divide their sum by n - 1"),
+                   "by n", H("there are n - 1 other rows: divide their sum by n - 1")),
         "grpo_n": (adv(own, scale=std_n + 1e-6), "the advantage divided by the group's standard deviation",
                    grpo_hint),
         "grpo_n1": (adv(own, scale=std_n1 + 1e-6), "the advantage divided by the group's standard deviation",
                     grpo_hint),
         "unmasked_advantage": (adv(own, mask=torch.ones_like(m)), "the right advantage on valid tokens, but "
-                               "not 0 on padding", "multiply the advantage by response_mask, so that padded "
-                               "positions are exactly 0"),
+                               "not 0 on padding", H("multiply the advantage by response_mask, so that padded "
+                                                     "positions are exactly 0")),
         "unmasked_rewards": (adv(raw_own, scores=raw), "scores that include the junk in the padded rewards",
-                             "mask the rewards before summing them (token_rewards * response_mask): values at "
-                             "padded positions are meaningless"),
+                             H("mask the rewards before summing them (token_rewards * response_mask): values at "
+                               "padded positions are meaningless")),
         "last_token": (adv(own, mask=last), "the advantage on the last valid token only",
-                       "write the advantage R_i - b_i on *every* valid token of row i (broadcast over t, then "
-                       "multiply by response_mask)"),
+                       H("write the advantage R_i - b_i on *every* valid token of row i (broadcast over t, then "
+                         "multiply by response_mask)")),
         "batch": (adv(batch_b), "a baseline over the whole batch, ignoring the groups",
-                  "b_i uses only the rows of row i's own group (same group_index); otb.group_ids maps ids to "
-                  "0..n-1"),
+                  H("b_i uses only the rows of row i's own group (same group_index); otb.group_ids maps ids to "
+                    "0..n-1")),
+        "by_tokens": (adv(by_tokens), "a mean over the group's tokens (each score weighted by its response's "
+                      "length), not over its responses",
+                      H("the baseline is a mean over the group's *responses*, one score R_j each: a mean over "
+                        "valid tokens (sum of R_j m_t divided by the number of valid tokens) weights long "
+                        "responses more")),
     }
+    if name == "group_mean":  # one group's baseline written into every row (baseline[:] = ... in the loop)
+        for g in range(n_groups):
+            if (gid == g).sum() > 1:
+                slips[f"overwritten_{g}"] = (
+                    (R - R[gid == g].mean())[:, None] * m, "one group's baseline in every row",
+                    H("every row got the baseline of one group: in the loop over groups, write only that "
+                      "group's rows (baseline[rows] = ...), not baseline[:] = ... or baseline = ..."))
+    # Last: where one group's mean is 0, a baseline written over every row looks like no baseline at all.
+    slips["no_baseline"] = (R[:, None] * m, "A = R, with no baseline subtracted",
+                            H("subtract the baseline: A = R - b_i, with b_i from the rows of row i's group"))
     return {k: v for k, v in slips.items() if k != name}
+
+
+def _per_row_hint(got, want):
+    """The hint for an advantage of shape (B,) where (B, T) is expected, or None for any other shape."""
+    if isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(want.shape[:1]):
+        return H("you return one advantage per row, shape (B,): write it on every valid token of the row, "
+                 "A[:, None] * response_mask, shape (B, T)")
+    return None
 
 
 def _check_group_estimator(title, student_fn, reference, name):
@@ -412,11 +577,11 @@ def _check_group_estimator(title, student_fn, reference, name):
             if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.allclose(got, want, atol=1e-5):
                 if torch.allclose(got, -want, atol=1e-5):
                     raise NotYet(f"on the case '{case}' your advantages have the opposite sign",
-                                 "the advantage is the score minus the baseline: A = R - b, not b - R")
+                                 H("the advantage is the score minus the baseline: A = R - b, not b - R"))
                 for A, what, slip_hint in _group_slips(b, gi, name).values():
                     if torch.allclose(got, A, atol=1e-4, rtol=1e-3):
                         raise NotYet(f"on the case '{case}' you computed {what}", slip_hint)
-            _compare(got, want, case, hint or _FIRST_HINT[name])
+            _compare(got, want, case, hint or _FIRST_HINT[name], shape_hint=_per_row_hint(got, want))
         return (f"Matches otb.{name} with padding, interleaved groups, unequal sizes, singletons and "
                 f"tensor ids.")
     return _verdict(title, body)
@@ -424,11 +589,11 @@ def _check_group_estimator(title, student_fn, reference, name):
 
 def ex2a_sequence_scores(student_fn):
     """student_fn(token_rewards, response_mask) -> R (B,): sum of valid token rewards."""
-    cases = [("outcome reward at the last valid token", _batch([3, 3, 3], seed=3), "R_i = sum_t r_t m_t"),
+    cases = [("outcome reward at the last valid token", _batch([3, 3, 3], seed=3), H("R_i = sum_t r_t m_t")),
              ("right padding with junk (7.0) in the padded rewards", _batch([4, 1, 2], seed=4, junk=7.0),
-              "multiply by response_mask (or use torch.where) before summing: padding holds junk"),
+              H("multiply by response_mask (or use torch.where) before summing: padding holds junk")),
              ("dense token rewards", _batch([4, 4, 2], seed=5, dense=True),
-              "the score is the sum of all valid token rewards, not just the last one")]
+              H("the score is the sum of all valid token rewards, not just the last one"))]
 
     def body():
         for case, b, hint in cases:
@@ -436,17 +601,17 @@ def ex2a_sequence_scores(student_fn):
             _compare(_call(student_fn, case, b["token_rewards"].clone(), b["response_mask"].clone(),
                            references=_REF_2), want, case, hint)
         return "Matches the score otb.reinforce uses."
-    return _verdict("Exercise 2a (sequence scores R)", body)
+    return _verdict(TITLES["ex2a_sequence_scores"], body)
 
 
 def ex2b_group_mean(student_fn):
     """student_fn(token_rewards, response_mask, group_index) -> advantages (B, T) like otb.group_mean."""
-    return _check_group_estimator("Exercise 2b (group-mean baseline)", student_fn, otb.group_mean, "group_mean")
+    return _check_group_estimator(TITLES["ex2b_group_mean"], student_fn, otb.group_mean, "group_mean")
 
 
 def ex2c_rloo(student_fn):
     """student_fn(token_rewards, response_mask, group_index) -> advantages (B, T) like otb.rloo."""
-    return _check_group_estimator("Exercise 2c (leave-one-out baseline, RLOO)", student_fn, otb.rloo, "rloo")
+    return _check_group_estimator(TITLES["ex2c_rloo"], student_fn, otb.rloo, "rloo")
 
 
 # =====================================================================================
@@ -467,13 +632,13 @@ def _first_slip(got, slips, case):
 def ex3a_reward_to_go(student_fn):
     """student_fn(token_rewards, response_mask) -> G (B, T), 0 on padding."""
     cases = [("outcome reward only", _batch([4, 4, 4], seed=20, outcome=[1, 0, 1]),
-              "with a single outcome reward at the last token, G_t = R at every valid position"),
+              H("with a single outcome reward at the last token, G_t = R at every valid position")),
              ("dense token rewards", _batch([5, 5], seed=21, dense=True),
-              "G_t = sum_{u >= t} r_u sums from t to the end: a reversed cumulative sum "
-              "(x.flip(-1).cumsum(-1).flip(-1))"),
+              H("G_t = sum_{u >= t} r_u sums from t to the end: a reversed cumulative sum "
+                "(x.flip(-1).cumsum(-1).flip(-1))")),
              ("right padding with junk (7.0) in the padded rewards", _batch([5, 2, 3], seed=22, dense=True,
                                                                            junk=7.0),
-              "mask the rewards before the cumulative sum, and return 0 on padded positions")]
+              H("mask the rewards before the cumulative sum, and return 0 on padded positions"))]
 
     def body():
         for case, b, hint in cases:
@@ -486,21 +651,21 @@ def ex3a_reward_to_go(student_fn):
                 r = b["token_rewards"] * m  # r_t, (B, T)
                 _first_slip(got, {
                     "G_t = sum_{u > t} r_u (the reward at t itself is left out: off by one)": (
-                        want - r, "G_t includes r_t: sum over u >= t, i.e. the reversed cumulative sum itself, "
-                                  "not shifted by one position"),
+                        want - r, H("G_t includes r_t: sum over u >= t, i.e. the reversed cumulative sum itself, "
+                                    "not shifted by one position")),
                     "a cumulative sum from the start, sum_{u <= t} r_u": (
-                        r.cumsum(-1) * m, "the reward-to-go sums from t to the *end*: flip, cumsum, flip back"),
+                        r.cumsum(-1) * m, H("the reward-to-go sums from t to the *end*: flip, cumsum, flip back")),
                     "the reversed cumulative sum without flipping back": (
-                        r.flip(-1).cumsum(-1) * m, "after r.flip(-1).cumsum(-1), flip the result back with "
-                                                   ".flip(-1) so that position t holds sum_{u >= t} r_u"),
+                        r.flip(-1).cumsum(-1) * m, H("after r.flip(-1).cumsum(-1), flip the result back with "
+                                                     ".flip(-1) so that position t holds sum_{u >= t} r_u")),
                     "a sum that includes the junk in the padded rewards": (
                         b["token_rewards"].flip(-1).cumsum(-1).flip(-1) * m,
-                        "mask the rewards (token_rewards * response_mask) *before* the cumulative sum: the "
-                        "padding on the right flows into every earlier G_t"),
+                        H("mask the rewards (token_rewards * response_mask) *before* the cumulative sum: the "
+                          "padding on the right flows into every earlier G_t")),
                 }, case)
             _compare(got, want, case, hint)
         return "Matches the returns of otb.optimal_token_baseline, padding included."
-    return _verdict("Exercise 3a (reward-to-go G_t)", body)
+    return _verdict(TITLES["ex3a_reward_to_go"], body)
 
 
 def ex3b_realized_energy(student_fn):
@@ -521,48 +686,48 @@ def ex3b_realized_energy(student_fn):
                     wm = w * m
                     _first_slip(got, {
                         "w_t itself, not its running sum": (
-                            wm, "W_t = w_0 + ... + w_t accumulates: w.cumsum(-1)"),
+                            wm, H("W_t = w_0 + ... + w_t accumulates: w.cumsum(-1)")),
                         "a running sum from the end, w_t + ... + w_{L-1}": (
                             wm.flip(-1).cumsum(-1).flip(-1) * m,
-                            "W_t sums the energy *up to* t (the past), a plain cumsum(-1), not the reward-to-go's "
-                            "reversed sum"),
+                            H("W_t sums the energy *up to* t (the past), a plain cumsum(-1), not the reward-to-go's "
+                              "reversed sum")),
                         "a cumulative sum over the rows (dim=0)": (
-                            wm.cumsum(0) * m, "accumulate over positions t (dim=-1), within each row"),
+                            wm.cumsum(0) * m, H("accumulate over positions t (dim=-1), within each row")),
                         "a running sum of (1 - pi(y_t))^2 (sum pi^2 left out)": (
                             ((1 - b["log_probs"].exp()) ** 2 * m).cumsum(-1) * m,
-                            "w_t = 1 - 2 pi(y_t) + sum_k pi_k^2 (otb.token_energy(log_probs, sum_pi_sq))"),
+                            H("w_t = 1 - 2 pi(y_t) + sum_k pi_k^2 (otb.token_energy(log_probs, sum_pi_sq))")),
                     }, case)
-            _compare(got, want, case, "W_t = w_0 + ... + w_t: a cumulative sum over positions (dim=-1) of the "
-                     "token energy otb.token_energy(log_probs, sum_pi_sq)", atol=1e-4)
+            _compare(got, want, case, H("W_t = w_0 + ... + w_t: a cumulative sum over positions (dim=-1) of the "
+                                        "token energy otb.token_energy(log_probs, sum_pi_sq)"), atol=1e-4)
         return "W_t equals the running sum of squared logit-gradient norms computed by autograd."
-    return _verdict("Exercise 3b (realized energy W_t)", body)
+    return _verdict(TITLES["ex3b_realized_energy"], body)
 
 
 _OTB_CASES = [  # (case, lengths, group_index, batch options, hint)
     ("one group of 4 rows, no padding, rewards 1, 0, 1, 0", [5, 5, 5, 5], [0, 0, 0, 0], {"outcome": [1, 0, 1, 0]},
-     "B_t = sum_i G_t W_t / (sum_i W_t + 1e-8) over the rows of the group, one value per position t; "
-     "A_t = G_t - B_t"),
+     H("B_t = sum_i G_t W_t / (sum_i W_t + 1e-8) over the rows of the group, one value per position t; "
+       "A_t = G_t - B_t")),
     ("rows of different lengths (right padding)", [6, 2, 4, 3], [0, 0, 0, 0], {"dense": True, "junk": 7.0},
-     "only rows still active at t enter B_t: multiply G_t W_t and W_t by response_mask before summing over "
-     "the group, and return A_t = 0 on padding"),
+     H("only rows still active at t enter B_t: multiply G_t W_t and W_t by response_mask before summing over "
+       "the group, and return A_t = 0 on padding")),
     ("two interleaved groups with string ids", [4, 3, 4, 2, 4, 4], ["a", "b", "a", "b", "a", "b"], {},
-     "sum over the rows with the same id (otb.group_ids maps ids to 0..n-1), not over neighbours"),
+     H("sum over the rows with the same id (otb.group_ids maps ids to 0..n-1), not over neighbours")),
     ("a singleton group", [4, 3, 4], ["solo", "x", "x"], {"dense": True},
-     "a group with one response gets B_t = 0 (its advantage is its own return)"),
+     H("a group with one response gets B_t = 0 (its advantage is its own return)")),
     ("a group whose tokens are all certain (w_t = 0)", [3, 3], [0, 0], {"certain": True},
-     "when sum_i W_t = 0 the eps = 1e-8 in the denominator keeps B_t = 0 / 1e-8 = 0; do not drop it"),
+     H("when sum_i W_t = 0 the eps = 1e-8 in the denominator keeps B_t = 0 / 1e-8 = 0; do not drop it")),
 ]
 
 _OTB_LOO_CASES = [(_OTB_CASES[0][:4] + (
-    "B_t^(-i) = (sum_j G_t W_t m_t - G_t^i W_t^i m_t^i) / (sum_j W_t m_t - W_t^i m_t^i + eps): row i's own "
-    "term leaves both sums",))] + _OTB_CASES[1:3] + [
+    H("B_t^(-i) = (sum_j G_t W_t m_t - G_t^i W_t^i m_t^i) / (sum_j W_t m_t - W_t^i m_t^i + eps): row i's own "
+      "term leaves both sums"),))] + _OTB_CASES[1:3] + [
     ("a singleton group", [4, 3, 4], ["solo", "x", "x"], {"dense": True},
-     "with leave-one-out, a row whose group has no other active row at t gets B_t = 0"),
+     H("with leave-one-out, a row whose group has no other active row at t gets B_t = 0")),
     ("tail of the longest row (no other row active)", [6, 2, 3], [0, 0, 0], {"dense": True},
-     "at positions where no other row of the group is active, B_t = 0 (there is nothing to average)"),
+     H("at positions where no other row of the group is active, B_t = 0 (there is nothing to average)")),
     ("a group whose tokens are all certain (w_t = 0)", [3, 3, 3], [0, 0, 0], {"certain": True},
-     "when the other rows' sum of W_t is 0 the eps = 1e-8 in the denominator keeps B_t = 0 / 1e-8 = 0; do not "
-     "drop it"),
+     H("when the other rows' sum of W_t is 0 the eps = 1e-8 in the denominator keeps B_t = 0 / 1e-8 = 0; do not "
+       "drop it")),
 ]
 
 
@@ -587,14 +752,14 @@ def _otb_slips(b, gi, leave_one_out):
         return (G - B) * m  # A_t, (B, T)
     weights = {
         "an unweighted mean of G_t over the group": (
-            torch.ones_like(W), "B_t weighs each row by its realized energy W_t: sum_i G_t W_t m_t / "
-            "(sum_i W_t m_t + eps)"),
+            torch.ones_like(W), H("B_t weighs each row by its realized energy W_t: sum_i G_t W_t m_t / "
+            "(sum_i W_t m_t + eps)")),
         "weights w_t (this position's energy) instead of W_t": (
-            w, "W_t is the running sum w_0 + ... + w_t (your realized_energy of 3b), not w_t alone"),
-        "weights W_t^2 instead of W_t": (W ** 2, "weigh each row by W_t itself, not by its square"),
+            w, H("W_t is the running sum w_0 + ... + w_t (your realized_energy of 3b), not w_t alone")),
+        "weights W_t^2 instead of W_t": (W ** 2, H("weigh each row by W_t itself, not by its square")),
         "weights 1 / W_t instead of W_t": (
-            1 / W, "W_t multiplies: rows that accumulated more energy pull B_t harder, "
-            "B_t = sum_i G_t W_t / (sum_i W_t + eps)"),
+            1 / W, H("W_t multiplies: rows that accumulated more energy pull B_t harder, "
+            "B_t = sum_i G_t W_t / (sum_i W_t + eps)")),
     }
     slips = {}
     for what, (v, hint) in weights.items():
@@ -610,13 +775,13 @@ def _otb_slips(b, gi, leave_one_out):
         "the row's own term left in both sums (the 3c baseline)": (
             (G - group_sum(GW) / (group_sum(W) + 1e-8)) * m,
             "the row's own term left in both sums (that is 3c's baseline)",
-            "leave row i out: subtract its own G_t W_t from the numerator and its own W_t from the denominator"),
+            H("leave row i out: subtract its own G_t W_t from the numerator and its own W_t from the denominator")),
         "the row's own term removed from the numerator only": (
             adv(group_sum(GW) - GW, group_sum(W)), "the row's own term removed from the numerator only",
-            "subtract the row's own W_t^i from the denominator as well: sum_j W_t - W_t^i"),
+            H("subtract the row's own W_t^i from the denominator as well: sum_j W_t - W_t^i")),
         "the row's own term removed from the denominator only": (
             adv(group_sum(GW), group_sum(W) - W), "the row's own term removed from the denominator only",
-            "subtract the row's own G_t^i W_t^i from the numerator as well: sum_j G_t W_t - G_t^i W_t^i"),
+            H("subtract the row's own G_t^i W_t^i from the numerator as well: sum_j G_t W_t - G_t^i W_t^i")),
     })
     return slips
 
@@ -640,17 +805,17 @@ def _earlier_parts(parts):
         ok, problem = _quietly(check_fn, fn, *args)
         if not ok:
             raise NotYet(f"your {name} ({label}), which this exercise uses, is not yet correct: {problem}",
-                         f"fix {label} first (run its check cell: it says what differs and why), then run this "
-                         f"check again")
+                         H(f"fix {label} first (run its check cell: it says what differs and why), then run this "
+                           f"check again"))
 
 
 _EPS_HINT = {
-    False: "0 / 0 where every row's W_t is 0 (certain tokens): keep eps = 1e-8 in the denominator, "
-           "B_t = sum_i G_t W_t m_t / (sum_i W_t m_t + eps)",
-    True: "0 / 0: B_t^(-i) divides by the *other* rows' energy, which is 0 where no other row of the group is "
-          "active at t (a singleton, the tail of the longest row) or where their tokens are all certain. Keep "
-          "eps in the denominator, and set B_t^(-i) = 0 where no other row is active: "
-          "torch.where(others > 0, num / (den + eps), 0.0) with others = mg.sum(0) - mg",
+    False: H("0 / 0 where every row's W_t is 0 (certain tokens): keep eps = 1e-8 in the denominator, "
+             "B_t = sum_i G_t W_t m_t / (sum_i W_t m_t + eps)"),
+    True: H("0 / 0: B_t^(-i) divides by the *other* rows' energy, which is 0 where no other row of the group is "
+            "active at t (a singleton, the tail of the longest row) or where their tokens are all certain. Keep "
+            "eps in the denominator, and set B_t^(-i) = 0 where no other row is active: "
+            "torch.where(others > 0, num / (den + eps), 0.0) with others = mg.sum(0) - mg"),
 }
 
 
@@ -678,15 +843,27 @@ def ex3c_optimal_token_baseline(student_fn, leave_one_out=False, reward_to_go=No
                                  _EPS_HINT[leave_one_out])
                 if torch.allclose(got, -want, atol=1e-4, rtol=1e-4):
                     raise NotYet(f"on the case '{case}' your advantages have the opposite sign",
-                                 "the advantage is the return minus the baseline: A_t = G_t - B_t")
+                                 H("the advantage is the return minus the baseline: A_t = G_t - B_t"))
                 if torch.allclose(got * m, want, atol=1e-4, rtol=1e-4):
                     raise NotYet(f"on the case '{case}' your advantages are right on valid tokens but not 0 on "
-                                 f"padding", "multiply A_t = G_t - B_t by response_mask: B_t is shared by the "
-                                 "group and is not 0 where this row has ended")
+                                 f"padding", H("multiply A_t = G_t - B_t by response_mask: B_t is shared by the "
+                                               "group and is not 0 where this row has ended"))
                 if k == 0:
                     for A, what, slip_hint in _otb_slips(b, gi, leave_one_out).values():
                         if torch.allclose(got, A, atol=1e-4, rtol=1e-4):
                             raise NotYet(f"on the case '{case}' you computed {what}", slip_hint)
+                if leave_one_out:
+                    gid, n_groups = otb.group_ids(gi, len(m))
+                    others = torch.zeros(n_groups, m.shape[1]).index_add_(0, gid, m)[gid] - m  # (B, T)
+                    alone = (others == 0) & (m > 0)  # valid positions with no other active row of the group
+                    if alone.any() and torch.allclose(got, torch.where(alone, 0.0, want), atol=1e-4, rtol=1e-4):
+                        t = tuple(alone.nonzero()[0].tolist())
+                        raise NotYet(f"on the case '{case}' your advantage is 0 where no other row of the group is "
+                                     f"active (first at index {t}, where it should be G_t = {want[t].item():.4g}): "
+                                     f"the row's own return served as its baseline there",
+                                     H("where no other row is active, B_t^(-i) = 0: the row keeps its return G_t "
+                                       "as its advantage. Its own return is exactly what leave-one-out leaves out "
+                                       "(torch.where(others > 0, num / (den + eps), 0.0))"))
             _compare(got, want, case, hint, atol=1e-4, rtol=1e-4)
 
     def body():
@@ -698,8 +875,13 @@ def ex3c_optimal_token_baseline(student_fn, leave_one_out=False, reward_to_go=No
             raise
         what = "leave_one_out=True" if leave_one_out else "the default (own row included)"
         return f"Matches otb.optimal_token_baseline with {what} on every case."
-    title = "Exercise 3d (leave-one-out OTB)" if leave_one_out else "Exercise 3c (the Optimal Token Baseline)"
-    return _verdict(title, body)
+    return _verdict(TITLES["ex3d_leave_one_out" if leave_one_out else "ex3c_optimal_token_baseline"], body)
+
+
+def ex3d_leave_one_out(student_fn, reward_to_go=None, realized_energy=None):
+    """Exercise 3d: ex3c_optimal_token_baseline with leave_one_out=True."""
+    return ex3c_optimal_token_baseline(student_fn, leave_one_out=True, reward_to_go=reward_to_go,
+                                       realized_energy=realized_energy)
 
 
 # =====================================================================================
@@ -708,13 +890,17 @@ def ex3c_optimal_token_baseline(student_fn, leave_one_out=False, reward_to_go=No
 
 # A tiny model and a short warm-up: the same code path as `python train.py --estimator otb`, in seconds.
 TRAIN_ARGS = ["--tiny-hidden", "32", "--tiny-layers", "1", "--horizon", "3", "--warmup-max-steps", "60",
-              "--prompts-per-step", "8", "--group-size", "4", "--checkpoint-minutes", "1000", "--log-every", "1000"]
+              "--prompts-per-step", "8", "--group-size", "4", "--checkpoint-minutes", "1000", "--log-every", "1000",
+              "--no-progress"]
 
 
 def _train(estimator, out, steps):
     """The metrics rows of ``python train.py --estimator otb`` for ``steps`` steps, with
     otb.ESTIMATORS["otb"] replaced by ``estimator`` for the run (its output quietened)."""
-    import train  # the project's trainer: imported only when this check runs
+    import warnings
+    with warnings.catch_warnings():  # tqdm.auto, imported by train.py, warns in a notebook without ipywidgets
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        import train  # the project's trainer: imported only when this check runs
     saved = otb.ESTIMATORS["otb"]
     otb.ESTIMATORS["otb"] = estimator
     try:
@@ -739,11 +925,11 @@ def ex3e_trains(student_fn, steps=6):
                            inputs["log_probs"], inputs["sum_pi_sq"])
         except Exception as e:
             raise NotYet(f"your function raised {type(e).__name__}: {e} on a batch of train.py",
-                         "run check.ex3c_optimal_token_baseline first: it shows the case that fails") from None
+                         H("run check.ex3c_optimal_token_baseline first: it shows the case that fails")) from None
         if not isinstance(A, torch.Tensor) or A.shape != inputs["response_mask"].shape:
             got = f"a tensor of shape {tuple(A.shape)}" if isinstance(A, torch.Tensor) else repr(type(A).__name__)
             raise NotYet(f"train.py got {got} from your function, not a (B, T) tensor",
-                         "return the advantages A_t, one per token: the same shape as token_rewards")
+                         H("return the advantages A_t, one per token: the same shape as token_rewards"))
         return A.to(inputs["response_mask"].dtype), None
 
     def body():
@@ -756,11 +942,11 @@ def ex3e_trains(student_fn, steps=6):
                     before = " (the runs were identical before it)" if w["step"] > 1 else ""
                     raise NotYet(f"at training step {w['step']} your run's {key} is {g[key]:.6g}, the "
                                  f"reference's {w[key]:.6g}{before}",
-                                 "your advantages differ from otb.optimal_token_baseline's on train.py's "
-                                 "batches: run check.ex3c_optimal_token_baseline first")
+                                 H("your advantages differ from otb.optimal_token_baseline's on train.py's "
+                                   "batches: run check.ex3c_optimal_token_baseline first"))
         return (f"{steps} training steps of train.py with your estimator: advantages, loss, gradient norm "
                 f"and success equal the reference's at every step (last success {got[-1]['success']:.3f}).")
-    return _verdict("Exercise 3e (your OTB trains the model)", body)
+    return _verdict(TITLES["ex3e_trains"], body)
 
 
 # =====================================================================================
@@ -802,18 +988,59 @@ def ex4a_batch_gradients(student_fn, en):
             if isinstance(got, torch.Tensor) and got.shape == want.shape and N > 1 and \
                     want.abs().max() > 0 and torch.allclose(got, N * want, rtol=1e-9, atol=1e-12):
                 raise NotYet(f"on the case '{case}' your gradients are N = {N} times too large",
-                             "g_hat is the *mean* over the N responses of a group, not the sum")
+                             H("g_hat is the *mean* over the N responses of a group, not the sum"))
             if isinstance(got, torch.Tensor) and got.shape == want.shape and N > 1 and groups > 1:
                 g = torch.einsum("bt,btp->bp", A, en.scores[rows])  # (G*N, P)
                 if torch.allclose(got, g.reshape(N, groups, -1).mean(0), rtol=1e-9, atol=1e-12):
                     raise NotYet(f"on the case '{case}' you averaged rows that belong to different groups",
-                                 "rows are stored group after group (rows 0..N-1 are the first group): "
-                                 "reshape(groups, N, P) and average over dim 1, not reshape(N, groups, P)")
-            _compare(got, want, case, "g(tau_i) = sum_t A_t^i s_t^i with s_t^i = en.scores[rows] (G*N, T, P); "
-                     "then reshape to (groups, N, P) and average over the N responses of each group",
-                     atol=1e-10, rtol=1e-8)
+                                 H("rows are stored group after group (rows 0..N-1 are the first group): "
+                                   "reshape(groups, N, P) and average over dim 1, not reshape(N, groups, P)"))
+            if isinstance(got, torch.Tensor) and got.shape == want.shape and want.abs().max() > 0 and \
+                    not torch.allclose(got, want, rtol=1e-8, atol=1e-10):
+                _batch_gradient_slips(got, want, en, A, rows, N, case)
+            _compare(got, want, case, H("g(tau_i) = sum_t A_t^i s_t^i with s_t^i = en.scores[rows] (G*N, T, P); "
+                                        "then reshape to (groups, N, P) and average over the N responses of each "
+                                        "group"),
+                     atol=1e-10, rtol=1e-8, shape_hint=H("g_hat has one row per group: shape (groups, P), with "
+                                                         "groups = len(rows) // N"))
         return "Matches toy_harness.batch_gradients."
-    return _verdict("Exercise 4a (one gradient estimate per group)", body)
+    return _verdict(TITLES["ex4a_batch_gradients"], body)
+
+
+def _batch_gradient_slips(got, want, en, A, rows, N, case):
+    """Raise NotYet naming the slip if ``got`` is what a usual slip of 4a gives (a mean over positions, a
+    product of sums, the scores of other responses), zeros, or the right answer times a constant."""
+    s = en.scores[rows]  # s_t^i, (G*N, T, P)
+    L = en.mask[rows].sum(-1, keepdim=True)  # each response's number of valid tokens, (G*N, 1)
+    per_group = lambda g: g.reshape(-1, N, g.shape[-1]).mean(1)  # noqa: E731  (G*N, P) -> (G, P)
+    slips = {
+        "a mean over the T positions, not the sum over t": (
+            per_group(torch.einsum("bt,btp->bp", A, s) / A.shape[1]),
+            H("g(tau_i) is the *sum* over positions t of A_t s_t (einsum 'bt,btp->bp'), not a mean over them")),
+        "a mean over each response's valid tokens, not the sum over t": (
+            per_group(torch.einsum("bt,btp->bp", A, s) / L.clamp(min=1)),
+            H("g(tau_i) is the *sum* over positions t of A_t s_t (einsum 'bt,btp->bp'), not a mean over them")),
+        "(sum_t A_t)(sum_t s_t), a product of two sums": (
+            per_group(A.sum(-1, keepdim=True) * s.sum(1)),
+            H("multiply A_t and s_t at each position t first, then sum over t: sum_t A_t s_t is not "
+              "(sum_t A_t)(sum_t s_t)")),
+        "the scores of responses 0..G*N-1 (en.scores[:len(rows)]), not those of the sampled rows": (
+            per_group(torch.einsum("bt,btp->bp", A, en.scores[:len(rows)])),
+            H("rows holds the indices of the sampled responses: their scores are en.scores[rows], (G*N, T, P)")),
+    }
+    for what, (value, hint) in slips.items():
+        if torch.allclose(got, value, rtol=1e-8, atol=1e-10):
+            raise NotYet(f"on the case '{case}' you computed {what}", hint)
+    if not got.abs().max() > 0:
+        raise NotYet(f"on the case '{case}' your g_hat is 0 everywhere",
+                     H("the check's advantages A are not 0 (it draws them at random): g(tau_i) = sum_t A_t s_t with "
+                       "s = en.scores[rows], then the mean over the N responses of each group"))
+    k = int(want.abs().argmax())
+    c = (got.flatten()[k] / want.flatten()[k]).item()
+    if c != 0 and torch.allclose(got, c * want, rtol=1e-8, atol=1e-10):
+        raise NotYet(f"on the case '{case}' your gradients are {c:.6g} times the expected ones",
+                     H("a constant factor: sum over the positions t (not a mean), and average over the N "
+                       "responses of each group (not a sum, not a division by the number of groups)"))
 
 
 def _pair(got, case):
@@ -821,7 +1048,7 @@ def _pair(got, case):
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise NotYet(f"on the case '{case}' your function returned {type(got).__name__} "
                      f"{got if not isinstance(got, torch.Tensor) else tuple(got.shape)}",
-                     "return a pair of numbers: (bias2, variance)")
+                     H("return a pair of numbers: (bias2, variance)"))
     return tuple(float(x) for x in got)
 
 
@@ -851,38 +1078,38 @@ def ex4b_bias_and_variance(student_fn):
             naive_bias2 = ((gh.mean(0) - gj) ** 2).sum().item()
             if _same(bias2, want["variance"]) and _same(variance, want["bias2"]):
                 raise NotYet(f"on the case '{case}' you returned (variance, bias2)",
-                             "return the pair in the order (bias2, variance)")
+                             H("return the pair in the order (bias2, variance)"))
             if _same(variance, dev_sq / G):
                 raise NotYet(f"on the case '{case}' your variance {variance:.6g} divides by G = {G}, expected "
                              f"{want['variance']:.6g}",
-                             "the unbiased estimate of tr Cov divides the sum of squared deviations by G - 1")
+                             H("the unbiased estimate of tr Cov divides the sum of squared deviations by G - 1"))
             if _same(variance, want["variance"] / gh.shape[1]):
                 raise NotYet(f"on the case '{case}' your variance {variance:.6g} is the mean over the coordinates, "
                              f"expected {want['variance']:.6g}",
-                             "variance = tr Cov: *sum* the sample variances over the P coordinates")
+                             H("variance = tr Cov: *sum* the sample variances over the P coordinates"))
             if not _same(variance, want["variance"]):
                 raise NotYet(f"on the case '{case}' your variance is {variance:.6g}, expected {want['variance']:.6g}",
-                             "variance = tr Cov(g_hat) = sum over coordinates of the sample variance over groups")
+                             H("variance = tr Cov(g_hat) = sum over coordinates of the sample variance over groups"))
             if _same(bias2, naive_bias2):
                 raise NotYet(f"on the case '{case}' your bias2 {bias2:.6g} is ||mean g_hat - grad J||^2 itself, "
                              f"expected {want['bias2']:.6g}",
-                             "even an unbiased estimator gives ||mean - grad J||^2 > 0 with finite G: its "
-                             "expectation is ||bias||^2 + variance / G, so subtract variance / G")
+                             H("even an unbiased estimator gives ||mean - grad J||^2 > 0 with finite G: its "
+                               "expectation is ||bias||^2 + variance / G, so subtract variance / G"))
             if _same(bias2, naive_bias2 - variance):
                 raise NotYet(f"on the case '{case}' your bias2 {bias2:.6g} subtracts the whole variance, expected "
                              f"{want['bias2']:.6g}",
-                             "the mean of G estimates has variance tr Cov / G: subtract variance / G")
+                             H("the mean of G estimates has variance tr Cov / G: subtract variance / G"))
             if want["bias2"] < 0 and bias2 == 0.0:
                 raise NotYet(f"on the case '{case}' your bias2 is 0, expected {want['bias2']:.6g} (negative)",
-                             "do not clip bias2 at 0: the formula is an unbiased estimate of a square, and when "
-                             "the true bias is 0 it comes out negative about half the time; clipping makes it "
-                             "biased (always too large on average)")
+                             H("do not clip bias2 at 0: the formula is an unbiased estimate of a square, and when "
+                               "the true bias is 0 it comes out negative about half the time; clipping makes it "
+                               "biased (always too large on average)"))
             if not _same(bias2, want["bias2"]):
                 raise NotYet(f"on the case '{case}' your bias2 is {bias2:.6g}, expected {want['bias2']:.6g}",
-                             "bias2 = ||mean over groups of g_hat - grad J||^2 - variance / G")
+                             H("bias2 = ||mean over groups of g_hat - grad J||^2 - variance / G"))
         return ("Matches toy_harness.raw_stats (bias^2 with the Monte Carlo excess removed, negative values kept; "
                 "unbiased variance).")
-    return _verdict("Exercise 4b (bias^2 and variance)", body)
+    return _verdict(TITLES["ex4b_bias_and_variance"], body)
 
 
 def _digits(x, y):
@@ -918,7 +1145,7 @@ def ex4c_measure(student_fn, en, Ns=(2, 4, 8), groups=4000, seed=0, batch_gradie
                 out = _call(student_fn, case, en, name, N, groups, seed, references=_ref_4(toy_harness))
                 if not (isinstance(out, (tuple, list)) and len(out) == 2):
                     raise NotYet(f"on the case '{case}' your function returned {out!r:.80}",
-                                 "return the pair (bias2, variance) from your bias_and_variance")
+                                 H("return the pair (bias2, variance) from your bias_and_variance"))
                 got[name] = tuple(float(x) for x in out)
                 ref[name] = toy_harness.measure(en, Ns=(N,), groups=groups, seed=seed, names=[name])[0]
                 for k, key in enumerate(("bias2", "variance")):
@@ -928,25 +1155,26 @@ def ex4c_measure(student_fn, en, Ns=(2, 4, 8), groups=4000, seed=0, batch_gradie
                         if name == "rloo" and all(math.isclose(got[name][j], got["group_mean"][j], rel_tol=1e-9)
                                                   for j in range(2)):
                             raise NotYet(f"on the case '{case}' you returned the same numbers as for group_mean",
-                                         "use the estimator named by `name`: otb.ESTIMATORS[name](...)")
+                                         H("use the estimator named by `name`: otb.ESTIMATORS[name](...)"))
+                        _measure_slips(got[name], ref[name], en, name, N, groups, seed, case)
                         yours, theirs = _digits(got[name][k], ref[name][key])
                         raise NotYet(f"on the case '{case}' your {key} is {yours}, toy_harness.measure gives "
                                      f"{theirs} on the same groups (relative difference "
                                      f"{abs(got[name][k] / ref[name][key] - 1) if ref[name][key] else math.inf:.1e})",
-                                     "sample with toy_harness.sample_groups(en, N, groups, "
-                                     "torch.Generator().manual_seed(seed)), get advantages from "
-                                     "otb.ESTIMATORS[name](**en.batch(rows), group_index=gid)[0], then use "
-                                     "your batch_gradients and bias_and_variance")
+                                     H("sample with toy_harness.sample_groups(en, N, groups, "
+                                       "torch.Generator().manual_seed(seed)), get advantages from "
+                                       "otb.ESTIMATORS[name](**en.batch(rows), group_index=gid)[0], then use "
+                                       "your batch_gradients and bias_and_variance"))
             ratio = got["group_mean"][1] / got["rloo"][1]
             if not math.isclose(ratio, ((N - 1) / N) ** 2, rel_tol=1e-6):
                 raise NotYet(f"at N = {N} the variance ratio group_mean / rloo is {ratio:.6g}, but "
                              f"((N-1)/N)^2 = {((N - 1) / N) ** 2:.6g} exactly",
-                             "measure both estimators on the same groups (same seed)")
+                             H("measure both estimators on the same groups (same seed)"))
             for name, exact in (("group_mean", grad_sq / N ** 2), ("rloo", 0.0)):
                 se = ref[name]["bias2_se"]
                 if abs(got[name][0] - exact) > 4 * se:
                     raise NotYet(f"at N = {N}, {name}'s bias^2 {got[name][0]:.3g} is more than 4 standard "
-                                 f"errors ({se:.2g}) from the exact {exact:.3g}", "use more groups")
+                                 f"errors ({se:.2g}) from the exact {exact:.3g}", H("use more groups"))
             table.append((N, got, grad_sq / N ** 2))
         print(f"{'N':>3} {'estimator':>11} {'bias^2':>10} {'exact bias^2':>13} {'variance':>9} {'MSE':>9}")
         for N, got, exact in table:
@@ -955,7 +1183,43 @@ def ex4c_measure(student_fn, en, Ns=(2, 4, 8), groups=4000, seed=0, batch_gradie
                 print(f"{N:>3} {name:>11} {b2:>10.2e} {ex:>13.2e} {var:>9.4f} {b2 + var:>9.4f}")
         return ("Your measurements match toy_harness.measure, the variance ratio is ((N-1)/N)^2 and the squared "
                 "biases agree with ||grad J||^2 / N^2 (group mean) and 0 (RLOO) within 4 standard errors.")
-    return _verdict("Exercise 4c (measure two estimators)", body)
+    return _verdict(TITLES["ex4c_measure"], body)
+
+
+def _measure_slips(got, ref, en, name, N, groups, seed, case):
+    """Raise NotYet naming the slip if the pair ``got`` is what a usual slip of 4c gives: the pair in the
+    wrong order, other arguments to sample_groups or to the estimator, or other groups altogether (close
+    to toy_harness.measure's row ``ref`` within the noise, but not equal)."""
+    import toy_harness
+
+    def stats(rows, gid, pick=0):  # (bias2, variance) with the harness's own 4a and 4b
+        A = otb.ESTIMATORS[name](**en.batch(rows), group_index=gid)[pick]  # (G*N, T)
+        r = toy_harness.raw_stats(toy_harness.batch_gradients(en, A, rows, N), en.grad_J)[0]
+        return r["bias2"], r["variance"]
+    rows, gid = toy_harness.sample_groups(en, N, groups, torch.Generator().manual_seed(seed))
+    swapped_rows, swapped_gid = toy_harness.sample_groups(en, groups, N, torch.Generator().manual_seed(seed))
+    slips = {
+        "you returned the pair in the order (variance, bias2)": (
+            (ref["variance"], ref["bias2"]), H("return the pair in the order (bias2, variance)")),
+        "you passed group_index=rows (the response indices), not the group ids": (
+            stats(rows, rows), H("group_index says which group each row belongs to: pass the group ids that "
+                                 "sample_groups returns (rows, gid = ...; group_index=gid), not the rows")),
+        "you took the returns (the estimator's [1]), not its advantages ([0])": (
+            stats(rows, gid, pick=1), H("otb.ESTIMATORS[name](...) returns (advantages, returns): take [0]")),
+        "you sampled with N and groups swapped (sample_groups(en, groups, N, ...))": (
+            stats(swapped_rows, swapped_gid), H("the arguments are sample_groups(en, N, groups, generator): N "
+                                                "responses per group, then the number of groups")),
+    }
+    for what, (pair, hint) in slips.items():
+        if all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-12) for x, y in zip(got, pair)):
+            raise NotYet(f"on the case '{case}' {what}", hint)
+    if all(abs(x - ref[key]) <= 8 * ref[key + "_se"] for x, key in zip(got, ("bias2", "variance"))):
+        raise NotYet(f"on the case '{case}' your (bias2, variance) = ({got[0]:.4g}, {got[1]:.4g}) agree with "
+                     f"toy_harness.measure's ({ref['bias2']:.4g}, {ref['variance']:.4g}) within their noise, but "
+                     f"not exactly: you measured other groups",
+                     H("use exactly the groups asked for: toy_harness.sample_groups(en, N, groups, "
+                       "torch.Generator().manual_seed(seed)) (seeded with seed itself, not seed + 1, not "
+                       "torch.manual_seed, not an unseeded generator)"))
 
 
 # =====================================================================================
@@ -1030,19 +1294,24 @@ def ex5a_action_index(student_fn):
                     bad = (~valid & (got.long() != -1)).nonzero()[0].tolist()
                     raise NotYet(f"on the case '{case}' your k_t is right on the actions, but at the masked "
                                  f"position {tuple(bad)} it is {got[tuple(bad)].item()}, not -1",
-                                 "cumsum(m) - 1 also runs on holes and padding: put -1 there with "
-                                 "torch.where(m.bool(), k, -1)")
+                                 H("cumsum(m) - 1 also runs on holes and padding: put -1 there with "
+                                   "torch.where(m.bool(), k, -1)"))
                 if torch.equal(got.long()[valid], positions[valid]):
                     raise NotYet(f"on the case '{case}' your k_t is the position t",
-                                 "count only the policy's tokens: k_t = cumsum(m) - 1, so a hole does not "
-                                 "advance k")
+                                 H("count only the policy's tokens: k_t = cumsum(m) - 1, so a hole does not "
+                                   "advance k"))
                 if torch.equal(got.long()[valid], want[valid] + 1):
-                    raise NotYet(f"on the case '{case}' your k_t starts at 1", "the first action has k = 0: "
-                                 "subtract 1 from the cumulative sum")
+                    raise NotYet(f"on the case '{case}' your k_t starts at 1",
+                                 H("the first action has k = 0: subtract 1 from the cumulative sum"))
             _compare(got.double() if isinstance(got, torch.Tensor) else got, want.double(), case,
-                     "k_t = m.cumsum(-1) - 1 on valid positions, and -1 where m_t = 0 (torch.where)", atol=0)
-        return "k_t counts the policy's own tokens and skips the tool's output."
-    return _verdict("Exercise 5a (the action index k_t)", body)
+                     H("k_t = m.cumsum(-1) - 1 on valid positions, and -1 where m_t = 0 (torch.where)"), atol=0)
+            if got.dtype != torch.long:
+                raise NotYet(f"on the case '{case}' your k_t has the right values but dtype {got.dtype}, expected "
+                             f"torch.int64 (long), as the docstring says",
+                             H("k_t is an index: return an integer tensor of dtype torch.long (cumsum of "
+                               "response_mask.long(), and -1 as an integer), which gather and scatter accept"))
+        return "k_t counts the policy's own tokens and skips the tool's output, as integers."
+    return _verdict(TITLES["ex5a_action_index"], body)
 
 
 def ex5b_compaction(to_actions, from_actions):
@@ -1055,42 +1324,53 @@ def ex5b_compaction(to_actions, from_actions):
             out = _call(to_actions, case, x.clone(), m.clone(), references=_REF_5)
             if not (isinstance(out, (tuple, list)) and len(out) == 2):
                 raise NotYet(f"on the case '{case}' to_actions returned {type(out).__name__}, not a pair",
-                             "return (x_k, m_k)")
+                             H("return (x_k, m_k)"))
             n = m.sum(-1, keepdim=True)  # actions per row, (B, 1)
             m_k = (torch.arange(m.shape[1]) < n).float()  # (B, T)
             x_k = torch.zeros_like(x)
             for i in range(len(x)):
                 x_k[i, :int(n[i])] = x[i][m[i].bool()]
-            _compare(out[1], m_k, case + ": m_k", "m_k is 1 on the first n_i positions of row i "
-                     "(n_i = its number of actions) and 0 after: right padding, no holes", atol=0)
-            _compare(out[0] * m_k, x_k, case + ": x_k", "keep the order of the valid entries: a sort "
-                     "without stable=True may reorder equal keys (it does on long rows, and on a GPU the order "
-                     "is unspecified): idx = torch.argsort(m == 0, dim=-1, stable=True), then x.gather(-1, idx)",
+            _compare(out[1], m_k, case + ": m_k", H("m_k is 1 on the first n_i positions of row i (n_i = its "
+                                                    "number of actions) and 0 after: right padding, no holes"),
                      atol=0)
-            y_k = torch.randn(x.shape, generator=torch.Generator().manual_seed(51 + k)) * m_k
+            _compare(out[0] * m_k, x_k, case + ": x_k",
+                     H("keep the order of the valid entries: a sort without stable=True may reorder equal keys (it "
+                       "does on long rows, and on a GPU the order is unspecified): idx = torch.argsort(m == 0, "
+                       "dim=-1, stable=True), then x.gather(-1, idx)"), atol=0)
+            # Values over k, also after each row's n_i actions (where a batch over k is padding): from_actions
+            # must put 0 on every masked position t whatever y_k holds there.
+            y_k = torch.randn(x.shape, generator=torch.Generator().manual_seed(51 + k))  # (B, T)
             want = torch.zeros_like(x)
             for i in range(len(x)):
                 want[i][m[i].bool()] = y_k[i, :int(n[i])]
             case = f"scattering values over k back to the positions t ({case})"
-            _compare(_call(from_actions, case, y_k.clone(), m.clone(), references=_REF_5), want, case,
-                     "the inverse of the gather: torch.zeros_like(y_k).scatter(-1, idx, y_k) with the same stable "
-                     "idx (argsort(m == 0, dim=-1, stable=True)); masked positions (holes, padding) must be 0",
+            got = _call(from_actions, case, y_k.clone(), m.clone(), references=_REF_5)
+            if isinstance(got, torch.Tensor) and got.shape == want.shape and torch.equal(got * m, want) and \
+                    not torch.equal(got, want):
+                bad = tuple((got != want).nonzero()[0].tolist())
+                raise NotYet(f"on the case '{case}' your values are right on the actions, but the masked position "
+                             f"{bad} holds {got[bad].item():.4g}, not 0 (y_k has values after each row's n_i "
+                             f"actions too)", H("multiply the scattered values by response_mask: the entries of y_k "
+                                                "after a row's n_i actions land on its holes and padding"))
+            _compare(got, want, case,
+                     H("the inverse of the gather: torch.zeros_like(y_k).scatter(-1, idx, y_k) with the same stable "
+                       "idx (argsort(m == 0, dim=-1, stable=True)); masked positions (holes, padding) must be 0"),
                      atol=0)
         return "to_actions gathers each row's actions to the left in order, and from_actions puts them back."
-    return _verdict("Exercise 5b (gather the actions, scatter back)", body)
+    return _verdict(TITLES["ex5b_compaction"], body)
 
 
 def ex5c_action_aligned_otb(student_fn):
     """student_fn(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, leave_one_out=False)
     -> A (B, T), compared with otb.action_aligned_otb (the 'otb_tir' estimator)."""
     cases = [("no holes: the position-aligned OTB", ["1111100", "1111110", "1110000", "1111111"],
-              [0, 0, 0, 0], {}, "without holes k_t = t: you should get otb.optimal_token_baseline exactly"),
+              [0, 0, 0, 0], {}, H("without holes k_t = t: you should get otb.optimal_token_baseline exactly")),
              ("tool output inside the responses", ["1110011100", "1111111100", "1100001110", "1111000000"],
               [0, 0, 0, 0], {}, None),
              ("two interleaved groups", _HOLES + ["1011011000", "1111001110"], [0, 1, 0, 1, 0, 1], {},
-              "pass group_index through unchanged: otb.optimal_token_baseline groups the rows itself"),
+              H("pass group_index through unchanged: otb.optimal_token_baseline groups the rows itself")),
              ("leave-one-out", ["1110011100", "1111111100", "1100001110"], ["a", "a", "a"],
-              {"leave_one_out": True}, "pass leave_one_out on to otb.optimal_token_baseline")]
+              {"leave_one_out": True}, H("pass leave_one_out on to otb.optimal_token_baseline"))]
 
     def body():
         for k, (case, masks, gi, extra, hint) in enumerate(cases):
@@ -1103,8 +1383,8 @@ def ex5c_action_aligned_otb(student_fn):
             if isinstance(got, torch.Tensor) and got.shape == want.shape and \
                     not torch.allclose(by_position, want) and torch.allclose(got, by_position, atol=1e-5):
                 raise NotYet(f"on the case '{case}' you aligned the rows by position t",
-                             "gather the actions to the left first (to_actions), run OTB over k, "
-                             "scatter back")
+                             H("gather the actions to the left first (to_actions), run OTB over k, "
+                               "scatter back"))
             if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.allclose(got, want, atol=1e-5):
                 m = b["response_mask"]
                 idx = torch.argsort(m == 0, dim=-1, stable=True)  # t_k, (B, T)
@@ -1112,10 +1392,10 @@ def ex5c_action_aligned_otb(student_fn):
                                                     *(x.gather(-1, idx) for x in args[3:]), **extra)[0]  # A_k
                 if torch.allclose(got, over_k, atol=1e-5):
                     raise NotYet(f"on the case '{case}' your advantages are indexed by action k, not by position t",
-                                 "scatter them back to the positions of the actions with from_actions(A_k, "
-                                 "response_mask): tool output and padding get 0")
-            _compare(got, want, case, hint or "to_actions on token_rewards, log_probs and sum_pi_sq (same "
-                     "idx), otb.optimal_token_baseline on (x_k, m_k), then from_actions on its advantages",
+                                 H("scatter them back to the positions of the actions with from_actions(A_k, "
+                                   "response_mask): tool output and padding get 0"))
+            _compare(got, want, case, hint or H("to_actions on token_rewards, log_probs and sum_pi_sq (same "
+                     "idx), otb.optimal_token_baseline on (x_k, m_k), then from_actions on its advantages"),
                      atol=1e-5, rtol=1e-5)
         return "Matches otb.action_aligned_otb (otb_tir) with holes, junk in them, groups and leave-one-out."
-    return _verdict("Exercise 5c (OTB aligned by action)", body)
+    return _verdict(TITLES["ex5c_action_aligned_otb"], body)

@@ -1,15 +1,31 @@
 # Colab / JupyterHub setup: paste this as the first cell of any notebook of the project and run it once
-# per session. It fetches the project (a git clone), installs its requirements and sets OTB_ROOT, which
-# the notebook's own first cell reads to find otb.py. Locally, inside the project, it is not needed.
+# per session. It fetches the class copy of the project (a git clone of OTB_REPO: the repository the
+# teacher pushed handout.py's copy to), installs its requirements and sets OTB_ROOT, which the
+# notebook's own first cell reads to find otb.py. Locally, inside the project, it is not needed.
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-OTB_REPO = os.environ.get("OTB_REPO", "https://github.com/YOUR-ORG/otb.git")  # the class's copy: a URL or a path
+OTB_REPO = os.environ.get("OTB_REPO", "https://github.com/YOUR-ORG/otb-class.git")  # the class copy: a URL or a path
+
+
+class SetupError(Exception):
+    def _render_traceback_(self):  # Jupyter shows the message alone, one line, without a traceback
+        return [f"SetupError: {self}"]
+
+
 root = Path(os.environ.get("OTB_ROOT") or Path.home() / "otb")
 if not (root / "otb.py").is_file():
-    subprocess.run(["git", "clone", "--quiet", OTB_REPO, str(root)], check=True)
-subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-r", str(root / "requirements.txt")], check=True)
+    clone = subprocess.run(["git", "clone", "--quiet", OTB_REPO, str(root)], capture_output=True, text=True)
+    if clone.returncode != 0:
+        why = (clone.stderr.strip().splitlines() or ["git gave no message"])[-1]
+        raise SetupError(f"git could not clone OTB_REPO = {OTB_REPO} ({why}); set OTB_REPO at the top of this "
+                         f"cell to the class copy's git URL that your teacher gave you, then run the cell again")
+pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-r", str(root / "requirements.txt")],
+                     capture_output=True, text=True)
+if pip.returncode != 0:
+    why = (pip.stderr.strip().splitlines() or ["pip gave no message"])[-1]
+    raise SetupError(f"pip could not install {root / 'requirements.txt'} ({why})")
 os.environ["OTB_ROOT"] = str(root)
 print(f"the OTB project is in {root}; now run the notebook from its first cell")

@@ -10,12 +10,16 @@ every file except caches and runs) minus:
 * the teaching assistants' table and its generator (``ta_table.md``, ``ta_table.py``),
 * every test that holds working answers to the exercises (``tests/test_notebooks_exercises.py``, the
   ``tests/test_notebooks_teaching_*.py`` files, and any other test that imports the solutions or slips),
+* ``tests/naive.py``, whose plain loops compute the group mean, RLOO, OTB and OTB by action (the answers
+  to Exercises 2, 3 and 5), and every test that imports it, directly or through another test,
 * in ``docs/teaching.md``, the text between ``<!-- BEGIN ANSWERS -->`` and ``<!-- END ANSWERS -->``
   (the answers to the quiz and to the discussion questions).
 
 The blank notebooks, ``check.py`` and ``grade.py`` stay, so the copy grades: ``python
-notebooks/exercises/grade.py`` inside it works as in the full project.
+notebooks/exercises/grade.py`` inside it works as in the full project. The project's own functions stay
+too (``otb.py``, the benchmarks' loops): an answer that calls one of them is graded NOT YET.
 """
+import ast
 import argparse
 import re
 import shutil
@@ -28,6 +32,7 @@ ROOT = HERE.parent.parent
 
 LEFT_OUT = ("notebooks/exercises/solutions/", "notebooks/exercises/ta_table.md", "notebooks/exercises/ta_table.py",
             "notebooks/exercises/backups/", "tests/test_notebooks_exercises.py", "tests/test_notebooks_teaching_")
+ANSWER_MODULES = ("naive",)  # modules of tests/ that compute the exercises' answers
 _ANSWERS = re.compile(r"<!-- BEGIN ANSWERS -->.*?<!-- END ANSWERS -->", re.DOTALL)
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".ipynb_checkpoints", "runs", ".venv", "venv"}
 
@@ -43,11 +48,41 @@ def project_files(root=ROOT):
                       if p.is_file() and not _SKIP_DIRS.intersection(p.relative_to(root).parts))
 
 
-def holds_answers(rel, root=ROOT):
-    """True for a file the class copy leaves out."""
+def _imports(path):
+    """The top-level module names a Python file imports (empty if it does not parse)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    except SyntaxError:
+        return set()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def answer_tests(root=ROOT):
+    """The modules of tests/ that hold or import the answers: ANSWER_MODULES, and every test module that
+    imports one of them, directly or through another (test_naive_holes imports test_naive_otb, which
+    imports naive)."""
+    modules = {p.stem: _imports(p) for p in (root / "tests").glob("*.py")}
+    out = set(ANSWER_MODULES) & set(modules)
+    while True:
+        more = {name for name, imported in modules.items() if name not in out and imported & out}
+        if not more:
+            return out
+        out |= more
+
+
+def holds_answers(rel, root=ROOT, answers=None):
+    """True for a file the class copy leaves out; ``answers``: answer_tests(root), if computed already."""
     if rel.startswith(LEFT_OUT):
         return True
     if rel.startswith("tests/") and rel.endswith(".py"):
+        if rel.count("/") == 1 and Path(rel).stem in (answer_tests(root) if answers is None else answers):
+            return True
         text = (root / rel).read_text(encoding="utf-8", errors="replace")
         return "solutions" in text and "exercises" in text or "import slips" in text
     return False
@@ -62,9 +97,9 @@ def write(out, root=ROOT, force=False):
         if not force:
             raise SystemExit(f"handout.py: {out} is not empty (use --force to replace it)")
         shutil.rmtree(out)
-    written = []
+    written, answers = [], answer_tests(root)
     for rel in project_files(root):
-        if holds_answers(rel, root):
+        if holds_answers(rel, root, answers):
             continue
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -85,7 +120,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     written = write(args.out, force=args.force)
     print(f"wrote {len(written)} files to {args.out.resolve()}: no solutions, no tests that hold answers. "
-          f"Students grade with: python notebooks/exercises/grade.py")
+          f"Students grade with: python notebooks/exercises/grade.py. For Colab, push it to a git repository "
+          f"of the class and put that URL in the setup cell (docs/teaching.md)")
     return 0
 
 

@@ -1,17 +1,22 @@
-"""Write the teaching assistants' table, slip -> hint, from what the checks print.
+"""Write the teaching assistants' table: every hint the grader can print, and the slips that lead there.
 
     python notebooks/exercises/ta_table.py          # rewrite notebooks/exercises/ta_table.md
     python notebooks/exercises/ta_table.py --check  # exit 1 if the stored table is out of date
 
-Every slip of the catalogue (solutions/slips.py: a right answer with one change) is run through its
-check in check.py, and the table records the case that failed and the hint the student sees. A
-teaching assistant reads it the other way round: a student quotes a hint, the table says which slips
-lead there. The test suite regenerates the table and compares it with the stored one.
+Every hint that check.py and grade.py can print is written ``H("...")`` in their source; this script
+reads them all from there (a field of an f-string is shown as <field>), in the order of the files, under
+the exercise whose section of check.py holds them. Then it runs every slip of the catalogue
+(solutions/slips.py: a right answer with one change) through its check and writes each slip, with the
+case that failed, next to the hint its verdict printed. A teaching assistant reads the table from the
+hint a student quotes to the slips that lead there; a hint with no slip next to it is printed for a
+mistake the catalogue does not hold yet. The test suite regenerates the table and compares it with the
+stored one; a hint that a slip's verdict prints but no ``H(...)`` matches stops the generation.
 
 The catalogue gives the answers away, so a class copy (handout.py) leaves out this script, the
 catalogue and the table.
 """
 import argparse
+import ast
 import re
 import sys
 from pathlib import Path
@@ -22,10 +27,50 @@ sys.path.insert(0, str(HERE / "solutions"))
 import slips  # noqa: E402  (it puts the project and check.py on the path)
 
 TABLE = HERE / "ta_table.md"
+SOURCES = (HERE / "check.py", HERE / "grade.py")
 _CASE = re.compile(r"on the case '([^']*)'")
+_SECTION = re.compile(r"^# (Exercise \w+)")
 
 
-def rows(en=None):
+def _template(node):
+    """The text of the argument of an H(...) call, an f-string's fields written <field>."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else f"<{ast.unparse(v.value)}>" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _template(node.left) + _template(node.right)
+    raise ValueError(f"H() needs a string literal or f-string, got {ast.unparse(node)}")
+
+
+def hints(sources=SOURCES):
+    """[(section, template)] of every H(...) in ``sources``, in order, each template once; section: the
+    'Exercise N' header of check.py above it, 'every exercise' before the first, 'grade.py' there."""
+    out, seen = [], set()
+    for path in sources:
+        text = path.read_text()
+        headers = [(k + 1, m.group(1)) for k, line in enumerate(text.splitlines()) if (m := _SECTION.match(line))]
+        calls = [node for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Call)
+                 and isinstance(node.func, ast.Name) and node.func.id == "H"]
+        for node in sorted(calls, key=lambda n: (n.lineno, n.col_offset)):
+            template = _template(node.args[0])
+            if template in seen:
+                continue
+            seen.add(template)
+            section = path.name if path.name != "check.py" else \
+                next((name for line, name in reversed(headers) if line < node.lineno), "every exercise")
+            out.append((section, template))
+    return out
+
+
+def _matcher(template):
+    """A regex matching what a template prints: its text, and any text for each <field>."""
+    parts = re.split(r"(<[^<>]+>)", template)
+    return re.compile("".join(".+?" if p.startswith("<") and p.endswith(">") else re.escape(p) for p in parts) + r"\Z",
+                      re.DOTALL)
+
+
+def slip_rows(en=None):
     """[(exercise, slip, case, hint)] for every slip, in the catalogue's order."""
     if en is None and any(s.toy for s in slips.SLIPS):
         import toy_env
@@ -41,18 +86,40 @@ def rows(en=None):
     return out
 
 
+def rows(en=None):
+    """[(section, hint template, [(exercise, slip, case)])]: every hint, with the slips whose verdict
+    prints it. SystemExit if a slip prints a hint that no H(...) matches (it would be missing here)."""
+    table = [(section, template, []) for section, template in hints()]
+    matchers = [_matcher(template) for _, template, _ in table]
+    for exercise, what, case, hint in slip_rows(en):
+        # The most literal template that matches: a hint with fields yields to one without.
+        found = [k for k, m in enumerate(matchers) if m.match(hint)]
+        if not found:
+            raise SystemExit(f"ta_table.py: the hint of slip {exercise} '{what}' is not written H(...) in "
+                             f"check.py: {hint}")
+        k = max(found, key=lambda j: len(re.sub(r"<[^<>]+>", "", table[j][1])))
+        table[k][2].append((exercise, what, case))
+    return table
+
+
 def _cell(text):
-    return text.replace("|", "\\|")
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def render(table):
-    lines = ["# Slip -> hint: what the checks say, for teaching assistants", "",
-             "Generated by `python notebooks/exercises/ta_table.py` from `check.py` and the slips in",
-             "`solutions/slips.py` (do not edit by hand; the test suite compares). A student quotes a hint:",
-             "find it in the last column, and the second column says which slips lead there. Not for",
-             "students: the slips are right answers with one change.", "",
-             "| exercise | slip | case that fails | hint the student sees |", "|---|---|---|---|"]
-    lines += [f"| {ex} | {_cell(what)} | {_cell(case)} | {_cell(hint)} |" for ex, what, case, hint in table]
+    n_slips = sum(len(s) for _, _, s in table)
+    lines = ["# Hint -> slips: what the grader says, for teaching assistants", "",
+             "Generated by `python notebooks/exercises/ta_table.py` from `check.py`, `grade.py` and the slips in",
+             "`solutions/slips.py` (do not edit by hand; the test suite compares). Every hint a student can see",
+             "is a row, in the order of `check.py`; `<...>` stands for what the grader fills in. The last column",
+             "lists the slips of the catalogue whose verdict prints that hint, with the case that fails first;",
+             "a row without slips is a hint for a mistake the catalogue does not hold. Not for students: the",
+             "slips are right answers with one change.", "",
+             f"{len(table)} hints, {n_slips} slips.", "",
+             "| where | hint the student sees | slips that lead there (case that fails) |", "|---|---|---|"]
+    for section, template, found in table:
+        leads = "; ".join(f"{ex}: {what} ({case})" for ex, what, case in found) or "none in the catalogue"
+        lines.append(f"| {_cell(section)} | {_cell(template)} | {_cell(leads)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -60,13 +127,15 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if ta_table.md is out of date")
     args = parser.parse_args(argv)
-    text = render(rows())
+    table = rows()
+    text = render(table)
     if args.check:
         stale = not TABLE.exists() or TABLE.read_text() != text
         print("out of date: run python notebooks/exercises/ta_table.py" if stale else "ta_table.md is up to date")
         return int(stale)
     TABLE.write_text(text)
-    print(f"wrote {TABLE.relative_to(HERE.parent.parent)} ({len(text.splitlines()) - 9} slips)")
+    print(f"wrote {TABLE.relative_to(HERE.parent.parent)} ({len(table)} hints, "
+          f"{sum(len(s) for _, _, s in table)} slips)")
     return 0
 
 

@@ -67,11 +67,16 @@ def group_estimator(kind):
     def f(r, m, g):
         mm = torch.ones_like(m) if kind == "no_mask" else m
         R = (r * mm).sum(-1)  # R_i, (B,)
+        L = m.sum(-1)  # each row's number of valid tokens, (B,)
         A = torch.zeros_like(R)
         for i, same in enumerate(groups(g, len(R))):
             n = int(same.sum())
             others = R[same].sum() - R[i]
-            if kind == "batch_mean":
+            if kind == "by_tokens" and n > 1:  # the mean of R over the group's valid tokens
+                b = (R[same] * L[same]).sum() / L[same].sum()
+            elif kind == "loo_by_tokens" and n > 1:
+                b = ((R[same] * L[same]).sum() - R[i] * L[i]) / (L[same].sum() - L[i])
+            elif kind == "batch_mean":
                 b = R.mean()
             elif kind == "batch_loo":
                 b = (R.sum() - R[i]) / (len(R) - 1)
@@ -83,18 +88,32 @@ def group_estimator(kind):
                 b = {"mean": R[same].mean(), "no_mask": R[same].mean(), "flipped": others / (n - 1),
                      "loo": others / (n - 1), "over_n": others / n, "no_adv_mask": R[same].mean(),
                      "grpo": R[same].mean(), "rloo_std": others / (n - 1), "last_only": R[same].mean(),
-                     "rloo_no_adv_mask": others / (n - 1)}[kind]
+                     "rloo_no_adv_mask": others / (n - 1), "loo_per_row": others / (n - 1)}[kind]
             A[i] = b - R[i] if kind == "flipped" else R[i] - b
             if kind in ("grpo", "rloo_std") and n > 1:
                 A[i] = A[i] / (R[same].std() + 1e-6)
         if kind in ("no_adv_mask", "rloo_no_adv_mask"):
             return A[:, None] * torch.ones_like(m)
+        if kind == "loo_per_row":  # one advantage per row, not broadcast over the tokens
+            return A
         if kind == "last_only":
             last = torch.zeros_like(m)
             last[torch.arange(len(R)), (m.sum(-1) - 1).long()] = 1.0
             return A[:, None] * last
         return A[:, None] * m
     return f
+
+
+def overwritten_group_mean(r, m, g):
+    """The loop over groups of the solution with ``baseline[:] = ...``: the last group's mean in every row."""
+    R = (r * m).sum(-1)  # R_i, (B,)
+    gid, n_groups = otb.group_ids(g, len(R))
+    baseline = torch.zeros_like(R)
+    for k in range(n_groups):
+        rows = gid == k
+        if rows.sum() > 1:
+            baseline[:] = R[rows].mean()
+    return (R - baseline)[:, None] * m
 
 
 def naive_group_mean(r, m, g):
@@ -132,11 +151,12 @@ def realized_energy(kind="right"):
 
 
 def otb_plain(weight="W", own=(True, True), eps=1e-8, ignore_mask=False, singletons=False, guard=True,
-              G_fn=None, W_fn=None, mask_out=True, sign=1, batch=False, singleton_own=False):
+              G_fn=None, W_fn=None, mask_out=True, sign=1, batch=False, singleton_own=False, alone_own=False):
     """OTB row by row. weight: 'W' (right), '1', 'w', 'W2', '1/W'; own: whether leave-one-out removes the
     row's own term from (numerator, denominator); guard: B = 0 where no other row is active (3d);
     singletons: treat every row as its own group; batch: one group for the whole batch; singleton_own: a
-    singleton group keeps its own return as baseline; G_fn, W_fn: the 3a and 3b in use."""
+    singleton group keeps its own return as baseline; alone_own: with leave-one-out, a row with no other active
+    row keeps its own return G_t as baseline (instead of 0); G_fn, W_fn: the 3a and 3b in use."""
     G_fn, W_fn = G_fn or reward_to_go(), W_fn or realized_energy()
 
     def f(r, m, g, lp, s, leave_one_out=False):
@@ -153,7 +173,8 @@ def otb_plain(weight="W", own=(True, True), eps=1e-8, ignore_mask=False, singlet
             if leave_one_out:
                 active = m[same].sum(0) - m[i] > 0
                 num, den = num - own[0] * G[i] * V[i], den - own[1] * V[i]
-                B[i] = torch.where(active, num / (den.clamp(min=0) + eps), 0.0) if guard else num / (den + eps)
+                alone = G[i] if alone_own else 0.0  # B_t where no other row of the group is active
+                B[i] = torch.where(active, num / (den.clamp(min=0) + eps), alone) if guard else num / (den + eps)
             elif same.sum() > 1 or singleton_own:
                 B[i] = num / (den + eps)
         A = sign * (G - B)
@@ -196,6 +217,14 @@ def aligned(pass_loo=True, mask_k=True, scatter=True, groups_as=None, gather_lp=
 def batch_gradients(kind="right"):
     def f(en, A, rows, N):
         g = torch.einsum("bt,btp->bp", A, en.scores[rows])  # (G*N, P)
+        if kind == "token_mean":  # a mean over the T positions instead of the sum
+            g = g / A.shape[1]
+        elif kind == "product_of_sums":  # (sum_t A_t)(sum_t s_t)
+            g = A.sum(-1, keepdim=True) * en.scores[rows].sum(1)
+        elif kind == "over_groups":  # the group's sum divided by the number of groups
+            return g.reshape(-1, N, g.shape[-1]).sum(1) / (len(rows) // N)
+        elif kind == "all_rows":  # one mean over every row of the batch
+            return g.mean(0, keepdim=True)
         if kind == "transposed":
             return g.reshape(N, -1, g.shape[-1]).mean(0)
         out = g.reshape(-1, N, g.shape[-1]).mean(1)
@@ -231,9 +260,19 @@ def measure(kind="right", bg=None, bv=None):
 
     def f(en, name, N, groups, seed):
         gen = torch.Generator() if kind == "unseeded" else torch.Generator().manual_seed(seed + (kind == "seed"))
-        rows, gid = toy_harness.sample_groups(en, N, groups, gen)
-        A = otb.ESTIMATORS["group_mean" if kind == "ignore_name" else name](**en.batch(rows), group_index=gid)[0]
-        return bv(bg(en, A, rows, N), en.grad_J)
+        rows, gid = toy_harness.sample_groups(en, *((groups, N) if kind == "swapped_args" else (N, groups)), gen)
+        estimator = otb.ESTIMATORS["group_mean" if kind == "ignore_name" else name]
+        A = estimator(**en.batch(rows), group_index=rows if kind == "rows_as_groups" else gid)[kind == "returns"]
+        out = bv(bg(en, A, rows, N), en.grad_J)
+        return out[::-1] if kind == "swapped" else out
+    return f
+
+
+def energy_in(dtype, back=True):
+    """1b computed in ``dtype`` (bf16, float16), returned as float32 (``back``) or in that dtype."""
+    def f(lp, s):
+        w = (1 - 2 * lp.to(dtype).exp() + s.to(dtype)).clamp(0, 2)
+        return w.float() if back else w
     return f
 
 
@@ -245,6 +284,13 @@ def _harness_measure(en, name, N, groups, seed):
 
 def _sum_pi_sq(kind):
     def f(z):
+        if kind in ("fp16", "bf16_to_fp16"):  # float16 arithmetic (for every half input, or for bf16 only)
+            half = z.dtype != torch.float64 if kind == "fp16" else z.dtype == torch.bfloat16
+            zz = z.half() if half else z.double() if z.dtype == torch.float64 else z.float()
+            out = torch.exp(torch.logsumexp(2 * zz, -1) - 2 * torch.logsumexp(zz, -1))
+            return out.double() if z.dtype == torch.float64 else out.float()
+        if kind == "fp16_out":
+            return (z.half().softmax(-1) ** 2).sum(-1)
         if kind == "bf16_all":  # every step in the input's dtype, the result upcast
             return torch.exp(torch.logsumexp(2 * z, -1) - 2 * torch.logsumexp(z, -1)).float()
         if kind == "bf16_softmax":
@@ -295,6 +341,12 @@ SLIPS = [
     Slip("1a", "returns sum pi (always 1)", "ex1a_sum_pi_squared", lambda z: z.float().softmax(-1).sum(-1),
          ["differ", "logsumexp(2z) - 2 logsumexp(z)"]),
     Slip("1a", "returns a Python float", "ex1a_sum_pi_squared", lambda z: 0.5, ["not a tensor"]),
+    Slip("1a", "upcast to float16 (z.half()), the result returned as float32", "ex1a_sum_pi_squared",
+         _sum_pi_sq("fp16"), ["rounding of float16", "not .half()", "10 stored + 1 implicit"], named_in="#51"),
+    Slip("1a", "bf16 input upcast to float16, not float32", "ex1a_sum_pi_squared", _sum_pi_sq("bf16_to_fp16"),
+         ["moderately confident bf16", "rounding of float16", "not .half()"], named_in="#51"),
+    Slip("1a", "a float16 result for float32 input", "ex1a_sum_pi_squared", _sum_pi_sq("fp16_out"),
+         ["dtype torch.float16", "not torch.float16", "significant bits"], named_in="#51"),
     # ---- 1b: the Logit-Gradient Proxy
     Slip("1b", "no clamp", "ex1b_token_energy", lambda lp, s: 1 - 2 * lp.exp() + s, ["clamp"]),
     Slip("1b", "the factor 2 of the cross term forgotten", "ex1b_token_energy", lambda lp, s: 1 - lp.exp() + s,
@@ -309,6 +361,28 @@ SLIPS = [
          ["clamped to [0, 1]", "up to 2"]),
     Slip("1b", "summed over positions", "ex1b_token_energy",
          lambda lp, s: (1 - 2 * lp.exp() + s).clamp(0, 2).sum(-1), ["shape"]),
+    Slip("1b", "computed in bf16, returned as float32", "ex1b_token_energy", energy_in(torch.bfloat16),
+         ["rounding of bfloat16", "not bf16", "7 stored + 1 implicit"], named_in="#51"),
+    Slip("1b", "computed and returned in bf16", "ex1b_token_energy", energy_in(torch.bfloat16, back=False),
+         ["dtype torch.bfloat16", "in float32, not bf16"], named_in="#51"),
+    Slip("1b", "computed in float16, returned as float32", "ex1b_token_energy", energy_in(torch.float16),
+         ["rounding of float16", "not .half()"], named_in="#51"),
+    Slip("1b", "pi(y) = exp(-log_probs)", "ex1b_token_energy", lambda lp, s: (1 - 2 * (-lp).exp() + s).clamp(0, 2),
+         ["exp(-log_probs)", "without a minus sign"], named_in="#51"),
+    Slip("1b", "pi(y) from a softmax of the log-probs", "ex1b_token_energy",
+         lambda lp, s: (1 - 2 * lp.softmax(-1) + s).clamp(0, 2), ["softmax of the log-probs", "element by element"],
+         named_in="#51"),
+    Slip("1b", "sum pi^2 squared again", "ex1b_token_energy", lambda lp, s: (1 - 2 * lp.exp() + s ** 2).clamp(0, 2),
+         ["squared again", "add it as it is"]),
+    Slip("1b", "the norm, not its square (a square root)", "ex1b_token_energy",
+         lambda lp, s: (1 - 2 * lp.exp() + s).clamp(0, 2).sqrt(), ["square root", "*squared* norm"]),
+    Slip("1b", "(1 - pi(y))^2 + sum pi^2", "ex1b_token_energy", lambda lp, s: ((1 - lp.exp()) ** 2 + s).clamp(0, 2),
+         ["counted twice", "leaves pi(y)^2 out"]),
+    Slip("1b", "the 1 of the expansion left out", "ex1b_token_energy", lambda lp, s: (s - 2 * lp.exp()).clamp(0, 2),
+         ["the 1 is missing"]),
+    Slip("1b", "a mean over positions (a token mean)", "ex1b_token_energy",
+         lambda lp, s: (1 - 2 * lp.exp() + s).clamp(0, 2).mean(-1), ["shape", "one number per token"],
+         named_in="#51"),
     # ---- 2a: sequence scores
     Slip("2a", "padding not masked", "ex2a_sequence_scores", lambda r, m: r.sum(-1), ["padding"]),
     Slip("2a", "mean over positions instead of the sum", "ex2a_sequence_scores",
@@ -335,7 +409,13 @@ SLIPS = [
     Slip("2b", "one baseline for the whole batch", "ex2b_group_mean", group_estimator("batch_mean"),
          ["whole batch", "own group"]),
     Slip("2b", "returns one advantage per row, (B,)", "ex2b_group_mean",
-         lambda r, m, g: group_estimator("mean")(r, m, g)[:, 0], ["shape"]),
+         lambda r, m, g: group_estimator("mean")(r, m, g)[:, 0], ["shape (B,)", "A[:, None] * response_mask"]),
+    Slip("2b", "a length-weighted (token-level) mean", "ex2b_group_mean", group_estimator("by_tokens"),
+         ["mean over the group's tokens", "*responses*"], named_in="#51"),
+    Slip("2b", "baseline[:] = ... in the loop over groups (every row overwritten)", "ex2b_group_mean",
+         overwritten_group_mean, ["one group's baseline in every row", "baseline[rows] = ..."], named_in="#51"),
+    Slip("2b", "no baseline (A = R)", "ex2b_group_mean", lambda r, m, g: (r * m).sum(-1)[:, None] * m,
+         ["no baseline subtracted"]),
     # ---- 2c: RLOO
     Slip("2c", "the group mean (own score left in)", "ex2c_rloo", group_estimator("mean"),
          ["own score", "leave row i out", "n - 1"]),
@@ -349,6 +429,10 @@ SLIPS = [
          ["singleton", "non-finite", "baseline 0"]),
     Slip("2c", "one leave-one-out baseline over the whole batch", "ex2c_rloo", group_estimator("batch_loo"),
          ["whole batch"]),
+    Slip("2c", "one advantage per row, not broadcast over the tokens", "ex2c_rloo", group_estimator("loo_per_row"),
+         ["shape (B,)", "A[:, None] * response_mask"], named_in="#51"),
+    Slip("2c", "a length-weighted (token-level) leave-one-out mean", "ex2c_rloo", group_estimator("loo_by_tokens"),
+         ["mean over the group's tokens", "*responses*"]),
     # ---- 3a: reward-to-go
     Slip("3a", "one score for the whole row", "ex3a_reward_to_go", lambda r, m: (r * m).sum(-1, keepdim=True) * m,
          ["dense", "reversed cumulative"]),
@@ -413,6 +497,9 @@ SLIPS = [
          ["W_t^2", "(leave-one-out)"], kwargs=LOO),
     Slip("3d", "A_t not masked on padding", "ex3c_optimal_token_baseline", otb_plain(mask_out=False),
          ["not 0 on padding"], kwargs=LOO),
+    Slip("3d", "the row's own return as baseline where no other row is active", "ex3d_leave_one_out",
+         otb_plain(alone_own=True), ["no other row of the group is active", "keeps its return G_t"],
+         named_in="#51"),
     Slip("3d", "uses a 3a that is off by one", "ex3c_optimal_token_baseline",
          otb_plain(G_fn=reward_to_go("exclusive")), ["fix 3a first"],
          kwargs={**LOO, "reward_to_go": reward_to_go("exclusive"), "realized_energy": realized_energy()},
@@ -422,12 +509,20 @@ SLIPS = [
          ["times too large", "*mean*"], toy=True),
     Slip("4a", "zeros of the right shape", "ex4a_batch_gradients",
          lambda en, A, rows, N: torch.zeros(len(rows) // N, en.scores.shape[-1], dtype=en.scores.dtype),
-         ["differ", "en.scores[rows]"], toy=True),
+         ["0 everywhere", "not 0"], toy=True),
     Slip("4a", "scores of responses 0..G*N-1, not the sampled rows", "ex4a_batch_gradients",
-         lambda en, A, rows, N: torch.einsum("bt,btp->bp", A, en.scores[: len(rows)]).reshape(-1, N, en.scores.shape[-1]).mean(1),
-         ["en.scores[rows]"], toy=True),
+         lambda en, A, rows, N: torch.einsum("bt,btp->bp", A, en.scores[: len(rows)]).reshape(
+             -1, N, en.scores.shape[-1]).mean(1), ["en.scores[:len(rows)]", "en.scores[rows]"], toy=True),
     Slip("4a", "rows grouped as (N, groups) instead of (groups, N)", "ex4a_batch_gradients",
          batch_gradients("transposed"), ["different groups", "group after group"], toy=True),
+    Slip("4a", "a mean over the positions t (a token mean)", "ex4a_batch_gradients", batch_gradients("token_mean"),
+         ["mean over the T positions", "*sum* over positions"], toy=True, named_in="#51"),
+    Slip("4a", "(sum_t A_t)(sum_t s_t)", "ex4a_batch_gradients", batch_gradients("product_of_sums"),
+         ["product of two sums", "multiply A_t and s_t at each position t first"], toy=True, named_in="#51"),
+    Slip("4a", "the group's sum divided by the number of groups", "ex4a_batch_gradients",
+         batch_gradients("over_groups"), ["times the expected", "constant factor"], toy=True),
+    Slip("4a", "one mean over every row of the batch", "ex4a_batch_gradients", batch_gradients("all_rows"),
+         ["shape", "one row per group"], toy=True),
     # ---- 4b: bias^2 and variance
     Slip("4b", "bias^2 without the variance / G correction", "ex4b_bias_and_variance", bias_and_variance("naive"),
          ["variance / G"]),
@@ -442,11 +537,13 @@ SLIPS = [
          ["(variance, bias2)", "order"]),
     Slip("4b", "returns one number", "ex4b_bias_and_variance", lambda g, j: 0.0, ["pair"]),
     # ---- 4c: measure two estimators (small runs: N = 2, 500 groups)
-    Slip("4c", "different groups than asked for (seed + 1)", "ex4c_measure", measure("seed"), ["sample_groups"],
+    Slip("4c", "different groups than asked for (seed + 1)", "ex4c_measure", measure("seed"),
+         ["other groups", "seeded with seed itself"],
          kwargs={"Ns": (2,), "groups": 500}, toy=True),
     Slip("4c", "calls toy_harness.measure", "ex4c_measure", _harness_measure, ["calls toy_harness.measure"],
          kwargs={"Ns": (2,), "groups": 500}, toy=True),
-    Slip("4c", "a generator that was never seeded", "ex4c_measure", measure("unseeded"), ["sample_groups"],
+    Slip("4c", "a generator that was never seeded", "ex4c_measure", measure("unseeded"),
+         ["other groups", "not an unseeded generator"],
          kwargs={"Ns": (2,), "groups": 500}, toy=True),
     Slip("4c", "always the group mean, whatever the name", "ex4c_measure", measure("ignore_name"),
          ["same numbers as for group_mean", "otb.ESTIMATORS[name]"], kwargs={"Ns": (2,), "groups": 500}, toy=True),
@@ -454,6 +551,14 @@ SLIPS = [
          ["your batch_gradients (4a)", "fix 4a first"],
          kwargs={"Ns": (2,), "groups": 500, "batch_gradients": batch_gradients("sum"),
                  "bias_and_variance": bias_and_variance()}, toy=True, named_in="#42"),
+    Slip("4c", "returns (variance, bias2)", "ex4c_measure", measure("swapped"), ["(variance, bias2)", "order"],
+         kwargs={"Ns": (2,), "groups": 500}, toy=True, named_in="#51"),
+    Slip("4c", "group_index=rows", "ex4c_measure", measure("rows_as_groups"), ["group_index=rows", "group_index=gid"],
+         kwargs={"Ns": (2,), "groups": 500}, toy=True, named_in="#51"),
+    Slip("4c", "the estimator's returns ([1]), not its advantages", "ex4c_measure", measure("returns"),
+         ["returns", "take [0]"], kwargs={"Ns": (2,), "groups": 500}, toy=True),
+    Slip("4c", "sample_groups(en, groups, N, ...): the arguments swapped", "ex4c_measure", measure("swapped_args"),
+         ["swapped", "sample_groups(en, N, groups, generator)"], kwargs={"Ns": (2,), "groups": 500}, toy=True),
     Slip("4c", "uses a 4b that divides the variance by G", "ex4c_measure", measure(bv=bias_and_variance("over_G")),
          ["your bias_and_variance (4b)", "fix 4b first"],
          kwargs={"Ns": (2,), "groups": 500, "batch_gradients": batch_gradients(),
@@ -467,13 +572,19 @@ SLIPS = [
          ["right on the actions", "not -1", "torch.where"]),
     Slip("5a", "cumulative sum over rows", "ex5a_action_index",
          lambda m: torch.where(m.bool(), m.long().cumsum(0) - 1, -1), ["differ", "cumsum(-1) - 1"]),
+    Slip("5a", "floats, not long integers", "ex5a_action_index",
+         lambda m: torch.where(m.bool(), m.cumsum(-1) - 1, -1.0), ["dtype torch.float32", "torch.long"], named_in="#51"),
     # ---- 5b: gather and scatter
     Slip("5b", "an unstable argsort in to_actions", "ex5b_compaction",
          (to_actions(unstable_argsort), from_actions(stable_idx)), ["long responses", "stable=True"]),
     Slip("5b", "a descending sort of the mask in from_actions", "ex5b_compaction",
          (to_actions(stable_idx), from_actions(sort_descending)), ["long responses", "stable=True"]),
     Slip("5b", "holes not set to 0 in from_actions", "ex5b_compaction",
-         (to_actions(stable_idx), lambda y, m: from_actions(stable_idx)(y, m) + (1 - m)), ["must be 0"]),
+         (to_actions(stable_idx), lambda y, m: from_actions(stable_idx)(y, m) + (1 - m)),
+         ["holds 1, not 0", "multiply the scattered values by response_mask"]),
+    Slip("5b", "from_actions never zeroes the masked positions", "ex5b_compaction",
+         (to_actions(stable_idx), from_actions(stable_idx, mask=False)),
+         ["not 0", "multiply the scattered values by response_mask"], named_in="#51"),
     Slip("5b", "the mask returned as it was (m, not m_k)", "ex5b_compaction",
          (to_actions(stable_idx, gather_mask=False), from_actions(stable_idx)), ["m_k", "right padding, no holes"]),
     Slip("5b", "an ascending argsort (masked positions first)", "ex5b_compaction",
