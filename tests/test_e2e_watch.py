@@ -84,6 +84,8 @@ def test_the_time_estimate_is_the_measured_rates_times_the_work():
     assert progress.estimate(one, [("otb", 4)], 18, warm_up_runs=False) == "about 11-14 s on a 2-core CPU (warm-up " \
                                                                              "cached; 10 steps)"
     assert progress.estimate(dataclasses.replace(cfg, model="smollm2"), runs, 18, warm_up_runs=False) is None
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert "tiny language model: 2-7 minutes on a\n   2-core CPU, warm-up included" in readme  # what the header says
 
 
 def test_a_log_file_gets_a_progress_line_through_the_warm_up_and_the_steps(tmp_path, capsys, monkeypatch):
