@@ -466,7 +466,7 @@ def rewards(task, tokenizer, rollout, answers, group_size):
     row_answers = [a for a in answers for _ in range(group_size)]
     R = torch.tensor([task.reward(t, a, f) for t, a, f in
                       zip(texts, row_answers, rollout.finished.tolist())], dtype=torch.float32)  # (B,)
-    if not torch.isfinite(R).all():  # checked here: train.py's estimators run without input checks
+    if not torch.isfinite(R).all():  # checked where the rewards are made: the error names the task and the row
         raise _reward_error(task, R, texts)
     m = rollout.response_mask.cpu()  # (B, T)
     token_rewards = torch.zeros_like(m).index_put_((torch.arange(len(R)), last_valid(m)), R)  # (B, T)

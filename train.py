@@ -111,9 +111,9 @@ def score_estimate_update(cfg, model, opt, ro, R, token_rewards, estimator, gen,
         parts = [score_rows(model, cfg, ro, rows) for rows in blocks]
     logp, sum_pi_sq, entropy = (torch.cat(x) for x in zip(*parts))  # (B, T) each
     old_logp = logp.detach()  # log pi_old(y_t), (B, T)
-    # ---- estimate: the one line that differs between configurations (check=False: the tensors are our own)
+    # ---- estimate: the one line that differs between configurations
     adv, _ = estimator(token_rewards=token_rewards, response_mask=m, group_index=ro.group_index,
-                       log_probs=old_logp, sum_pi_sq=sum_pi_sq, check=False)  # A_t, (B, T)
+                       log_probs=old_logp, sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
     t2 = time.perf_counter()
     # ---- update
     norms, clip_frac, loss = policy_update(model, opt, cfg, ro, old_logp, adv, gen, logp=logp if keep_graph else None)

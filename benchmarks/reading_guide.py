@@ -266,9 +266,7 @@ def render(total, per_file, path, rows):
     out += ["", "What is not on the path, and where it lives: the command line (lab/train_cli.py,",
             "lab/parse_options.py), the run folder and checkpoints (lab/runs.py), comparisons (lab/compare.py),",
             "the preflight, the optional decoders, the learning-rate schedules and the statistics (lab/). See",
-            "lab/__init__.py for the map. otb's input checks are off the path too: the step calls the estimator",
-            "with `check=False`, since its tensors come from rollout.score (otb.py, \"Input checks\"), and",
-            "tasks.rewards checks the task's rewards.", ""]
+            "lab/__init__.py for the map.", ""]
     return "\n".join(out)
 
 

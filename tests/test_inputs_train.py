@@ -262,9 +262,10 @@ def test_a_full_disk_is_one_line_and_leaves_no_temporary_file(out, capsys, monke
 # ----------------------------------------------------------------------------- a reward that is not finite
 
 def test_a_reward_that_is_not_finite_stops_the_step_before_its_update(out, monkeypatch):
-    """train_step calls the estimators with check=False, so tasks.rewards checks the task's rewards: a NaN
-    reward in a training step (not in the warm-up) stops the run there with a ValueError naming the task,
-    the reward and the row, before the update touches the weights, and nothing of that step is written."""
+    """tasks.rewards checks the task's rewards where they are made (before the estimator, whose check
+    names only a position): a NaN reward in a training step (not in the warm-up) stops the run there with
+    a ValueError naming the task, the reward and the row, before the update touches the weights, and
+    nothing of that step is written."""
     import math
 
     import tasks
