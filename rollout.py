@@ -65,28 +65,26 @@ class Rollout:
 
 @torch.no_grad()
 def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, pad_id,
-           generator=None, tool=None, stop=None, decoder=None, sync_every=None):
+           generator=None, tool=None, stop=None):
     """Sample ``group_size`` responses to every prompt (a list of token-id lists) -> a ``Rollout``.
 
-    Each step draws y_t ~ softmax(z_t / tau) with ``generator``, on its device (train.py gives it one
-    on the GPU there), and records log pi_tau(y_t). ``decoder`` runs the forward passes (``PlainDecoder``
-    by default; lab/fast_decode.py has faster ones). ``tool`` and ``stop`` bring the environment into
-    the loop (``Turns``). The host reads the tokens every ``sync_every`` steps (default: 1 on the CPU, else 8).
+    Each step draws y_t ~ softmax(z_t / tau) with ``torch.multinomial`` from ``generator`` (on the
+    model's device) and records log pi_tau(y_t). ``tool`` and ``stop`` bring the environment into the
+    loop (``Turns``). lab/fast_decode.py's ``sample`` is this loop with a compiled decode step and
+    fewer reads on the host, for a GPU (train.py --compile-decode): the same tokens.
     """
     device = next(model.parameters()).device
-    ids, mask = (x.to(device) for x in left_pad([p for p in prompts for _ in range(group_size)], pad_id))  # (B, P)
-    decoder, pos = decoder or PlainDecoder(model), positions(mask)  # pos: (B, P)
-    logits = decoder.prefill(ids, mask, pos, max_new_tokens)  # z_t of the last prompt position, (B, V)
+    rows = [p for p in prompts for _ in range(group_size)]  # each prompt group_size times, in order
+    ids, mask = (x.to(device) for x in left_pad(rows, pad_id))  # (B, P) each
+    pos = positions(mask)  # (B, P)
+    decoder = PlainDecoder(model)
+    logits = decoder.prefill(ids, mask, pos)  # z_t of the last prompt position, (B, V)
     turns = Turns(len(ids), tool, stop, device) if tool is not None or stop is not None else None
-    sync_every = sync_every or (1 if device.type == "cpu" else 8)
-    draw_on = device if generator is None else generator.device  # where the draws happen
     tokens, logps, actions = [], [], []
     done = torch.zeros(len(ids), dtype=torch.bool, device=device)  # rows that have ended, (B,)
     for t in range(max_new_tokens):
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # log pi_tau, (B, V)
-        probs = logprobs.exp().to(draw_on)  # pi_tau, (B, V)
-        # y ~ pi_tau as torch.multinomial draws it (argmax pi / E, E ~ Exp(1)), without its 2 host syncs a token
-        y = (probs / torch.empty_like(probs).exponential_(1, generator=generator)).argmax(-1).to(device)  # (B,)
+        y = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)  # y_t ~ pi_tau, (B,)
         action = ~done  # (B,) the positions the policy chooses
         if turns is not None:
             y, action = turns.force(y, action)  # a tool's output replaces the draws of its rows
@@ -94,12 +92,12 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
         tokens.append(y)
         actions.append(action)
         logps.append(logprobs.gather(-1, y[:, None]).squeeze(-1).masked_fill(~action, 0.0))  # log pi_tau(y_t)
-        ends = action & (y == eos_id)  # (B,)
-        done = done | (ends if turns is None else turns.ends(ends, action, y, tokens))
-        if (t + 1) % sync_every == 0 or t + 1 == max_new_tokens:  # the host looks at the tokens
-            done = done if turns is None else turns.stop_rows(tokens, done)
-            if bool(done.all()) or t + 1 == max_new_tokens:  # no decode pass for a token never drawn
-                break
+        ends = action & (y == eos_id)  # rows that end at this token, (B,)
+        if turns is not None:
+            ends = turns.ends(ends, action, y, tokens) | turns.stopped(tokens)  # a tool call goes on; a stop rule ends
+        done = done | ends
+        if done.all() or t == max_new_tokens - 1:  # no forward pass for a token that is never drawn
+            break
         logits = decoder.step(y, pos[:, -1:] + 1 + t)  # one token through the cache at its position, (B, V)
     ro = Rollout(prompt_ids=ids, prompt_mask=mask, response=torch.stack(tokens, 1),  # (B, T) each from here
                  response_mask=torch.stack(actions, 1).float(), logp=torch.stack(logps, 1), finished=done,
@@ -108,14 +106,15 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
 
 
 class PlainDecoder:
-    """The default forward passes of ``sample``: a prefill over the prompts fills the KV cache, then
-    each ``step`` feeds one token and the cache grows by one column."""
+    """The forward passes of ``sample``: a prefill over the prompts fills the KV cache, then each
+    ``step`` feeds one token and the cache grows by one column."""
 
     def __init__(self, model):  # the model, and what its forward calls the KV cache
         self.model, self.cache_arg = model, cache_name(model)
 
-    def prefill(self, ids, mask, pos, max_new_tokens):
-        """The prompts (B, P) into the cache; returns the last position's logits z_t, (B, V)."""
+    def prefill(self, ids, mask, pos, max_new_tokens=None):
+        """The prompts (B, P) into the cache; returns the last position's logits z_t, (B, V). (A cache
+        that grows needs no ``max_new_tokens``; lab/fast_decode.py's static one sizes itself by it.)"""
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
         self.cache, self.attn = getattr(out, self.cache_arg), mask
         return out.logits[:, -1]
@@ -143,8 +142,8 @@ class Turns:
     ``stop`` is the environment's stop rule, as a stop string is in vLLM: ``stop(i, ids)`` gets row
     i's response tokens so far (a list) and returns how many of them the row keeps once the part its
     reward grades is complete, or None while it is not. The row then ends: the tokens after that
-    point are cut (padding, mask 0, log-prob 0) and the row is ``finished``. With sync_every > 1 the
-    rule is asked every sync_every steps and cuts back to where it would have stopped.
+    point are cut (padding, mask 0, log-prob 0) and the row is ``finished``. A sampler that asks less
+    often (lab/fast_decode.py) gets the same rollout: the rule cuts back to where it would have stopped.
     """
 
     def __init__(self, B, tool, stop, device):
@@ -179,15 +178,15 @@ class Turns:
                 goes_on[i] = True
         return ends & ~goes_on
 
-    def stop_rows(self, tokens, done):
-        """Ask the stop rule about every row not stopped yet (one copy of the tokens to the host)."""
-        if self.stop is None:
-            return done
-        so_far = torch.stack(tokens, 1).tolist()  # (B, t) on the host
-        for i, row in enumerate(so_far):
-            if self.keep[i] is None:
-                self.keep[i] = self.stop(i, row)
-        return done | torch.tensor([n is not None for n in self.keep], device=done.device)
+    def stopped(self, tokens):
+        """The rows the stop rule has ended, (B,) bool: it is asked about every row not stopped yet (one
+        copy of the tokens to the host); none without a rule."""
+        if self.stop is not None:
+            so_far = torch.stack(tokens, 1).tolist()  # (B, t) on the host
+            for i, row in enumerate(so_far):
+                if self.keep[i] is None:
+                    self.keep[i] = self.stop(i, row)
+        return torch.tensor([n is not None for n in self.keep], device=self.device)
 
     def finish(self, ro, pad_id):
         """Cut each stopped row after the tokens it keeps, and count the tool's work per row."""

@@ -83,16 +83,17 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     t0 = time.perf_counter()
     # ---- rollout: N responses to each prompt, and their rewards
     prompts, answers = tasks.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
-    # the sampler's draws, then the minibatch order; on a GPU there (else a (B, V) copy to the host a token)
-    gen = torch.Generator(device if device.type == "cuda" else "cpu").manual_seed(tasks.step_seed(cfg.seed, step))
+    seed = tasks.step_seed(cfg.seed, step)
+    gen = torch.Generator(device).manual_seed(seed)  # the sampler's draws, then the minibatch order
     if sampler is not model:
         sampler.load_state_dict(model.state_dict())  # cast to the rollout dtype on copy
+    sample = fast_decode.sample if cfg.compile_decode else rollout.sample  # the same tokens, compiled
     with autocast(device):
-        ro = rollout.sample(sampler, prompts, group_size=cfg.group_size, temperature=cfg.temperature,
-                            max_new_tokens=cfg.max_new_tokens or task.max_new_tokens(), generator=gen,
-                            eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, tool=task.tool(tok),  # tool: None
-                            stop=task.stop_rule(tok, answers, cfg.group_size),  # None: a row ends at EOS
-                            decoder=fast_decode.decoder(sampler, "compiled") if cfg.compile_decode else None)
+        ro = sample(sampler, prompts, group_size=cfg.group_size, temperature=cfg.temperature,
+                    max_new_tokens=cfg.max_new_tokens or task.max_new_tokens(), generator=gen,
+                    eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                    tool=task.tool(tok),  # None: a single-turn task
+                    stop=task.stop_rule(tok, answers, cfg.group_size))  # None: a row ends at EOS
     R, token_rewards, _ = tasks.rewards(task, tok, ro, answers, cfg.group_size)  # R (B,), r_t (B, T)
     t_rollout = time.perf_counter() - t0
     return score_estimate_update(cfg, model, opt, ro, R, token_rewards.to(device), estimator, gen, t_rollout)
