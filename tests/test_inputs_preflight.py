@@ -170,12 +170,12 @@ def test_compiled_decoding_is_compiled_before_the_timed_step_and_projected_once_
     is its decode steps x its seconds per decode step."""
     from lab import fast_decode
     monkeypatch.setattr(fast_decode, "BACKEND", "aot_eager")  # traced, not code-generated: seconds
-    weights, real = [], rollout.sample
+    weights, real = [], fast_decode.sample  # the sampler of --compile-decode
 
     def sample(model, *a, **k):
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]).clone())
         return real(model, *a, **k)
-    monkeypatch.setattr(rollout, "sample", sample)
+    monkeypatch.setattr(fast_decode, "sample", sample)
     r = preflight_run(out, "compiled", "--compile-decode", "--seeds", "0,1")
     assert len(weights) == 2 and torch.equal(weights[0], weights[1])  # the timed step starts where the first did
     assert r["compiles"] == 2 and r["seconds_compile"] >= 0
