@@ -70,6 +70,16 @@ class Config(train_cli.Options):
     ppo_epochs: int = arg(1, "passes over each batch; > 1 uses the PPO clipped ratio")
     minibatch_size: Optional[int] = arg(None, "responses per optimizer step (default: the whole batch)")
     clip_eps: float = arg(0.2, "PPO clip range eps: rho is clipped to [1 - eps, 1 + eps]")
+    # memory and speed: none of these changes the gradient, only what is held at once, or how fast it samples
+    chunk_size: Optional[int] = arg(
+        None, "response positions per chunk of the float32 LM head, recomputed in the backward (default: all at once)")
+    micro_batch_rows: Optional[int] = arg(
+        None, "rows per forward/backward pass, gradients accumulated: the same gradient, one optimizer step")
+    activation_checkpointing: bool = arg(
+        False, "recompute each layer in the backward (Hugging Face gradient checkpointing): less memory")
+    compile_decode: bool = arg(
+        False, "sample with a static KV cache and a compiled decode step (lab/fast_decode.py): the plain loop's "
+        "tokens; compiling takes about a minute per batch size on a CPU")
     log_every: int = arg(10, "print one metrics line every k steps (the bar updates every step)")
 
 

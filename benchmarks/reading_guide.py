@@ -20,8 +20,8 @@ and add up
             the span of every entered function (a decorator's line included; a function nested in
               another one, a lambda or a comprehension falls inside its parent's span)
             the body of every class the step builds or reads, less the methods the step does not enter
-            of a base class of those (``Task``, the options ``Config`` inherits): its header and
-              docstring, and the fields the step reads from it
+            of a base class of those (``Task``, the options ``Config`` inherits), if the step enters one
+              of its methods or reads one of its fields: its header and docstring, and those fields
             the module docstring of every file on the path
 
 The number is a report, not a target: a change that lengthens the path shows in the guide's diff,
@@ -179,11 +179,14 @@ def class_lines(node, own, entered_firsts, fields_read):
             if m_first not in entered_firsts and m.lineno not in entered_firsts:
                 lines -= set(range(m_first, m.end_lineno + 1))
         return lines
-    lines = set(range(first, node.lineno + 1)) | docstring_lines(node)
+    lines = set()
     for stmt in node.body:
         targets = [stmt.target] if isinstance(stmt, ast.AnnAssign) else getattr(stmt, "targets", [])
         if any(isinstance(t, ast.Name) and t.id in fields_read for t in targets):
             lines |= set(range(stmt.lineno, stmt.end_lineno + 1))
+    if lines or any(m.lineno in entered_firsts or m.decorator_list and m.decorator_list[0].lineno in entered_firsts
+                    for m in methods):  # a base the step uses: with its header and docstring
+        lines |= set(range(first, node.lineno + 1)) | docstring_lines(node)
     return lines
 
 
@@ -217,10 +220,11 @@ def measure(entered, classes=None, fields_read=()):
     for rel, first, _ in entered:
         firsts.setdefault(rel, set()).add(first)
     for (rel, name), own in sorted((classes or {}).items(), key=lambda kv: (not kv[1], str(kv[0][0]), kv[0][1])):
-        node = find_class(parse(rel)[1], name)
-        if node is None:
+        node = find_class(ast.parse((ROOT / rel).read_text()), name)
+        counted = set() if node is None else class_lines(node, own, firsts.get(rel, set()), set(fields_read))
+        if not counted:  # a base class of which the step uses nothing
             continue
-        counted = class_lines(node, own, firsts.get(rel, set()), set(fields_read))
+        parse(rel)
         lines[rel] |= counted
         rows.append((rel, name, len(counted), first_sentence(node), own))
     per_file = {str(rel): len(ls) for rel, ls in lines.items()}

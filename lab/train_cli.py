@@ -1,10 +1,10 @@
 """train.py's options: what each one is, and what it means where train.py needs it.
 
-train.py holds the algorithm; this file holds what its options mean. ``train.Config`` holds the
-step's and the loop's options and inherits the rest from ``Options`` here (the model and device,
-memory and speed, a comparison, the preflight and pilot, the schedule, the run folder), each field
-with its help string, which HfArgumentParser turns into ``--options``; ``PRESETS`` are the GPU
-presets. How a command line becomes a checked Config is lab/parse_options.py:
+train.py holds the algorithm; this file holds what its options mean. ``train.Config`` declares
+every option the step reads (and the loop's own) and inherits the rest from ``Options`` here (the
+model and device, the sampler's precision, a comparison, the preflight and pilot, the schedule, the
+run folder), each field with its help string, which HfArgumentParser turns into ``--options``;
+``PRESETS`` are the GPU presets. How a command line becomes a checked Config is lab/parse_options.py:
 
     cfg = parse_options.parse(argv, Config, PRESETS)    # the options, checked; --resume: the stored ones
     model, tok, source = train_cli.load(cfg, device)
@@ -71,7 +71,7 @@ def sampler(cfg, model):
 @dataclass
 class Options:
     """What train.py's options set besides the step and the loop: the model and where it runs, the
-    memory and speed options, a comparison, the preflight and its pilot, the schedule, the run folder."""
+    sampler's precision, a comparison, the preflight and its pilot, the schedule, the run folder."""
     # what to run
     compare: Optional[str] = arg(
         None, f"estimator:group_size pairs of a comparison (default {DEFAULT_COMPARE})")
@@ -88,22 +88,12 @@ class Options:
         "(HuggingFaceTB/SmolLM2-135M-Instruct: the released weights; HF_HUB_OFFLINE=1: the local cache only)")
     device: str = arg("auto", "auto (cuda, then mps, then cpu), or cpu / cuda / cuda:1 / mps; --preset gpu and "
                       "gpu_tool stop when auto finds no CUDA (give --device cpu to run them there anyway)")
-    # sampling: speed and precision
+    # sampling precision
     rollout_dtype: Literal[tuple(DTYPES)] = arg(
         "float32", "dtype of the sampler's weights (float32: the model itself; lower: a copy). On CUDA, by design, "
         "sampling and scoring both run under bf16 autocast whatever this says (weights float32, matmuls and the "
         "sampler's logits bf16; the scoring pass's LM head float32), so mism is not 0 there: --preflight prints it "
         "(docs/training.md, 'Precision on CUDA'); on the CPU everything is float32 unless this is lower")
-    compile_decode: bool = arg(
-        False, "sample with a static KV cache and a compiled decode step (lab/fast_decode.py): the plain loop's "
-        "tokens; compiling takes about a minute per batch size on a CPU")
-    # memory: none of these changes the gradient, only what is held at once to compute it
-    chunk_size: Optional[int] = arg(
-        None, "response positions per chunk of the float32 LM head, recomputed in the backward (default: all at once)")
-    micro_batch_rows: Optional[int] = arg(
-        None, "rows per forward/backward pass, gradients accumulated: the same gradient, one optimizer step")
-    activation_checkpointing: bool = arg(
-        False, "recompute each layer in the backward (Hugging Face gradient checkpointing): less memory")
     preflight: bool = arg(
         False, "one step at the largest shape: peak memory, s/step, projected time and disk; then stop "
         "(lab/preflight.py)")

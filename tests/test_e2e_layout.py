@@ -98,8 +98,9 @@ def test_train_py_reads_like_one_file_per_algorithm():
     assert next(i for i, ln in enumerate(lines, 1) if ln.startswith("def train_step(")) < 120
 
 
-def test_the_reading_guide_is_the_traced_path():
-    total, per_file, path, classes = reading_guide.measure(*reading_guide.trace_step())
+def test_the_reading_guide_is_the_traced_path_and_train_py_declares_what_the_step_reads():
+    entered, traced_classes, fields_read = reading_guide.trace_step()
+    total, per_file, path, classes = reading_guide.measure(entered, traced_classes, fields_read)
     assert (ROOT / "docs/reading_guide.md").read_text() == reading_guide.render(total, per_file, path, classes), \
         "docs/reading_guide.md is stale: python benchmarks/reading_guide.py"
     assert all(summary for *_, summary in path), [name for _, name, *_, summary in path if not summary]  # a sentence each
@@ -107,7 +108,10 @@ def test_the_reading_guide_is_the_traced_path():
     names = {name for _, name, *_ in path}
     assert {"train_step", "sample", "score", "optimal_token_baseline", "policy_update"} <= names
     assert {"Config", "StepResult", "Rollout"} <= {row[1] for row in classes}
-    assert not any(rel.parts[0] == "lab" for rel, *_ in path)  # no apparatus function on the path
+    assert not any(Path(f).parts[0] == "lab" for f in per_file)  # no apparatus on the path
+    import train
+    assert {"seed", "group_size", "micro_batch_rows", "chunk_size", "compile_decode"} <= fields_read
+    assert fields_read <= set(train.Config.__annotations__), fields_read - set(train.Config.__annotations__)
 
 
 def test_the_measure_counts_the_union_of_spans_plus_docstrings(tmp_path, monkeypatch):
