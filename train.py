@@ -97,6 +97,7 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     gen = torch.Generator(device).manual_seed(seed)  # the sampler's draws, then the minibatch order
     if sampler is not model:
         sampler.load_state_dict(model.state_dict())  # cast to the rollout dtype on copy
+    sampler.eval()  # the rollout: eval mode keeps the KV cache (checkpointed layers in train mode turn it off)
     sample = fast_decode.sample if cfg.compile_decode else rollout.sample  # the same tokens, compiled
     with autocast(device):
         ro = sample(sampler, prompts, group_size=cfg.group_size, temperature=cfg.temperature,
@@ -114,10 +115,13 @@ def score_estimate_update(cfg, model, opt, ro, R, token_rewards, estimator, gen,
     runs it on a batch of its own). Returns its StepResult."""
     device, m = next(model.parameters()).device, ro.response_mask  # (B, T)
     t1 = time.perf_counter()
-    # ---- score: the training forward pass, a micro-batch at a time (one block by default). When one
-    # optimizer step takes the whole batch, its graph is kept and the update uses it as its forward.
-    keep_graph = one_update_per_batch(cfg, len(m))
-    with torch.set_grad_enabled(keep_graph):
+    model.train()  # the update begins: its forward is the scoring pass (--activation-checkpointing recomputes it)
+    # ---- score: the training forward pass, a micro-batch at a time (one block by default).
+    # One forward pass per step: when one optimizer step takes the whole batch in one block (the default), the
+    # scoring pass keeps its graph and the update's loss is built on it (docs/cost.md: 0.83x the time of a
+    # step with a second forward); otherwise the scoring pass keeps no graph and the update runs its own.
+    one_pass = one_update_per_batch(cfg, len(m))
+    with torch.set_grad_enabled(one_pass):
         blocks = torch.arange(len(m), device=device).split(cfg.micro_batch_rows or len(m))  # row indices
         parts = [score_rows(model, cfg, ro, rows) for rows in blocks]
     logp, sum_pi_sq, entropy = (torch.cat(x) for x in zip(*parts))  # (B, T) each
@@ -127,15 +131,21 @@ def score_estimate_update(cfg, model, opt, ro, R, token_rewards, estimator, gen,
                        log_probs=old_logp, sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
     t2 = time.perf_counter()
     # ---- update
-    norms, clip_frac, loss = policy_update(model, opt, cfg, ro, old_logp, adv, gen, logp=logp if keep_graph else None)
+    norms, clip_frac, loss = policy_update(model, opt, cfg, ro, old_logp, adv, gen, logp=logp if one_pass else None)
     return StepResult(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss,
                 (t_rollout, t2 - t1, time.perf_counter() - t2))
 
 
 def policy_update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
     """The policy-gradient step(s) on the loss L of the module docstring, identical for every estimator:
-    (grad norms, clip fraction, loss). When one update takes the whole batch in one pass (rho == 1),
-    ``logp``, the scoring pass's with its graph, is the forward."""
+    (grad norms, clip fraction, loss). ``logp``: the scoring pass's log-probs with their graph, the
+    forward of an update that takes the whole batch in one block (``one_update_per_batch``); None: each
+    block is scored again.
+
+    Each minibatch is one optimizer step. Its rows go through the model ``micro_batch_rows`` at a time
+    (gradient accumulation): each block's loss is divided by the token count of the whole minibatch, so
+    the gradients that add up over the blocks are those of the minibatch's token mean, the same as one
+    pass over all its rows would give (tests/test_exact_memory.py)."""
     B = adv.shape[0]
     size = cfg.minibatch_size or B
     norms, clipped, losses = [], [], []
@@ -147,8 +157,7 @@ def policy_update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
             loss, n_clipped = 0.0, 0.0
             for rows in idx.split(cfg.micro_batch_rows or len(idx)):  # one block without --micro-batch-rows
                 m, a = ro.response_mask[rows], adv[rows]  # m_t, A_t, (b, T)
-                logp_mb = logp if logp is not None else score_rows(model, cfg, ro, rows)[0]  # log pi(y_t), (b, T)
-                logp = None  # the scoring pass's graph is used once
+                logp_mb = score_rows(model, cfg, ro, rows)[0] if logp is None else logp  # log pi(y_t), (b, T)
                 rho = torch.exp(logp_mb - old_logp[rows])  # rho_t = pi / pi_old, (b, T)
                 surrogate = torch.minimum(rho * a, rho.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * a)
                 part = -(surrogate * m).sum() / n_tokens  # its share of the minibatch's token mean
@@ -178,10 +187,9 @@ class StepResult:
 
 
 def score_rows(model, cfg, ro, rows):
-    """rollout.score of the batch's rows ``rows`` in the step's precision (``autocast``), each layer recomputed
-    in the backward with --activation-checkpointing: (logp, sum_pi_sq, entropy), (b, T) each."""
-    recompute = RecomputeLayers(model) if cfg.activation_checkpointing else nullcontext()
-    with autocast(ro.response.device), recompute:
+    """rollout.score of the batch's rows ``rows`` in the step's precision (``autocast``):
+    (logp, sum_pi_sq, entropy), (b, T) each."""
+    with autocast(ro.response.device):
         return rollout.score(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response[rows],
                              ro.response_mask[rows], cfg.temperature, cfg.chunk_size)
 
@@ -191,33 +199,23 @@ def one_update_per_batch(cfg, batch):
     return cfg.ppo_epochs == 1 and min(cfg.minibatch_size or batch, cfg.micro_batch_rows or batch) >= batch
 
 
-class RecomputeLayers:
-    """Hugging Face gradient checkpointing around a forward pass. Enabled once per model (each enable
-    adds a forward hook to the embeddings, which would pile up, one per pass), and the model in train
-    mode inside, the only mode in which Hugging Face models checkpoint (no dropout here: train and eval
-    mode compute the same values); eval mode again outside, where sampling needs the KV cache."""
-
-    def __init__(self, model):
-        self.model = model
-        newer = hasattr(model, "activation_checkpointing_enable")  # the name in recent transformers
-        if not (model.is_activation_checkpointing if newer else model.is_gradient_checkpointing):
-            kwargs = {"use_reentrant": False}  # the reentrant variant drops the gradients of inputs needing none
-            if newer:
-                model.activation_checkpointing_enable(kwargs)
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-    def __enter__(self):
-        self.model.train()
-
-    def __exit__(self, *exc):
-        self.model.eval()
-
-
 def autocast(device):
     """bf16 autocast on a GPU (sampling and scoring; the LM head and the weights stay float32);
     full float32 on the CPU (and MPS)."""
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
+def checkpoint_layers(model):
+    """--activation-checkpointing, enabled once at setup: in train mode (the update) each layer's
+    activations are recomputed in the backward instead of kept; eval mode (the rollout) is unchanged."""
+    kwargs = {"use_reentrant": False}  # the reentrant variant drops the gradients of inputs needing none
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers' newer name for it
+        model.activation_checkpointing_enable(kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    # Enabling also hooks the input embeddings so that their output requires grad, which only reentrant
+    # checkpointing needs; the hook stops torch 2.11's dynamo tracing the compiled decode step. Removed.
+    model.disable_input_require_grads()
 
 
 def make_estimator(name, zero_tail):
@@ -235,8 +233,6 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
     task = tasks.make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if cfg.activation_checkpointing:
-        RecomputeLayers(model)  # enabled before the first rollout: a compiled decode step is traced once
     sampler = train_cli.sampler(cfg, model)  # the model, or its copy in --rollout-dtype
     start, tokens, lengths, history = runs.load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])
     runs.write_metrics(run_dir, history)  # a resumed run drops the lines logged after its checkpoint
@@ -274,6 +270,8 @@ def main(argv=None):
     """Parse, load the model, then one run (--estimator) or a comparison (lab/compare.py)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     cfg, model, tok, folder, command, source = runs.start(argv, Config)  # checked; the header printed
+    if cfg.activation_checkpointing:
+        checkpoint_layers(model)  # once, before any rollout: a compiled decode step is traced once
     if cfg.preflight or (cfg.preset != "cpu" and not cfg.estimator and not cfg.resume):  # a GPU preset checks first
         with runs.errors_exit():  # over the memory limit: one line naming the options, exit status 2
             report = preflight.run(cfg, model, tok, folder, train_step, score_estimate_update, make_estimator)

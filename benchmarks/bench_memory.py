@@ -66,6 +66,7 @@ def one_update(rows, micro, chunk):
     """Child process: build, then one update as train_step makes it; returns the measurements."""
     before = preflight.resident()
     model = smollm2_shaped(layers=SHAPE["layers"])
+    train.checkpoint_layers(model)  # --activation-checkpointing, as train.py's setup enables it
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     cfg = replace(train.Config(), chunk_size=chunk, activation_checkpointing=True, micro_batch_rows=micro,
                   temperature=0.7)
