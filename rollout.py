@@ -6,7 +6,7 @@ Two jobs, in the order a training step needs them (the prompts and rewards come 
    time with the KV cache, recording log pi_tau(y_t), the log-prob *of the distribution actually
    sampled from* (temperature applied). A row stops at EOS, which is part of the response and of
    the mask (ending is an action the model must learn); after it the row is padded and masked.
-   A task's tool or stop rule takes part in the loop through ``Turns`` (mask 0 on tool output).
+   A task's tool or stop rule takes part in the loop through ``tool_use.Turns`` (mask 0 on tool output).
 2. ``score``: one forward pass over prompt + response that returns, for every response token,
    log pi_tau(y_t), sum_k pi_k^2 (``otb.sum_pi_squared``) and the entropy at the same temperature.
    The LM head runs in float32 on ``chunk_size`` positions at a time, each chunk's logits
@@ -23,6 +23,7 @@ import torch
 import torch.utils.checkpoint
 
 import otb
+from tool_use import Turns
 
 
 # =====================================================================================
@@ -70,7 +71,7 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
 
     Each step draws y_t ~ softmax(z_t / tau) with ``torch.multinomial`` from ``generator`` (on the
     model's device) and records log pi_tau(y_t). ``tool`` and ``stop`` bring the environment into the
-    loop (``Turns``). lab/fast_decode.py's ``sample`` is this loop with a compiled decode step and
+    loop (``tool_use.Turns``). lab/fast_decode.py's ``sample`` is this loop with a compiled decode step and
     fewer reads on the host, for a GPU (train.py --compile-decode): the same tokens.
     """
     device = next(model.parameters()).device
@@ -128,110 +129,10 @@ class PlainDecoder:
         return out.logits[:, -1]
 
 
-class Turns:
-    """The environment's part in ``sample``: a tool's output forced into the responses, and a task's
-    stop rule. Not used on the default path (a single-turn task that ends at EOS).
-
-    With a ``tool`` the responses are multi-turn: when a row closes a call, the tool's output is
-    forced into it over the next positions (a per-row queue), with mask 0 and log-prob 0: holes
-    inside the response that are context for the policy but not its actions. Every row is still
-    drawn for, so the random stream does not depend on the tool, and a forced token goes through the
-    same batched decode step into the KV cache. Before a row's first call, sampling is exactly the
-    single-turn sampler.
-
-    ``stop`` is the environment's stop rule, as a stop string is in vLLM: ``stop(i, ids)`` gets row
-    i's response tokens so far (a list) and returns how many of them the row keeps once the part its
-    reward grades is complete, or None while it is not. The row then ends: the tokens after that
-    point are cut (padding, mask 0, log-prob 0) and the row is ``finished``. A sampler that asks less
-    often (lab/fast_decode.py) gets the same rollout: the rule cuts back to where it would have stopped.
-    """
-
-    def __init__(self, B, tool, stop, device):
-        self.tool, self.stop, self.device = tool, stop, device
-        self.queue = [[] for _ in range(B)]  # per row: the tool's output tokens still to be forced
-        self.calls, self.errors, self.forced_in = [0] * B, [0] * B, [0] * B  # calls, error replies, reply tokens
-        self.keep = [None] * B  # per row: the tokens the stop rule keeps (None: not stopped)
-
-    def force(self, y, action):
-        """The queued tool tokens replace the draws of their rows, which are then not actions."""
-        if not any(self.queue):
-            return y, action
-        forced = torch.tensor([len(q) > 0 for q in self.queue], device=self.device)  # (B,) bool
-        y = y.clone()
-        y[forced] = torch.tensor([q.pop(0) for q in self.queue if q], device=self.device)
-        return y, action & ~forced
-
-    def ends(self, ends, action, y, tokens):
-        """The rows that end at this token: EOS, unless the token closed a tool call (a chat's turn
-        end can be both), after which the row receives the tool's output."""
-        if self.tool is None:
-            return ends
-        goes_on = torch.zeros_like(ends)  # (B,)
-        for i in torch.nonzero(action & (y == self.tool.close_id)).flatten().tolist():
-            call = torch.stack(tokens, 1)[i].tolist()
-            output = self.tool.respond(call) if self.calls[i] < self.tool.max_calls else None
-            if output is not None:  # None: not a call, an ordinary token
-                self.calls[i] += 1
-                self.queue[i] = list(output)
-                self.errors[i] += bool(self.tool.is_error and self.tool.is_error(self.queue[i]))
-                self.forced_in[i] += len(self.queue[i])
-                goes_on[i] = True
-        return ends & ~goes_on
-
-    def stopped(self, tokens):
-        """The rows the stop rule has ended, (B,) bool: it is asked about every row not stopped yet (one
-        copy of the tokens to the host); none without a rule."""
-        if self.stop is not None:
-            so_far = torch.stack(tokens, 1).tolist()  # (B, t) on the host
-            for i, row in enumerate(so_far):
-                if self.keep[i] is None:
-                    self.keep[i] = self.stop(i, row)
-        return torch.tensor([n is not None for n in self.keep], device=self.device)
-
-    def finish(self, ro, pad_id):
-        """Cut each stopped row after the tokens it keeps, and count the tool's work per row."""
-        T = ro.response.shape[1]
-        if self.stop is not None:
-            kept = torch.tensor([T if n is None else n for n in self.keep], device=self.device)  # (B,)
-            cut = torch.arange(T, device=self.device)[None] >= kept[:, None]  # (B, T)
-            ro.response = ro.response.masked_fill(cut, pad_id)
-            ro.response_mask, ro.logp = ro.response_mask.masked_fill(cut, 0.0), ro.logp.masked_fill(cut, 0.0)
-        if self.tool is not None:
-            per_row = lambda xs: torch.tensor(xs, device=self.device)  # noqa: E731
-            ro.tool_calls, ro.tool_errors = per_row(self.calls), per_row(self.errors)
-            # the tokens forced in, less the part of a reply the length limit cut off
-            ro.tool_tokens = per_row([n - len(q) for n, q in zip(self.forced_in, self.queue)])
-            ro.tool_cut = per_row([len(q) > 0 for q in self.queue])
-        return ro
-
-
 def cache_name(model):
     """What the model's forward calls its KV cache: ``cache`` in recent transformers (which warn
     that ``past_key_values`` goes away), ``past_key_values`` in earlier 5.x."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def action_mask(tool, response):
-    """Which tokens of one given response (a list of ids) the policy wrote: 1, or the tool: 0.
-
-    The tool is replayed over the response as the sampler would have run it (a call closes on
-    ``close_id`` while fewer than ``max_calls`` calls were made; the next ``len(output)`` tokens
-    are the tool's). The supervised warm-up masks its targets with it, and the tests use it as
-    the plain single-row loop the batched sampler must agree with.
-    """
-    flags, pending, calls = [], 0, 0
-    for t, y in enumerate(response):
-        if pending:
-            flags.append(0)
-            pending -= 1
-            continue
-        flags.append(1)
-        if tool is not None and y == tool.close_id and calls < tool.max_calls:
-            output = tool.respond(response[:t + 1])
-            if output is not None:  # None: not a call
-                calls += 1
-                pending = len(output)
-    return flags
 
 
 # =====================================================================================

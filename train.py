@@ -53,7 +53,7 @@ class Config(train_cli.Options):
         False, "otb and otb_tir: baseline 0 where one row of the group is left (verl 0.9.1 always has it on)")
     task: Optional[Literal[tuple(tasks.TASKS)]] = arg(
         None, "reverse, periodic (long horizon), calculator and factors (with a tool); for a chat model: arithmetic, "
-        "count, chat_calculator (tasks.py); default: reverse for the tiny model, arithmetic otherwise")
+        "count, chat_calculator (tasks.py, tool_use.py); default: reverse for the tiny model, arithmetic otherwise")
     horizon: Optional[int] = arg(
         None, "the task's length knob: string length, answer length, numbers added / digits / numbers listed "
         "(default: the task's own, tasks.py)")

@@ -24,7 +24,7 @@ saved in stats.npz, so --from-saved re-bootstraps without a model:
     python benchmarks/horizon_sweep.py --from-saved DIR --seeds 0,1 --out DIR2      # two of DIR's seeds
     python benchmarks/horizon_sweep.py --horizons 16,64,128,256 --resume --out DIR   # add n = 256 to DIR
 
-With tool use (``--task calculator``, tasks.CalculatorTask) the horizon is k, the number of
+With tool use (``--task calculator``, tool_use.CalculatorTask) the horizon is k, the number of
 numbers to add with k - 1 tool calls; the responses hold the tool's output as holes (mask 0), the
 sampler forces it in, and every gradient sees it as context. There the sweep compares
 position-aligned otb with action-aligned otb_tir (docs/tool_use.md):

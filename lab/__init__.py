@@ -1,6 +1,6 @@
 """The lab bench: everything the learner's files use but a learner need not read.
 
-The repository root holds the concepts (otb.py, toy_env.py, rollout.py, tasks.py) and the commands
+The repository root holds the concepts (otb.py, toy_env.py, rollout.py, tasks.py, tool_use.py) and the commands
 a reader runs (train.py, toy_harness.py, otb_trl.py). What only those files import lives here, so
 that following one training step never leads into it:
 

@@ -55,7 +55,8 @@ import weakref
 import torch
 from tqdm.auto import tqdm
 
-import rollout  # left_pad, positions, cache_name, PlainDecoder, Turns, Rollout
+import rollout  # left_pad, positions, cache_name, PlainDecoder, Rollout
+import tool_use
 
 BUCKET = 64  # cache length granularity: prompts of nearby lengths reuse one compiled graph
 
@@ -144,7 +145,7 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
     pos = rollout.positions(mask)  # (B, P)
     decoder = decoder or StaticDecoder(model, compile=True)
     logits = decoder.prefill(ids, mask, pos, max_new_tokens)  # (B, V)
-    turns = rollout.Turns(len(ids), tool, stop, device) if tool is not None or stop is not None else None
+    turns = tool_use.Turns(len(ids), tool, stop, device) if tool is not None or stop is not None else None
     sync_every = sync_every or (1 if device.type == "cpu" else 8)
     draw_on = device if generator is None else generator.device  # where the draws happen
     tokens, logps, actions = [], [], []

@@ -44,6 +44,7 @@ from lab import plumbing
 from lab.progress import Heartbeat, drawn, duration
 import rollout
 import tasks
+import tool_use
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_WEIGHTS = "Q4_1 (4-bit) GGUF, dequantised to float32"  # stored with every run's model source
@@ -89,7 +90,7 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
     until the *sampled* success rate reaches ``target``. Returns the history of (step, success rate).
 
     For a task with a tool the correct response contains the tool's output; those tokens are left
-    out of the loss (``rollout.action_mask``), as they are out of the RL loss: the model learns to
+    out of the loss (``tool_use.action_mask``), as they are out of the RL loss: the model learns to
     write calls and answers, and reads the tool's output as context.
 
     Success is checked every ``check_every`` steps. Where it can jump between two checks (the
@@ -130,7 +131,7 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
             p = tok(task.prompt_text(tok, q), add_special_tokens=False)["input_ids"]
             r = tok(task.target_text(a), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
             rows.append(p + r)
-            policy = rollout.action_mask(tool, r)  # 1 on the policy's tokens, 0 on tool output
+            policy = tool_use.action_mask(tool, r)  # 1 on the policy's tokens, 0 on tool output
             labels.append([-100] * len(p) + [y if a else -100 for y, a in zip(r, policy)])  # response only
         width = max(map(len, rows))
         ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])  # (B, L)
@@ -305,7 +306,8 @@ def load_model(name, task, device, *, max_new, cache_dir, tiny=None):
         raise ModelError(f"--model: cannot load {name!r}: {str(e).splitlines()[0]}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    if isinstance(task, (tasks.ArithmeticTask, tasks.CountTask)) and not tok.chat_template:
+    chat_tasks = (tasks.ArithmeticTask, tasks.CountTask, tool_use.ChatCalculatorTask)  # prompts in the chat template
+    if isinstance(task, chat_tasks) and not tok.chat_template:
         raise ModelError(f"--task {type(task).__name__} needs a tokenizer with a chat template; "
                          f"{name} has none")
     return model.to(device).eval(), tok, source

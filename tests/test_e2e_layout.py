@@ -1,8 +1,8 @@
 """The project's layout as the design card draws it: the learner's files at the root, the apparatus
 in lab/, imports that run one way, a traced reading path that the guide reports, and docs whose links hold.
 
-- the root holds at most 7 modules: the concepts (otb, toy_env, rollout, tasks) and the commands
-  (train, toy_harness, otb_trl); everything else that is imported lives in lab/;
+- the root holds at most 8 modules: the concepts (otb, toy_env, rollout, tasks, tool_use) and the
+  commands (train, toy_harness, otb_trl); everything else that is imported lives in lab/;
 - the project's own imports (read with ast, not by running them) have no cycle, and no concept
   module imports lab/ (a command may);
 - docs/reading_guide.md is what ``python benchmarks/reading_guide.py`` writes from a trace of one default
@@ -20,7 +20,7 @@ import pytest
 from benchmarks import reading_guide
 
 ROOT = Path(__file__).resolve().parent.parent
-CONCEPTS = {"otb", "toy_env", "rollout", "tasks"}
+CONCEPTS = {"otb", "toy_env", "rollout", "tasks", "tool_use"}
 COMMANDS = {"train", "toy_harness", "otb_trl"}
 
 
@@ -75,7 +75,7 @@ def cycle(g):
 def test_the_root_holds_the_concepts_and_the_commands_only():
     root = {p.stem for p in ROOT.glob("*.py")}
     assert root == CONCEPTS | COMMANDS, root ^ (CONCEPTS | COMMANDS)
-    assert len(root) <= 7
+    assert len(root) <= 8
 
 
 def test_the_project_imports_have_no_cycle_and_concepts_never_import_lab():
@@ -84,6 +84,24 @@ def test_the_project_imports_have_no_cycle_and_concepts_never_import_lab():
     for concept in CONCEPTS:
         assert not any(m.startswith("lab.") or m in COMMANDS for m in g[concept]), (concept, g[concept])
     assert not any(m in COMMANDS for n, deps in g.items() if n.startswith("lab.") for m in deps)
+
+
+def test_the_tool_tasks_offer_what_every_task_offers():
+    """tasks.py imports tool_use.py (TASKS lists the tool tasks), so tool_use.py cannot import tasks.py
+    and its tasks cannot inherit tasks.Task: ToolTask writes Task's shared lines again. They stay the
+    same: the same names, warm-up defaults and method code (tool: every tool task has its own)."""
+    import tasks
+    import tool_use
+    shared = {name for name in vars(tasks.Task) if not name.startswith("__")} - {"tool"}
+    assert shared == {name for name in vars(tool_use.ToolTask) if not name.startswith("__")}
+    for name in shared:
+        a, b = getattr(tasks.Task, name), getattr(tool_use.ToolTask, name)
+        if callable(a):
+            assert (a.__code__.co_code, a.__code__.co_names) == (b.__code__.co_code, b.__code__.co_names), name
+        else:
+            assert a == b, name
+    for task in (tool_use.CalculatorTask, tool_use.FactorsTask, tool_use.ChatCalculatorTask):
+        assert issubclass(task, tool_use.ToolTask) and task.tool is not tasks.Task.tool
 
 
 def test_the_cycle_finder_finds_a_cycle():

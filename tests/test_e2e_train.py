@@ -23,6 +23,7 @@ from lab import preflight
 from lab import progress
 import rollout
 import tasks
+import tool_use
 import train
 from lab import parse_options
 from lab import train_cli
@@ -516,7 +517,7 @@ def test_periodic_task_trains(out):
 
 def test_calculator_task_trains_with_holes_where_the_tool_output_sits(out, monkeypatch, capsys):
     """The tool task (k = 2: one call) through --compare otb_tir:4,otb:4 for 2 steps. Every sampled
-    row's mask is the tool replayed over it (rollout.action_mask), some rows have holes inside the
+    row's mask is the tool replayed over it (tool_use.action_mask), some rows have holes inside the
     response, each hole holds the calculator's output ('<sum>,' or 'error,'), otb_tir's
     advantages are 0 there, and the metrics are finite; the tool's counts (calls, error replies,
     tool tokens, cut replies) are the holes', in metrics.jsonl and the log line, and ``tokens``
@@ -537,7 +538,7 @@ def test_calculator_task_trains_with_holes_where_the_tool_output_sits(out, monke
     train.main(TINY + ["--out", str(out), "--name", "calc", "--task", "calculator", "--compare",
                        "otb_tir:4,otb:4", "--steps", "2"])
     tok = models.char_tokenizer()
-    tool = tasks.CalculatorTask(horizon=2).tool(tok)
+    tool = tool_use.CalculatorTask(horizon=2).tool(tok)
     training = [ro for ro in rollouts if len(ro.response) == 16]  # the warm-up's evaluations have 200 rows
     assert len(training) == 4 and len(advantages) == 2
     holes = 0
@@ -546,7 +547,7 @@ def test_calculator_task_trains_with_holes_where_the_tool_output_sits(out, monke
         for i in range(len(m)):
             n = int(tasks.last_valid(m[i:i + 1])) + 1 if m[i].any() else 0
             row = ro.response[i, :n].tolist()
-            assert m[i, :n].tolist() == rollout.action_mask(tool, row) and not m[i, n:].any()
+            assert m[i, :n].tolist() == tool_use.action_mask(tool, row) and not m[i, n:].any()
             text = "".join("|" if a else tok.decode([y]) for y, a in zip(row, m[i, :n].tolist()))
             runs = re.findall(r"[^|]+", text)  # each hole inside the response, in full
             for run in runs:

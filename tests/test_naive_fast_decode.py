@@ -27,6 +27,7 @@ from lab import fast_decode
 from lab import models
 import rollout
 import tasks
+import tool_use
 
 TOK = models.char_tokenizer()
 EOS, PAD = TOK.eos_token_id, TOK.pad_token_id
@@ -64,7 +65,7 @@ def assert_same_rollout(a, b):
 def calls_on(char):
     """A tool called by every sampled ``char``: it forces 1 to 3 tokens that depend on the row so far."""
     close, x = TOK.convert_tokens_to_ids(char), TOK.convert_tokens_to_ids("x")
-    return tasks.Tool(close_id=close, respond=lambda ids: [x] * (1 + len(ids) % 3), max_calls=2)
+    return tool_use.Tool(close_id=close, respond=lambda ids: [x] * (1 + len(ids) % 3), max_calls=2)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
