@@ -93,7 +93,7 @@ def sum_pi_squared(logits, chunk_size=None):
     z = _checked_logits(logits, chunk_size)  # a tensor with a non-empty last dimension
     if chunk_size is not None:  # one chunk of logit vectors at a time
         rows = z.reshape(-1, z.shape[-1])  # one logit vector per row, (N, V)
-        chunks = [sum_pi_squared(chunk) for chunk in rows.split(chunk_size)]  # a loop over memory chunks only
+        chunks = [sum_pi_squared(chunk) for chunk in rows.split(chunk_size)]  # a loop over memory only
         return torch.cat(chunks).reshape(z.shape[:-1])  # (...)
     z = z.to(_working_dtype(z))
     e = (z - z.amax(dim=-1, keepdim=True)).exp()  # e_k = exp(z_k - max z), (..., V)
@@ -155,13 +155,13 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     G = (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, eq. (1): reverse cumulative sum, (B, T)
     W = (w * m).cumsum(-1) * m  # W_t m_t, eq. (3): cumulative sum, (B, T)
     if leave_one_out:
-        B = _leave_one_out_baseline(G, W, m, gid, n_groups, eps)  # eq. (6) over the other rows j != i, (B, T)
+        B = _leave_one_out_baseline(G, W, m, gid, n_groups, eps)  # eq. (6) over the rows j != i, (B, T)
     else:  # eq. (6) over all rows of the group: one B_t per group, (groups, T)
         num = _group_sum(G * W, gid, n_groups)  # sum_i G_t W_t m_t, (groups, T)
         den = _group_sum(W, gid, n_groups)  # sum_i W_t m_t, (groups, T)
         keep = (torch.bincount(gid, minlength=n_groups) > 1)[:, None]  # singleton groups: B = 0
         if zero_tail:
-            keep = keep & (_group_sum(m, gid, n_groups) > 1)  # only one row left at t (sum_i m_t = 1): B = 0
+            keep = keep & (_group_sum(m, gid, n_groups) > 1)  # one row left at t (sum_i m_t = 1): B = 0
         B = torch.where(keep, num / (den + eps), 0.0)[gid]  # each row gets its group's B_t, (B, T)
     A = (G - B.to(m.dtype)) * m  # A_t, eq. (5), 0 on padding
     return A, G
@@ -256,7 +256,9 @@ def action_aligned_otb(token_rewards, response_mask, group_index, log_probs, sum
     x, m, gid, _ = _checked_inputs(token_rewards, response_mask, group_index,
                                    log_probs=log_probs, sum_pi_sq=sum_pi_sq, is_weights=is_weights)
     t_k = torch.argsort(m == 0, dim=-1, stable=True)  # t_k: where the k-th action sits, then the rest, (B, T)
-    at_k = {name: None if v is None else v.gather(-1, t_k) for name, v in x.items()}  # inputs over k, (B, T)
+    at_k = {}  # the inputs over k, (B, T) each
+    for name, v in x.items():
+        at_k[name] = None if v is None else v.gather(-1, t_k)
     A_k, G_k = optimal_token_baseline(at_k["token_rewards"], m.gather(-1, t_k), gid, at_k["log_probs"],
                                       at_k["sum_pi_sq"], is_weights=at_k["is_weights"],
                                       **options)  # eqs. (1)-(6) over k, (B, T) each
@@ -297,9 +299,10 @@ def group_ids(group_index, batch):
     else:
         first_seen = {}  # id -> its number, in order of first appearance
         try:
-            gid = torch.tensor([first_seen.setdefault(g, len(first_seen)) for g in group_index], dtype=torch.long)
+            numbers = [first_seen.setdefault(g, len(first_seen)) for g in group_index]
         except TypeError as e:
             raise ValueError(f"group_index must be a sequence of hashable prompt ids, one per row ({e})") from None
+        gid = torch.tensor(numbers, dtype=torch.long)
         n_groups = len(first_seen)
     if len(gid) != batch:
         raise ValueError(f"group_index has {len(gid)} entries but the batch has {batch} rows")
@@ -340,7 +343,8 @@ def _checked_inputs(token_rewards, response_mask, group_index, eps=0.0, **per_to
         raise _shape_error(x)
     m = x.pop("response_mask").to(_working_dtype(x["token_rewards"]))  # m_t, (B, T)
     if not (_in_range(m, 0, 1) and _in_range(m.frac(), 0, 0)):  # in [0, 1], no fraction: 0 or 1
-        raise ValueError(f"response_mask must contain only 0 and 1, found {m[(m != 0) & (m != 1)][0].item()}")
+        other = m[(m != 0) & (m != 1)][0].item()
+        raise ValueError(f"response_mask must contain only 0 and 1, found {other}")
     for name, (lowest, highest, rule) in LIMITS.items():
         if x.get(name) is not None and not _in_range(x[name], lowest, highest):
             x[name] = _zero_padding(name, x[name], m, lowest, highest, rule)  # or the error

@@ -71,8 +71,8 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
 
     Each step draws y_t ~ softmax(z_t / tau) with ``torch.multinomial`` from ``generator`` (on the
     model's device) and records log pi_tau(y_t). ``tool`` and ``stop`` bring the environment into the
-    loop (``tool_use.Turns``). lab/fast_decode.py's ``sample`` is this loop with a compiled decode step and
-    fewer reads on the host, for a GPU (train.py --compile-decode): the same tokens.
+    loop (``tool_use.Turns``). lab/fast_decode.py's ``sample`` is this loop with a compiled decode step
+    and fewer reads on the host, for a GPU (train.py --compile-decode): the same tokens.
     """
     device = next(model.parameters()).device
     rows = [p for p in prompts for _ in range(group_size)]  # each prompt group_size times, in order
@@ -92,17 +92,20 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
         y = y.masked_fill(done, pad_id)  # ended rows only pad
         tokens.append(y)
         actions.append(action)
-        logps.append(logprobs.gather(-1, y[:, None]).squeeze(-1).masked_fill(~action, 0.0))  # log pi_tau(y_t)
+        logp_y = logprobs.gather(-1, y[:, None]).squeeze(-1)  # log pi_tau(y_t), (B,)
+        logps.append(logp_y.masked_fill(~action, 0.0))  # 0 where the policy did not choose
         ends = action & (y == eos_id)  # rows that end at this token, (B,)
         if turns is not None:
-            ends = turns.ends(ends, action, y, tokens) | turns.stopped(tokens)  # a tool call goes on; a stop rule ends
+            ends = turns.ends(ends, action, y, tokens)  # not where the token closed a tool call
+            ends = ends | turns.stopped(tokens)  # the stop rule ends a row once its graded part is complete
         done = done | ends
         if done.all() or t == max_new_tokens - 1:  # no forward pass for a token that is never drawn
             break
-        logits = decoder.step(y, pos[:, -1:] + 1 + t)  # one token through the cache at its position, (B, V)
+        logits = decoder.step(y, pos[:, -1:] + 1 + t)  # token y at its position, (B, V)
+    group_index = torch.arange(len(prompts), device=device).repeat_interleave(group_size)  # (B,)
     ro = Rollout(prompt_ids=ids, prompt_mask=mask, response=torch.stack(tokens, 1),  # (B, T) each from here
-                 response_mask=torch.stack(actions, 1).float(), logp=torch.stack(logps, 1), finished=done,
-                 group_index=torch.arange(len(prompts), device=device).repeat_interleave(group_size))
+                 response_mask=torch.stack(actions, 1).float(), logp=torch.stack(logps, 1),
+                 finished=done, group_index=group_index)
     return ro if turns is None else turns.finish(ro, pad_id)
 
 
@@ -116,7 +119,8 @@ class PlainDecoder:
     def prefill(self, ids, mask, pos, max_new_tokens=None):
         """The prompts (B, P) into the cache; returns the last position's logits z_t, (B, V). (A cache
         that grows needs no ``max_new_tokens``; lab/fast_decode.py's static one sizes itself by it.)"""
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                         logits_to_keep=1)
         self.cache, self.attn = getattr(out, self.cache_arg), mask
         return out.logits[:, -1]
 
@@ -155,9 +159,10 @@ def score(model, prompt_ids, prompt_mask, response, response_mask, temperature, 
     h = hidden[:, -T - 1:-1]  # (B, T, H)
     head = model.get_output_embeddings()  # the LM head: z = W h (+ b)
     step = T if chunk_size is None else chunk_size
-    # With chunks, the backward recomputes each chunk's logits from h instead of keeping them.
-    run = _score_chunk if chunk_size is None else partial(torch.utils.checkpoint.checkpoint, _score_chunk,
-                                                          use_reentrant=False)
+    if chunk_size is None:
+        run = _score_chunk
+    else:  # the backward recomputes each chunk's logits from h instead of keeping them
+        run = partial(torch.utils.checkpoint.checkpoint, _score_chunk, use_reentrant=False)
     chunks = [run(h[:, s:s + step], response[:, s:s + step], head.weight, head.bias, temperature)
               for s in range(0, T, step)]  # a loop over memory chunks only
     m = response_mask.float()
@@ -168,8 +173,8 @@ def _score_chunk(h, y, weight, bias, temperature):
     """One chunk of c positions: hidden states h (B, c, H) and tokens y (B, c) -> log pi_tau(y_t)
     with its graph, and the detached sum_k pi_k^2 and entropy, all (B, c) float32."""
     with torch.autocast(h.device.type, enabled=False):  # the head in float32, whatever autocast says
-        z = torch.nn.functional.linear(h.float(), weight.float(),
-                                       None if bias is None else bias.float()) / temperature  # z / tau, (B, c, V)
+        bias = None if bias is None else bias.float()
+        z = torch.nn.functional.linear(h.float(), weight.float(), bias) / temperature  # z / tau, (B, c, V)
         lse = torch.logsumexp(z, dim=-1)  # (B, c)
         logp = z.gather(-1, y[..., None]).squeeze(-1) - lse  # log pi_tau(y_t), (B, c)
         with torch.no_grad():

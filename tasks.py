@@ -76,7 +76,7 @@ class ReverseTask(Task):
     def reward(self, text, answer, finished):  # 1 if the row ended (EOS) on exactly the answer, else 0
         return float(bool(finished) and text == answer)
 
-    def max_new_tokens(self):  # the response limit: room for the answer, EOS and as much again of mistakes
+    def max_new_tokens(self):  # the response limit: the answer, EOS, and as much again of mistakes
         return 2 * self.horizon + 2
 
 
@@ -161,7 +161,8 @@ class CountTask(Task):
     def draw(self, rng):
         a = rng.randint(1, self.start_max)
         b = a + self.horizon - 1
-        return f"List the numbers from {a} to {b}, separated by commas.", ", ".join(map(str, range(a, b + 1)))
+        numbers = ", ".join(map(str, range(a, b + 1)))
+        return f"List the numbers from {a} to {b}, separated by commas.", numbers
 
     prompt_text = ArithmeticTask.prompt_text  # the chat template, generation prompt opened
 
@@ -212,9 +213,12 @@ def step_seed(seed, step):
 
 def prompt_batch(task, tokenizer, seed, step, n_prompts):
     """The prompts of one training step, (token-id lists, answers): a function of (seed, step) only."""
-    pairs = task.sample(random.Random(step_seed(seed, step)), n_prompts)  # (question, answer) pairs
-    ids = [tokenizer(task.prompt_text(tokenizer, q), add_special_tokens=False)["input_ids"] for q, _ in pairs]
-    return ids, [a for _, a in pairs]
+    rng = random.Random(step_seed(seed, step))
+    pairs = task.sample(rng, n_prompts)  # (question, answer) pairs
+    texts = [task.prompt_text(tokenizer, question) for question, _ in pairs]
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    answers = [answer for _, answer in pairs]
+    return ids, answers
 
 
 # =====================================================================================
@@ -224,14 +228,16 @@ def prompt_batch(task, tokenizer, seed, step, n_prompts):
 def last_valid(response_mask):
     """Index of each row's last valid token, (B,); 0 for a row without one. With tool output
     inside a response this is not ``sum(m) - 1``."""
-    t1 = torch.arange(1, response_mask.shape[-1] + 1, device=response_mask.device)  # t + 1, (T,)
-    return (response_mask.bool() * t1).argmax(-1)  # the largest t + 1 at a valid token; 0 for a row without one
+    t = torch.arange(response_mask.shape[-1], device=response_mask.device)  # positions, (T,)
+    valid_t = torch.where(response_mask > 0, t, 0)  # t at valid tokens, 0 elsewhere, (B, T)
+    return valid_t.max(dim=-1).values  # the last valid t of each row
 
 
 def response_texts(tokenizer, response, response_mask):
     """Decode each row up to its last valid token, a tool's output included, dropping special
     tokens (EOS, padding)."""
-    lengths = (last_valid(response_mask) + 1) * response_mask.bool().any(-1)  # (B,), 0 if empty
+    lengths = last_valid(response_mask) + 1  # tokens up to the last valid one, (B,)
+    lengths[response_mask.sum(-1) == 0] = 0  # a row without a valid token decodes to ""
     return [tokenizer.decode(row[:n].tolist(), skip_special_tokens=True)
             for row, n in zip(response.cpu(), lengths.tolist())]
 
@@ -240,20 +246,23 @@ def rewards(task, tokenizer, rollout, answers, group_size):
     """Outcome reward per row R (B,), and as token rewards r_t (B, T): R at the last valid token."""
     texts = response_texts(tokenizer, rollout.response, rollout.response_mask)
     row_answers = [a for a in answers for _ in range(group_size)]
-    R = torch.tensor([task.reward(t, a, f) for t, a, f in
-                      zip(texts, row_answers, rollout.finished.tolist())], dtype=torch.float32)  # (B,)
-    if not torch.isfinite(R).all():  # checked where the rewards are made: the error names the task and the row
+    finished = rollout.finished.tolist()
+    per_row = [task.reward(text, answer, f) for text, answer, f in zip(texts, row_answers, finished)]
+    R = torch.tensor(per_row, dtype=torch.float32)  # (B,)
+    if not torch.isfinite(R).all():  # checked where rewards are made: the error names the task and the row
         raise _reward_error(task, R, texts)
     m = rollout.response_mask.cpu()  # (B, T)
-    token_rewards = torch.zeros_like(m).index_put_((torch.arange(len(R)), last_valid(m)), R)  # (B, T)
+    token_rewards = torch.zeros_like(m)  # r_t, (B, T)
+    token_rewards[torch.arange(len(R)), last_valid(m)] = R  # R at each row's last valid token
     return R, token_rewards * m, texts
 
 
 def _reward_error(task, R, texts):
     """The ValueError for rewards that are not finite, naming the first such row, its reward and text."""
     bad = (~torch.isfinite(R)).nonzero().flatten().tolist()
-    return ValueError(f"{type(task).__name__}.reward gave {R[bad[0]].item()} for {len(bad)} of {len(R)} responses "
-                      f"(first: row {bad[0]}, text {texts[bad[0]]!r}); a reward must be a finite number")
+    first, name = bad[0], type(task).__name__
+    return ValueError(f"{name}.reward gave {R[first].item()} for {len(bad)} of {len(R)} responses "
+                      f"(first: row {first}, text {texts[first]!r}); a reward must be a finite number")
 
 
 def graded_stop_rule(task, tokenizer, answers, group_size):

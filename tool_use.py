@@ -89,7 +89,9 @@ class Turns:
     def __init__(self, B, tool, stop, device):
         self.tool, self.stop, self.device = tool, stop, device
         self.queue = [[] for _ in range(B)]  # per row: the tool's output tokens still to be forced
-        self.calls, self.errors, self.forced_in = [0] * B, [0] * B, [0] * B  # calls, error replies, reply tokens
+        self.calls = [0] * B  # per row: calls answered
+        self.errors = [0] * B  # per row: error replies among them
+        self.forced_in = [0] * B  # per row: reply tokens queued
         self.keep = [None] * B  # per row: the tokens the stop rule keeps (None: not stopped)
 
     def force(self, y, action):
@@ -135,7 +137,8 @@ class Turns:
             kept = torch.tensor([T if n is None else n for n in self.keep], device=self.device)  # (B,)
             cut = torch.arange(T, device=self.device)[None] >= kept[:, None]  # (B, T)
             ro.response = ro.response.masked_fill(cut, pad_id)
-            ro.response_mask, ro.logp = ro.response_mask.masked_fill(cut, 0.0), ro.logp.masked_fill(cut, 0.0)
+            ro.response_mask = ro.response_mask.masked_fill(cut, 0.0)
+            ro.logp = ro.logp.masked_fill(cut, 0.0)
         if self.tool is not None:
             per_row = lambda xs: torch.tensor(xs, device=self.device)  # noqa: E731
             ro.tool_calls, ro.tool_errors = per_row(self.calls), per_row(self.errors)
@@ -223,7 +226,8 @@ class CalculatorTask(ToolTask):
         return text + str(total)
 
     def draw(self, rng):
-        numbers = [rng.randint(10 ** (self.digits - 1), 10 ** self.digits - 1) for _ in range(self.horizon)]
+        lo, hi = 10 ** (self.digits - 1), 10 ** self.digits - 1
+        numbers = [rng.randint(lo, hi) for _ in range(self.horizon)]
         return "+".join(map(str, numbers)), self.transcript(numbers)
 
     def prompt_text(self, tokenizer, question):
@@ -354,18 +358,26 @@ class ChatCalculatorTask(ToolTask):
         """The chat up to the assistant's answer: the worked exchange, the question, and the
         (call, reply) turns of ``calls``."""
         demo_numbers = self.DEMO[:self.horizon]
-        turns = lambda pairs: [m for call, reply in pairs for m in (  # noqa: E731
-            {"role": "assistant", "content": call}, {"role": "tool", "content": reply})]
-        demo = ([{"role": "user", "content": self.question(*demo_numbers)}] + turns(self.calls(demo_numbers))
-                + [{"role": "assistant", "content": str(sum(demo_numbers))}])
-        return demo + [{"role": "user", "content": question}] + turns(calls)
+        messages = [{"role": "user", "content": self.question(*demo_numbers)}]
+        messages += self.messages(self.calls(demo_numbers))
+        messages += [{"role": "assistant", "content": str(sum(demo_numbers))}]
+        messages += [{"role": "user", "content": question}]
+        return messages + self.messages(calls)
+
+    @staticmethod
+    def messages(calls):
+        """(call, reply) turns as chat messages: the assistant's call, then the tool's reply."""
+        out = []
+        for call, reply in calls:
+            out += [{"role": "assistant", "content": call}, {"role": "tool", "content": reply}]
+        return out
 
     def prompt_text(self, tokenizer, question):
         return tokenizer.apply_chat_template(self.conversation(question), add_generation_prompt=True,
                                              tokenize=False)
 
     def calculator(self, turn):
-        """The tool: ``"calc: 487 + 356"`` -> ``"843"``; a turn with ``calc:`` in another form -> the error."""
+        """The tool: ``"calc: 487 + 356"`` -> ``"843"``; ``calc:`` in another form -> the error."""
         match = re.fullmatch(r"\s*calc:\s*(\d+)\s*\+\s*(\d+)\s*", turn)
         return str(int(match[1]) + int(match[2])) if match else self.error
 

@@ -52,8 +52,9 @@ class Config(train_cli.Options):
     zero_tail: bool = arg(
         False, "otb and otb_tir: baseline 0 where one row of the group is left (verl 0.9.1 always has it on)")
     task: Optional[Literal[tuple(tasks.TASKS)]] = arg(
-        None, "reverse, periodic (long horizon), calculator and factors (with a tool); for a chat model: arithmetic, "
-        "count, chat_calculator (tasks.py, tool_use.py); default: reverse for the tiny model, arithmetic otherwise")
+        None, "reverse, periodic (long horizon), calculator and factors (with a tool); for a chat model: "
+        "arithmetic, count, chat_calculator (tasks.py, tool_use.py); default: reverse for the tiny model, "
+        "arithmetic otherwise")
     horizon: Optional[int] = arg(
         None, "the task's length knob: string length, answer length, numbers added / digits / numbers listed "
         "(default: the task's own, tasks.py)")
@@ -72,14 +73,15 @@ class Config(train_cli.Options):
     clip_eps: float = arg(0.2, "PPO clip range eps: rho is clipped to [1 - eps, 1 + eps]")
     # memory and speed: none of these changes the gradient, only what is held at once, or how fast it samples
     chunk_size: Optional[int] = arg(
-        None, "response positions per chunk of the float32 LM head, recomputed in the backward (default: all at once)")
+        None, "response positions per chunk of the float32 LM head, recomputed in the backward "
+        "(default: all at once)")
     micro_batch_rows: Optional[int] = arg(
         None, "rows per forward/backward pass, gradients accumulated: the same gradient, one optimizer step")
     activation_checkpointing: bool = arg(
         False, "recompute each layer in the backward (Hugging Face gradient checkpointing): less memory")
     compile_decode: bool = arg(
-        False, "sample with a static KV cache and a compiled decode step (lab/fast_decode.py): the plain loop's "
-        "tokens; compiling takes about a minute per batch size on a CPU")
+        False, "sample with a static KV cache and a compiled decode step (lab/fast_decode.py): the plain "
+        "loop's tokens; compiling takes about a minute per batch size on a CPU")
     log_every: int = arg(10, "print one metrics line every k steps (the bar updates every step)")
 
 
@@ -97,7 +99,7 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     gen = torch.Generator(device).manual_seed(seed)  # the sampler's draws, then the minibatch order
     if sampler is not model:
         sampler.load_state_dict(model.state_dict())  # cast to the rollout dtype on copy
-    sampler.eval()  # the rollout: eval mode keeps the KV cache (checkpointed layers in train mode turn it off)
+    sampler.eval()  # the rollout begins: eval mode (checkpointed layers in train mode turn the KV cache off)
     sample = fast_decode.sample if cfg.compile_decode else rollout.sample  # the same tokens, compiled
     with autocast(device):
         ro = sample(sampler, prompts, group_size=cfg.group_size, temperature=cfg.temperature,
@@ -115,7 +117,7 @@ def score_estimate_update(cfg, model, opt, ro, R, token_rewards, estimator, gen,
     runs it on a batch of its own). Returns its StepResult."""
     device, m = next(model.parameters()).device, ro.response_mask  # (B, T)
     t1 = time.perf_counter()
-    model.train()  # the update begins: its forward is the scoring pass (--activation-checkpointing recomputes it)
+    model.train()  # the update begins: its forward is the scoring pass (layers checkpointed in train mode)
     # ---- score: the training forward pass, a micro-batch at a time (one block by default).
     # One forward pass per step: when one optimizer step takes the whole batch in one block (the default), the
     # scoring pass keeps its graph and the update's loss is built on it (docs/cost.md: 0.83x the time of a
@@ -131,9 +133,10 @@ def score_estimate_update(cfg, model, opt, ro, R, token_rewards, estimator, gen,
                        log_probs=old_logp, sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
     t2 = time.perf_counter()
     # ---- update
-    norms, clip_frac, loss = policy_update(model, opt, cfg, ro, old_logp, adv, gen, logp=logp if one_pass else None)
-    return StepResult(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss,
-                (t_rollout, t2 - t1, time.perf_counter() - t2))
+    norms, clip_frac, loss = policy_update(model, opt, cfg, ro, old_logp, adv, gen,
+                                           logp=logp if one_pass else None)
+    seconds = (t_rollout, t2 - t1, time.perf_counter() - t2)  # rollout, score + estimate, update
+    return StepResult(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss, seconds)
 
 
 def policy_update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
@@ -150,7 +153,10 @@ def policy_update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
     size = cfg.minibatch_size or B
     norms, clipped, losses = [], [], []
     for _ in range(cfg.ppo_epochs):
-        order = torch.randperm(B, generator=generator, device=generator.device) if size < B else torch.arange(B)
+        if size < B:  # minibatches of random rows
+            order = torch.randperm(B, generator=generator, device=generator.device)
+        else:
+            order = torch.arange(B)
         for idx in order.to(adv.device).split(size):
             n_tokens = ro.response_mask[idx].sum()  # sum m over the whole minibatch
             opt.zero_grad(set_to_none=True)
@@ -196,7 +202,8 @@ def score_rows(model, cfg, ro, rows):
 
 def one_update_per_batch(cfg, batch):
     """One optimizer step on the whole batch in one pass: the scoring pass's graph is then the update's."""
-    return cfg.ppo_epochs == 1 and min(cfg.minibatch_size or batch, cfg.micro_batch_rows or batch) >= batch
+    one_block = (cfg.minibatch_size or batch) >= batch and (cfg.micro_batch_rows or batch) >= batch
+    return cfg.ppo_epochs == 1 and one_block
 
 
 def autocast(device):
@@ -246,7 +253,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
             s = train_step(cfg, model, sampler, opt, task, tok, estimator, step)  # rollout -> update
             opt.zero_grad(set_to_none=True)  # the gradients are not held through the next rollout
             t_log = time.perf_counter()
-            lengths.append(s.ro.response_mask.sum(-1).mean().item())  # L_i, mean response length (the length rule)
+            lengths.append(s.ro.response_mask.sum(-1).mean().item())  # L_i, the mean response length
             tokens += int(s.ro.response_mask.sum().item())
             row = logbook.step_metrics(step, s, tokens, lr)
             row["t_log"] = time.perf_counter() - t_log  # the diagnostics above (they must stay cheap)
@@ -272,7 +279,8 @@ def main(argv=None):
     cfg, model, tok, folder, command, source = runs.start(argv, Config)  # checked; the header printed
     if cfg.activation_checkpointing:
         checkpoint_layers(model)  # once, before any rollout: a compiled decode step is traced once
-    if cfg.preflight or (cfg.preset != "cpu" and not cfg.estimator and not cfg.resume):  # a GPU preset checks first
+    gpu_comparison = cfg.preset != "cpu" and not cfg.estimator and not cfg.resume  # a GPU preset checks first
+    if cfg.preflight or gpu_comparison:
         with runs.errors_exit():  # over the memory limit: one line naming the options, exit status 2
             report = preflight.run(cfg, model, tok, folder, train_step, score_estimate_update, make_estimator)
         if cfg.preflight:
