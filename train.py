@@ -40,12 +40,12 @@ import torch
 import otb
 import rollout
 import tasks
-from lab import compare, fast_decode, logbook, lr_schedule, preflight, progress, runs, train_cli
-from lab.train_cli import arg
+from lab import compare, fast_decode, logbook, lr_schedule, preflight, progress, runs, options
+from lab.options import arg
 
 
 @dataclass
-class Config(train_cli.Options):
+class Config(options.Options):
     """Train a causal language model with policy gradients: OTB versus the group baselines."""
     estimator: Optional[Literal[tuple(otb.ESTIMATORS)]] = arg(
         None, "advantage estimator of a single run; without it train.py runs a comparison (--compare)")
@@ -227,7 +227,7 @@ def checkpoint_layers(model):
 
 def make_estimator(name, zero_tail):
     """otb.ESTIMATORS[name]; --zero-tail turns otb and otb_tir into their zero-tail variants (verl's)."""
-    return otb.ESTIMATORS[train_cli.estimator_name(name, zero_tail)]
+    return otb.ESTIMATORS[options.estimator_name(name, zero_tail)]
 
 
 # ===== The training loop (checkpoints, Ctrl-C and --resume: lab/runs.py) ===================================
@@ -240,11 +240,11 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
     task = tasks.make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sampler = train_cli.sampler(cfg, model)  # the model, or its copy in --rollout-dtype
+    sampler = options.sampler(cfg, model)  # the model, or its copy in --rollout-dtype
     start, tokens, lengths, history = runs.load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])
     runs.write_metrics(run_dir, history)  # a resumed run drops the lines logged after its checkpoint
     bar = (bar or progress.Bar)(cfg, start)
-    schedule, saved_at = train_cli.schedule_kwargs(cfg), -math.inf  # -inf: the first step saves
+    schedule, saved_at = options.schedule_kwargs(cfg), -math.inf  # -inf: the first step saves
     with runs.StopOnCtrlC() as stop:
         for step in range(start, cfg.steps):
             lr = cfg.lr * lr_schedule.lr_factor(cfg.lr_schedule, lengths, cfg.steps, **schedule)

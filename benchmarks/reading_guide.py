@@ -35,7 +35,7 @@ import copy
 import re
 import sys
 import tempfile
-from dataclasses import fields, is_dataclass
+from dataclasses import fields
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -267,9 +267,9 @@ def render(total, per_file, path, rows):
             "| file | class | lines counted | what it is |", "|---|---|---|---|"]
     for rel, name, n, summary, own in rows:
         out.append(f"| {rel} | `{name}`{'' if own else ' (base)'} | {n} | {summary.replace('|', '/')} |")
-    out += ["", "What is not on the path, and where it lives: the command line (lab/train_cli.py,",
+    out += ["", "What is not on the path, and where it lives: the command line (lab/options.py,",
             "lab/parse_options.py), the run folder and checkpoints (lab/runs.py), comparisons (lab/compare.py),",
-            "the preflight, the optional decoders, the learning-rate schedules and the statistics (lab/). See",
+            "the preflight, the GPU sampler, the learning-rate schedules (lab/) and the statistics (lab/analysis/). See",
             "lab/__init__.py for the map.", ""]
     return "\n".join(out)
 

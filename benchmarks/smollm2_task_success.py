@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from lab import models  # noqa: E402
 import rollout  # noqa: E402
-from lab import stats  # noqa: E402
+from lab.analysis import stats  # noqa: E402
 import tasks  # noqa: E402
 from benchmarks.cli import at_least, command, out_folder, parser, positive_float, write_json  # noqa: E402
 

@@ -19,7 +19,7 @@ from lab import models
 import rollout
 import tasks
 import train
-from lab import parse_options, train_cli
+from lab import parse_options, options
 
 STEPS = 20
 TOK = models.char_tokenizer()
@@ -30,7 +30,7 @@ ARGS = ["--estimator", "otb", "--group-size", "2", "--prompts-per-step", "2", "-
 
 def setup(*extra):
     """What train.main sets up: the options, the model with checkpointing enabled, an optimizer."""
-    cfg = parse_options.parse(ARGS + list(extra), train.Config, train_cli.PRESETS)
+    cfg = parse_options.parse(ARGS + list(extra), train.Config, options.PRESETS)
     model = models.tiny_model(TOK, hidden=32, layers=1, seed=0).eval()
     train.checkpoint_layers(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)

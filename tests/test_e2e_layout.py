@@ -25,9 +25,11 @@ COMMANDS = {"train", "toy_harness", "otb_trl"}
 
 
 def modules():
-    """{module name as imported: path} of the project's own modules (the root's and lab/'s)."""
+    """{module name as imported: path} of the project's own modules (the root's, lab/'s and lab/analysis/'s)."""
     found = {p.stem: p for p in ROOT.glob("*.py")}
-    found.update({f"lab.{p.stem}": p for p in (ROOT / "lab").glob("*.py") if p.stem != "__init__"})
+    for package in ("lab", "lab/analysis"):
+        name = package.replace("/", ".")
+        found.update({f"{name}.{p.stem}": p for p in (ROOT / package).glob("*.py") if p.stem != "__init__"})
     return found
 
 
@@ -38,8 +40,8 @@ def imports(path, known):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name in known}
         elif isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == "lab":  # from lab import x, y
-                out |= {f"lab.{a.name}" for a in node.names if f"lab.{a.name}" in known}
+            if node.module in ("lab", "lab.analysis"):  # from lab import x, y
+                out |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known}
             elif node.module in known:  # from lab.x import y, or from otb import y
                 out.add(node.module)
     return out
@@ -171,13 +173,19 @@ def test_every_relative_link_of_the_docs_points_at_a_file(doc):
 
 def test_the_readme_file_tree_names_every_module():
     readme = (ROOT / "README.md").read_text()
-    for name in sorted({p.name for p in ROOT.glob("*.py")} | {f"lab/{p.name}" for p in (ROOT / "lab").glob("*.py")}):
-        if name != "lab/__init__.py":
-            assert re.search(rf"(^|\s){re.escape(name.split('/')[-1])}\s", readme, re.M), name
+    lab_modules = [p.relative_to(ROOT) for p in (ROOT / "lab").rglob("*.py") if p.name != "__init__.py"]
+    for name in sorted({p.name for p in ROOT.glob("*.py")} | {p.name for p in lab_modules} | {"analysis/"}):
+        assert re.search(rf"(^|\s){re.escape(name)}\s", readme, re.M), name
 
 
-def test_the_package_map_names_every_module_of_lab():
+def test_the_package_maps_name_every_module_of_lab():
+    """lab/__init__.py names each module of lab/ and the analysis/ sub-package, whose own map names its
+    modules; lab/ holds no other package (one apparatus package, with one sub-package)."""
     import lab
-    for path in sorted((ROOT / "lab").glob("*.py")):
-        if path.name != "__init__.py":
-            assert re.search(rf"^    {re.escape(path.stem)}\s", lab.__doc__, re.M), path.name
+    import lab.analysis
+    assert sorted(p.parent.name for p in (ROOT / "lab").glob("*/__init__.py")) == ["analysis"]
+    assert re.search(r"^    analysis/\s", lab.__doc__, re.M)
+    for package, doc in (("lab", lab.__doc__), ("lab/analysis", lab.analysis.__doc__)):
+        for path in sorted((ROOT / package).glob("*.py")):
+            if path.name != "__init__.py":
+                assert re.search(rf"^    {re.escape(path.stem)}\s", doc, re.M), path.name

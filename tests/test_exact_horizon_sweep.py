@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab import scale_free
-from lab import stats
+from lab.analysis import scale_free
+from lab.analysis import stats
 import tool_use
 from benchmarks import horizon_sweep as hs
 from saved import same_record, same_text
@@ -209,14 +209,14 @@ def test_calculator_sweep_samples_with_the_tool_and_saves_otb_tir(tmp_path, monk
     import rollout
     import tasks
     import train
-    from lab import train_cli
+    from lab import options
     tools, real_sample = [], rollout.sample
     monkeypatch.setattr(rollout, "sample", lambda *a, **k: tools.append(k["tool"]) or real_sample(*a, **k))
 
     def checkpoint(n, seed, args):  # hs.checkpoint with a smaller model and warm-up
         cfg = train.Config(task=args.task, horizon=n, seed=seed, tiny_hidden=32, tiny_layers=1,
                            warmup_max_steps=60, out=str(tmp_path / "cache"))
-        model, tok, source = train_cli.load(cfg, torch.device("cpu"))
+        model, tok, source = options.load(cfg, torch.device("cpu"))
         return model, tok, tasks.make_task(cfg), cfg, source
     monkeypatch.setattr(hs, "checkpoint", checkpoint)
     # 60 warm-up steps never solve k = 2: a stand-in reward (text length odd) gives the estimators signal

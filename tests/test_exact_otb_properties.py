@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import otb
-from naive import insert_holes, make_batch, naive_otb
+from naive import make_batch, naive_otb
 from test_naive_otb import SETTINGS, _close, _otb, batch_args
 
 # =====================================================================================

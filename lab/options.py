@@ -7,12 +7,13 @@ run folder), each field with its help string, which HfArgumentParser turns into 
 ``PRESETS`` are the GPU presets. How a command line becomes a checked Config is lab/parse_options.py:
 
     cfg = parse_options.parse(argv, Config, PRESETS)    # the options, checked; --resume: the stored ones
-    model, tok, source = train_cli.load(cfg, device)
+    model, tok, source = options.load(cfg, device)
 
 The rest: what options mean where train.py needs them (the settings a run or a comparison applies,
 the configurations of a comparison, their run names, the seeds, the pilot's rates, the schedule's
-arguments), the model they name, and reading a checkpoint's step for --resume. A value the user can
-fix is a ``UsageError``, which lab/runs.py's ``errors_exit`` prints as one line with exit status 2.
+arguments), the model and the device they name (``pick_device``), and reading a checkpoint's step for
+--resume. A value the user can fix is a ``UsageError``, which lab/runs.py's ``errors_exit`` prints as
+one line with exit status 2 (benchmarks/cli.py uses it too).
 The run folder itself (config.json, checkpoints, Ctrl-C, bars) is lab/runs.py.
 """
 import copy
@@ -26,7 +27,6 @@ import torch
 from lab.lr_schedule import SCHEDULES  # the choices of the Options field that shares the module's name
 from lab import models
 import otb
-from lab import plumbing
 import tasks
 from toy_env import arg  # a dataclass field with its --help text, as the toy's config declares its own
 
@@ -53,7 +53,9 @@ LOG_COLUMNS = """columns of the log line, [estimator N=group size] step k, then:
   sample   (--show-samples) the step's first response: "prompt" -> "response" R=its reward"""
 
 
-UsageError = plumbing.UsageError  # a bad argument: printed as one line, exit status 2, nothing created
+class UsageError(Exception):
+    """Something the user can fix on the command line; the message names the option. lab/runs.py's
+    ``errors_exit`` prints it as one line with exit status 2, nothing created."""
 
 
 # =====================================================================================
@@ -250,6 +252,27 @@ def tiny_settings(cfg):
     """The settings the tiny model and its cached warm-up depend on (models.tiny_cache's arguments)."""
     return dict(hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, seed=cfg.seed, temperature=cfg.temperature,
                 warmup_max_steps=cfg.warmup_max_steps, warmup_target=cfg.warmup_target)
+
+
+def pick_device(name):
+    """auto: cuda, then mps, then cpu. A named device must exist on this machine (UsageError)."""
+    mps = getattr(torch.backends, "mps", None)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else
+                            "mps" if mps and mps.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device {name!r}: not a device (auto, cpu, cuda, cuda:1, mps)") from None
+    problem = {"cpu": None,
+               "cuda": None if torch.cuda.is_available() else "CUDA is not available on this machine",
+               "mps": None if mps and mps.is_available() else "MPS is not available on this machine",
+               }.get(device.type, "only cpu, cuda and mps are supported")
+    if problem is None and device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        problem = f"this machine has {torch.cuda.device_count()} CUDA device(s)"
+    if problem:
+        raise UsageError(f"--device {name}: {problem} (torch {torch.__version__}); try --device auto")
+    return device
 
 
 def check_device(cfg, device):
