@@ -56,9 +56,17 @@ How the code computes (6): each equation is one line over the whole batch, the m
 as in the formula (padding out of range is set to 0 first, so 0 * NaN never happens) and the sums
 over each group taken by ``_group_sum``, without a loop over groups.
 
-The variants (leave-one-out, zero tail, importance weights, tool output inside a response) are
-explained beside ``ESTIMATORS``; bad input raises a ValueError naming the argument ("Input checks"
-at the end of the file); the forward-only variance diagnostics built on (7): ``lab/diagnostics.py``.
+The variants (leave-one-out, zero tail, importance weights) are in ``optimal_token_baseline``'s
+docstring, tool output inside a response in ``action_aligned_otb``'s (eq. 8), and the rules for the
+inputs in both: ``help(otb.optimal_token_baseline)`` shows them. The forward-only variance
+diagnostics built on (7) are in ``lab/diagnostics.py``.
+
+Input checks: always on, one code path. Every estimator's first line hands its inputs to
+``_checked_inputs`` (at the end of the file), which raises a ValueError naming the argument on bad
+input and otherwise returns them as tensors, padding out of range set to 0. On valid input that is
+one min/max reduction per tensor and the group ids' ``torch.unique``: a few hundredths of a percent
+of a default training step (measured: docs/cost.md, "The estimator itself"). A switch to skip them
+would save nothing a step can feel, and would give every estimator a second path to read and test.
 """
 import math
 import numbers
@@ -75,61 +83,36 @@ def sum_pi_squared(logits, chunk_size=None):
 
     Computed as sum_k e_k^2 / (sum_k e_k)^2 with e_k = exp(z_k - max z), which equals
     exp(logsumexp(2z) - 2 logsumexp(z)): every e_k lies in [0, 1] and both sums in [1, V], so nothing
-    overflows and no two large logsumexps are subtracted (LM logits often sit around +40). A logit
-    of -inf (a token masked out) is fine; NaN, +inf or only -inf in a vector is a ValueError.
+    overflows and no two large logsumexps are subtracted (LM logits often sit around +40).
     ``chunk_size``: logit vectors per chunk, bounding the temporaries by one chunk (None: all at once).
+
+    A logit of -inf (a token masked out) is fine. NaN, +inf or only -inf in a vector is a ValueError,
+    found on the result (one reduction over (...), not over (..., V)); so is an input without a
+    vocabulary dimension. Plain (nested) lists are accepted.
     """
-    if chunk_size is not None or not isinstance(logits, torch.Tensor) or logits.dim() == 0 or logits.shape[-1] == 0:
-        return _sum_pi_squared_checked(logits, chunk_size)  # a list, chunks, or the error
-    spp = _spp(logits.to(_working_dtype(logits)))  # (...)
-    if not torch.isfinite(spp).all():  # checked after the maths: one reduction
-        _not_finite(spp)
-    return spp
-
-
-def _spp(z):
-    """sum e^2 / (sum e)^2 with e = exp(z - max z) over the last dimension, (..., V) -> (...)."""
+    z = _checked_logits(logits, chunk_size)  # a tensor with a non-empty last dimension
+    if chunk_size is not None:  # one chunk of logit vectors at a time
+        rows = z.reshape(-1, z.shape[-1])  # one logit vector per row, (N, V)
+        chunks = [sum_pi_squared(chunk) for chunk in rows.split(chunk_size)]  # a loop over memory only
+        return torch.cat(chunks).reshape(z.shape[:-1])  # (...)
+    z = z.to(_working_dtype(z))
     e = (z - z.amax(dim=-1, keepdim=True)).exp()  # e_k = exp(z_k - max z), (..., V)
-    return torch.linalg.vecdot(e, e) / e.sum(dim=-1).square()
-
-
-def _sum_pi_squared_checked(logits, chunk_size):
-    """sum_pi_squared of a list, or chunk by chunk: the input checked, then ``_spp`` per chunk."""
-    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
-    z = _as_tensor("logits", logits)
-    if z.dim() == 0 or z.shape[-1] == 0:
-        raise ValueError(f"logits must have a non-empty last (vocabulary) dimension, got {tuple(z.shape)}")
-    dtype = _working_dtype(z)
-    rows = z.reshape(-1, z.shape[-1])  # one logit vector per row, (N, V)
-    chunks = rows.split(chunk_size or max(len(rows), 1))  # a loop over memory chunks only
-    spp = torch.cat([_spp(chunk.to(dtype)) for chunk in chunks]).reshape(z.shape[:-1])  # (...)
+    spp = (e * e).sum(dim=-1) / e.sum(dim=-1) ** 2  # sum_k pi_k^2, (...)
     if not torch.isfinite(spp).all():
-        _not_finite(spp)
+        raise _not_finite(spp)
     return spp
-
-
-def _not_finite(spp):
-    index = tuple((~torch.isfinite(spp)).nonzero()[0].tolist())
-    raise ValueError(f"logits must be finite (NaN, +inf or only -inf in the vector at index {index})")
 
 
 def token_energy(log_probs, sum_pi_sq):
-    """w_t = 1 - 2 pi(y_t) + sum_k pi_k^2, eq. (7), clamped to [0, 2]. Both inputs the same shape."""
-    if not all(isinstance(v, torch.Tensor) for v in (log_probs, sum_pi_sq)) or log_probs.shape != sum_pi_sq.shape:
-        log_probs, sum_pi_sq = _energy_inputs(log_probs, sum_pi_sq)  # lists as tensors, or the error
-    dtype = torch.float64 if torch.float64 in (log_probs.dtype, sum_pi_sq.dtype) else torch.float32
+    """w_t = 1 - 2 pi(y_t) + sum_k pi_k^2, eq. (7), clamped to [0, 2]. Both inputs the same shape
+    (tensors or plain lists; a ValueError otherwise)."""
+    log_probs, sum_pi_sq = _checked_pair(log_probs, sum_pi_sq)  # tensors of one shape
+    if torch.float64 in (log_probs.dtype, sum_pi_sq.dtype):
+        dtype = torch.float64
+    else:
+        dtype = torch.float32
     pi_y = log_probs.to(dtype).exp()  # pi(y_t)
     return (1.0 - 2.0 * pi_y + sum_pi_sq.to(dtype)).clamp(0.0, 2.0)  # w_t
-
-
-def _energy_inputs(log_probs, sum_pi_sq):
-    """token_energy's inputs as tensors of one shape, or a ValueError naming the problem."""
-    log_probs, sum_pi_sq = (_as_tensor(name, v) for name, v in (("log_probs", log_probs), ("sum_pi_sq", sum_pi_sq)))
-    if log_probs.shape != sum_pi_sq.shape:
-        raise ValueError(f"sum_pi_sq has shape {tuple(sum_pi_sq.shape)} but log_probs has shape "
-                         f"{tuple(log_probs.shape)}")
-    return log_probs, sum_pi_sq
 
 
 # =====================================================================================
@@ -137,15 +120,34 @@ def _energy_inputs(log_probs, sum_pi_sq):
 # =====================================================================================
 
 def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, *,
-                           is_weights=None, leave_one_out=False, zero_tail=False, eps=1e-8, check=True):
+                           is_weights=None, leave_one_out=False, zero_tail=False, eps=1e-8):
     """OTB advantages A_t = G_t - B_t, eq. (5), with B_t from eq. (6).
 
     token_rewards, response_mask, log_probs (of the sampled tokens), sum_pi_sq, is_weights:
     (B, T). group_index: one prompt id per row. Returns (advantages, returns), both (B, T),
     exactly 0 at padded positions.
+
+    The variants:
+
+    - ``leave_one_out=True`` (``otb_loo``) drops the row's own term from its baseline (6): unbiased;
+      B = 0 where no other row of the group is active. (This variant is ours; verl has none.)
+    - ``zero_tail=True``: where only one row of a group is still active, B = 0 instead of its own
+      return (advantage ~ 0). verl 0.9.1 always runs with it on (``handle_zero_tail=True``); here it
+      is off by default (why: docs/toy_bandit.md, docs/variance.md); ``otb_zero_tail`` is verl's.
+    - ``is_weights``: importance weights rho_t multiply w_t by rho_t^2.
+    - Tool output inside a response (holes, m_t = 0 inside a row): ``action_aligned_otb``
+      (``otb_tir``), which applies (1)-(6) over the policy's own tokens, eq. (8).
+
+    Input checks (every estimator, on every call): a ValueError naming the argument for tensors
+    that are not 2-D, not of token_rewards' shape or empty; a mask other than 0/1; NaN or inf at a
+    valid position; log-probs above 0; sum pi^2 outside [0, 1] (a rounding error of 1e-4 is
+    accepted in both); importance weights above 1e18 in size; an eps that is not a finite number
+    >= 0; a string, a ragged sequence or a float tensor as group_index, or one whose length is not
+    the batch's. Padded positions may hold anything (they are set to 0 first). Plain (nested)
+    lists are accepted wherever a tensor is.
     """
-    x, m, gid, n_groups = (_checked if check else _trusted)(token_rewards, response_mask, group_index, eps=eps,
-        log_probs=log_probs, sum_pi_sq=sum_pi_sq, is_weights=is_weights)  # check=False: "Input checks" below
+    x, m, gid, n_groups = _checked_inputs(token_rewards, response_mask, group_index, eps=eps,
+                                          log_probs=log_probs, sum_pi_sq=sum_pi_sq, is_weights=is_weights)
     r, isw = x["token_rewards"], x["is_weights"]  # (B, T) each
     w = token_energy(x["log_probs"], x["sum_pi_sq"]).to(m.dtype)  # w_t, eq. (2) through (7), (B, T)
     if isw is not None:
@@ -153,13 +155,13 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     G = (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, eq. (1): reverse cumulative sum, (B, T)
     W = (w * m).cumsum(-1) * m  # W_t m_t, eq. (3): cumulative sum, (B, T)
     if leave_one_out:
-        B = _leave_one_out_baseline(G, W, m, gid, n_groups, eps)  # eq. (6) over the other rows j != i, (B, T)
+        B = _leave_one_out_baseline(G, W, m, gid, n_groups, eps)  # eq. (6) over the rows j != i, (B, T)
     else:  # eq. (6) over all rows of the group: one B_t per group, (groups, T)
         num = _group_sum(G * W, gid, n_groups)  # sum_i G_t W_t m_t, (groups, T)
         den = _group_sum(W, gid, n_groups)  # sum_i W_t m_t, (groups, T)
         keep = (torch.bincount(gid, minlength=n_groups) > 1)[:, None]  # singleton groups: B = 0
         if zero_tail:
-            keep = keep & (_group_sum(m, gid, n_groups) > 1)  # only one row left at t (sum_i m_t = 1): B = 0
+            keep = keep & (_group_sum(m, gid, n_groups) > 1)  # one row left at t (sum_i m_t = 1): B = 0
         B = torch.where(keep, num / (den + eps), 0.0)[gid]  # each row gets its group's B_t, (B, T)
     A = (G - B.to(m.dtype)) * m  # A_t, eq. (5), 0 on padding
     return A, G
@@ -180,9 +182,10 @@ def _leave_one_out_baseline(G, W, m, gid, n_groups, eps):
 # Group baselines: one number per response
 # =====================================================================================
 
-def _sequence_setup(token_rewards, response_mask, group_index, check=True):
-    """R(tau) per row (B,), the mask m (B, T), group ids (B,), their count, and group sizes."""
-    x, m, gid, n_groups = (_checked if check else _trusted)(token_rewards, response_mask, group_index)
+def _sequence_setup(token_rewards, response_mask, group_index):
+    """R(tau) per row (B,), the mask m (B, T), group ids (B,), their count, and group sizes. The inputs
+    are checked as ``optimal_token_baseline``'s are."""
+    x, m, gid, n_groups = _checked_inputs(token_rewards, response_mask, group_index)
     score = (x["token_rewards"] * m).sum(-1)  # R(tau) = sum of r_t m_t, (B,)
     size = torch.bincount(gid, minlength=n_groups).to(m.dtype)  # rows per group, (G,)
     return score, m, gid, n_groups, size
@@ -193,23 +196,23 @@ def _broadcast(adv, score, m):
     return adv[:, None] * m, score[:, None] * m
 
 
-def reinforce(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None, check=True):
+def reinforce(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None):
     """No baseline: A = R(tau). (log_probs and sum_pi_sq are accepted and ignored.)"""
-    score, m, _, _, _ = _sequence_setup(token_rewards, response_mask, group_index, check)
+    score, m, _, _, _ = _sequence_setup(token_rewards, response_mask, group_index)
     return _broadcast(score, score, m)
 
 
-def group_mean(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None, check=True):
+def group_mean(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None):
     """Dr.GRPO: A = R - mean of the group's R (own row included). Singletons keep R."""
-    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index, check)
+    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index)
     mean = _group_sum(score, gid, n) / size  # group mean, (G,)
     mean = torch.where(size > 1, mean, 0.0)[gid]  # singleton: mean 0, (B,)
     return _broadcast(score - mean, score, m)
 
 
-def grpo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None, check=True):
+def grpo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None):
     """GRPO: A = (R - mean) / (std + 1e-6), std with N - 1. Singletons: mean 0, std 1."""
-    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index, check)
+    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index)
     mean = (_group_sum(score, gid, n) / size)[gid]  # (B,)
     sq_dev = _group_sum((score - mean) ** 2, gid, n)  # sum of squared deviations, (G,)
     std = (sq_dev / (size - 1).clamp(min=1)).sqrt()  # unbiased std, (G,)
@@ -219,9 +222,9 @@ def grpo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=No
     return _broadcast((score - mean) / (std + 1e-6), score, m)
 
 
-def rloo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None, check=True):
+def rloo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None):
     """RLOO: A = R - mean of the *other* rows' R. Singletons keep R."""
-    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index, check)
+    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index)
     others = size[gid] - 1  # (B,)
     loo_mean = (_group_sum(score, gid, n)[gid] - score) / others.clamp(min=1)  # (B,)
     loo_mean = torch.where(others > 0, loo_mean, 0.0)
@@ -233,7 +236,7 @@ def rloo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=No
 # =====================================================================================
 
 def action_aligned_otb(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, *,
-                       is_weights=None, check=True, **options):
+                       is_weights=None, **options):
     """OTB over k, the index of each token among its row's actions, eq. (8); scattered back to t.
 
     Tool output that the environment inserts into a response has m_t = 0 inside the row (holes).
@@ -245,32 +248,26 @@ def action_aligned_otb(token_rewards, response_mask, group_index, log_probs, sum
     applying (1)-(6) over k and giving token t the advantage A_{k_t}. Why, an example, and how it
     matches verl's multi-turn estimator: docs/tool_use.md.
 
-    The same inputs, options (leave_one_out, zero_tail, eps) and outputs as optimal_token_baseline;
-    response_mask may have holes (0 on tool output inside a response). Returns (advantages,
-    returns), both (B, T), 0 at masked positions. Without holes it is optimal_token_baseline.
+    The same inputs, options (leave_one_out, zero_tail, eps), input checks and outputs as
+    optimal_token_baseline; response_mask may have holes (0 on tool output inside a response).
+    Returns (advantages, returns), both (B, T), 0 at masked positions. Without holes it is
+    optimal_token_baseline.
     """
-    x, m, gid, _ = (_checked if check else _trusted)(token_rewards, response_mask, group_index,
-        log_probs=log_probs, sum_pi_sq=sum_pi_sq, is_weights=is_weights)
+    x, m, gid, _ = _checked_inputs(token_rewards, response_mask, group_index,
+                                   log_probs=log_probs, sum_pi_sq=sum_pi_sq, is_weights=is_weights)
     t_k = torch.argsort(m == 0, dim=-1, stable=True)  # t_k: where the k-th action sits, then the rest, (B, T)
-    at_k = {name: None if v is None else v.gather(-1, t_k) for name, v in x.items()}  # inputs over k, (B, T)
+    at_k = {}  # the inputs over k, (B, T) each
+    for name, v in x.items():
+        at_k[name] = None if v is None else v.gather(-1, t_k)
     A_k, G_k = optimal_token_baseline(at_k["token_rewards"], m.gather(-1, t_k), gid, at_k["log_probs"],
-                                      at_k["sum_pi_sq"], is_weights=at_k["is_weights"], check=False,
-                                      **options)  # eqs. (1)-(6) over k (inputs checked above), (B, T) each
+                                      at_k["sum_pi_sq"], is_weights=at_k["is_weights"],
+                                      **options)  # eqs. (1)-(6) over k, (B, T) each
     A = torch.zeros_like(A_k).scatter_(-1, t_k, A_k)  # A_t = A_{k_t}, 0 on masked positions, (B, T)
     G = torch.zeros_like(G_k).scatter_(-1, t_k, G_k)  # G_t = G_{k_t}
     return A, G
 
 
-# One string picks the estimator in a training loop; all take the same keyword arguments, ``check`` included
-# ("Input checks" below). The OTB variants:
-# - ``leave_one_out=True`` (otb_loo) drops the row's own term from its baseline (6): unbiased; B = 0 where
-#   no other row of the group is active. (This variant is ours; verl has no leave-one-out OTB.)
-# - ``zero_tail=True``: where only one row of a group is still active, B = 0 instead of its own return
-#   (advantage ~ 0). verl 0.9.1 always runs with it on (``handle_zero_tail=True``); here it is off by
-#   default (why: docs/toy_bandit.md, docs/variance.md); ``otb_zero_tail`` is verl's behaviour.
-# - ``is_weights``: importance weights rho_t multiply w_t by rho_t^2.
-# - ``otb_tir`` (``action_aligned_otb``): tool output inside a response (holes, m_t = 0 inside a row);
-#   (1)-(6) over the policy's own tokens, eq. (8).
+# One string picks the estimator in a training loop; all take the same keyword arguments.
 ESTIMATORS = {
     "reinforce": reinforce,
     "group_mean": group_mean,
@@ -285,60 +282,41 @@ ESTIMATORS = {
 
 
 # =====================================================================================
-# Plumbing: group ids, group sums and the input checks
+# Group ids, group sums, and the input checks
 # =====================================================================================
-# Input checks. Wrong shapes, a mask other than 0/1, NaN or inf at a valid position, log-probs above
-# 0, sum pi^2 outside [0, 1], importance weights above 1e18, a negative eps or a string as group_index
-# raise a ValueError naming the argument; padded positions may hold anything. Plain (nested) lists
-# are accepted wherever a tensor is. On valid input the checks cost one min/max reduction per tensor;
-# the helpers that find and name the culprit run only when something is wrong. ``check=False`` (every
-# estimator takes it) skips them, for a caller that vouches for its tensors: (B, T) tensors of one shape,
-# a 0/1 mask, every value in range (padding too) and a 1-D integer tensor of group ids. train.py does: its
-# tensors come from rollout.score (which raises on logits that are not finite) and its rewards are
-# checked by tasks.rewards.
 
 def group_ids(group_index, batch):
-    """Map one prompt id per row (an integer tensor, or any hashables) to (gid, n_groups): gid (B,)
-    long, ids 0..n_groups-1. Groups may be interleaved."""
-    if not isinstance(group_index, torch.Tensor) or group_index.dim() != 1 or group_index.is_floating_point() \
-            or len(group_index) != batch:
-        return _sequence_group_ids(group_index, batch)  # a list of ids, or an error naming the input
-    uniq, gid = torch.unique(group_index, return_inverse=True)
-    return gid.long(), len(uniq)
-
-
-def _sequence_group_ids(group_index, batch):
-    """group_ids of a sequence of hashable ids (in order of first appearance), or the error."""
+    """Map one prompt id per row (an integer tensor, or a sequence of hashable ids) to (gid, n_groups):
+    gid (B,) long, ids 0..n_groups-1. Groups may be interleaved. A bad group_index is a ValueError."""
     if isinstance(group_index, (str, bytes)):  # a string is one id, not one id per character
         raise ValueError(f"group_index must hold one prompt id per row, got the string {group_index!r}")
-    if isinstance(group_index, torch.Tensor) and (group_index.dim() != 1 or group_index.is_floating_point()):
-        raise ValueError(f"group_index must be a 1-D integer tensor or a sequence of ids, "
-                         f"got a tensor of shape {tuple(group_index.shape)} and dtype {group_index.dtype}")
-    try:
-        ids = list(group_index)
-        first_seen = {}
-        gid = [first_seen.setdefault(g, len(first_seen)) for g in ids]  # id encoding, not the estimator
-    except TypeError as e:
-        raise ValueError(f"group_index must be a sequence of hashable prompt ids, one per row ({e})") from None
-    if len(ids) != batch:
-        raise ValueError(f"group_index has {len(ids)} entries but the batch has {batch} rows")
-    return torch.tensor(gid, dtype=torch.long), len(first_seen)
+    if isinstance(group_index, torch.Tensor):
+        if group_index.dim() != 1 or group_index.is_floating_point():
+            raise ValueError(f"group_index must be a 1-D integer tensor or a sequence of ids, got a tensor "
+                             f"of shape {tuple(group_index.shape)} and dtype {group_index.dtype}")
+        uniq, gid = torch.unique(group_index, return_inverse=True)  # ids in sorted order, (B,)
+        n_groups = len(uniq)
+    else:
+        first_seen = {}  # id -> its number, in order of first appearance
+        try:
+            numbers = [first_seen.setdefault(g, len(first_seen)) for g in group_index]
+        except TypeError as e:
+            raise ValueError(f"group_index must be a sequence of hashable prompt ids, one per row ({e})") from None
+        gid = torch.tensor(numbers, dtype=torch.long)
+        n_groups = len(first_seen)
+    if len(gid) != batch:
+        raise ValueError(f"group_index has {len(gid)} entries but the batch has {batch} rows")
+    return gid.long(), n_groups
 
 
 def _group_sum(x, gid, n_groups):
     """Sum the rows of x (B, ...) into their groups: (n_groups, ...). No loop over groups."""
-    return torch.zeros((n_groups, *x.shape[1:]), dtype=x.dtype, device=x.device).index_add_(0, gid, x)
+    sums = torch.zeros((n_groups, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    return sums.index_add_(0, gid, x)
 
 
 def _working_dtype(x):  # float64 stays float64; any other dtype is computed in float32
     return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def _as_tensor(name, x):
-    try:
-        return torch.as_tensor(x)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"{name} must be a tensor or a (nested) list of numbers ({e})") from None
 
 
 ROUNDING = 1e-4  # log-probs a hair above 0, or sum pi^2 a hair above 1, are float rounding
@@ -350,19 +328,23 @@ LIMITS = {  # name: (lowest, highest, rule) allowed at valid positions; every va
 }
 
 
-def _checked(token_rewards, response_mask, group_index, eps=0.0, **per_token):
-    """The inputs checked (the rules: "Input checks" above) -> (x, m, gid, n_groups): x the (B, T)
-    tensors by name (None stays None; padding out of range set to 0, so the maths can mask by
-    multiplying), m the 0/1 mask in the working dtype (float64 if token_rewards is, else float32)."""
+def _checked_inputs(token_rewards, response_mask, group_index, eps=0.0, **per_token):
+    """Every estimator's first line: its inputs checked (the rules: ``optimal_token_baseline``'s
+    docstring) -> (x, m, gid, n_groups). x: the (B, T) tensors by name (None stays None; padding out
+    of range set to 0, so the maths can mask by multiplying); m: the 0/1 mask in the working dtype
+    (float64 if token_rewards is, else float32); gid, n_groups: ``group_ids``. On valid input the
+    cost is one min/max reduction per tensor; the helpers that name a culprit run only on bad input."""
     x = {"token_rewards": token_rewards, "response_mask": response_mask, **per_token}
-    x = {name: v if v is None or isinstance(v, torch.Tensor) else _as_tensor(name, v) for name, v in x.items()}
+    x = {name: None if v is None else _as_tensor(name, v) for name, v in x.items()}
+    if not (isinstance(eps, numbers.Real) and 0.0 <= eps < math.inf):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     shape = x["token_rewards"].shape  # (B, T)
-    if {v.shape for v in x.values() if v is not None} != {shape} or len(shape) != 2 or 0 in shape or not (
-            isinstance(eps, numbers.Real) and 0.0 <= eps < math.inf):
-        _shape_error(x, eps)
+    if {v.shape for v in x.values() if v is not None} != {shape} or len(shape) != 2 or 0 in shape:
+        raise _shape_error(x)
     m = x.pop("response_mask").to(_working_dtype(x["token_rewards"]))  # m_t, (B, T)
     if not (_in_range(m, 0, 1) and _in_range(m.frac(), 0, 0)):  # in [0, 1], no fraction: 0 or 1
-        raise ValueError(f"response_mask must contain only 0 and 1, found {m[(m != 0) & (m != 1)][0].item()}")
+        other = m[(m != 0) & (m != 1)][0].item()
+        raise ValueError(f"response_mask must contain only 0 and 1, found {other}")
     for name, (lowest, highest, rule) in LIMITS.items():
         if x.get(name) is not None and not _in_range(x[name], lowest, highest):
             x[name] = _zero_padding(name, x[name], m, lowest, highest, rule)  # or the error
@@ -370,30 +352,48 @@ def _checked(token_rewards, response_mask, group_index, eps=0.0, **per_token):
     return x, m, gid.to(m.device), n_groups
 
 
-def _trusted(token_rewards, response_mask, group_index, eps=0.0, **per_token):  # _checked's result, unchecked
-    uniq, gid = torch.unique(group_index, return_inverse=True)  # group ids 0..n_groups-1, (B,)
-    m = response_mask.to(_working_dtype(token_rewards))  # m_t, (B, T)
-    return {"token_rewards": token_rewards, **per_token}, m, gid, len(uniq)
+def _checked_logits(logits, chunk_size):
+    """sum_pi_squared's input as a tensor with a non-empty last (vocabulary) dimension, and its
+    chunk_size a positive integer or None; a ValueError otherwise."""
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+    z = _as_tensor("logits", logits)
+    if z.dim() == 0 or z.shape[-1] == 0:
+        raise ValueError(f"logits must have a non-empty last (vocabulary) dimension, got {tuple(z.shape)}")
+    return z
 
 
-def _shape_error(x, eps):
-    """The ValueError for a bad eps or shape: eps a number >= 0; every input 2-D, non-empty and of
-    token_rewards' shape."""
-    if not (isinstance(eps, numbers.Real) and 0.0 <= eps < math.inf):
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-    shape = x["token_rewards"].shape
-    for name, v in x.items():
-        if v is not None and v.dim() != 2:
-            raise ValueError(f"{name} must be 2-D (batch, length), got shape {tuple(v.shape)}")
-        if v is not None and v.shape != shape:
-            raise ValueError(f"{name} has shape {tuple(v.shape)} but token_rewards has shape {tuple(shape)}")
-    raise ValueError(f"empty batch: token_rewards has shape {tuple(shape)}")
+def _checked_pair(log_probs, sum_pi_sq):
+    """token_energy's inputs as tensors of one shape; a ValueError naming the problem otherwise."""
+    log_probs, sum_pi_sq = _as_tensor("log_probs", log_probs), _as_tensor("sum_pi_sq", sum_pi_sq)
+    if log_probs.shape != sum_pi_sq.shape:
+        raise ValueError(f"sum_pi_sq has shape {tuple(sum_pi_sq.shape)} but log_probs has shape "
+                         f"{tuple(log_probs.shape)}")
+    return log_probs, sum_pi_sq
+
+
+def _as_tensor(name, x):  # a tensor as it is; a (nested) list of numbers as a tensor; else the error
+    try:
+        return torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{name} must be a tensor or a (nested) list of numbers ({e})") from None
 
 
 def _in_range(v, lowest, highest):
     """Every value of v finite and in [lowest, highest]: one min/max reduction."""
     lo, hi = (float(a) for a in torch.aminmax(v.float() if v.dtype == torch.bool else v))
     return math.isfinite(lo) and math.isfinite(hi) and lowest <= lo and hi <= highest
+
+
+def _shape_error(x):
+    """The ValueError for a bad shape: every input 2-D, of token_rewards' shape, and not empty."""
+    shape = x["token_rewards"].shape
+    for name, v in x.items():
+        if v is not None and v.dim() != 2:
+            return ValueError(f"{name} must be 2-D (batch, length), got shape {tuple(v.shape)}")
+        if v is not None and v.shape != shape:
+            return ValueError(f"{name} has shape {tuple(v.shape)} but token_rewards has shape {tuple(shape)}")
+    return ValueError(f"empty batch: token_rewards has shape {tuple(shape)}")
 
 
 def _zero_padding(name, v, m, lowest, highest, rule):
@@ -404,3 +404,9 @@ def _zero_padding(name, v, m, lowest, highest, rule):
         i, t = bad.nonzero()[0].tolist()
         raise ValueError(f"{name} must be {rule}, found {v[i, t].item():.6g} at valid position ({i}, {t})")
     return torch.where(ok, v, 0)
+
+
+def _not_finite(spp):
+    """The ValueError for logits whose sum pi^2 is not finite, naming the first such vector."""
+    index = tuple((~torch.isfinite(spp)).nonzero()[0].tolist())
+    return ValueError(f"logits must be finite (NaN, +inf or only -inf in the vector at index {index})")

@@ -256,9 +256,9 @@ def tiny_setup(cache="runs"):
     """The tiny model (warmed up and cached under <cache>/_cache by models.py, as train.py does),
     its tokenizer, the task and train.py's default configuration."""
     import train
-    from lab import train_cli
+    from lab import options
     cfg = train.Config(out=cache)
-    model, tok, _ = train_cli.load(cfg, torch.device("cpu"))
+    model, tok, _ = options.load(cfg, torch.device("cpu"))
     return model, tok, tasks.make_task(cfg), cfg
 
 

@@ -158,7 +158,8 @@ class SharedPolicy(nn.Module):
 
     def forward(self, tokens):  # (B, T) -> logits (B, T, K)
         B, T = tokens.shape
-        prev = torch.cat([torch.full((B, 1), self.K, dtype=tokens.dtype), tokens[:, :-1]], dim=1)  # (B, T)
+        bos = torch.full((B, 1), self.K, dtype=tokens.dtype)  # BOS before the first token
+        prev = torch.cat([bos, tokens[:, :-1]], dim=1)  # the previous token at each position, (B, T)
         x = self.embed[prev]  # (B, T, E)
         h = torch.zeros(B, self.w_rec.shape[0], dtype=x.dtype)
         logits = []
@@ -263,13 +264,15 @@ def enumerate_toy(cfg, policy=None):
     tokens, mask = enumerate_responses(cfg.K, cfg.T)  # (M, T)
     R = reward_fn(tokens, mask, cfg)  # (M,)
     last = mask.sum(-1).long() - 1  # index of the last valid token, (M,)
-    token_rewards = torch.zeros_like(mask).scatter_(1, last[:, None], R[:, None])  # r_t, (M, T)
+    token_rewards = torch.zeros_like(mask)  # r_t, (M, T)
+    token_rewards[torch.arange(len(R)), last] = R  # R at each response's last token
     G = token_rewards.flip(-1).cumsum(-1).flip(-1) * mask  # G_t, (M, T)
 
     lp, logits = token_log_probs(policy, tokens, mask)  # (M, T), (M, T, K)
     pi = lp.sum(-1).exp()  # pi(tau), (M,)
     J = (pi * R).sum()  # J(theta) = sum_tau pi(tau) R(tau)
-    grad_J = torch.cat([g.reshape(-1) for g in torch.autograd.grad(J, list(policy.parameters()))])  # (P,)
+    grads = torch.autograd.grad(J, list(policy.parameters()))
+    grad_J = torch.cat([g.reshape(-1) for g in grads])  # (P,)
 
     scores = per_token_scores(policy, tokens, mask) * mask[..., None]  # s_t, (M, T, P)
     sum_pi_sq = otb.sum_pi_squared(logits.detach()) * mask  # (M, T)

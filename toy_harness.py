@@ -52,8 +52,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
 import otb
-from lab import plumbing
-from lab import scale_free
+from lab.parse_options import unwritable
+from lab.analysis import scale_free
 from toy_env import ToyConfig, check_config, enumerate_toy, exact_summary, oracle_baselines
 
 ORACLES = ("b_star", "opt_per_position", "otb_population", "otb_exact_w")
@@ -295,7 +295,7 @@ def writable_file(flag, path, suffixes):
         return f"{flag} {path} is a folder; give a file name"
     if p.suffix.lower() not in suffixes:
         return f"{flag} {path}: the name must end in one of {', '.join(suffixes)}"
-    why = plumbing.unwritable(p)  # its first existing folder must be writable
+    why = unwritable(p)  # its first existing folder must be writable
     return None if why is None else f"{flag} {path}: {why}"
 
 

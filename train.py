@@ -40,20 +40,21 @@ import torch
 import otb
 import rollout
 import tasks
-from lab import compare, fast_decode, logbook, lr_schedule, preflight, progress, runs, train_cli
-from lab.train_cli import arg
+from lab import compare, fast_decode, logbook, lr_schedule, preflight, progress, runs, options
+from lab.options import arg
 
 
 @dataclass
-class Config(train_cli.Options):
+class Config(options.Options):
     """Train a causal language model with policy gradients: OTB versus the group baselines."""
     estimator: Optional[Literal[tuple(otb.ESTIMATORS)]] = arg(
         None, "advantage estimator of a single run; without it train.py runs a comparison (--compare)")
     zero_tail: bool = arg(
         False, "otb and otb_tir: baseline 0 where one row of the group is left (verl 0.9.1 always has it on)")
     task: Optional[Literal[tuple(tasks.TASKS)]] = arg(
-        None, "reverse, periodic (long horizon), calculator and factors (with a tool); for a chat model: arithmetic, "
-        "count, chat_calculator (tasks.py); default: reverse for the tiny model, arithmetic otherwise")
+        None, "reverse, periodic (long horizon), calculator and factors (with a tool); for a chat model: "
+        "arithmetic, count, chat_calculator (tasks.py, tool_use.py); default: reverse for the tiny model, "
+        "arithmetic otherwise")
     horizon: Optional[int] = arg(
         None, "the task's length knob: string length, answer length, numbers added / digits / numbers listed "
         "(default: the task's own, tasks.py)")
@@ -70,6 +71,17 @@ class Config(train_cli.Options):
     ppo_epochs: int = arg(1, "passes over each batch; > 1 uses the PPO clipped ratio")
     minibatch_size: Optional[int] = arg(None, "responses per optimizer step (default: the whole batch)")
     clip_eps: float = arg(0.2, "PPO clip range eps: rho is clipped to [1 - eps, 1 + eps]")
+    # memory and speed: none of these changes the gradient, only what is held at once, or how fast it samples
+    chunk_size: Optional[int] = arg(
+        None, "response positions per chunk of the float32 LM head, recomputed in the backward "
+        "(default: all at once)")
+    micro_batch_rows: Optional[int] = arg(
+        None, "rows per forward/backward pass, gradients accumulated: the same gradient, one optimizer step")
+    activation_checkpointing: bool = arg(
+        False, "recompute each layer in the backward (Hugging Face gradient checkpointing): less memory")
+    compile_decode: bool = arg(
+        False, "sample with a static KV cache and a compiled decode step (lab/fast_decode.py): the plain "
+        "loop's tokens; compiling takes about a minute per batch size on a CPU")
     log_every: int = arg(10, "print one metrics line every k steps (the bar updates every step)")
 
 
@@ -83,16 +95,18 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     t0 = time.perf_counter()
     # ---- rollout: N responses to each prompt, and their rewards
     prompts, answers = tasks.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
-    # the sampler's draws, then the minibatch order; on a GPU there (else a (B, V) copy to the host a token)
-    gen = torch.Generator(device if device.type == "cuda" else "cpu").manual_seed(tasks.step_seed(cfg.seed, step))
+    seed = tasks.step_seed(cfg.seed, step)
+    gen = torch.Generator(device).manual_seed(seed)  # the sampler's draws, then the minibatch order
     if sampler is not model:
         sampler.load_state_dict(model.state_dict())  # cast to the rollout dtype on copy
+    sampler.eval()  # the rollout begins: eval mode (checkpointed layers in train mode turn the KV cache off)
+    sample = fast_decode.sample if cfg.compile_decode else rollout.sample  # the same tokens, compiled
     with autocast(device):
-        ro = rollout.sample(sampler, prompts, group_size=cfg.group_size, temperature=cfg.temperature,
-                            max_new_tokens=cfg.max_new_tokens or task.max_new_tokens(), generator=gen,
-                            eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, tool=task.tool(tok),  # tool: None
-                            stop=task.stop_rule(tok, answers, cfg.group_size),  # None: a row ends at EOS
-                            decoder=fast_decode.decoder(sampler, "compiled") if cfg.compile_decode else None)
+        ro = sample(sampler, prompts, group_size=cfg.group_size, temperature=cfg.temperature,
+                    max_new_tokens=cfg.max_new_tokens or task.max_new_tokens(), generator=gen,
+                    eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                    tool=task.tool(tok),  # None: a single-turn task
+                    stop=task.stop_rule(tok, answers, cfg.group_size))  # None: a row ends at EOS
     R, token_rewards, _ = tasks.rewards(task, tok, ro, answers, cfg.group_size)  # R (B,), r_t (B, T)
     t_rollout = time.perf_counter() - t0
     return score_estimate_update(cfg, model, opt, ro, R, token_rewards.to(device), estimator, gen, t_rollout)
@@ -103,41 +117,53 @@ def score_estimate_update(cfg, model, opt, ro, R, token_rewards, estimator, gen,
     runs it on a batch of its own). Returns its StepResult."""
     device, m = next(model.parameters()).device, ro.response_mask  # (B, T)
     t1 = time.perf_counter()
-    # ---- score: the training forward pass, a micro-batch at a time (one block by default). When one
-    # optimizer step takes the whole batch, its graph is kept and the update uses it as its forward.
-    keep_graph = one_update_per_batch(cfg, len(m))
-    with torch.set_grad_enabled(keep_graph):
+    model.train()  # the update begins: its forward is the scoring pass (layers checkpointed in train mode)
+    # ---- score: the training forward pass, a micro-batch at a time (one block by default).
+    # One forward pass per step: when one optimizer step takes the whole batch in one block (the default), the
+    # scoring pass keeps its graph and the update's loss is built on it (docs/cost.md: 0.83x the time of a
+    # step with a second forward); otherwise the scoring pass keeps no graph and the update runs its own.
+    one_pass = one_update_per_batch(cfg, len(m))
+    with torch.set_grad_enabled(one_pass):
         blocks = torch.arange(len(m), device=device).split(cfg.micro_batch_rows or len(m))  # row indices
         parts = [score_rows(model, cfg, ro, rows) for rows in blocks]
     logp, sum_pi_sq, entropy = (torch.cat(x) for x in zip(*parts))  # (B, T) each
     old_logp = logp.detach()  # log pi_old(y_t), (B, T)
-    # ---- estimate: the one line that differs between configurations (check=False: the tensors are our own)
+    # ---- estimate: the one line that differs between configurations
     adv, _ = estimator(token_rewards=token_rewards, response_mask=m, group_index=ro.group_index,
-                       log_probs=old_logp, sum_pi_sq=sum_pi_sq, check=False)  # A_t, (B, T)
+                       log_probs=old_logp, sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
     t2 = time.perf_counter()
     # ---- update
-    norms, clip_frac, loss = policy_update(model, opt, cfg, ro, old_logp, adv, gen, logp=logp if keep_graph else None)
-    return StepResult(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss,
-                (t_rollout, t2 - t1, time.perf_counter() - t2))
+    norms, clip_frac, loss = policy_update(model, opt, cfg, ro, old_logp, adv, gen,
+                                           logp=logp if one_pass else None)
+    seconds = (t_rollout, t2 - t1, time.perf_counter() - t2)  # rollout, score + estimate, update
+    return StepResult(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss, seconds)
 
 
 def policy_update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
     """The policy-gradient step(s) on the loss L of the module docstring, identical for every estimator:
-    (grad norms, clip fraction, loss). When one update takes the whole batch in one pass (rho == 1),
-    ``logp``, the scoring pass's with its graph, is the forward."""
+    (grad norms, clip fraction, loss). ``logp``: the scoring pass's log-probs with their graph, the
+    forward of an update that takes the whole batch in one block (``one_update_per_batch``); None: each
+    block is scored again.
+
+    Each minibatch is one optimizer step. Its rows go through the model ``micro_batch_rows`` at a time
+    (gradient accumulation): each block's loss is divided by the token count of the whole minibatch, so
+    the gradients that add up over the blocks are those of the minibatch's token mean, the same as one
+    pass over all its rows would give (tests/test_exact_memory.py)."""
     B = adv.shape[0]
     size = cfg.minibatch_size or B
     norms, clipped, losses = [], [], []
     for _ in range(cfg.ppo_epochs):
-        order = torch.randperm(B, generator=generator, device=generator.device) if size < B else torch.arange(B)
+        if size < B:  # minibatches of random rows
+            order = torch.randperm(B, generator=generator, device=generator.device)
+        else:
+            order = torch.arange(B)
         for idx in order.to(adv.device).split(size):
             n_tokens = ro.response_mask[idx].sum()  # sum m over the whole minibatch
             opt.zero_grad(set_to_none=True)
             loss, n_clipped = 0.0, 0.0
             for rows in idx.split(cfg.micro_batch_rows or len(idx)):  # one block without --micro-batch-rows
                 m, a = ro.response_mask[rows], adv[rows]  # m_t, A_t, (b, T)
-                logp_mb = logp if logp is not None else score_rows(model, cfg, ro, rows)[0]  # log pi(y_t), (b, T)
-                logp = None  # the scoring pass's graph is used once
+                logp_mb = score_rows(model, cfg, ro, rows)[0] if logp is None else logp  # log pi(y_t), (b, T)
                 rho = torch.exp(logp_mb - old_logp[rows])  # rho_t = pi / pi_old, (b, T)
                 surrogate = torch.minimum(rho * a, rho.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * a)
                 part = -(surrogate * m).sum() / n_tokens  # its share of the minibatch's token mean
@@ -167,40 +193,17 @@ class StepResult:
 
 
 def score_rows(model, cfg, ro, rows):
-    """rollout.score of the batch's rows ``rows`` in the step's precision (``autocast``), each layer recomputed
-    in the backward with --activation-checkpointing: (logp, sum_pi_sq, entropy), (b, T) each."""
-    recompute = RecomputeLayers(model) if cfg.activation_checkpointing else nullcontext()
-    with autocast(ro.response.device), recompute:
+    """rollout.score of the batch's rows ``rows`` in the step's precision (``autocast``):
+    (logp, sum_pi_sq, entropy), (b, T) each."""
+    with autocast(ro.response.device):
         return rollout.score(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response[rows],
                              ro.response_mask[rows], cfg.temperature, cfg.chunk_size)
 
 
 def one_update_per_batch(cfg, batch):
     """One optimizer step on the whole batch in one pass: the scoring pass's graph is then the update's."""
-    return cfg.ppo_epochs == 1 and min(cfg.minibatch_size or batch, cfg.micro_batch_rows or batch) >= batch
-
-
-class RecomputeLayers:
-    """Hugging Face gradient checkpointing around a forward pass. Enabled once per model (each enable
-    adds a forward hook to the embeddings, which would pile up, one per pass), and the model in train
-    mode inside, the only mode in which Hugging Face models checkpoint (no dropout here: train and eval
-    mode compute the same values); eval mode again outside, where sampling needs the KV cache."""
-
-    def __init__(self, model):
-        self.model = model
-        newer = hasattr(model, "activation_checkpointing_enable")  # the name in recent transformers
-        if not (model.is_activation_checkpointing if newer else model.is_gradient_checkpointing):
-            kwargs = {"use_reentrant": False}  # the reentrant variant drops the gradients of inputs needing none
-            if newer:
-                model.activation_checkpointing_enable(kwargs)
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-    def __enter__(self):
-        self.model.train()
-
-    def __exit__(self, *exc):
-        self.model.eval()
+    one_block = (cfg.minibatch_size or batch) >= batch and (cfg.micro_batch_rows or batch) >= batch
+    return cfg.ppo_epochs == 1 and one_block
 
 
 def autocast(device):
@@ -209,9 +212,22 @@ def autocast(device):
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
 
+def checkpoint_layers(model):
+    """--activation-checkpointing, enabled once at setup: in train mode (the update) each layer's
+    activations are recomputed in the backward instead of kept; eval mode (the rollout) is unchanged."""
+    kwargs = {"use_reentrant": False}  # the reentrant variant drops the gradients of inputs needing none
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers' newer name for it
+        model.activation_checkpointing_enable(kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    # Enabling also hooks the input embeddings so that their output requires grad, which only reentrant
+    # checkpointing needs; the hook stops torch 2.11's dynamo tracing the compiled decode step. Removed.
+    model.disable_input_require_grads()
+
+
 def make_estimator(name, zero_tail):
     """otb.ESTIMATORS[name]; --zero-tail turns otb and otb_tir into their zero-tail variants (verl's)."""
-    return otb.ESTIMATORS[train_cli.estimator_name(name, zero_tail)]
+    return otb.ESTIMATORS[options.estimator_name(name, zero_tail)]
 
 
 # ===== The training loop (checkpoints, Ctrl-C and --resume: lab/runs.py) ===================================
@@ -224,13 +240,11 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
     task = tasks.make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if cfg.activation_checkpointing:
-        RecomputeLayers(model)  # enabled before the first rollout: a compiled decode step is traced once
-    sampler = train_cli.sampler(cfg, model)  # the model, or its copy in --rollout-dtype
+    sampler = options.sampler(cfg, model)  # the model, or its copy in --rollout-dtype
     start, tokens, lengths, history = runs.load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])
     runs.write_metrics(run_dir, history)  # a resumed run drops the lines logged after its checkpoint
     bar = (bar or progress.Bar)(cfg, start)
-    schedule, saved_at = train_cli.schedule_kwargs(cfg), -math.inf  # -inf: the first step saves
+    schedule, saved_at = options.schedule_kwargs(cfg), -math.inf  # -inf: the first step saves
     with runs.StopOnCtrlC() as stop:
         for step in range(start, cfg.steps):
             lr = cfg.lr * lr_schedule.lr_factor(cfg.lr_schedule, lengths, cfg.steps, **schedule)
@@ -239,7 +253,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
             s = train_step(cfg, model, sampler, opt, task, tok, estimator, step)  # rollout -> update
             opt.zero_grad(set_to_none=True)  # the gradients are not held through the next rollout
             t_log = time.perf_counter()
-            lengths.append(s.ro.response_mask.sum(-1).mean().item())  # L_i, mean response length (the length rule)
+            lengths.append(s.ro.response_mask.sum(-1).mean().item())  # L_i, the mean response length
             tokens += int(s.ro.response_mask.sum().item())
             row = logbook.step_metrics(step, s, tokens, lr)
             row["t_log"] = time.perf_counter() - t_log  # the diagnostics above (they must stay cheap)
@@ -263,7 +277,10 @@ def main(argv=None):
     """Parse, load the model, then one run (--estimator) or a comparison (lab/compare.py)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     cfg, model, tok, folder, command, source = runs.start(argv, Config)  # checked; the header printed
-    if cfg.preflight or (cfg.preset != "cpu" and not cfg.estimator and not cfg.resume):  # a GPU preset checks first
+    if cfg.activation_checkpointing:
+        checkpoint_layers(model)  # once, before any rollout: a compiled decode step is traced once
+    gpu_comparison = cfg.preset != "cpu" and not cfg.estimator and not cfg.resume  # a GPU preset checks first
+    if cfg.preflight or gpu_comparison:
         with runs.errors_exit():  # over the memory limit: one line naming the options, exit status 2
             report = preflight.run(cfg, model, tok, folder, train_step, score_estimate_update, make_estimator)
         if cfg.preflight:

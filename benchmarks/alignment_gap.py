@@ -26,13 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
-from lab import stats  # noqa: E402
+from lab.analysis import stats  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
-from lab import train_cli  # noqa: E402
+from lab import options  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.common import draw_pool, subset  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
+from lab import machine  # noqa: E402
 
 
 def alone(m, gid):
@@ -80,12 +80,13 @@ def main(argv=None):
     if a.pool % a.group_size:
         p.error(f"--pool {a.pool} must be a multiple of --group-size {a.group_size}")
     cfg = train.Config(task=a.task, horizon=a.horizon, seed=a.seed, warmup_target=a.warmup_target, out=a.cache)
-    model, tok, source = train_cli.load(cfg, torch.device("cpu"))
+    model, tok, source = options.load(cfg, torch.device("cpu"))
     task = tasks.make_task(cfg)
     prompts, answers = tasks.prompt_batch(task, tok, 20_000 + a.seed, 0, a.prompts)  # unseen by RL and the sweep
     per_prompt, info = measure(model, tok, task, cfg, prompts, answers, a.pool, a.group_size, a.seed)
-    result = dict(command=cli.command("alignment_gap.py", argv), args=vars(a), machine=machine(), model=source["path"],
-                  **info, **{k: list(stats.mean_interval(v)) for k, v in per_prompt.items()}, per_prompt=per_prompt)
+    result = dict(command=cli.command("alignment_gap.py", argv), args=vars(a), machine=machine.info(),
+                  model=source["path"], **info, **{k: list(stats.mean_interval(v)) for k, v in per_prompt.items()},
+                  per_prompt=per_prompt)
     print(json.dumps({k: v for k, v in result.items() if k != "per_prompt"}, indent=1))
     if a.out:
         cli.write_json(a.out, "gap.json", result)

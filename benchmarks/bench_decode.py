@@ -1,7 +1,7 @@
 """How long does one sampled token take? The rollout's decode loop, timed (docs/cost.md).
 
-Times ``rollout.sample`` on a SmolLM2-135M-shaped model with random weights; no row ever ends (EOS
-id -1), so a call runs exactly ``--tokens`` decode steps. Reported: ms per sampled position (one
+Times ``fast_decode.sample`` (rollout.sample's loop on a chosen decoder) on a SmolLM2-135M-shaped model
+with random weights; no row ever ends (EOS id -1), so a call runs exactly ``--tokens`` decode steps. Reported: ms per sampled position (one
 decode step of the batch), median of ``--repeats`` calls after a warm-up call; the draws on the
 model's device, as train.py makes them. ``--hidden 72`` leaves only the cost of launching the
 layers; ``--decode`` times fast_decode.py's decoders in turns and checks their tokens agree.
@@ -19,12 +19,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import rollout  # noqa: E402
 from lab import fast_decode  # noqa: E402
 from benchmarks.cli import (at_least, choice_list, device_option, int_list,  # noqa: E402
                             out_json, parser, pick_device)
 from benchmarks.common import model_options, smollm2_shaped  # noqa: E402
-from benchmarks.machine import describe, interleaved_rounds, machine  # noqa: E402
+from lab import machine  # noqa: E402
+from benchmarks.common import interleaved_rounds  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -56,9 +56,9 @@ def time_sampling(model, B, args, decodes=("plain",)):
 
     def sample(r, decode):  # the draws on the model's device, as train.py makes them
         with autocast:
-            ro = rollout.sample(model, prompts, group_size=1, max_new_tokens=args.tokens, temperature=1.0,
-                                eos_id=-1, pad_id=0, generator=torch.Generator(device).manual_seed(r),
-                                decoder=fast_decode.decoder(model, decode))  # eos_id -1: no row ever ends
+            ro = fast_decode.sample(model, prompts, group_size=1, max_new_tokens=args.tokens, temperature=1.0,
+                                    eos_id=-1, pad_id=0, generator=torch.Generator(device).manual_seed(r),
+                                    decoder=fast_decode.decoder(model, decode))  # eos_id -1: no row ever ends
         assert ro.response.shape == (B, args.tokens)
         return ro.response  # (B, tokens)
     # round 0 warms up (allocator, kernels, compiling): reported apart
@@ -74,8 +74,8 @@ def time_sampling(model, B, args, decodes=("plain",)):
 
 def main(argv=None):
     args = parse_args(argv)
-    device, info = pick_device(args.device), machine()
-    print(f"machine: {describe(info)}\nmodel: SmolLM2-135M shape, hidden {args.hidden}, "
+    device, info = pick_device(args.device), machine.info()
+    print(f"machine: {machine.describe_info(info)}\nmodel: SmolLM2-135M shape, hidden {args.hidden}, "
           f"{args.layers} layers, on {device}; prompt {args.prompt}, {args.tokens} decode steps per call")
     model = smollm2_shaped(args.hidden, args.layers, device)
     print(f"{'B':>5} {'decode':>9} {'ms / sampled position':>22} {'plain / this':>12} {'first call s':>12} "

@@ -20,7 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import otb  # noqa: E402
-from benchmarks.machine import describe, interleaved_rounds, machine  # noqa: E402
+from lab import machine  # noqa: E402
+from benchmarks.common import interleaved_rounds  # noqa: E402
 from benchmarks.cli import at_least, command, device_option, parser, pick_device  # noqa: E402
 
 # rows x tokens : group size
@@ -89,7 +90,7 @@ def main():
     args = parse_args()
     device = pick_device(args.device)
     print("command: " + command("bench_estimators.py"))
-    print(f"{describe(machine())}, device: {device}")
+    print(f"{machine.describe_info(machine.info())}, device: {device}")
     print(f"float32 inputs, median of {args.repeats} interleaved rounds after a warm-up round\n")
     header = (f"{'shape (rows x tokens : group)':>30} {'groups':>7} {'otb ms':>9} {'loop ms':>9} "
               f"{'floor ms':>9} {'loop/otb':>9} {'otb/floor':>10} {'max|diff|':>10}  faster")

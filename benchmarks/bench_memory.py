@@ -44,7 +44,7 @@ import rollout  # noqa: E402
 import train  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.common import smollm2_shaped  # noqa: E402
-from benchmarks.machine import describe, machine  # noqa: E402
+from lab import machine  # noqa: E402
 
 SHAPE = dict(vocab=49152, hidden=576, layers=30, heads=9, kv_heads=3, mlp=1536)
 PROMPT, RESPONSE, ROWS, GROUP = 45, 327, 128, 16  # the preset's group_mean:16 step
@@ -66,6 +66,7 @@ def one_update(rows, micro, chunk):
     """Child process: build, then one update as train_step makes it; returns the measurements."""
     before = preflight.resident()
     model = smollm2_shaped(layers=SHAPE["layers"])
+    train.checkpoint_layers(model)  # --activation-checkpointing, as train.py's setup enables it
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     cfg = replace(train.Config(), chunk_size=chunk, activation_checkpointing=True, micro_batch_rows=micro,
                   temperature=0.7)
@@ -171,13 +172,14 @@ def main(argv=None):
     micro = min(ROWS, args.micro_batch_rows)
     preset = {d: count(micro, d, per_layer[d][0], params, linear_params, args.chunk_size) for d in per_layer}
     whole = {d: count(ROWS, d, per_layer[d][0], params, linear_params, args.chunk_size) for d in per_layer}
-    record = dict(command=command, machine=machine(), shape=dict(SHAPE, prompt=PROMPT, response=RESPONSE, rows=ROWS),
-                  measured=rows_out, per_layer_row_bytes={d: v[0] for d, v in per_layer.items()},
+    record = dict(command=command, machine=machine.info(),
+                  shape=dict(SHAPE, prompt=PROMPT, response=RESPONSE, rows=ROWS), measured=rows_out,
+                  per_layer_row_bytes={d: v[0] for d, v in per_layer.items()},
                   per_layer_saved={d: v[1] for d, v in per_layer.items()},
                   count_preset_micro_batch=preset, count_one_pass_128_rows=whole)
     comp = list(preset["bfloat16"])
     text = (f"# Memory of one group_mean:16 update at the GPU preset's shapes\n\n`{command}`\n\n"
-            f"{describe(record['machine'])}. SmolLM2-135M's shape, random weights, {PROMPT} + {RESPONSE} "
+            f"{machine.describe_info(record['machine'])}. SmolLM2-135M's shape, random weights, {PROMPT} + {RESPONSE} "
             f"positions per row, --chunk-size {args.chunk_size}, --activation-checkpointing.\n\n"
             "## Measured on the CPU (float32), against the count\n\n"
             "| rows | micro-batch rows | seconds | measured peak above start (GB) | count (GB) | count / measured |\n"

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from lab import preflight  # noqa: E402
 import rollout  # noqa: E402
-from benchmarks.machine import describe, interleaved_rounds, machine  # noqa: E402
+from lab import machine  # noqa: E402
+from benchmarks.common import interleaved_rounds  # noqa: E402
 from benchmarks.common import model_options, smollm2_shaped, sum_pi_squared  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.cli import RUNS, at_least, device_option, int_list, out_folder, parser  # noqa: E402
@@ -98,7 +99,7 @@ def main(argv=None):
     device = cli.pick_device(args.device)
     if args.child:
         return child(args, device)
-    info = machine()
+    info = machine.info()
     model, inputs = build(args, device)
     n_params = sum(p.numel() for p in model.parameters())
     shape = f"B={args.batch}, prompt {args.prompt}, T={args.response}, V={args.vocab}"
@@ -122,7 +123,7 @@ def main(argv=None):
     cmd, tag = cli.command("bench_score.py", argv), device.type
     lines = [f"# sum pi^2 in rollout.score: cost ({tag})\n", f"`{cmd}`  ",
              f"{shape}; Llama hidden {args.hidden}, {args.layers} layers, {n_params / 1e6:.1f}M params; "
-             f"{describe(info)}\n",
+             f"{machine.describe_info(info)}\n",
              "| chunk_size | time without (s) | time with (s) | time ratio | work mem without (MB) | "
              "work mem with (MB) | work mem ratio | process peak ratio | goals met |", "|" + "---|" * 9]
     lines += [f"| {r['chunk_size']} | {r['time_without_s']:.3f} | {r['time_with_s']:.3f} | {r['time_ratio']:.3f} | "

@@ -21,7 +21,8 @@ import otb  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
 from benchmarks.common import load_model, smollm2_shaped, sum_pi_squared  # noqa: E402
-from benchmarks.machine import describe, interleaved_rounds, machine  # noqa: E402
+from lab import machine  # noqa: E402
+from benchmarks.common import interleaved_rounds  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.cli import RUNS, at_least, choice_list, out_folder, parser  # noqa: E402
 
@@ -84,12 +85,12 @@ def time_model(name, args):
 
 def main(argv=None):
     args = parse_args(argv)
-    info = machine()
+    info = machine.info()
     print(info)
     rows = [time_model(name, args) for name in args.models]
     cmd = cli.command("bench_step_cost.py", argv)
     lines = ["# Time per training step: OTB vs group_mean (same process, identical batches)\n", f"`{cmd}`  ",
-             f"{describe(info)}; median of {args.steps} steps per variant\n",
+             f"{machine.describe_info(info)}; median of {args.steps} steps per variant\n",
              "| model | V | prompts x N | group_mean (s) | otb (s) | group_mean+spp (s) | otb / group_mean | goal <= 1.03 |",
              "|" + "---|" * 8]
     lines += [f"| {r['model']} | {r['vocab']} | {r['prompts_per_step']} x {r['group_size']} | "

@@ -27,11 +27,11 @@ sys.path.insert(0, str(ROOT))
 import rollout  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
-from lab import train_cli  # noqa: E402
+from lab import options  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.cli import at_least, out_folder, parser  # noqa: E402
 from benchmarks.common import load_model  # noqa: E402  (float32, eval mode)
-from benchmarks.machine import describe, machine  # noqa: E402
+from lab import machine  # noqa: E402
 
 TRL_SCALE = {"group_mean": "none", "grpo": "group"}  # the project's estimator -> TRL's scale_rewards
 PHASES = ("rollout", "score", "update")
@@ -70,7 +70,7 @@ def setup(args):
                        group_size=args.group_size, task=args.task, horizon=args.horizon,
                        max_new_tokens=args.max_new_tokens, out=str(ROOT / "runs"))
     cfg.max_new_tokens = tasks.response_limit(cfg, tasks.make_task(cfg))  # explicit for TRL's config
-    _, tok, source = train_cli.load(cfg, torch.device("cpu"))  # builds and caches the warm-up if needed
+    _, tok, source = options.load(cfg, torch.device("cpu"))  # builds and caches the warm-up if needed
     return source["path"], tok, tasks.make_task(cfg), cfg
 
 
@@ -187,7 +187,8 @@ def report(args, cfg, command, info, summary):
     med, r = summary["median_s"], summary["ratio_project_over_trl"]
     trl_name = f'TRL GRPOTrainer (scale_rewards="{TRL_SCALE[args.estimator]}", loss_type="dapo")'
     lines = [f"# train.py's step vs {trl_name}\n", f"`{command}`  ",
-             f"{describe(info)}, trl {info['trl']}, transformers {info['transformers']}; OMP_WAIT_POLICY={info['omp_wait_policy']}; "
+             f"{machine.describe_info(info)}, trl {info['trl']}, transformers {info['transformers']}; "
+             f"OMP_WAIT_POLICY={info['omp_wait_policy']}; "
              f"task {args.task}, {args.prompts_per_step} prompts x N={args.group_size}, {cfg.max_new_tokens} new tokens; "
              f"median of steps {args.skip + 1}-{args.steps}, the two sides interleaved\n",
              "| side | rollout (s) | score (s) | update (s) | step (s) |", "|---|---|---|---|---|"]
@@ -207,7 +208,7 @@ def main(argv=None):
     command = cli.command("bench_vs_trl.py", argv)
     import transformers
     import trl
-    info = dict(machine(), trl=trl.__version__, transformers=transformers.__version__,
+    info = dict(machine.info(), trl=trl.__version__, transformers=transformers.__version__,
                 omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "unset"))
     print(command, info, sep="\n", flush=True)
     out = Path(args.out)

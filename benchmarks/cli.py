@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from lab.plumbing import UsageError, pick_device, unwritable  # noqa: E402  (train.py's, written once)
+from lab.options import UsageError, pick_device  # noqa: E402  (train.py's, written once)
+from lab.parse_options import unwritable  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs"  # the default home of every benchmark's output (git-ignored)
@@ -119,7 +120,7 @@ def choice_list(choices):
 
 
 def device_option(text):
-    """auto, cpu or cuda; cuda only where torch can see a CUDA device (plumbing.pick_device decides)."""
+    """auto, cpu or cuda; cuda only where torch can see a CUDA device (lab/options.py's pick_device decides)."""
     if text not in ("auto", "cpu", "cuda"):
         raise argparse.ArgumentTypeError(f"must be auto, cpu or cuda, got {text!r}")
     try:

@@ -1,5 +1,10 @@
 """What the benchmark scripts share, written once; every script in benchmarks/ is a leaf that
-imports this module (and cli.py, machine.py, grid.py), never another script.
+imports this module (and cli.py, grid.py), never another script. Each prints and stores the machine it
+ran on (lab/machine.py: ``info``, ``describe_info``).
+
+- ``interleaved_rounds``: how the timing benchmarks (bench_estimators, bench_score, bench_step_cost,
+  bench_decode) compare variants: one call of each variant per round, in turns, so a change in a
+  shared machine's load hits all of them alike; round 0 warms up and is not in medians.
 
 - A model of SmolLM2-135M's shape with random weights, and its command-line options
   (bench_decode, bench_score, bench_step_cost).
@@ -12,20 +17,50 @@ imports this module (and cli.py, machine.py, grid.py), never another script.
   for models whose gradients are too large to keep one per prompt and estimator.
 """
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
-from lab import scale_free  # noqa: E402
+from lab.analysis import scale_free  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
-from lab import train_cli  # noqa: E402
+from lab import options  # noqa: E402
 from benchmarks.cli import at_least, multiple_of  # noqa: E402
+
+
+# ---- Timing variants in turns
+
+def interleaved_rounds(fns, repeats, rotate=False, device=None, setup=None, desc=None, keep=False):
+    """Call each of ``fns`` once per round, for 1 + ``repeats`` rounds, in turns (a, b, c, a, b, c,
+    ...; with ``rotate`` the order turns by one each round: a, b, c, then b, c, a, ...). Each fn takes
+    the round number r. Untimed before each call: ``setup()`` if given, and waiting for a CUDA
+    ``device`` (waited for again at the end of the call). ``desc``: a progress bar over the rounds.
+    Returns (seconds, values): per fn, in every round, its wall time and, with ``keep``, what it
+    returned (else None: an output is freed at once, as in a training loop); round 0 (the warm-up:
+    allocator, kernels, compiling; left out of the medians) first."""
+    cuda = device is not None and device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    seconds, values = [[] for _ in fns], [[] for _ in fns]
+    for r in tqdm(range(repeats + 1), desc=desc, disable=desc is None):
+        start = r % len(fns) if rotate else 0
+        for i in [*range(start, len(fns)), *range(start)]:
+            if setup is not None:
+                setup()
+            sync()
+            t0 = time.perf_counter()
+            out = fns[i](r)
+            sync()
+            seconds[i].append(time.perf_counter() - t0)
+            values[i].append(out if keep else None)
+            del out
+    return seconds, values
 
 
 # ---- A model of SmolLM2-135M's shape
@@ -73,10 +108,10 @@ def sum_pi_squared(variant):
 
 def load_model(model_dir=""):
     """(model, tokenizer, folder) saved in model_dir; empty: the default run's warmed-up tiny model
-    (train_cli.load builds it and caches it under runs/_cache when it is not there yet)."""
+    (options.load builds it and caches it under runs/_cache when it is not there yet)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     if not model_dir:
-        model_dir = train_cli.load(train.Config(out=str(ROOT / "runs")), torch.device("cpu"))[2]["path"]
+        model_dir = options.load(train.Config(out=str(ROOT / "runs")), torch.device("cpu"))[2]["path"]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()  # no dropout
     return model, AutoTokenizer.from_pretrained(model_dir), Path(model_dir)
 

@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT))
 from lab import compare  # noqa: E402
 from benchmarks import grid  # noqa: E402
 from benchmarks.cli import at_least, out_folder, parser, write_results  # noqa: E402
-from lab.plumbing import read_jsonl  # noqa: E402
-from lab.stats import mean_se  # noqa: E402
+from lab.runs import read_jsonl  # noqa: E402
+from lab.analysis.stats import mean_se  # noqa: E402
 from lab.machine import NOT_RECORDED, kept_provenance, provenance  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
+from lab import machine  # noqa: E402
 
 # ---- the protocol (docs/equal_tokens_protocol.md); change only by an addendum there
 HORIZON = 64
@@ -370,7 +370,7 @@ def main(argv=None):
     main_runs = {run_name(e, n, s, lrs[(e, n)]) for e, n in CONFIGS for s in SEEDS}
     extra = {k: v for k, v in {**saved, **load.from_runs}.items() if k not in main_runs}
     made_on = dict(machine=saved_json.get("machine", NOT_RECORDED), provenance=kept_provenance(saved_json)) \
-        if args.from_saved else dict(machine=machine(), provenance=provenance())  # the measurement's
+        if args.from_saved else dict(machine=machine.info(), provenance=provenance())  # the measurement's
     write_results(out, "results", dict(
         protocol="docs/equal_tokens_protocol.md", command=source, **made_on, budget=BUDGET, seeds=SEEDS,
         pilot_seed=PILOT_SEED, lr_grid=LR_GRID, chosen_lr={f"{e}:{n}": lr for (e, n), lr in lrs.items()},

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks import horizon_sweep as hs  # noqa: E402
 from benchmarks.cli import RUNS, out_folder, parser, write_results  # noqa: E402
-from lab import resampling, scale_free, stats  # noqa: E402
+from lab.analysis import resampling, scale_free, stats  # noqa: E402
 from lab.machine import NOT_RECORDED, kept_provenance  # noqa: E402
 
 FOLDERS = {"primary (seeds 0-5)": "benchmarks/results/factors_sweep_128",

@@ -34,15 +34,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from lab import diagnostics  # noqa: E402
 import otb  # noqa: E402
-from lab import scale_free  # noqa: E402
-from lab import stats  # noqa: E402
+from lab.analysis import scale_free  # noqa: E402
+from lab.analysis import stats  # noqa: E402
 import rollout  # noqa: E402
 import tasks  # noqa: E402
 from benchmarks.cli import (RUNS, at_least, choice_list, command, int_list, multiple_of,  # noqa: E402
                             out_folder, parser, write_results)
 from benchmarks.common import (draw_pool, group_gradients, group_ids_of, load_model,  # noqa: E402
                                per_response_scores, reference_gradient, subset)
-from benchmarks.machine import describe, machine  # noqa: E402
+from lab import machine  # noqa: E402
 from lab.machine import kept_provenance, provenance  # noqa: E402
 
 
@@ -244,7 +244,8 @@ def report(record, rows, corr, across):
     return (f"# True gradient variance vs the forward-only proxies\n\n`{record['command']}`  \n"
             f"model: {Path(record['model_dir']).name} ({record['parameters']} parameters), {a['prompts']} prompts x "
             f"{a['pool']} responses, success rate of the pool {record['success_rate']:.3f}; {record['seconds']:.0f} s "
-            f"on {describe(record['machine'])}. Intervals: 2,000 bootstrap draws of prompts; nvar and the gain "
+            f"on {machine.describe_info(record['machine'])}. Intervals: 2,000 bootstrap draws of prompts; "
+            f"nvar and the gain "
             f"are test-inversion sets (resampling.py eq. 4'): \u2265 / \u2264 where only one end is resolved, (edge) a verdict "
             f"against 1 within Monte Carlo error; * marks a number shown clipped to its range.\n\n{table_md(rows)}\n\n"
             f"Proxy W(tau) vs exact ||grad log pi(tau)||^2 over {corr['responses']} responses: "
@@ -275,7 +276,7 @@ def main(argv=None):
         return write(args.out, record, *load_stats(Path(args.from_saved) / "stats.npz"))
     torch.manual_seed(args.seed)
     model, tok, model_dir = load_model(args.model_dir)
-    info = machine()
+    info = machine.info()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model {model_dir} ({n_params / 1e6:.2f}M parameters); {info}", flush=True)
     t0 = time.time()

@@ -24,7 +24,7 @@ saved in stats.npz, so --from-saved re-bootstraps without a model:
     python benchmarks/horizon_sweep.py --from-saved DIR --seeds 0,1 --out DIR2      # two of DIR's seeds
     python benchmarks/horizon_sweep.py --horizons 16,64,128,256 --resume --out DIR   # add n = 256 to DIR
 
-With tool use (``--task calculator``, tasks.CalculatorTask) the horizon is k, the number of
+With tool use (``--task calculator``, tool_use.CalculatorTask) the horizon is k, the number of
 numbers to add with k - 1 tool calls; the responses hold the tool's output as holes (mask 0), the
 sampler forces it in, and every gradient sees it as context. There the sweep compares
 position-aligned otb with action-aligned otb_tir (docs/tool_use.md):
@@ -65,16 +65,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
-from lab import plumbing  # noqa: E402
-from lab import scale_free  # noqa: E402
-from lab import resampling, stats  # noqa: E402
+from lab.analysis import scale_free  # noqa: E402
+from lab.analysis import resampling, stats  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
-from lab import train_cli  # noqa: E402
+from lab import options  # noqa: E402
 from benchmarks.common import (draw_pool, flatten, group_gradients, group_ids_of,  # noqa: E402
                                per_response_scores, reference_gradient, sketch, subset)
 from benchmarks import cli  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
+from lab import machine  # noqa: E402
 from lab.machine import kept_provenance, provenance as code_provenance  # noqa: E402
 
 
@@ -122,7 +121,7 @@ def parse_args(argv=None):
     args.horizons = args.horizons or dict(periodic=[16, 64, 128], count=[10, 30, 70]).get(args.task, [2, 4, 8])
     tiny = args.model == "tiny"
     args.project = (0 if tiny else 4096) if args.project is None else args.project
-    args.temperature = (1.0 if tiny else train_cli.PRESETS["gpu"]["temperature"]) if args.temperature is None \
+    args.temperature = (1.0 if tiny else options.PRESETS["gpu"]["temperature"]) if args.temperature is None \
         else args.temperature
     args.sample_prompts = (0 if tiny else 8) if args.sample_prompts is None else args.sample_prompts
     if args.project == 1:
@@ -153,12 +152,12 @@ def checkpoint(n, seed, args):
     cfg = train.Config(task=args.task, horizon=n, seed=seed, warmup_target=args.warmup_target,
                        out=args.cache, model=args.model, temperature=args.temperature)
     torch.manual_seed(seed)
-    device = plumbing.pick_device(args.device) if args.model != "tiny" else torch.device("cpu")
+    device = options.pick_device(args.device) if args.model != "tiny" else torch.device("cpu")
     if args.model == "tiny":
-        model, tok, source = train_cli.load(cfg, device)
+        model, tok, source = options.load(cfg, device)
     else:
         if (args.model, device) not in LOADED:
-            LOADED[(args.model, device)] = train_cli.load(cfg, device)
+            LOADED[(args.model, device)] = options.load(cfg, device)
         model, tok, source = LOADED[(args.model, device)]
     return model, tok, tasks.make_task(cfg), cfg, source
 
@@ -654,9 +653,9 @@ def main(argv=None):
               f"{info['mean_length']:.1f}", flush=True)
         save_grams(out / "stats.npz", grams_by_cell)  # after every checkpoint: nothing measured is lost,
         if i + 1 < len(todo):  # and a results.json that --resume continues from
-            write(out, command + "  # partial", args, time.time() - t0, checkpoints, grams_by_cell, machine(),
+            write(out, command + "  # partial", args, time.time() - t0, checkpoints, grams_by_cell, machine.info(),
                   provenance)
-    return write(out, command, args, time.time() - t0, checkpoints, grams_by_cell, machine(), provenance)
+    return write(out, command, args, time.time() - t0, checkpoints, grams_by_cell, machine.info(), provenance)
 
 
 if __name__ == "__main__":

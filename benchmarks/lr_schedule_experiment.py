@@ -27,12 +27,12 @@ from statistics import fmean as mean, stdev
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from lab import stats  # noqa: E402
-from lab.plumbing import read_jsonl  # noqa: E402
+from lab.analysis import stats  # noqa: E402
+from lab.runs import read_jsonl  # noqa: E402
 import otb  # noqa: E402
 from lab.lr_schedule import SCHEDULES, surge_step  # noqa: E402  (the rule train.py runs: first i > W with L_i > r L0)
 from benchmarks import cli, grid  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
+from lab import machine  # noqa: E402
 from benchmarks.cli import at_least, choice_list, int_list, parser, positive_float  # noqa: E402
 
 COLLAPSE_RATIO, MIN_FINISHED = 0.5, 0.5  # collapsed: final success < 0.5 x initial, or finished < 0.5
@@ -244,7 +244,7 @@ def load_histories(args):
 def main(argv=None):
     args = parse_args(argv)
     command = cli.command("lr_schedule_experiment.py", argv)
-    info = machine()
+    info = machine.info()
     print(command, "\nmachine:", json.dumps(info), flush=True)
     one_run = shlex.join(train_command(args, "length", "otb", args.seeds[0])[1:])
     print("one run:", one_run, flush=True)

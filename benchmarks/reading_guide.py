@@ -1,33 +1,46 @@
-"""How many lines does a reader follow through one training step? Measured, not guessed.
+"""How many lines does a reader follow through one training step? Measured, and reported.
 
     python benchmarks/reading_guide.py            # trace one default step, write docs/reading_guide.md
     python benchmarks/reading_guide.py --check    # exit 1 if docs/reading_guide.md is not what a trace writes
 
-The measure (the one the design card keeps small): run one default ``train.train_step``
-(``--estimator otb``, the tiny model, the reversal task, plain decoding) under ``sys.setprofile``,
-collect every function of the project that is entered while it runs (the root modules and lab/,
-not tests/ or benchmarks/), and add up
+The measure, the way the anchors (tiny-grpo, CleanRL, nanoGPT) are counted: run one default
+``train.train_step`` (``--estimator otb``, the tiny model, the reversal task, plain decoding) under
+``sys.setprofile`` and collect, in the project's own files (the root modules and lab/, not tests/ or
+benchmarks/),
 
-    lines = sum over entered files f of | union of the line spans of f's entered functions |
-                                        + the lines of f's module docstring
+- every function entered while the step runs;
+- every class the step builds or reads: the class of an instance that an entered function receives
+  or returns (``Config``, ``Rollout``, ``StepResult``, the task, the decoder);
+- the fields of the configuration the step reads (``cfg.x``, recorded by a spy on the ``cfg`` it is
+  given), and the class that declares each one;
 
-A function's span runs from its first line (a decorator's, if any) to its last; a function nested
-in another one, a lambda or a comprehension falls inside its parent's span and adds nothing more.
-The guide lists the path in reading order (the order in which each function is first entered), with
-the first sentence of each docstring (of a short function without one, the comment on its def line),
-so a reader can follow the step with the guide beside them.
+and add up
+
+    lines = sum over files f of | the union of f's counted lines |,   counted lines:
+            the span of every entered function (a decorator's line included; a function nested in
+              another one, a lambda or a comprehension falls inside its parent's span)
+            the body of every class the step builds or reads, less the methods the step does not enter
+            of a base class of those (``Task``, the options ``Config`` inherits), if the step enters one
+              of its methods or reads one of its fields: its header and docstring, and those fields
+            the module docstring of every file on the path
+
+The number is a report, not a target: a change that lengthens the path shows in the guide's diff,
+where a reviewer sees it. The guide lists the path in reading order (the order in which each function
+is first entered), with the first sentence of each docstring (of a short function without one, the
+comment on its def line), so a reader can follow the step with the guide beside them.
 """
 import argparse
 import ast
+import copy
 import re
 import sys
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 GUIDE = ROOT / "docs" / "reading_guide.md"
-GOAL = 420  # lines: the most the traced path may take (the design goal; tests/test_e2e_layout.py)
 # The smallest settings that keep the default path (model class, task, estimator, decode): the tiny
 # model is smaller and its warm-up shorter, which changes the numbers but not one function entered.
 TRACE_ARGS = ["--estimator", "otb", "--steps", "1", "--tiny-hidden", "32", "--tiny-layers", "1",
@@ -38,36 +51,71 @@ def project_file(filename):
     """The project's source file, relative to the root, if ``filename`` is one that counts; else None."""
     try:
         rel = Path(filename).resolve().relative_to(ROOT)
-    except ValueError:
+    except (ValueError, TypeError):
         return None
     if rel.suffix != ".py" or rel.parts[0] in ("tests", "benchmarks", "notebooks"):
         return None
     return rel if len(rel.parts) == 1 or rel.parts[0] == "lab" else None
 
 
+def class_file(cls):
+    """The project file that defines ``cls``, relative to the root, or None."""
+    module = sys.modules.get(getattr(cls, "__module__", None))
+    return project_file(getattr(module, "__file__", None))
+
+
+def project_classes(value):
+    """[(file, qualname)] of the project classes in the method order of ``value``'s type: its own
+    class first, then its bases (tuples and lists: of each item)."""
+    if isinstance(value, (tuple, list)):
+        return [c for v in value for c in project_classes(v)]
+    return [(rel, cls.__qualname__) for cls in type(value).__mro__ if (rel := class_file(cls)) is not None]
+
+
 def trace_step(argv=TRACE_ARGS):
-    """[(file, first line, name)] of every project function entered during one train_step, in
-    the order each was first entered."""
+    """(entered, classes, fields_read) of one train_step: entered, [(file, first line, name)] of every
+    project function entered, in the order each was first entered; classes, {(file, qualname): own}
+    of every project class the step builds or reads (own: the class of such an instance, not only a
+    base of it); fields_read, the names of the configuration's fields the step reads."""
     import train
 
-    entered, seen = [], set()
+    entered, seen, classes, reads = [], set(), {}, set()
+
+    def note(value):
+        for i, key in enumerate(project_classes(value)):
+            classes[key] = classes.get(key, False) or i == 0
 
     def profile(frame, event, arg):
-        if event != "call":
-            return
         code = frame.f_code
         rel = project_file(code.co_filename)
-        key = (rel, code.co_firstlineno)
-        if rel is not None and key not in seen:
-            seen.add(key)
-            entered.append((rel, code.co_firstlineno, code.co_qualname))
+        if rel is None:
+            return
+        if event == "call":
+            key = (rel, code.co_firstlineno)
+            if key not in seen:
+                seen.add(key)
+                entered.append((rel, code.co_firstlineno, code.co_qualname))
+            for value in list(frame.f_locals.values()):  # the arguments, at the call
+                note(value)
+        elif event == "return":
+            note(arg)
 
     step = train.train_step
 
-    def traced_step(*args, **kwargs):
+    def traced_step(cfg, *args, **kwargs):
+        names = {f.name for f in fields(cfg)}
+
+        class Spy(type(cfg)):  # the same configuration, recording the fields read
+            def __getattribute__(self, name):
+                if name in names:
+                    reads.add(name)
+                return super().__getattribute__(name)
+
+        spy = copy.copy(cfg)
+        spy.__class__ = Spy
         sys.setprofile(profile)
         try:
-            return step(*args, **kwargs)
+            return step(spy, *args, **kwargs)
         finally:
             sys.setprofile(None)
 
@@ -77,7 +125,8 @@ def trace_step(argv=TRACE_ARGS):
             train.main([*argv, "--out", out])
     finally:
         train.train_step = step
-    return entered
+    classes = {(rel, name): own for (rel, name), own in classes.items() if not name.endswith("Spy")}
+    return entered, classes, reads
 
 
 def spans(rel):
@@ -93,21 +142,67 @@ def spans(rel):
 
 
 def docstring_lines(node):
-    """The line numbers of a parsed module's or function's docstring (none without one)."""
+    """The line numbers of a parsed module's, class's or function's docstring (none without one)."""
     body = node.body if isinstance(getattr(node, "body", None), list) else []  # a lambda's body is one expression
     doc = body[0] if body and isinstance(body[0], ast.Expr) else None
     is_doc = doc is not None and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)
     return set(range(doc.lineno, doc.end_lineno + 1)) if is_doc else set()
 
 
-def measure(entered):
-    """(total lines, per-file lines, path): the path is [(file, name, first, last, summary)]."""
-    lines, path, parsed = {}, [], {}
-    for rel, first, name in entered:
+def find_class(tree, qualname):
+    """The ClassDef node of ``qualname`` in a parsed file (a nested class by its dotted name), or None."""
+    body = tree.body
+    node = None
+    for part in qualname.split("."):
+        node = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == part), None)
+        if node is None:
+            return None
+        body = node.body
+    return node
+
+
+def first_sentence(node):
+    """The first sentence of a node's docstring ("eq. (5)" ends nothing), on one line."""
+    summary = (ast.get_docstring(node) or "").split("\n\n")[0].replace("\n", " ")
+    return re.split(r"(?<!\beq)\.\s+(?=[A-Z])", summary)[0].rstrip(".")
+
+
+def class_lines(node, own, entered_firsts, fields_read):
+    """The lines of a class that count: an own class's body less the methods not entered; a base
+    class's header (decorators and class line), docstring and the statements declaring fields read."""
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    methods = [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if own:
+        lines = set(range(first, node.end_lineno + 1))
+        for m in methods:
+            m_first = min([m.lineno, *(d.lineno for d in m.decorator_list)])
+            if m_first not in entered_firsts and m.lineno not in entered_firsts:
+                lines -= set(range(m_first, m.end_lineno + 1))
+        return lines
+    lines = set()
+    for stmt in node.body:
+        targets = [stmt.target] if isinstance(stmt, ast.AnnAssign) else getattr(stmt, "targets", [])
+        if any(isinstance(t, ast.Name) and t.id in fields_read for t in targets):
+            lines |= set(range(stmt.lineno, stmt.end_lineno + 1))
+    if lines or any(m.lineno in entered_firsts or m.decorator_list and m.decorator_list[0].lineno in entered_firsts
+                    for m in methods):  # a base the step uses: with its header and docstring
+        lines |= set(range(first, node.lineno + 1)) | docstring_lines(node)
+    return lines
+
+
+def measure(entered, classes=None, fields_read=()):
+    """(total lines, per-file lines, path, class rows): the path is [(file, name, first, last, summary)]
+    of the functions, the class rows [(file, name, lines counted, summary)]."""
+    lines, path, parsed, rows = {}, [], {}, []
+
+    def parse(rel):
         if rel not in parsed:  # each file read and parsed once
             parsed[rel] = (*spans(rel), (ROOT / rel).read_text().splitlines())
             lines[rel] = docstring_lines(parsed[rel][1])
-        found, _, source = parsed[rel]
+        return parsed[rel]
+
+    for rel, first, name in entered:
+        found, _, source = parse(rel)
         if first not in found:  # a module body or class body: not a function on the path
             continue
         last, node = found[first]
@@ -117,45 +212,65 @@ def measure(entered):
         lines[rel] |= covered
         summary = ""
         if not isinstance(node, ast.Lambda):
-            summary = (ast.get_docstring(node) or "").split("\n\n")[0].replace("\n", " ")
-            summary = re.split(r"(?<!\beq)\.\s+(?=[A-Z])", summary)[0].rstrip(".")  # "eq. (5)" ends nothing
+            summary = first_sentence(node)
             if not summary:  # a short function without a docstring says what it does in a comment on its def line
                 summary = source[node.lineno - 1].partition("  # ")[2].strip()
         path.append((rel, name, first, last, summary))
+    firsts = {}
+    for rel, first, _ in entered:
+        firsts.setdefault(rel, set()).add(first)
+    for (rel, name), own in sorted((classes or {}).items(), key=lambda kv: (not kv[1], str(kv[0][0]), kv[0][1])):
+        node = find_class(ast.parse((ROOT / rel).read_text()), name)
+        counted = set() if node is None else class_lines(node, own, firsts.get(rel, set()), set(fields_read))
+        if not counted:  # a base class of which the step uses nothing
+            continue
+        parse(rel)
+        lines[rel] |= counted
+        rows.append((rel, name, len(counted), first_sentence(node), own))
     per_file = {str(rel): len(ls) for rel, ls in lines.items()}
-    return sum(per_file.values()), per_file, path
+    return sum(per_file.values()), per_file, path, rows
 
 
-def function_docstring_lines(path):
-    """How many of the path's lines are the docstrings of its functions."""
+def split(per_file, path, rows):
+    """(module docstrings, other docstrings): how many of the counted lines are docstrings."""
+    modules = sum(len(docstring_lines(ast.parse((ROOT / f).read_text()))) for f in per_file)
     found = {rel: spans(rel)[0] for rel in {p[0] for p in path}}  # each file parsed once
-    return sum(len(docstring_lines(found[rel][first][1])) for rel, _, first, _, _ in path)
+    functions = sum(len(docstring_lines(found[rel][first][1])) for rel, _, first, _, _ in path)
+    class_docs = sum(len(docstring_lines(find_class(ast.parse((ROOT / rel).read_text()), name)))
+                     for rel, name, *_ in rows)
+    return modules, functions + class_docs
 
 
-def render(total, per_file, path):
+def render(total, per_file, path, rows):
     """The text of docs/reading_guide.md."""
-    docs = sum(len(docstring_lines(ast.parse((ROOT / f).read_text()))) for f in per_file)
-    function_docs = function_docstring_lines(path)
+    modules, docs = split(per_file, path, rows)
     out = ["# Reading guide: one training step, in the order it runs", "",
            "Written by `python benchmarks/reading_guide.py` from a trace of one default `train.train_step`",
            "(`--estimator otb`, the tiny model, the reversal task, plain decoding): every function of the",
-           "project entered while the step runs, in the order it is first entered. Read them in this order;",
-           "nothing else in the project is on the path. `tests/test_e2e_layout.py` keeps this page true.",
-           "", f"**{total} lines in {len(per_file)} files** (the design goal: at most {GOAL}), counted as the union of the",
-           f"entered functions' lines plus each file's module docstring. Of the {total} lines, {docs} are the four",
-           f"module docstrings, which tell the story and name the equations, {function_docs} are the docstrings of",
-           f"the functions, and {total - docs - function_docs} are code and its comments.", "",
+           "project entered while the step runs, in the order it is first entered, and the classes the step",
+           "builds or reads. Read them in this order; nothing else in the project is on the path.",
+           "`tests/test_e2e_layout.py` keeps this page equal to a fresh trace, so a change that lengthens the",
+           "path shows in this page's diff.", "",
+           f"**{total} lines in {len(per_file)} files**, counted as anchors such as tiny-grpo are counted: the",
+           "entered functions, the bodies of the classes the step builds or reads (less the methods it does",
+           "not enter; of a base class, its header, docstring and the fields the step reads) and each file's",
+           f"module docstring. Of the {total} lines, {modules} are the module docstrings, which tell the story",
+           f"and name the equations, {docs} are the docstrings of the functions and classes, and",
+           f"{total - modules - docs} are code and its comments.", "",
            "| file | lines |", "|---|---|"]
     out += [f"| {f} | {n} |" for f, n in per_file.items()]
     out += ["", "| # | file | function | lines | what it does |", "|---|---|---|---|---|"]
     for i, (rel, name, first, last, summary) in enumerate(path, 1):
         out.append(f"| {i} | {rel} | `{name}` | {last - first + 1} | {summary.replace('|', '/')} |")
-    out += ["", "What is not on the path, and where it lives: the command line (lab/train_cli.py,",
+    out += ["", "The classes the step builds or reads (lines counted: an own class's body less the methods the",
+            "step does not enter; a base class's header, docstring and the fields read from it):", "",
+            "| file | class | lines counted | what it is |", "|---|---|---|---|"]
+    for rel, name, n, summary, own in rows:
+        out.append(f"| {rel} | `{name}`{'' if own else ' (base)'} | {n} | {summary.replace('|', '/')} |")
+    out += ["", "What is not on the path, and where it lives: the command line (lab/options.py,",
             "lab/parse_options.py), the run folder and checkpoints (lab/runs.py), comparisons (lab/compare.py),",
-            "the preflight, the optional decoders, the learning-rate schedules and the statistics (lab/). See",
-            "lab/__init__.py for the map. otb's input checks are off the path too: the step calls the estimator",
-            "with `check=False`, since its tensors come from rollout.score (otb.py, \"Input checks\"), and",
-            "tasks.rewards checks the task's rewards.", ""]
+            "the preflight, the GPU sampler, the learning-rate schedules (lab/) and the statistics (lab/analysis/). See",
+            "lab/__init__.py for the map.", ""]
     return "\n".join(out)
 
 
@@ -165,15 +280,16 @@ def main(argv=None):
     p.add_argument("--check", action="store_true",
                    help="do not write: exit 1 if docs/reading_guide.md differs from what a trace writes")
     args = p.parse_args(argv)
-    total, per_file, path = measure(trace_step())
-    text = render(total, per_file, path)
+    total, per_file, path, rows = measure(*trace_step())
+    text = render(total, per_file, path, rows)
+    counts = ", ".join(f"{f} {n}" for f, n in per_file.items())
     if args.check:
         same = GUIDE.is_file() and GUIDE.read_text() == text
         print(f"{GUIDE.relative_to(ROOT)}: {'up to date' if same else 'STALE: run python benchmarks/reading_guide.py'}"
-              f" ({total} lines traced)")
+              f" ({total} lines traced: {counts})")
         return 0 if same else 1
     GUIDE.write_text(text)
-    print(f"{total} lines in {len(per_file)} files -> {GUIDE.relative_to(ROOT)}")
+    print(f"{total} lines in {len(per_file)} files ({counts}) -> {GUIDE.relative_to(ROOT)}")
     return 0
 
 

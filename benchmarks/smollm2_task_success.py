@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from lab import models  # noqa: E402
 import rollout  # noqa: E402
-from lab import stats  # noqa: E402
+from lab.analysis import stats  # noqa: E402
 import tasks  # noqa: E402
 from benchmarks.cli import at_least, command, out_folder, parser, positive_float, write_json  # noqa: E402
 
@@ -33,7 +33,7 @@ from benchmarks.cli import at_least, command, out_folder, parser, positive_float
 def main(argv=None):
     p = parser(__doc__)
     p.add_argument("--task", default="count", choices=("count", "arithmetic", "chat_calculator"),
-                   help="the task (tasks.py): count, or the sums of arithmetic, without and with a tool")
+                   help="the task (tasks.py, tool_use.py): count, or the sums of arithmetic, without and with a tool")
     p.add_argument("--horizon", type=at_least(1), default=None,
                    help="numbers to list (count), digits per number (arithmetic) or numbers added "
                    "(chat_calculator); default: the task's own")

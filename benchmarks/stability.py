@@ -46,8 +46,8 @@ from benchmarks import grid  # noqa: E402
 from benchmarks.cli import (allow_dirty_option, at_least, choice_list, code_to_run, int_list,  # noqa: E402
                             out_folder, parser, positive_float_list, write_results)
 import otb  # noqa: E402
-from lab import stats  # noqa: E402
-from lab.plumbing import read_jsonl  # noqa: E402
+from lab.analysis import stats  # noqa: E402
+from lab.runs import read_jsonl  # noqa: E402
 
 # ---- the protocol (docs/stability_protocol.md); change only by an addendum there
 HORIZON = 64

@@ -47,7 +47,7 @@ from benchmarks import grid  # noqa: E402
 from benchmarks import stability as st  # noqa: E402
 from benchmarks.cli import (allow_dirty_option, at_least, code_to_run, int_list, out_folder, parser,  # noqa: E402
                             write_results)
-from lab import resampling, stats  # noqa: E402
+from lab.analysis import resampling, stats  # noqa: E402
 
 # ---- the protocol (docs/stability_replication_protocol.md); change only by a dated addendum there
 SEEDS = list(range(200, 224))  # 24 fresh seeds (the first study used 0-11, its pilot 100-101)
@@ -146,7 +146,7 @@ def analyse(histories, lr=st.PRIMARY_LR):
 # =====================================================================================
 
 def with_holm(secondary):
-    """Each secondary contrast with ``p_holm``: Holm's adjusted P (lab/stats.py, eq. (10)) within the
+    """Each secondary contrast with ``p_holm``: Holm's adjusted P (lab/analysis/stats.py, eq. (10)) within the
     contrasts at its learning rate (at the primary rate: otb against each other estimator; at another
     rate: the primary pair, alone), and its verdict read from that adjusted P. ``p_holm_all``: the
     adjusted P with every secondary contrast in one family, for comparison. The protocol planned no
@@ -166,7 +166,7 @@ def with_holm(secondary):
 def sensitivity(primary, per_run, lr=st.PRIMARY_LR, largest=4):
     """How much the primary's P rests on single seeds (descriptive, not the registered test): the tied
     seeds and why they tie, P with each seed left out, Wilcoxon's signed-rank and the sign test on the
-    untied seeds (lab/stats.py), and the ``largest`` differences in size: their share of the total
+    untied seeds (lab/analysis/stats.py), and the ``largest`` differences in size: their share of the total
     difference, and the mean difference, its t interval and its P without them."""
     seeds, d = primary["seeds"], primary["d"]
     a, b = per_run.get(("otb", lr), {}), per_run.get(("group_mean", lr), {})

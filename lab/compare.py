@@ -56,11 +56,10 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from lab import machine
-from lab import plumbing
 from lab import progress
-from lab import stats
+from lab.analysis import stats
 import tasks
-from lab import train_cli
+from lab import options
 from lab import runs
 from lab.logbook import moving_average, summarize  # a run's curve and its row of the table
 
@@ -69,14 +68,14 @@ from lab.logbook import moving_average, summarize  # a run's curve and its row o
 
 def lr_pilot(cfg, folder, model, tok, device, command, source, train):
     """Run the pilot (a finished run, DONE, is kept on --resume); returns the chosen rate."""
-    rates = train_cli.pilot_rates(cfg)
+    rates = options.pilot_rates(cfg)
     est, _, n = cfg.lr_pilot_run.partition(":")
     budget = cfg.lr_pilot_budget or max(1, cfg.token_budget // 4)
     sub = replace(cfg, estimator=est, group_size=int(n), compare=None, seeds=None, seed=cfg.lr_pilot_seed,
                   token_budget=budget, lr_pilot=None)
     if cfg.model == "tiny" and sub.seed != cfg.seed:  # the tiny model's warm-up depends on the seed
-        model, tok, _ = train_cli.load(sub, device)
-    init = plumbing.weights(model)
+        model, tok, _ = options.load(sub, device)
+    init = weights(model)
     rows = []
     for lr in tqdm(rates, desc=f"learning-rate pilot {cfg.lr_pilot_run}", disable=True if cfg.no_progress else None):
         history = run_one(replace(sub, lr=lr), folder / "pilot" / f"lr{lr:g}", model, init, tok, command,
@@ -155,17 +154,17 @@ def run_comparison(cfg, out, model, tok, command, source, train, bars=None):
     weights into ``out/<estimator>-n<N>``; a finished one (DONE) is kept on resume. Returns the rows.
     bars: each configuration's progress bar (``make_bars``; with --seeds, those of all the seeds)."""
     bars = bars or make_bars(cfg, out)
-    init = plumbing.weights(model)  # every run starts here
+    init = weights(model)  # every run starts here
     histories = {}
-    for est, n in train_cli.runs_of(cfg):
+    for est, n in options.runs_of(cfg):
         sub = replace(cfg, estimator=est, group_size=n, compare=None)
-        run_dir = out / train_cli.run_name(est, n, cfg.zero_tail)
+        run_dir = out / options.run_name(est, n, cfg.zero_tail)
         history = run_one(sub, run_dir, model, init, tok, command, source, train, cfg.keep_weights,
                           bar=bars[(cfg.seed, est, n)])
         histories[run_dir.name] = (sub, history)
-        if len(histories) < len(train_cli.runs_of(cfg)):  # the plot so far, redrawn as each one finishes
+        if len(histories) < len(options.runs_of(cfg)):  # the plot so far, redrawn as each one finishes
             plot_runs(out / "compare.png", cfg, histories)
-            tqdm.write(f"plot: {out / 'compare.png'} ({len(histories)} of {len(train_cli.runs_of(cfg))} "
+            tqdm.write(f"plot: {out / 'compare.png'} ({len(histories)} of {len(options.runs_of(cfg))} "
                        "configurations so far)")
     return write_summary(out, cfg, histories)
 
@@ -175,7 +174,7 @@ def run_one(sub, run_dir, model, init, tok, command, source, train, keep_weights
     run (DONE) is read back, a stopped one continues from its checkpoint; once finished, its checkpoint
     is deleted unless keep_weights (its DONE marker is all a resume needs)."""
     if (run_dir / "DONE").exists():
-        return plumbing.read_jsonl(run_dir / "metrics.jsonl")
+        return runs.read_jsonl(run_dir / "metrics.jsonl")
     resume = (run_dir / "checkpoint.pt").exists()
     if not resume:
         runs.write_config(run_dir, sub, command, source)
@@ -198,7 +197,7 @@ def write_summary(out, cfg, histories):
     """compare.png, summary.json and summary.md of one seed's runs; returns the table's rows."""
     plot_runs(out / "compare.png", cfg, histories)
     rows = [summarize(sub, h) for sub, h in histories.values()]
-    (out / "summary.json").write_text(json.dumps(dict(config=train_cli.applied(cfg), runs=rows, **runs.versions(),
+    (out / "summary.json").write_text(json.dumps(dict(config=options.applied(cfg), runs=rows, **runs.versions(),
                                                       machine=machine.fingerprint(), provenance=machine.provenance()),
                                                  indent=1))  # machine and code: its numbers depend on both
     (out / "summary.md").write_text(summary_text(rows, {name: h for name, (_, h) in histories.items()},
@@ -213,7 +212,7 @@ def rewrite_summary(folder):
     python -c "from lab import compare; compare.rewrite_summary('benchmarks/results/default_run')"."""
     folder = Path(folder)
     saved = json.loads((folder / "summary.json").read_text())
-    histories = {r["run"]: plumbing.read_jsonl(folder / r["run"] / "metrics.jsonl") for r in saved["runs"]}
+    histories = {r["run"]: runs.read_jsonl(folder / r["run"] / "metrics.jsonl") for r in saved["runs"]}
     (folder / "summary.md").write_text(summary_text(saved["runs"], histories, saved["config"]["target_success"]))
 
 
@@ -374,13 +373,13 @@ def verdict(p, who):
 
 def run_seeds(cfg, folder, model, tok, device, command, source, train):
     """Every configuration on every seed (a finished one is kept on --resume), then the analysis."""
-    seeds = train_cli.seed_list(cfg)
-    init = plumbing.weights(model)
+    seeds = options.seed_list(cfg)
+    init = weights(model)
     bars = make_bars(cfg, folder)  # "[k/K] seed s estimator N=n" over all the seeds
     for s in seeds:
         sub = replace(cfg, seed=s, seeds=None)
         if cfg.model == "tiny" and s != cfg.seed:  # the tiny model's warm-up depends on the seed
-            model, tok, _ = train_cli.load(sub, device)
+            model, tok, _ = options.load(sub, device)
         else:  # a pretrained model's weights do not: every seed starts from them
             model.load_state_dict(init)
         run_comparison(sub, folder / f"seed{s}", model, tok, command, source, train, bars)
@@ -389,10 +388,10 @@ def run_seeds(cfg, folder, model, tok, device, command, source, train):
 
 def analyse_seeds(cfg, folder):
     """Endpoints per run, the paired table and the figure, from the runs' metrics.jsonl files."""
-    seeds, configs, B = train_cli.seed_list(cfg), train_cli.runs_of(cfg), cfg.token_budget
+    seeds, configs, B = options.seed_list(cfg), options.runs_of(cfg), cfg.token_budget
     window = max(1, B // 10)
     names = [f"{est}:{n}" for est, n in configs]
-    histories = {f"{est}:{n}": {s: plumbing.read_jsonl(folder / f"seed{s}" / train_cli.run_name(est, n, cfg.zero_tail)
+    histories = {f"{est}:{n}": {s: runs.read_jsonl(folder / f"seed{s}" / options.run_name(est, n, cfg.zero_tail)
                                                        / "metrics.jsonl")
                                 for s in seeds} for est, n in configs}
     per_run = {c: {s: endpoints(h, cfg.steps, budget=B, window=window, target=cfg.target_success)  # final, auc, ...
@@ -409,7 +408,7 @@ def analyse_seeds(cfg, folder):
         p["verdict"] = verdict(p, names[0])
     (folder / "summary.md").write_text(seeds_table(cfg, names[0], rows, pairs, len(seeds)))
     (folder / "summary.json").write_text(json.dumps(dict(
-        config=train_cli.applied(cfg), **runs.versions(), machine=machine.fingerprint(),
+        config=options.applied(cfg), **runs.versions(), machine=machine.fingerprint(),
         provenance=machine.provenance(), budget=B, seeds=seeds,
         per_run=per_run, configs=rows, paired=pairs), indent=1))
     plot_seeds(histories, B, folder / "compare.png", f"{title(cfg)}, {len(seeds)} seeds")
@@ -473,3 +472,8 @@ def main(cfg, model, tok, folder, command, source, train):
           f"table: {folder / 'summary.md'} (and summary.json)\n")
     print((folder / "summary.md").read_text(), end="")  # the table, then what it shows: the screen ends there
     return rows
+
+
+def weights(model):
+    """A copy of the model's weights: its state_dict's tensors, detached and cloned."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -1,12 +1,13 @@
-"""A decode step that is not bound by Python: a static KV cache and a compiled forward pass.
+"""A decode step that is not bound by Python: a static KV cache, a compiled forward pass, and a
+sampler that rarely waits for the device.
 
 ``rollout.sample`` runs one small forward pass per new token. With its plain loop (a
 ``DynamicCache`` that grows by one column per token) each pass is a fresh sequence of small
 kernels per layer launched from Python, with new tensor shapes every time; for a model of many
 layers that launch cost, not the arithmetic, can set the time of a step. This file holds the two
-optional decoders that ``rollout.sample(decoder=decoder(model, "static" | "compiled"))``
-(train.py ``--compile-decode``) uses instead of its ``PlainDecoder``. The remedy that transformers
-and torch provide is in two parts:
+optional decoders, ``decoder(model, "static" | "compiled")``, and ``sample``, rollout.sample's loop
+on such a decoder (the compiled one by default; train.py ``--compile-decode``). The remedy that
+transformers and torch provide is in two parts:
 
 1. **A static cache** (``transformers.StaticCache``): keys and values live in tensors of a fixed
    shape (B, heads, L, head_dim), allocated once and written in place at the next column
@@ -29,10 +30,21 @@ model and shape (``reset`` between calls) so that its tensors keep their address
 graph needs; it holds B x L slots for as long as the model lives. Every tensor the step writes (the
 cache) has a static address, so a replay copies in only the step's token, position and mask.
 
-Only the model's forward pass changes. The sampler's loop (the draws from its generator, EOS,
-a tool's forced tokens) is the same code for every decoder, so the tokens are the plain loop's
-whenever the logits are; attention over L slots instead of the grown cache sums in another
-order, so the logits agree to float32 rounding, not bit for bit (tested: tests/test_naive_fast_decode.py).
+``sample`` is rollout.sample's loop (the same Turns for a tool or a stop rule, the same Rollout)
+with two changes for a GPU, where every read of a value on the host waits for the device:
+
+- **The draw.** ``torch.multinomial`` reads two values of its input on the host every call (its
+  checks: finite, not negative, rows not all zero). For one sample without replacement it draws
+  ``argmax(pi / E)`` with E ~ Exp(1) from the generator (the exponential race); ``sample`` writes that
+  out, so it draws the very tokens rollout.sample draws from the same generator, without the reads.
+  The draws happen on the generator's device (train.py makes it on the model's).
+- **``sync_every``.** The host looks at the tokens (``done.all()``, a stop rule) every ``sync_every``
+  steps (default: 1 on the CPU, else 8) instead of every step; a stop rule cuts a row back to where
+  it would have stopped, so the rollout is the same (up to padding columns at the end).
+
+So the tokens are rollout.sample's whenever the logits are: with the plain decoder, bit for bit;
+attention over L slots instead of the grown cache sums in another order, so with the static and
+compiled decoders the logits agree to float32 rounding (tested: tests/test_naive_fast_decode.py).
 
 ``count_step`` counts what a decode step asks of the host (operators launched, kernels inside the
 compiled step, syncs). What this buys on a CPU, and what is not yet measured on a GPU: docs/cost.md.
@@ -43,7 +55,8 @@ import weakref
 import torch
 from tqdm.auto import tqdm
 
-import rollout  # cache_name
+import rollout  # left_pad, positions, cache_name, PlainDecoder, Rollout
+import tool_use
 
 BUCKET = 64  # cache length granularity: prompts of nearby lengths reuse one compiled graph
 
@@ -113,11 +126,56 @@ DECODERS = {"plain": rollout.PlainDecoder, "static": StaticDecoder,
 
 
 def decoder(model, decode):
-    """The decoder named by ``decode``, for ``rollout.sample(decoder=...)``: "plain" (rollout's own,
-    a cache that grows), "static" (a static cache) or "compiled" (and a compiled step)."""
+    """The decoder named by ``decode``, for ``sample(decoder=...)``: "plain" (rollout.sample's own, a
+    cache that grows), "static" (a static cache) or "compiled" (and a compiled step)."""
     if decode not in DECODERS:
         raise ValueError(f"decode must be one of {', '.join(DECODERS)}; got {decode!r}")
     return DECODERS[decode](model)
+
+
+@torch.no_grad()
+def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, pad_id,
+           generator=None, tool=None, stop=None, decoder=None, sync_every=None):
+    """rollout.sample on ``decoder`` (default: the compiled step; any of ``decoder(model, name)``) with
+    the draw written out and the host's reads every ``sync_every`` steps (the module docstring): the
+    same arguments, the same Rollout, the same tokens whenever the decoder's logits are the same."""
+    device = next(model.parameters()).device
+    rows = [p for p in prompts for _ in range(group_size)]
+    ids, mask = (x.to(device) for x in rollout.left_pad(rows, pad_id))  # (B, P) each
+    pos = rollout.positions(mask)  # (B, P)
+    decoder = decoder or StaticDecoder(model, compile=True)
+    logits = decoder.prefill(ids, mask, pos, max_new_tokens)  # (B, V)
+    turns = tool_use.Turns(len(ids), tool, stop, device) if tool is not None or stop is not None else None
+    sync_every = sync_every or (1 if device.type == "cpu" else 8)
+    draw_on = device if generator is None else generator.device  # where the draws happen
+    tokens, logps, actions = [], [], []
+    done = torch.zeros(len(ids), dtype=torch.bool, device=device)  # (B,)
+    for t in range(max_new_tokens):
+        logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # log pi_tau, (B, V)
+        probs = logprobs.exp().to(draw_on)  # pi_tau, (B, V)
+        race = torch.empty_like(probs).exponential_(1, generator=generator)  # E ~ Exp(1), (B, V)
+        y = (probs / race).argmax(-1).to(device)  # y_t ~ pi_tau as torch.multinomial draws it, (B,)
+        action = ~done
+        if turns is not None:
+            y, action = turns.force(y, action)
+        y = y.masked_fill(done, pad_id)
+        tokens.append(y)
+        actions.append(action)
+        logps.append(logprobs.gather(-1, y[:, None]).squeeze(-1).masked_fill(~action, 0.0))
+        ends = action & (y == eos_id)
+        if turns is not None:
+            ends = turns.ends(ends, action, y, tokens)
+        done = done | ends
+        if (t + 1) % sync_every == 0 or t + 1 == max_new_tokens:  # the host looks at the tokens
+            if turns is not None:
+                done = done | turns.stopped(tokens)
+            if bool(done.all()) or t + 1 == max_new_tokens:  # no decode pass for a token never drawn
+                break
+        logits = decoder.step(y, pos[:, -1:] + 1 + t)  # (B, V)
+    ro = rollout.Rollout(prompt_ids=ids, prompt_mask=mask, response=torch.stack(tokens, 1),
+                         response_mask=torch.stack(actions, 1).float(), logp=torch.stack(logps, 1), finished=done,
+                         group_index=torch.arange(len(prompts), device=device).repeat_interleave(group_size))
+    return ro if turns is None else turns.finish(ro, pad_id)
 
 
 # =====================================================================================
@@ -134,7 +192,7 @@ NO_WORK = {"view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "slice
 
 
 def count_step(model, decode, batch=4, prompt=47, steps=(9, 17)):
-    """What one decode step of ``rollout.sample`` asks of the host, counted with torch.profiler on
+    """What one decode step of ``sample`` asks of the host, counted with torch.profiler on
     ``batch`` random prompts of ``prompt`` - 2 to ``prompt`` tokens (left padding), no row ending:
 
     - ``decoder_ops`` and ``sampler_ops``: operators dispatched from Python that launch work (each a
@@ -164,9 +222,8 @@ def count_step(model, decode, batch=4, prompt=47, steps=(9, 17)):
 
     def counts(n):
         with torch.profiler.profile() as prof:
-            rollout.sample(model, prompts, group_size=1, max_new_tokens=n, temperature=1.0, eos_id=-1, pad_id=0,
-                           generator=torch.Generator().manual_seed(0), decoder=Labelled(decoder(model, decode)),
-                           sync_every=8)
+            sample(model, prompts, group_size=1, max_new_tokens=n, temperature=1.0, eos_id=-1, pad_id=0,
+                   generator=torch.Generator().manual_seed(0), decoder=Labelled(decoder(model, decode)), sync_every=8)
         found = collections.Counter()
         for e in prof.events():
             around, p = [], e.cpu_parent
@@ -187,8 +244,8 @@ def count_step(model, decode, batch=4, prompt=47, steps=(9, 17)):
         return found
 
     with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):  # inductor's CPU kernels in the profile
-        rollout.sample(model, prompts, group_size=1, max_new_tokens=2, temperature=1.0, eos_id=-1, pad_id=0,
-                       decoder=decoder(model, decode))
+        sample(model, prompts, group_size=1, max_new_tokens=2, temperature=1.0, eos_id=-1, pad_id=0,
+               decoder=decoder(model, decode))
     a, b = counts(steps[0]), counts(steps[1])
     keys = ("decoder_ops", "sampler_ops", "compiled_kernels", "decoder_syncs", "sampler_syncs")
     return {k: (b[k] - a[k]) / (steps[1] - steps[0]) for k in keys}

@@ -26,6 +26,9 @@ The two settings above are how one machine plays another CPU: with ``ATEN_CPU_CA
 another instruction set, and the fingerprint differs, so the bit-for-bit branch is not taken under
 them (.ci/run runs the tests that read saved results a second time that way).
 
+A benchmark records more of its machine with its timings (``info``: the fingerprint, cores, torch
+threads, Python, the GPU) and prints it in one line (``describe_info``).
+
 Saved results also record the code that made them (``provenance``): the commit of the checkout and
 whether the code it runs had uncommitted changes (``code_changes``).
 """
@@ -86,6 +89,27 @@ def describe(fp):
     """One line: 'AMD EPYC (AVX2), torch 2.13.0+cpu, MKL unknown, transformers unknown'."""
     return (f"{fp.get('cpu', UNKNOWN)} ({fp.get('cpu_capability', UNKNOWN)}), torch {fp.get('torch', UNKNOWN)}, "
             f"MKL {fp.get('mkl', UNKNOWN)}, transformers {fp.get('transformers', UNKNOWN)}")
+
+
+# =====================================================================================
+# What a benchmark records of its machine
+# =====================================================================================
+
+def info():
+    """What a benchmark records of its machine, a small JSON-able dict: the fingerprint (CPU model and
+    capability, torch, MKL and transformers versions), cores, torch threads, Python and the GPU if any."""
+    return dict(**fingerprint(), logical_cpus=os.cpu_count(), torch_threads=torch.get_num_threads(),
+                omp_num_threads=os.environ.get("OMP_NUM_THREADS", "unset"),
+                python=platform.python_version(), platform=platform.platform(),
+                cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+
+
+def describe_info(info):
+    """One line for a results file: CPU (and its capability), torch threads and version (and the GPU
+    if there is one)."""
+    cpu = info["cpu"] + (f" ({info['cpu_capability']})" if info.get("cpu_capability") else "")
+    return (f"{cpu}, {info['torch_threads']} torch thread(s), torch {info['torch']}"
+            + (f", {info['cuda']}" if info.get("cuda") else ""))
 
 
 # =====================================================================================

@@ -28,6 +28,7 @@ Problems a user can fix (a missing package, a folder that does not load) raise `
 with a one-line message; train.py prints it as a usage error.
 """
 import copy
+import errno
 import hashlib
 import json
 import os
@@ -40,10 +41,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lab import plumbing
 from lab.progress import Heartbeat, drawn, duration
 import rollout
 import tasks
+import tool_use
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_WEIGHTS = "Q4_1 (4-bit) GGUF, dequantised to float32"  # stored with every run's model source
@@ -89,7 +90,7 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
     until the *sampled* success rate reaches ``target``. Returns the history of (step, success rate).
 
     For a task with a tool the correct response contains the tool's output; those tokens are left
-    out of the loss (``rollout.action_mask``), as they are out of the RL loss: the model learns to
+    out of the loss (``tool_use.action_mask``), as they are out of the RL loss: the model learns to
     write calls and answers, and reads the tool's output as context.
 
     Success is checked every ``check_every`` steps. Where it can jump between two checks (the
@@ -130,7 +131,7 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
             p = tok(task.prompt_text(tok, q), add_special_tokens=False)["input_ids"]
             r = tok(task.target_text(a), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
             rows.append(p + r)
-            policy = rollout.action_mask(tool, r)  # 1 on the policy's tokens, 0 on tool output
+            policy = tool_use.action_mask(tool, r)  # 1 on the policy's tokens, 0 on tool output
             labels.append([-100] * len(p) + [y if a else -100 for y, a in zip(r, policy)])  # response only
         width = max(map(len, rows))
         ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])  # (B, L)
@@ -163,7 +164,7 @@ def warm_up(model, tok, task, *, temperature, max_new, max_steps, target, seed, 
         if ceiling is not None:
             snapshot = copy.deepcopy((model.state_dict(), opt.state_dict()))
         if state_path is not None:  # what a continued warm-up needs (nothing since the check is replayed)
-            plumbing.save_atomic(dict(step=step, model=model.state_dict(), optimizer=opt.state_dict(),
+            save_atomic(dict(step=step, model=model.state_dict(), optimizer=opt.state_dict(),
                                       rng=rng.getstate(), history=history), Path(state_path))
     bar.close()
     return history
@@ -305,7 +306,8 @@ def load_model(name, task, device, *, max_new, cache_dir, tiny=None):
         raise ModelError(f"--model: cannot load {name!r}: {str(e).splitlines()[0]}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    if isinstance(task, (tasks.ArithmeticTask, tasks.CountTask)) and not tok.chat_template:
+    chat_tasks = (tasks.ArithmeticTask, tasks.CountTask, tool_use.ChatCalculatorTask)  # prompts in the chat template
+    if isinstance(task, chat_tasks) and not tok.chat_template:
         raise ModelError(f"--task {type(task).__name__} needs a tokenizer with a chat template; "
                          f"{name} has none")
     return model.to(device).eval(), tok, source
@@ -330,3 +332,41 @@ def check_hub_id(name):
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelError(f"--model: cannot reach {name!r} on the Hugging Face Hub ({why}); {how}, "
                          "or set HF_HUB_OFFLINE=1 to use only the local cache") from None
+
+
+# =====================================================================================
+# Saving weights: a whole file or none
+# =====================================================================================
+
+class DiskFull(Exception):
+    """A file could not be written for lack of space; the message says where and how much."""
+
+
+def save_atomic(state, path):
+    """torch.save to path.tmp, then rename: a crash never leaves half a file. A full disk (torch
+    reports it as "unexpected pos", or as ENOSPC) removes the temporary file and raises DiskFull."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        torch.save(state, tmp)
+        tmp.replace(path)
+    except (OSError, RuntimeError) as e:
+        tmp.unlink(missing_ok=True)
+        need, free = tensor_bytes(state), shutil.disk_usage(path.parent).free
+        if getattr(e, "errno", None) == errno.ENOSPC or free < need:
+            raise DiskFull(f"no space left in {path.parent}: at least {need / 1e6:.3g} MB needed, "
+                           f"{free / 1e6:.3g} MB free") from None
+        raise
+
+
+def tensor_bytes(obj, seen=None):
+    """Bytes of the tensors inside obj (dicts and lists of them), each storage counted once (tied
+    weights share one): about the size torch.save writes."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        key = obj.untyped_storage().data_ptr()
+        if key in seen:
+            return 0
+        seen.add(key)
+        return obj.untyped_storage().nbytes()
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else []
+    return sum(tensor_bytes(x, seen) for x in items)

@@ -1,6 +1,6 @@
 """How a command line becomes train.py's options: parsed, then checked before anything is created.
 
-lab/train_cli.py says what the options are (``Options``, ``PRESETS``) and what they mean; this file
+lab/options.py says what the options are (``Options``, ``PRESETS``) and what they mean; this file
 turns argv into a checked Config. lab/runs.py's ``start`` calls it first:
 
     cfg = parse_options.parse(argv, Config, PRESETS, epilog=LOG_COLUMNS)
@@ -24,15 +24,15 @@ import json
 import math
 import os
 import re
+import tempfile
 from dataclasses import fields, replace
 from pathlib import Path
 
 from transformers import HfArgumentParser
 
 from lab import lr_schedule
-from lab import plumbing
-from lab.plumbing import UsageError
-from lab.train_cli import RESUMABLE, checkpoint_step, flag, pilot_rates, runs_of, schedule_kwargs, seed_list
+from lab.options import (RESUMABLE, UsageError, checkpoint_step, flag, pilot_rates, runs_of, schedule_kwargs,
+                         seed_list)
 import otb
 import tasks
 
@@ -260,6 +260,26 @@ def check_folder(name, path):
         return
     if Path(path).exists() and not Path(path).is_dir():
         raise UsageError(f"{flag(name)} {path}: is not a folder")
-    why = plumbing.unwritable(path)
+    why = unwritable(path)
     if why:
         raise UsageError(f"{flag(name)} {path}: cannot create a folder there ({why})")
+
+
+def unwritable(path):
+    """None if ``path`` can be created here (or, if it exists, written), else why not. Leaves nothing behind:
+    besides the permission bits, which root passes everywhere, it tries a temporary folder in the nearest
+    folder that exists (a read-only mount, or /proc, refuses it even to root) and removes it."""
+    path = Path(path).expanduser().absolute()
+    parent = path.parent
+    while not parent.exists():  # the nearest folder that already exists
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is a file, not a folder"
+    target = path if path.is_dir() else parent
+    if not os.access(target, os.W_OK):
+        return f"{target} is not writable"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-check-", dir=target))
+    except OSError as e:
+        return f"{target} refuses a new folder ({e.strerror})"
+    return None

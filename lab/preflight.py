@@ -56,14 +56,15 @@ import torch
 
 import rollout
 import tasks
-from lab import compare, plumbing, stats, train_cli
+from lab import compare, options
+from lab.analysis import stats
 
 GB = 1e9
 
 
 def largest(cfg):
     """(estimator, group size) of the configuration with the most rows per step."""
-    return max(train_cli.runs_of(cfg), key=lambda run: run[1])
+    return max(options.runs_of(cfg), key=lambda run: run[1])
 
 
 def reset_peak(device):
@@ -125,7 +126,7 @@ def run(cfg, model, tok, folder, train_step, learn, make_estimator):
     est, n = largest(cfg)
     sub = replace(cfg, estimator=est, group_size=n, compare=None, seeds=None)
     task = tasks.make_task(cfg)
-    init = plumbing.weights(model)  # restored at the end
+    init = compare.weights(model)  # restored at the end
     estimator = make_estimator(est, cfg.zero_tail)
     limit = tasks.response_limit(cfg, task)
     rows = cfg.prompts_per_step * n
@@ -153,7 +154,7 @@ def run(cfg, model, tok, folder, train_step, learn, make_estimator):
         # 2. one real step, from the initial weights and a fresh optimizer as training's first step: its
         # time, response length, success and mismatch; a peak per phase
         model.load_state_dict(init)
-        sampler = train_cli.sampler(cfg, model)
+        sampler = options.sampler(cfg, model)
         phase[0] = "rollout"
         with calls_first(train_step, learn, rollout_done):
             if cfg.compile_decode:  # the first step of a shape compiles its decode step (CUDA: and records
@@ -183,7 +184,7 @@ def run(cfg, model, tok, folder, train_step, learn, make_estimator):
     (folder / "preflight.json").write_text(json.dumps(report, indent=1) + "\n")
     print(describe(report), flush=True)
     if report["out_of_memory"] or over_limit(report):
-        raise train_cli.UsageError(too_big(cfg, report, rows, limit))
+        raise options.UsageError(too_big(cfg, report, rows, limit))
     return report
 
 
@@ -244,7 +245,7 @@ def project(cfg, est, n, rows, limit, prompts, s, peaks, t_full, save, n_params,
     delta = ((s.old_logp - s.ro.logp) * m).abs()  # |log pi_train - log pi_rollout|, (B, T)
     t_rollout, t_learn = s.seconds[0], s.seconds[1] + s.seconds[2]
     t_save, size = save
-    seeds = len(train_cli.seed_list(cfg)) if cfg.seeds else 1
+    seeds = len(options.seed_list(cfg)) if cfg.seeds else 1
 
     def planned(name, g, budget, copies):
         per_step = cfg.prompts_per_step * g * max(L, 1.0)  # tokens sampled per step
@@ -252,7 +253,7 @@ def project(cfg, est, n, rows, limit, prompts, s, peaks, t_full, save, n_params,
         seconds = t_rollout + t_learn * g / n
         saves = steps if cfg.checkpoint_minutes == 0 else math.floor(steps * seconds / (60 * cfg.checkpoint_minutes)) + 1
         return dict(run=name, runs=copies, group_size=g, steps=steps, seconds_per_step=seconds, saves=saves)
-    plan = [planned(f"{e}:{g}", g, cfg.token_budget, seeds) for e, g in train_cli.runs_of(cfg)]
+    plan = [planned(f"{e}:{g}", g, cfg.token_budget, seeds) for e, g in options.runs_of(cfg)]
     if cfg.lr_pilot:  # the pilot's runs come first: one per rate
         e, _, g = cfg.lr_pilot_run.partition(":")
         plan.insert(0, planned(f"pilot {e}:{g}", int(g), cfg.lr_pilot_budget or max(1, cfg.token_budget // 4),
@@ -351,8 +352,8 @@ def too_big(cfg, r, rows, response_limit):
         text += f", above {what}{limit}"
     remedies = []
     for ph in phases:
-        options = fixes(cfg, ph, rows, response_limit)
-        remedies.append(f"lower the {ph} with " + " or ".join(options) if options else
+        lowering = fixes(cfg, ph, rows, response_limit)
+        remedies.append(f"lower the {ph} with " + " or ".join(lowering) if lowering else
                         f"no option lowers the {ph} further")
     return (f"--preflight: in the largest step ({r['largest']}, {rows} rows x {r['positions']} positions) {text}; "
             + "; ".join(remedies))

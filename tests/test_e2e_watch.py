@@ -17,7 +17,7 @@ import torch
 
 import tasks
 import train
-from lab import compare, models, plumbing, progress, train_cli
+from lab import compare, models, progress, options
 from tiny_runs import TINY, interrupt_at, metrics, run, without_times
 
 ROOT = Path(train.__file__).resolve().parent
@@ -76,7 +76,7 @@ def test_the_time_estimate_is_the_measured_rates_times_the_work():
     16 prompts x (4 + 4 + 4 + 4 + 16) responses x 100 steps x 18 positions = 921,600 positions: 10 + 25 +
     110.6 = 146 s to 10 + 100 + 331.8 = 442 s, shown as 2-7 min; cached, 121-342 s, 2-6 min."""
     cfg = train.Config()
-    runs = train_cli.runs_of(cfg)
+    runs = options.runs_of(cfg)
     assert progress.estimate(cfg, runs, 18, warm_up_runs=True).startswith("about 2-7 min on a 2-core CPU (warm-up")
     assert progress.estimate(cfg, runs, 18, warm_up_runs=False) == (
         "about 2-6 min on a 2-core CPU (warm-up cached; 500 steps)")
@@ -148,8 +148,8 @@ def test_each_log_line_shows_a_sampled_response_and_its_reward(out, capsys):
 
 
 def test_samples_are_on_by_default_for_the_tiny_model_only():
-    from lab import parse_options, train_cli
-    parse = lambda *argv: parse_options.parse_config(list(argv), train.Config, train_cli.PRESETS)  # noqa: E731
+    from lab import parse_options, options
+    parse = lambda *argv: parse_options.parse_config(list(argv), train.Config, options.PRESETS)  # noqa: E731
     assert parse().show_samples and not parse("--no-show-samples").show_samples
     assert not parse("--model", "smollm2").show_samples  # a pretrained model's responses are long
     assert parse("--model", "smollm2", "--show-samples").show_samples
@@ -212,8 +212,8 @@ def test_report_to_tensorboard_logs_every_step_and_a_resume_replaces_the_steps_i
     assert scalars(out / "tb", "train/success") == [(r["step"], pytest.approx(r["success"])) for r in rows]
     assert [s for s, _ in scalars(out / "tb", "time/t_rollout")] == [1, 2, 3, 4]
     # stopped at once in step 3 (the checkpoint of step 1 is kept), then resumed: steps 2-4 once each
-    real_save = plumbing.save_atomic
-    monkeypatch.setattr(plumbing, "save_atomic", lambda state, path: state.get("step") == 1 and real_save(state, path))
+    real_save = models.save_atomic
+    monkeypatch.setattr(models, "save_atomic", lambda state, path: state.get("step") == 1 and real_save(state, path))
     interrupt_at(monkeypatch, 3, hard=True)
     with pytest.raises(SystemExit):
         run(out, "tb-cut", *args, "--checkpoint-minutes", "0")

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab import scale_free
-from lab import stats
+from lab.analysis import scale_free
+from lab.analysis import stats
+import tool_use
 from benchmarks import horizon_sweep as hs
 from saved import same_record, same_text
 
@@ -208,23 +209,23 @@ def test_calculator_sweep_samples_with_the_tool_and_saves_otb_tir(tmp_path, monk
     import rollout
     import tasks
     import train
-    from lab import train_cli
+    from lab import options
     tools, real_sample = [], rollout.sample
     monkeypatch.setattr(rollout, "sample", lambda *a, **k: tools.append(k["tool"]) or real_sample(*a, **k))
 
     def checkpoint(n, seed, args):  # hs.checkpoint with a smaller model and warm-up
         cfg = train.Config(task=args.task, horizon=n, seed=seed, tiny_hidden=32, tiny_layers=1,
                            warmup_max_steps=60, out=str(tmp_path / "cache"))
-        model, tok, source = train_cli.load(cfg, torch.device("cpu"))
+        model, tok, source = options.load(cfg, torch.device("cpu"))
         return model, tok, tasks.make_task(cfg), cfg, source
     monkeypatch.setattr(hs, "checkpoint", checkpoint)
     # 60 warm-up steps never solve k = 2: a stand-in reward (text length odd) gives the estimators signal
-    monkeypatch.setattr(tasks.CalculatorTask, "reward", lambda self, text, answer, finished: len(text) % 2)
+    monkeypatch.setattr(tool_use.CalculatorTask, "reward", lambda self, text, answer, finished: len(text) % 2)
     argv = ["--task", "calculator", "--horizons", "2", "--prompts", "2", "--pool", "8", "--ref-pool", "8",
             "--group-sizes", "4", "--estimators", "reinforce,group_mean,otb,otb_tir", "--replicates", "100",
             "--out", str(tmp_path / "out")]
     hs.main(argv + ["--seeds", "0"])
-    assert tools and all(isinstance(t, tasks.Tool) for t in tools)
+    assert tools and all(isinstance(t, tool_use.Tool) for t in tools)
     hs.main(argv + ["--seeds", "0,1", "--resume"])
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert {r["estimator"] for r in saved["rows"]} == {"reinforce", "group_mean", "otb", "otb_tir"}

@@ -46,8 +46,19 @@ def fabricated_batch(V, B=6, P=4, T=9, seed=0):
     return ro, adv
 
 
+def checkpointing(model, on):
+    """Activation checkpointing on (as train.py's setup enables it) or off."""
+    if on:
+        train.checkpoint_layers(model)
+    else:
+        model.activation_checkpointing_disable()
+
+
 def gradient(model, cfg, ro, adv):
-    """The update's gradient (lr 0, no clipping) as train_step computes it, and the scoring outputs."""
+    """The update's gradient (lr 0, no clipping) as train_step computes it (train mode; with
+    --activation-checkpointing, the layers checkpointed), and the scoring outputs."""
+    checkpointing(model, cfg.activation_checkpointing)
+    model.train()  # as score_estimate_update switches it
     for p in model.parameters():
         p.grad = None
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -57,8 +68,8 @@ def gradient(model, cfg, ro, adv):
         scored = [train.score_rows(model, cfg, ro, r) for r in rows]
     logp, spp, ent = (torch.cat(x) for x in zip(*scored))
     _, _, loss = train.policy_update(model, opt, cfg, ro, logp.detach(), adv, torch.Generator(),
-                              logp=logp if one_pass else None)
-    assert not model.training  # back in eval mode after a checkpointed pass
+                                     logp=logp if one_pass else None)
+    assert model.is_activation_checkpointing == cfg.activation_checkpointing
     return {n: p.grad.clone() for n, p in model.named_parameters()}, (logp.detach(), spp, ent), loss
 
 
@@ -114,8 +125,8 @@ def test_the_chunked_head_keeps_no_logits_for_the_backward():
 
 
 def test_activation_checkpointing_keeps_only_the_layer_inputs():
-    """With --activation-checkpointing the graph saves far fewer activations (each layer's input; the
-    rest is recomputed in the backward), and the model is back in eval mode afterwards."""
+    """With --activation-checkpointing the update's graph (train mode) saves far fewer activations (each
+    layer's input; the rest is recomputed in the backward)."""
     model = large_vocab()
     ro, _ = fabricated_batch(model.config.vocab_size)
     params = {p.data_ptr() for p in model.parameters()}
@@ -128,10 +139,11 @@ def test_activation_checkpointing_keeps_only_the_layer_inputs():
             if t.data_ptr() not in params:
                 sizes[t.data_ptr()] = t.numel()
             return t
+        checkpointing(model, cfg.activation_checkpointing)
+        model.train()  # as score_estimate_update switches it
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             cfg = dataclasses.replace(cfg, temperature=1.0, chunk_size=3)
             train.score_rows(model, cfg, ro, torch.arange(len(ro.response)))
         return sum(sizes.values())
     plain = saved(train.Config())
     assert saved(dataclasses.replace(train.Config(), activation_checkpointing=True)) < plain / 3
-    assert not model.training

@@ -10,6 +10,7 @@ zeros on padding, and the numerics of the logit-gradient proxy
 including why sum_k pi_k^2 must be computed in float32 when the logits are bf16.
 The naive loops and the random batch generator come from ``tests/naive.py``.
 """
+import inspect
 import math
 
 import numpy as np
@@ -19,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import otb
-from naive import insert_holes, make_batch, naive_otb
+from naive import make_batch, naive_otb
 from test_naive_otb import SETTINGS, _close, _otb, batch_args
 
 # =====================================================================================
@@ -192,39 +193,20 @@ def test_group_index_forms_give_identical_results():
             assert torch.equal(adv, reference[name]), f"{name} with group_index as {form}"
 
 
-@SETTINGS
-@given(seed=st.integers(0, 2**32 - 1), sizes=st.lists(st.integers(1, 6), min_size=1, max_size=4),
-       n_pos=st.integers(1, 8), holes=st.booleans(), float64=st.booleans())
-def test_check_false_skips_the_checks_and_nothing_else(seed, sizes, n_pos, holes, float64):
-    """On the tensors train.py passes (padding 0, an integer tensor of group ids), every estimator returns
-    the same bits with check=False as with its input checks."""
-    b = make_batch(seed, sizes, n_pos, process=True, with_isw=True)
-    if holes:  # tool output inside the responses (otb_tir's case); garbage there, zeroed below as train.py's is
-        b, _ = insert_holes(b, seed)
-    dtype = torch.float64 if float64 else torch.float32
-    m = torch.tensor(b["m"], dtype=dtype)
-    x = {k: torch.tensor(np.where(b["m"] > 0, b[k], 0.0), dtype=dtype) for k in ["r", "lp", "spi", "isw"]}
-    kw = dict(token_rewards=x["r"], response_mask=m, log_probs=x["lp"], sum_pi_sq=x["spi"],
-              group_index=torch.tensor([int(g.split("-")[1]) for g in b["gid"]]))
-    for name, fn in otb.ESTIMATORS.items():
-        for a, t in zip(fn(**kw), fn(**kw, check=False)):
-            assert torch.equal(a, t), name
-    for fn in (otb.optimal_token_baseline, otb.action_aligned_otb):
-        for a, t in zip(fn(**kw, is_weights=x["isw"]), fn(**kw, is_weights=x["isw"], check=False)):
-            assert torch.equal(a, t), fn.__name__
-
-
-def test_check_false_really_skips_the_checks():
-    """The other side of the test above: with check=False a NaN reward at a valid position goes through
-    (it is the caller's promise), while the default raises."""
+def test_every_estimator_checks_its_inputs_on_every_call():
+    """One code path: no estimator takes a switch that skips its checks, and a NaN reward at a valid
+    position raises in every one of them when the inputs come as train.py passes them (tensors, an
+    integer tensor of group ids)."""
     b = make_batch(3, [2, 2], 4, process=True)
     kw = dict(token_rewards=torch.tensor(b["r"]), response_mask=torch.tensor(b["m"]),
               group_index=torch.tensor([0, 0, 1, 1]), log_probs=torch.tensor(b["lp"]), sum_pi_sq=torch.tensor(b["spi"]))
+    for fn in (otb.optimal_token_baseline, otb.action_aligned_otb, otb.reinforce, otb.group_mean, otb.grpo, otb.rloo,
+               otb.sum_pi_squared, otb.token_energy):
+        assert "check" not in inspect.signature(fn).parameters, fn.__name__
     kw["token_rewards"][0, 0] = math.nan
     for name, fn in otb.ESTIMATORS.items():
         with pytest.raises(ValueError, match="token_rewards must be finite"):
             fn(**kw)
-        assert torch.isnan(fn(**kw, check=False)[0][0]).any(), name
 
 
 # =====================================================================================

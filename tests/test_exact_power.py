@@ -13,8 +13,8 @@ import torch
 
 from lab import compare
 from lab import preflight
-from lab import stats
-from lab import train_cli
+from lab.analysis import stats
+from lab import options
 
 ROOT = Path(__file__).resolve().parent.parent
 Z = NormalDist().inv_cdf
@@ -72,9 +72,9 @@ def test_the_planning_values_are_the_saved_studys_and_the_preset_has_the_seeds_t
     plan = compare.POWER_PLAN
     assert plan["effect"] == round(statistics.mean(vs16["per_seed"]), 4)
     assert plan["sd"] == round(max(statistics.stdev(vs16["per_seed"]), statistics.stdev(vs4["per_seed"])), 4)
-    gpu = train_cli.PRESETS["gpu"]
+    gpu = options.PRESETS["gpu"]
     seeds = [int(s) for s in gpu["seeds"].split(",")]
-    assert len(seeds) == stats.seeds_needed(**plan) and train_cli.PRESETS["gpu"]["lr_pilot"]
+    assert len(seeds) == stats.seeds_needed(**plan) and options.PRESETS["gpu"]["lr_pilot"]
     assert gpu["compare"].split(",") == ["otb:4", "group_mean:4", "group_mean:16"]
     assert stats.paired_t_power(plan["effect"], plan["sd"], 3) < 0.5  # the old 3 seeds: under even odds
 

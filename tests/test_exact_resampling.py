@@ -6,7 +6,7 @@ from statistics import NormalDist
 import pytest
 import torch
 
-from lab import resampling
+from lab.analysis import resampling
 
 
 def test_bootstrap_weights_are_resamples():

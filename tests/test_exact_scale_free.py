@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import otb
-from lab import scale_free
+from lab.analysis import scale_free
 from toy_env import ToyConfig, enumerate_toy
 from toy_harness import batch_gradients
 

@@ -10,7 +10,7 @@ from statistics import NormalDist
 import pytest
 import torch
 
-from lab import stats
+from lab.analysis import stats
 
 
 @pytest.mark.parametrize("p", [0.6, 0.9, 0.975, 0.995])

@@ -152,7 +152,7 @@ def test_bench_decode_json_path_checked_before_any_work(tmp_path, capsys, monkey
 
 
 def test_interleaved_rounds_takes_turns_and_keeps_the_warm_up_apart():
-    from benchmarks.machine import interleaved_rounds
+    from benchmarks.common import interleaved_rounds
     calls, setups = [], []
     fns = [lambda r, name=name: calls.append((r, name)) or f"{name}{r}" for name in "abc"]
     seconds, values = interleaved_rounds(fns, 2, rotate=True, setup=lambda: setups.append(1), keep=True)

@@ -11,7 +11,7 @@ import torch
 
 import train
 from lab import models
-from lab import parse_options, runs, train_cli
+from lab import parse_options, runs, options
 
 
 @pytest.mark.parametrize("preset", ["gpu", "gpu_tool"])
@@ -36,12 +36,12 @@ def test_an_explicit_device_runs_the_preset_there(device, tmp_path, monkeypatch,
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(models, "load_model", lambda name, task, dev, **k: ("model", dev))
     cfg = parse_options.parse(["--preset", "gpu", "--device", device, "--out", str(tmp_path)], train.Config,
-                          train_cli.PRESETS)
+                          options.PRESETS)
     if device == "auto":
-        with pytest.raises(train_cli.UsageError, match="needs a CUDA GPU"):
-            train_cli.load(cfg, torch.device("cpu"))
+        with pytest.raises(options.UsageError, match="needs a CUDA GPU"):
+            options.load(cfg, torch.device("cpu"))
         return
-    assert train_cli.load(cfg, torch.device("cpu")) == ("model", torch.device("cpu"))
+    assert options.load(cfg, torch.device("cpu")) == ("model", torch.device("cpu"))
     assert "note: --preset gpu is sized for one CUDA GPU" in capsys.readouterr().err
 
 
@@ -49,8 +49,8 @@ def test_the_gpu_preset_samples_with_the_compiled_decoder_on_cuda_only():
     """On CUDA the compiled decode step (one CUDA-graph replay a step) is the preset's; on any other
     device, where the preset runs as a smoke check, the plain loop; a given --compile-decode wins on both."""
     def on(device, *argv):
-        cfg = parse_options.parse_config(list(argv), train.Config, train_cli.PRESETS)
-        return train_cli.for_device(cfg, torch.device(device), parse_options.given_options(list(argv))).compile_decode
+        cfg = parse_options.parse_config(list(argv), train.Config, options.PRESETS)
+        return options.for_device(cfg, torch.device(device), parse_options.given_options(list(argv))).compile_decode
     for preset in ("gpu", "gpu_tool"):
         assert on("cuda", "--preset", preset) is True and on("cpu", "--preset", preset) is False
         assert on("mps", "--preset", preset) is False

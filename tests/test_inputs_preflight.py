@@ -15,7 +15,7 @@ import torch
 import rollout
 import train
 from lab import preflight
-from lab import parse_options, train_cli
+from lab import parse_options, options
 from tiny_runs import TINY
 
 ARGS = TINY + ["--compare", "otb:2,group_mean:4", "--token-budget", "200", "--preflight"]  # largest: 4 x 4 = 16 rows
@@ -28,8 +28,8 @@ def preflight_run(out, name, *extra):
 @pytest.fixture
 def out(out):
     """The --out folder, with the tiny model's warm-up done (it samples: the patches below must not see it)."""
-    cfg = parse_options.parse(TINY + ["--out", str(out)], train.Config, train_cli.PRESETS)
-    train_cli.load(cfg, torch.device("cpu"))
+    cfg = parse_options.parse(TINY + ["--out", str(out)], train.Config, options.PRESETS)
+    options.load(cfg, torch.device("cpu"))
     return out
 
 
@@ -80,13 +80,13 @@ def test_out_of_memory_in_learn_names_learn_and_its_options(out, monkeypatch, ca
 
 def test_no_option_is_proposed_at_a_value_that_changes_nothing():
     cfg = parse_options.parse(TINY + ["--compare", "group_mean:4", "--micro-batch-rows", "32"], train.Config,
-                          train_cli.PRESETS)
+                          options.PRESETS)
     # 16 rows with --micro-batch-rows 32 run 16 per pass: halving the option's value would change nothing
     assert preflight.fixes(cfg, "learn", 16, 8)[0] == "--micro-batch-rows 8 (now 16 rows per pass)"
     assert preflight.fixes(cfg, "learn", 16, 8)[1] == "--chunk-size 4 (now 8)"  # 8 positions: 32 would be all
     floor = parse_options.parse(TINY + ["--compare", "group_mean:4", "--micro-batch-rows", "1", "--chunk-size", "1",
                                     "--activation-checkpointing", "--prompts-per-step", "1"], train.Config,
-                            train_cli.PRESETS)
+                            options.PRESETS)
     assert preflight.fixes(floor, "learn", 4, 8) == [] and preflight.fixes(floor, "rollout", 4, 8) == []
     r = dict(out_of_memory=True, out_of_memory_phase="rollout", memory_limit=None, largest="group_mean:4",
              positions=20)
@@ -133,7 +133,7 @@ def test_the_default_limit_is_the_free_memory_on_cuda(monkeypatch):
 
 def test_checkpoint_saves_are_in_the_time_and_disk_projection(out, capsys):
     r = preflight_run(out, "saves", "--checkpoint-minutes", "0")  # a checkpoint after every step
-    P = sum(p.numel() for p in train_cli.load(parse_options.parse(TINY, train.Config, train_cli.PRESETS),
+    P = sum(p.numel() for p in options.load(parse_options.parse(TINY, train.Config, options.PRESETS),
                                               torch.device("cpu"))[0].parameters())
     assert r["checkpoint_saves"] == sum(x["runs"] * x["steps"] for x in r["runs"])
     assert 12 * P <= r["checkpoint_bytes"] <= 12 * P + 200_000  # float32 weights and AdamW's two moments
@@ -170,12 +170,12 @@ def test_compiled_decoding_is_compiled_before_the_timed_step_and_projected_once_
     is its decode steps x its seconds per decode step."""
     from lab import fast_decode
     monkeypatch.setattr(fast_decode, "BACKEND", "aot_eager")  # traced, not code-generated: seconds
-    weights, real = [], rollout.sample
+    weights, real = [], fast_decode.sample  # the sampler of --compile-decode
 
     def sample(model, *a, **k):
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]).clone())
         return real(model, *a, **k)
-    monkeypatch.setattr(rollout, "sample", sample)
+    monkeypatch.setattr(fast_decode, "sample", sample)
     r = preflight_run(out, "compiled", "--compile-decode", "--seeds", "0,1")
     assert len(weights) == 2 and torch.equal(weights[0], weights[1])  # the timed step starts where the first did
     assert r["compiles"] == 2 and r["seconds_compile"] >= 0

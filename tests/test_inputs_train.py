@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train
-from lab import train_cli
+from lab import options
 from tiny_runs import TINY, interrupt_at, run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,7 +159,7 @@ def test_the_resume_help_and_its_error_name_the_same_options(tmp_path, capsys):
     assert e.value.code == 2 and err.startswith("train.py: error: --lr cannot be changed when resuming"), err
     help_text = next(f.metadata["help"] for f in dataclasses.fields(train.Config) if f.name == "resume")
     named = lambda text: set(re.findall(r"--[a-z][a-z-]+", text))  # noqa: E731
-    assert named(help_text) == named(err.split("; only ")[1]) == {train_cli.flag(n) for n in train_cli.RESUMABLE}
+    assert named(help_text) == named(err.split("; only ")[1]) == {options.flag(n) for n in options.RESUMABLE}
 
 
 def test_an_option_of_the_other_mode_names_the_form_that_applies(tmp_path, capsys):
@@ -236,14 +236,14 @@ def test_a_full_disk_is_one_line_and_leaves_no_temporary_file(out, capsys, monke
     import shutil
     from collections import namedtuple
 
-    from lab import train_cli
+    from lab import options
     run(out, "room", "--estimator", "otb", "--steps", "1")
     size = (out / "room" / "checkpoint.pt").stat().st_size
 
     def full_save(obj, path):
         Path(path).write_bytes(b"x" * 1000)
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1000 vs 960")
-    monkeypatch.setattr(train_cli.torch, "save", full_save)
+    monkeypatch.setattr(options.torch, "save", full_save)
     monkeypatch.setattr(shutil, "disk_usage", lambda p: namedtuple("usage", "total used free")(10**9, 10**9, 1000))
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
@@ -262,9 +262,10 @@ def test_a_full_disk_is_one_line_and_leaves_no_temporary_file(out, capsys, monke
 # ----------------------------------------------------------------------------- a reward that is not finite
 
 def test_a_reward_that_is_not_finite_stops_the_step_before_its_update(out, monkeypatch):
-    """train_step calls the estimators with check=False, so tasks.rewards checks the task's rewards: a NaN
-    reward in a training step (not in the warm-up) stops the run there with a ValueError naming the task,
-    the reward and the row, before the update touches the weights, and nothing of that step is written."""
+    """tasks.rewards checks the task's rewards where they are made (before the estimator, whose check
+    names only a position): a NaN reward in a training step (not in the warm-up) stops the run there with
+    a ValueError naming the task, the reward and the row, before the update touches the weights, and
+    nothing of that step is written."""
     import math
 
     import tasks

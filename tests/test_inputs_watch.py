@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import train
-from lab import models, parse_options, train_cli
+from lab import models, parse_options, options
 from tiny_runs import TINY
 
 ROOT = Path(train.__file__).resolve().parent
@@ -18,7 +18,7 @@ def test_help_ends_with_the_log_line_legend(capsys):
     with pytest.raises(SystemExit) as e:
         train.main(["--help"])
     text = capsys.readouterr().out
-    assert e.value.code == 0 and text.rstrip().endswith(train_cli.LOG_COLUMNS.rstrip())
+    assert e.value.code == 0 and text.rstrip().endswith(options.LOG_COLUMNS.rstrip())
     assert "--show-samples" in text and "--no-progress" in text and "--report-to" in text
 
 
@@ -34,7 +34,7 @@ def test_a_negative_value_after_an_option_is_checked_like_any_other(tmp_path, ca
 
 def test_negative_values_parse_where_they_are_allowed():
     cfg = parse_options.parse_config(["--compare", "otb:2,group_mean:2", "--seeds", "-1,0", "--token-budget", "99",
-                                  "--seed", "-3"], train.Config, train_cli.PRESETS)
+                                  "--seed", "-3"], train.Config, options.PRESETS)
     assert (cfg.seeds, cfg.seed) == ("-1,0", -3)
 
 

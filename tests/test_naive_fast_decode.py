@@ -1,7 +1,8 @@
 """fast_decode.py against the plain loop: the static cache (eager and compiled) gives its rollouts.
 
-The plain loop (``rollout.PlainDecoder``, a cache that grows by one column per token) is the reference.
-On the same generator seed the static cache must give the same tokens, masks and finished flags,
+The plain loop (``rollout.sample``: ``rollout.PlainDecoder``, a cache that grows by one column per token,
+and torch.multinomial) is the reference; ``fast_decode.sample`` runs the static decoders. On the same
+generator seed the static cache must give the same tokens, masks and finished flags,
 and the log-probs to float32 rounding (attention over L slots sums in another order), with and
 without a tool, with rows that end early and with a batch that fills the cache to its last slot.
 
@@ -26,6 +27,7 @@ from lab import fast_decode
 from lab import models
 import rollout
 import tasks
+import tool_use
 
 TOK = models.char_tokenizer()
 EOS, PAD = TOK.eos_token_id, TOK.pad_token_id
@@ -43,10 +45,12 @@ def prompts(n=5, horizon=8):
 
 def draw(model, decode, *, seed, tool=None, eos_id=EOS, max_new=18, group_size=3, temperature=1.0,
          batch=None):
-    return rollout.sample(model, batch or prompts(), group_size=group_size, max_new_tokens=max_new,
-                          temperature=temperature, eos_id=eos_id, pad_id=PAD, tool=tool,
-                          decoder=fast_decode.decoder(model, decode),
-                          generator=torch.Generator().manual_seed(seed))
+    """rollout.sample ("plain"), or fast_decode.sample on the decoder named ``decode``."""
+    kw = dict(group_size=group_size, max_new_tokens=max_new, temperature=temperature, eos_id=eos_id, pad_id=PAD,
+              tool=tool, generator=torch.Generator().manual_seed(seed))
+    if decode == "plain":
+        return rollout.sample(model, batch or prompts(), **kw)
+    return fast_decode.sample(model, batch or prompts(), decoder=fast_decode.decoder(model, decode), **kw)
 
 
 def assert_same_rollout(a, b):
@@ -61,7 +65,7 @@ def assert_same_rollout(a, b):
 def calls_on(char):
     """A tool called by every sampled ``char``: it forces 1 to 3 tokens that depend on the row so far."""
     close, x = TOK.convert_tokens_to_ids(char), TOK.convert_tokens_to_ids("x")
-    return tasks.Tool(close_id=close, respond=lambda ids: [x] * (1 + len(ids) % 3), max_calls=2)
+    return tool_use.Tool(close_id=close, respond=lambda ids: [x] * (1 + len(ids) % 3), max_calls=2)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
@@ -132,8 +136,8 @@ def test_a_cuda_graph_of_the_step_copies_in_only_its_token_position_and_mask(mon
     seen = graphs(monkeypatch)
     model, B, max_new = tiny(layers=2, seed=2), 15, 10
     dec = fast_decode.decoder(model, "compiled")
-    rollout.sample(model, prompts(), group_size=3, max_new_tokens=max_new, temperature=1.0, eos_id=-1, pad_id=PAD,
-                   decoder=dec, generator=torch.Generator().manual_seed(0))
+    fast_decode.sample(model, prompts(), group_size=3, max_new_tokens=max_new, temperature=1.0, eos_id=-1,
+                       pad_id=PAD, decoder=dec, generator=torch.Generator().manual_seed(0))
     inputs = [x for x in seen[0] if isinstance(x, torch.Tensor)]
     static = [hasattr(x, "_dynamo_static_input_type") for x in inputs]
     versions = [x._version for x in inputs]

@@ -12,8 +12,8 @@ import torch
 
 import otb
 import rollout
-from lab import scale_free
-from lab import stats
+from lab.analysis import scale_free
+from lab.analysis import stats
 import tasks
 from benchmarks import common
 from benchmarks import grad_variance as gv

@@ -8,6 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import rollout
 import tasks
+import tool_use
 
 PAD, BOS, EOS, V = 0, 1, 2, 12
 
@@ -206,7 +207,7 @@ def test_sampling_without_a_tool_is_unchanged():
     from pathlib import Path
     saved = json.loads((Path(__file__).parent / "data/sampler_before_tools.json").read_text())
     model = tiny_llama()
-    never = tasks.Tool(close_id=5, respond=lambda ids: [6, 7], max_calls=0)
+    never = tool_use.Tool(close_id=5, respond=lambda ids: [6, 7], max_calls=0)
     for case in saved["cases"]:
         for tool in (None, never):
             ro = rollout.sample(model, PROMPTS, group_size=case["group_size"], tool=tool,
@@ -247,7 +248,7 @@ def scripted():
     def respond(ids):  # the output depends on the row so far: 7 8 at the first call, 10 8 later
         seen.append(list(ids))
         return [7, 8] if ids.count(CLOSE) == 1 else [10, 8]
-    tool = tasks.Tool(close_id=CLOSE, respond=respond, max_calls=2, is_error=lambda out: out[0] == 10)
+    tool = tool_use.Tool(close_id=CLOSE, respond=respond, max_calls=2, is_error=lambda out: out[0] == 10)
     return Bigram(table), tool, seen
 
 
@@ -268,7 +269,7 @@ def test_tool_output_is_forced_with_mask_zero_at_known_positions(max_new):
     assert ro.finished.tolist() == [max_new >= len(row), True]
     assert (ro.logp[ro.response_mask == 0] == 0).all()
     assert seen == ([[3, CLOSE], [3, CLOSE, 7, 8, 9, CLOSE]] if max_new > 3 else [[3, CLOSE]])
-    assert rollout.action_mask(tool, row) == mask  # the single-row replay agrees
+    assert tool_use.action_mask(tool, row) == mask  # the single-row replay agrees
     assert tasks.last_valid(ro.response_mask).tolist() == [T - 1 - (max_new == 3), 0]
     # the tool's counts per row: calls answered, error replies ([10 8] is one), tokens forced in, cut
     if max_new > 3:
@@ -290,14 +291,14 @@ def test_a_turn_end_that_holds_a_call_goes_on_with_the_tools_turn():
     def respond(ids):  # the turn: the tokens after the tool's last turn (which ends in 8)
         turn = ids[len(ids) - ids[::-1].index(8):] if 8 in ids else ids
         return [7, 8] if 3 in turn else None
-    tool = tasks.Tool(close_id=EOS, respond=respond, max_calls=4)
+    tool = tool_use.Tool(close_id=EOS, respond=respond, max_calls=4)
     ro = rollout.sample(Bigram(table), [[BOS, 5], [BOS, 6]], group_size=1, max_new_tokens=20, temperature=1.0,
                         eos_id=EOS, pad_id=PAD, tool=tool, generator=torch.Generator().manual_seed(0))
     row, mask = [3, EOS, 7, 8, 9, EOS], [1, 1, 0, 0, 1, 1]
     assert ro.response.tolist() == [row, [EOS] + [PAD] * 5]
     assert ro.response_mask.tolist() == [mask, [1] + [0] * 5]
     assert ro.finished.tolist() == [True, True] and ro.tool_calls.tolist() == [1, 0]
-    assert rollout.action_mask(tool, row) == mask
+    assert tool_use.action_mask(tool, row) == mask
 
 
 def test_a_random_model_with_a_tool_agrees_with_the_replay_and_the_scoring_pass():
@@ -306,7 +307,7 @@ def test_a_random_model_with_a_tool_agrees_with_the_replay_and_the_scoring_pass(
     output, their log-prob is 0; the sampler's log-probs of the policy's tokens equal the scoring
     pass's (so the forced tokens were in the KV cache as context, as the scoring pass sees them)."""
     model = tiny_llama(seed=2)
-    tool = tasks.Tool(close_id=5, respond=lambda ids: [6 + len(ids) % 4, 11], max_calls=3)
+    tool = tool_use.Tool(close_id=5, respond=lambda ids: [6 + len(ids) % 4, 11], max_calls=3)
     ro = rollout.sample(model, PROMPTS, group_size=4, max_new_tokens=16, temperature=1.0,
                         eos_id=EOS, pad_id=PAD, tool=tool, generator=torch.Generator().manual_seed(1))
     m = ro.response_mask
@@ -314,7 +315,7 @@ def test_a_random_model_with_a_tool_agrees_with_the_replay_and_the_scoring_pass(
     for i in range(len(m)):
         n = int(tasks.last_valid(m[i:i + 1])) + 1
         row = ro.response[i, :n].tolist()
-        assert m[i, :n].tolist() == rollout.action_mask(tool, row)
+        assert m[i, :n].tolist() == tool_use.action_mask(tool, row)
         assert (m[i, n:] == 0).all()
         for t in range(n):
             if row[t] == 5 and m[i, t] == 1 and t + 1 < n and m[i, t + 1] == 0:
@@ -332,7 +333,7 @@ def test_calculator_task_transcript_tool_reward_and_masks():
     mask (the tool replayed over the transcript) is 0 exactly on the tool's output."""
     from lab import models
     tok = models.char_tokenizer()
-    task = tasks.CalculatorTask(horizon=3, digits=2)
+    task = tool_use.CalculatorTask(horizon=3, digits=2)
     assert task.transcript([12, 34, 56]) == "12+34=46,46+56=102,102"
     assert task.prompt_text(tok, "12+34+56") == "<bos>12+34+56?"
     for q, a in task.sample(random.Random(0), 50):
@@ -350,7 +351,7 @@ def test_calculator_task_transcript_tool_reward_and_masks():
     tool = task.tool(tok)
     assert tool.close_id == tok.convert_tokens_to_ids("=") and tool.max_calls == 6
     ids = tok(answer, add_special_tokens=False)["input_ids"]
-    flags = rollout.action_mask(tool, ids)
+    flags = tool_use.action_mask(tool, ids)
     assert "".join(c if f else "_" for c, f in zip(answer, flags)) == "12+34=___46+56=____102"
     assert tok.decode(tool.respond(tok("7+x=", add_special_tokens=False)["input_ids"])) == "error,"
     # every character of the task is in the tokenizer (no <unk>)
@@ -364,11 +365,11 @@ def test_factors_task_replies_with_the_sum_and_its_prime_factors():
     the length limit holds the longest transcript with the longest reply at every call."""
     from lab import models
     tok = models.char_tokenizer()
-    task = tasks.FactorsTask(horizon=3, digits=2)
+    task = tool_use.FactorsTask(horizon=3, digits=2)
     assert task.transcript([12, 34, 56]) == "12+34=46:2*23,46+56=102:2*3*17,102"
     assert task.calculator("46+55=") == "101:101," and task.calculator("40+56=") == "96:2*2*2*2*2*3,"
     for n in range(2, 300):
-        factors = tasks.prime_factors(n)
+        factors = tool_use.prime_factors(n)
         assert math.prod(factors) == n and factors == sorted(factors)
         assert all(all(p % d for d in range(2, p)) for p in factors)  # each one prime
     # a sampled call may hold long numbers: the Mersenne prime 2^89 - 1 (27 digits) and a product of
@@ -380,7 +381,7 @@ def test_factors_task_replies_with_the_sum_and_its_prime_factors():
     error = tool.respond(tok("7+x=", add_special_tokens=False)["input_ids"])
     assert tool.is_error(error) and len(error) > 40 and not tool.is_error(tok("101:101,")["input_ids"])
     answer = task.transcript([12, 34, 56])
-    flags = rollout.action_mask(tool, tok(answer, add_special_tokens=False)["input_ids"])
+    flags = tool_use.action_mask(tool, tok(answer, add_special_tokens=False)["input_ids"])
     assert "".join(c if f else "_" for c, f in zip(answer, flags)) == "12+34=________46+56=___________102"
     assert task.reward(answer, answer, True) == 1.0 and task.reward("12+34=46:2*23,101", answer, True) == 0.0
     longest = max(len(task.reply(n)) for n in range(2, 3 * 99 + 1))  # 256 = 2^8: 20 characters

@@ -1,8 +1,9 @@
 """The count task's stop rule (every sampled token is graded) and the sampler's host checks.
 
 A row ends as soon as its reward is decided (tasks.CountTask.graded_end): checked against the plain
-per-row cut of the same rollout sampled without the rule, and against the reward of the uncut text.
-Without a tool the sampler looks at the tokens on the host only every ``sync_every`` steps: the
+per-row cut of the same rollout sampled without the rule, and against the reward of the uncut text,
+for rollout.sample (the host looks every step) and fast_decode.sample (every ``sync_every`` steps).
+Without a tool fast_decode.sample looks at the tokens on the host only every ``sync_every`` steps: the
 same tokens, and a count of the host reads."""
 import random
 import sys
@@ -11,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from lab import fast_decode
 from lab import models
 import otb
 import rollout
@@ -70,17 +72,21 @@ def ids(text, eos=True):
 
 
 def sample(model, answers, stop, sync_every=None, seed=0):
+    """rollout.sample, or with ``sync_every`` fast_decode.sample (on the plain decoder)."""
     prompts = [ids("go:", eos=False)] * len(answers)
-    return rollout.sample(model, prompts, group_size=1, max_new_tokens=60, temperature=1.0,
-                          eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id,
-                          generator=torch.Generator().manual_seed(seed),
-                          stop=TASK.stop_rule(TOK, answers, 1) if stop else None, sync_every=sync_every)
+    kw = dict(group_size=1, max_new_tokens=60, temperature=1.0, eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id,
+              generator=torch.Generator().manual_seed(seed), stop=TASK.stop_rule(TOK, answers, 1) if stop else None)
+    return fast_sample(model, prompts, sync_every, **kw) if sync_every else rollout.sample(model, prompts, **kw)
+
+
+def fast_sample(model, prompts, sync_every, **kw):
+    return fast_decode.sample(model, prompts, decoder=fast_decode.decoder(model, "plain"), sync_every=sync_every, **kw)
 
 
 SCRIPTS = ["1, 2, 3, 4, 5, 6, 7, 8", "1, 2, 4, 5, 6", "the numbers from 1 to 5: 1, 2, 3, 4, 5, 6", "1, 2"]
 
 
-@pytest.mark.parametrize("sync_every", [1, 8])
+@pytest.mark.parametrize("sync_every", [None, 1, 8])
 def test_no_token_after_the_graded_part_is_sampled_or_gets_an_advantage(sync_every):
     model = Script([ids(s) for s in SCRIPTS], prompt_len=3)
     answers = [ANSWER] * len(SCRIPTS)
@@ -105,27 +111,27 @@ def test_no_token_after_the_graded_part_is_sampled_or_gets_an_advantage(sync_eve
 
 
 def test_without_a_tool_the_host_reads_the_tokens_every_sync_every_steps(monkeypatch):
-    """A model with EOS likely (rows end after a few tokens): the tokens with sync_every 8 equal those
-    with 1 (up to padding columns), and without a tool the loop converts a tensor to a host value once
-    per 8 steps at most (the model's forward pass may read on its own: transformers' mask code does).
-    On a GPU each such read waits for the device."""
+    """A model with EOS likely (rows end after a few tokens): fast_decode.sample's tokens with sync_every 8
+    equal rollout.sample's (up to padding columns), and without a tool its loop converts a tensor to a
+    host value once per 8 steps at most (the model's forward pass may read on its own: transformers' mask
+    code does). On a GPU each such read waits for the device."""
     from test_naive_rollout import EOS, PAD, PROMPTS, V, fixed_distribution_model
     bias = torch.zeros(V)
     bias[EOS] = 1.5
     model = fixed_distribution_model(bias)
     kw = dict(group_size=3, max_new_tokens=24, temperature=1.0, eos_id=EOS, pad_id=PAD)
-    every = rollout.sample(model, PROMPTS, generator=torch.Generator().manual_seed(2), sync_every=1, **kw)
+    every = rollout.sample(model, PROMPTS, generator=torch.Generator().manual_seed(2), **kw)
     reads = []  # the sampler's own reads (the model's forward pass may make its own)
 
     def counted(real):
         def read(self, *a):
-            if sys._getframe(1).f_code.co_filename == rollout.__file__:
+            if sys._getframe(1).f_code.co_filename == fast_decode.__file__:
                 reads.append(real.__name__)
             return real(self, *a)
         return read
     for name in ("__bool__", "item", "tolist"):
         monkeypatch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name)))
-    lazy = rollout.sample(model, PROMPTS, generator=torch.Generator().manual_seed(2), sync_every=8, **kw)
+    lazy = fast_sample(model, PROMPTS, 8, generator=torch.Generator().manual_seed(2), **kw)
     monkeypatch.undo()
     T = every.response.shape[1]
     assert T < 24 and lazy.response.shape[1] == min(24, -(-T // 8) * 8)  # stopped at the next check
@@ -134,15 +140,16 @@ def test_without_a_tool_the_host_reads_the_tokens_every_sync_every_steps(monkeyp
     assert len(reads) <= -(-lazy.response.shape[1] // 8), reads  # one done.all() per check
 
 
-@pytest.mark.parametrize("sync_every", [1, 8])
+@pytest.mark.parametrize("sync_every", [None, 1, 8])
 def test_a_rollout_that_reaches_the_length_limit_runs_one_forward_pass_per_token(sync_every):
     # The prefill gives the first token's logits and each decode pass the next one's: 5 tokens, 5 passes
     # (no decode pass after the last token), with the stop rule asked and the rows cut as before.
     model = Script([ids("1, 2, 3", eos=False)] * 2, prompt_len=3)
     passes = []
     model.register_forward_hook(lambda *a: passes.append(1))
-    ro = rollout.sample(model, [ids("go:", eos=False)] * 2, group_size=1, max_new_tokens=5, temperature=1.0,
-                        eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id, generator=torch.Generator().manual_seed(0),
-                        stop=TASK.stop_rule(TOK, [ANSWER] * 2, 1), sync_every=sync_every)
+    kw = dict(group_size=1, max_new_tokens=5, temperature=1.0, eos_id=TOK.eos_token_id, pad_id=TOK.pad_token_id,
+              generator=torch.Generator().manual_seed(0), stop=TASK.stop_rule(TOK, [ANSWER] * 2, 1))
+    prompts = [ids("go:", eos=False)] * 2
+    ro = fast_sample(model, prompts, sync_every, **kw) if sync_every else rollout.sample(model, prompts, **kw)
     assert len(passes) == 5 and ro.response.shape[1] == 5
     assert tasks.response_texts(TOK, ro.response, ro.response_mask) == ["1, 2, 3"[:5]] * 2 and not ro.finished.any()

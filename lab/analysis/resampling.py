@@ -63,7 +63,7 @@ import math
 
 import torch
 
-from lab.stats import z_quantile
+from lab.analysis.stats import z_quantile
 
 
 # =====================================================================================

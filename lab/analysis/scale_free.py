@@ -59,7 +59,7 @@ import math
 
 import torch
 
-from lab import resampling
+from lab.analysis import resampling
 
 # E g = c(N) grad J exactly (see "Known expectations"); absent: E g is unknown and estimated.
 FACTORS = {"reinforce": lambda N: 1.0, "rloo": lambda N: 1.0, "otb_loo": lambda N: 1.0,

@@ -1,18 +1,19 @@
 """train.py's options: what each one is, and what it means where train.py needs it.
 
-train.py holds the algorithm; this file holds what its options mean. ``train.Config`` holds the
-step's and the loop's options and inherits the rest from ``Options`` here (the model and device,
-memory and speed, a comparison, the preflight and pilot, the schedule, the run folder), each field
-with its help string, which HfArgumentParser turns into ``--options``; ``PRESETS`` are the GPU
-presets. How a command line becomes a checked Config is lab/parse_options.py:
+train.py holds the algorithm; this file holds what its options mean. ``train.Config`` declares
+every option the step reads (and the loop's own) and inherits the rest from ``Options`` here (the
+model and device, the sampler's precision, a comparison, the preflight and pilot, the schedule, the
+run folder), each field with its help string, which HfArgumentParser turns into ``--options``;
+``PRESETS`` are the GPU presets. How a command line becomes a checked Config is lab/parse_options.py:
 
     cfg = parse_options.parse(argv, Config, PRESETS)    # the options, checked; --resume: the stored ones
-    model, tok, source = train_cli.load(cfg, device)
+    model, tok, source = options.load(cfg, device)
 
 The rest: what options mean where train.py needs them (the settings a run or a comparison applies,
 the configurations of a comparison, their run names, the seeds, the pilot's rates, the schedule's
-arguments), the model they name, and reading a checkpoint's step for --resume. A value the user can
-fix is a ``UsageError``, which lab/runs.py's ``errors_exit`` prints as one line with exit status 2.
+arguments), the model and the device they name (``pick_device``), and reading a checkpoint's step for
+--resume. A value the user can fix is a ``UsageError``, which lab/runs.py's ``errors_exit`` prints as
+one line with exit status 2 (benchmarks/cli.py uses it too).
 The run folder itself (config.json, checkpoints, Ctrl-C, bars) is lab/runs.py.
 """
 import copy
@@ -26,7 +27,6 @@ import torch
 from lab.lr_schedule import SCHEDULES  # the choices of the Options field that shares the module's name
 from lab import models
 import otb
-from lab import plumbing
 import tasks
 from toy_env import arg  # a dataclass field with its --help text, as the toy's config declares its own
 
@@ -53,7 +53,9 @@ LOG_COLUMNS = """columns of the log line, [estimator N=group size] step k, then:
   sample   (--show-samples) the step's first response: "prompt" -> "response" R=its reward"""
 
 
-UsageError = plumbing.UsageError  # a bad argument: printed as one line, exit status 2, nothing created
+class UsageError(Exception):
+    """Something the user can fix on the command line; the message names the option. lab/runs.py's
+    ``errors_exit`` prints it as one line with exit status 2, nothing created."""
 
 
 # =====================================================================================
@@ -71,7 +73,7 @@ def sampler(cfg, model):
 @dataclass
 class Options:
     """What train.py's options set besides the step and the loop: the model and where it runs, the
-    memory and speed options, a comparison, the preflight and its pilot, the schedule, the run folder."""
+    sampler's precision, a comparison, the preflight and its pilot, the schedule, the run folder."""
     # what to run
     compare: Optional[str] = arg(
         None, f"estimator:group_size pairs of a comparison (default {DEFAULT_COMPARE})")
@@ -88,22 +90,12 @@ class Options:
         "(HuggingFaceTB/SmolLM2-135M-Instruct: the released weights; HF_HUB_OFFLINE=1: the local cache only)")
     device: str = arg("auto", "auto (cuda, then mps, then cpu), or cpu / cuda / cuda:1 / mps; --preset gpu and "
                       "gpu_tool stop when auto finds no CUDA (give --device cpu to run them there anyway)")
-    # sampling: speed and precision
+    # sampling precision
     rollout_dtype: Literal[tuple(DTYPES)] = arg(
         "float32", "dtype of the sampler's weights (float32: the model itself; lower: a copy). On CUDA, by design, "
         "sampling and scoring both run under bf16 autocast whatever this says (weights float32, matmuls and the "
         "sampler's logits bf16; the scoring pass's LM head float32), so mism is not 0 there: --preflight prints it "
         "(docs/training.md, 'Precision on CUDA'); on the CPU everything is float32 unless this is lower")
-    compile_decode: bool = arg(
-        False, "sample with a static KV cache and a compiled decode step (lab/fast_decode.py): the plain loop's "
-        "tokens; compiling takes about a minute per batch size on a CPU")
-    # memory: none of these changes the gradient, only what is held at once to compute it
-    chunk_size: Optional[int] = arg(
-        None, "response positions per chunk of the float32 LM head, recomputed in the backward (default: all at once)")
-    micro_batch_rows: Optional[int] = arg(
-        None, "rows per forward/backward pass, gradients accumulated: the same gradient, one optimizer step")
-    activation_checkpointing: bool = arg(
-        False, "recompute each layer in the backward (Hugging Face gradient checkpointing): less memory")
     preflight: bool = arg(
         False, "one step at the largest shape: peak memory, s/step, projected time and disk; then stop "
         "(lab/preflight.py)")
@@ -172,7 +164,7 @@ PRESETS = {
                 lr_pilot="1e-6,3e-6,1e-5,3e-5"),  # the pilot (docs/training.md) chooses lr; 1e-5 only without it
 }
 # The gpu preset on the tool task: SmolLM2-135M-Instruct adds two 3-digit numbers with a calculator it calls
-# through its chat template (tasks.ChatCalculatorTask); about 20 policy tokens per response, so a budget of
+# through its chat template (tool_use.ChatCalculatorTask); about 20 policy tokens per response, so a budget of
 # 100,000 tokens is about 150 steps of 8 prompts x 4; not yet run on a GPU (docs/tool_use.md)
 PRESETS["gpu_tool"] = {**PRESETS["gpu"], "task": "chat_calculator", "token_budget": 100_000, "steps": 400,
                        "compare": "otb_tir:4,otb:4,group_mean:4,rloo:4", "seeds": "0,1,2"}  # no power calculation yet
@@ -260,6 +252,27 @@ def tiny_settings(cfg):
     """The settings the tiny model and its cached warm-up depend on (models.tiny_cache's arguments)."""
     return dict(hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, seed=cfg.seed, temperature=cfg.temperature,
                 warmup_max_steps=cfg.warmup_max_steps, warmup_target=cfg.warmup_target)
+
+
+def pick_device(name):
+    """auto: cuda, then mps, then cpu. A named device must exist on this machine (UsageError)."""
+    mps = getattr(torch.backends, "mps", None)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else
+                            "mps" if mps and mps.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device {name!r}: not a device (auto, cpu, cuda, cuda:1, mps)") from None
+    problem = {"cpu": None,
+               "cuda": None if torch.cuda.is_available() else "CUDA is not available on this machine",
+               "mps": None if mps and mps.is_available() else "MPS is not available on this machine",
+               }.get(device.type, "only cpu, cuda and mps are supported")
+    if problem is None and device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        problem = f"this machine has {torch.cuda.device_count()} CUDA device(s)"
+    if problem:
+        raise UsageError(f"--device {name}: {problem} (torch {torch.__version__}); try --device auto")
+    return device
 
 
 def check_device(cfg, device):
