@@ -310,7 +310,20 @@ def load_model(name, task, device, *, max_new, cache_dir, tiny=None):
     if isinstance(task, chat_tasks) and not tok.chat_template:
         raise ModelError(f"--task {type(task).__name__} needs a tokenizer with a chat template; "
                          f"{name} has none")
-    return model.to(device).eval(), tok, source
+    return without_dropout(model).to(device).eval(), tok, source
+
+
+def without_dropout(model):
+    """The model with every dropout probability 0: train.py scores and updates in train mode (activation
+    checkpointing needs it), and the scoring pass must be the same function as the sampler's so that
+    old_logp is log pi_old. Both kinds are zeroed: dropout modules (GPT-2's) and the attention dropout
+    rate that Hugging Face attention layers apply themselves in train mode (Llama's ``attention_dropout``)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    return model
 
 
 def check_hub_id(name):
