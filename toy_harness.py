@@ -52,7 +52,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
 import otb
-from lab.parse_options import unwritable
 from lab.analysis import scale_free
 from toy_env import ToyConfig, check_config, enumerate_toy, exact_summary, oracle_baselines
 
@@ -295,6 +294,7 @@ def writable_file(flag, path, suffixes):
         return f"{flag} {path} is a folder; give a file name"
     if p.suffix.lower() not in suffixes:
         return f"{flag} {path}: the name must end in one of {', '.join(suffixes)}"
+    from lab.parse_options import unwritable  # train.py's check; imported here, as it brings transformers along
     why = unwritable(p)  # its first existing folder must be writable
     return None if why is None else f"{flag} {path}: {why}"
 
