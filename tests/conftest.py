@@ -42,6 +42,17 @@ def pytest_configure(config):
                                        "under another CPU's rounding")
 
 
+@pytest.fixture(autouse=True)
+def fresh_compiler():
+    """Each test starts with no compiled graphs. torch.compile keeps every graph it makes on the compiled
+    function's code, and fails a fullgraph compile past 8 of them (torch._dynamo's recompile limit): a
+    training process compiles the decode step once or twice (per batch size), but the suite compiles it
+    for a fresh tiny model in test after test. Compiled kernels stay in inductor's cache on disk."""
+    if "torch._dynamo" in sys.modules:  # where something was compiled (resetting costs microseconds)
+        sys.modules["torch._dynamo"].reset()
+    yield
+
+
 @pytest.fixture(scope="session")
 def warm_ups(tmp_path_factory):
     """The warm-up cache of the whole test run (models.tiny_model_folder writes under it)."""
