@@ -21,6 +21,8 @@ import tasks
 import train
 from lab import parse_options, options
 
+pytestmark = pytest.mark.compile_path  # .ci/run: again under the lowest torch (conftest.py)
+
 STEPS = 20
 TOK = models.char_tokenizer()
 # small and quick: 2 prompts x N = 2, strings of length 2 (at most a few new tokens each)

@@ -162,6 +162,7 @@ def test_the_real_steps_success_and_mismatch_are_reported(out, capsys, monkeypat
     assert len(seen) == 1 and seen[0].response.shape[0] == 16
 
 
+@pytest.mark.compile_path
 def test_compiled_decoding_is_compiled_before_the_timed_step_and_projected_once_per_batch_size(out, capsys,
                                                                                               monkeypatch):
     """--compile-decode: the real step runs twice from the initial weights (the first, untimed, compiles
