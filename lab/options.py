@@ -98,8 +98,8 @@ class Options:
         "sampler's logits bf16; the scoring pass's LM head float32), so mism is not 0 there: --preflight prints it "
         "(docs/training.md, 'Precision on CUDA'); on the CPU everything is float32 unless this is lower")
     preflight: bool = arg(
-        False, "one step at the largest shape: peak memory, s/step, projected time and disk; then stop "
-        "(lab/preflight.py)")
+        False, "the largest step's peak memory and one real step per batch size (compiled first with "
+        "--compile-decode): s/step, projected time and disk; then stop (lab/preflight.py)")
     memory_limit: Optional[float] = arg(
         None, "GB the preflight allows (default: the device's); above it, it stops and names what lowers it")
     # the learning-rate pilot before a comparison (lab/compare.py; protocol: docs/training.md)
