@@ -263,7 +263,7 @@ def compile_counts():
 
     - ``graphs``: graphs dynamo handed to a backend (counters stats.unique_graphs), any function's;
     - ``decode_step_graphs``: compiled variants of the decode step (``_forward``'s cache entries: one
-      per batch size; a new one for a batch size already compiled is a recompile);
+      per batch size; in dynamo's terms each after the first is a recompile, a guard that failed);
     - ``cudagraph_skips``: compiled functions inductor declined to record as a CUDA graph
       (counters inductor.cudagraph_skips; it logs why);
     - ``fx_cache_hits``, ``fx_cache_misses``: inductor's FX-graph cache (counters inductor.fxgraph_cache_hit
