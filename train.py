@@ -207,8 +207,8 @@ def one_update_per_batch(cfg, batch):
 
 
 def autocast(device):
-    """bf16 autocast on a GPU (sampling and scoring; the LM head and the weights stay float32);
-    full float32 on the CPU (and MPS)."""
+    """bf16 autocast on a GPU (sampling and scoring; the weights stay float32, the sampler's LM head runs in
+    bf16, the scoring pass's in float32: rollout.score); full float32 on the CPU (and MPS)."""
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
 

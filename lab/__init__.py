@@ -15,7 +15,7 @@ here, so that following one training step never leads into it:
     models        the tiny character-level Llama, its cached supervised warm-up, pretrained loading, weights
                   saved whole or not at all
     compare       a comparison's runs, its table and plot, paired seeds, the learning-rate pilot
-    preflight     one step at the largest shape: memory, time and disk of the whole run
+    preflight     the largest step's memory, one real step per batch size: time and disk of the whole run
     lr_schedule   learning-rate schedules (the length-triggered rule and two fixed clocks)
     diagnostics   forward-only noise diagnostics logged with every step
     fast_decode   a sampler for a GPU: a static KV cache, a compiled decode step, draws without host syncs

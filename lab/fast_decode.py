@@ -47,7 +47,9 @@ attention over L slots instead of the grown cache sums in another order, so with
 compiled decoders the logits agree to float32 rounding (tested: tests/test_naive_fast_decode.py).
 
 ``count_step`` counts what a decode step asks of the host (operators launched, kernels inside the
-compiled step, syncs). What this buys on a CPU, and what is not yet measured on a GPU: docs/cost.md.
+compiled step, syncs); ``compile_counts`` and ``compiled_since`` what compiling did (graphs, recompiles,
+CUDA-graph skips, and whether inductor's kernels were built or read from this machine's cache). What
+this buys on a CPU: docs/cost.md; on a GPU: docs/training.md, "Time".
 """
 import collections
 import weakref
@@ -249,3 +251,45 @@ def count_step(model, decode, batch=4, prompt=47, steps=(9, 17)):
     a, b = counts(steps[0]), counts(steps[1])
     keys = ("decoder_ops", "sampler_ops", "compiled_kernels", "decoder_syncs", "sampler_syncs")
     return {k: (b[k] - a[k]) / (steps[1] - steps[0]) for k in keys}
+
+
+# =====================================================================================
+# What compiling did (the preflight and benchmarks/gpu_probe.py report it)
+# =====================================================================================
+
+def compile_counts():
+    """What this process has compiled so far, read from ``torch._dynamo.utils.counters`` and from
+    dynamo's cache on the decode step:
+
+    - ``graphs``: graphs dynamo handed to a backend (counters stats.unique_graphs), any function's;
+    - ``decode_step_graphs``: compiled variants of the decode step (``_forward``'s cache entries: one
+      per batch size; in dynamo's terms each after the first is a recompile, a guard that failed);
+    - ``cudagraph_skips``: compiled functions inductor declined to record as a CUDA graph
+      (counters inductor.cudagraph_skips; it logs why);
+    - ``fx_cache_hits``, ``fx_cache_misses``: inductor's FX-graph cache (counters inductor.fxgraph_cache_hit
+      and fxgraph_cache_miss): a miss generates and builds the kernels, a hit reads them from this
+      machine's cache folder (TORCHINDUCTOR_CACHE_DIR, by default under the system's temporary folder).
+
+    (torch's counters.recompiles is not used: it does not move when a new shape recompiles.)"""
+    from torch._dynamo import eval_frame
+    from torch._dynamo.utils import counters
+    return dict(graphs=counters["stats"]["unique_graphs"],
+                decode_step_graphs=len(eval_frame._debug_get_cache_entry_list(_forward.__code__)),
+                cudagraph_skips=counters["inductor"]["cudagraph_skips"],
+                fx_cache_hits=counters["inductor"]["fxgraph_cache_hit"],
+                fx_cache_misses=counters["inductor"]["fxgraph_cache_miss"])
+
+
+def compiled_since(before):
+    """``compile_counts()`` less ``before`` (an earlier ``compile_counts()``), plus ``recompiles``, the
+    decode step's variants added beyond its first, and ``cache``: "cold" where inductor's FX-graph cache
+    missed (it built kernels, as a machine that never compiled this graph does), "warm" where it only hit
+    (kernels read from this machine's cache), "none" where inductor compiled nothing (no new graph, or
+    another backend)."""
+    now = compile_counts()
+    added = {k: now[k] - before[k] for k in now}
+    first = before["decode_step_graphs"] == 0 and added["decode_step_graphs"] > 0  # the step's first compile
+    added["recompiles"] = added["decode_step_graphs"] - int(first)
+    added["cache"] = "cold" if added["fx_cache_misses"] else "warm" if added["fx_cache_hits"] else "none"
+    return added
+

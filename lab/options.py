@@ -11,9 +11,10 @@ run folder), each field with its help string, which HfArgumentParser turns into 
 
 The rest: what options mean where train.py needs them (the settings a run or a comparison applies,
 the configurations of a comparison, their run names, the seeds, the pilot's rates, the schedule's
-arguments), the model and the device they name (``pick_device``), and reading a checkpoint's step for
---resume. A value the user can fix is a ``UsageError``, which lab/runs.py's ``errors_exit`` prints as
-one line with exit status 2 (benchmarks/cli.py uses it too).
+arguments), the model and the device they name (``pick_device``; on CUDA, the plain decode loop's
+attention kernel, ``plain_loop_attention``), and reading a checkpoint's step for --resume. A value
+the user can fix is a ``UsageError``, which lab/runs.py's ``errors_exit`` prints as one line with
+exit status 2 (benchmarks/cli.py uses it too).
 The run folder itself (config.json, checkpoints, Ctrl-C, bars) is lab/runs.py.
 """
 import copy
@@ -97,8 +98,8 @@ class Options:
         "sampler's logits bf16; the scoring pass's LM head float32), so mism is not 0 there: --preflight prints it "
         "(docs/training.md, 'Precision on CUDA'); on the CPU everything is float32 unless this is lower")
     preflight: bool = arg(
-        False, "one step at the largest shape: peak memory, s/step, projected time and disk; then stop "
-        "(lab/preflight.py)")
+        False, "the largest step's peak memory and one real step per batch size (compiled first with "
+        "--compile-decode): s/step, projected time and disk; then stop (lab/preflight.py)")
     memory_limit: Optional[float] = arg(
         None, "GB the preflight allows (default: the device's); above it, it stops and names what lowers it")
     # the learning-rate pilot before a comparison (lab/compare.py; protocol: docs/training.md)
@@ -179,6 +180,17 @@ def for_device(cfg, device, given):
     if cfg.preset in GPU_PRESETS and device.type != "cuda" and "compile_decode" not in given:
         return replace(cfg, compile_decode=False)
     return cfg
+
+
+def plain_loop_attention(cfg, device):
+    """On CUDA, where the plain decode loop samples (no --compile-decode), cuDNN's scaled-dot-product
+    attention is turned off for the process, leaving torch's flash and memory-efficient kernels.
+    Why: cuDNN builds an attention plan for each new key/value length, and the plain loop's cache grows
+    by one column a token, so a rollout meets a new length at every step: a step took 67-115 ms the first
+    time its length appeared and 27 ms without cuDNN, flat (an H200, measured by a review; docs/training.md,
+    "Time"). Untouched on other devices and with the compiled step, whose cache has one length."""
+    if device.type == "cuda" and not cfg.compile_decode:
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 # =====================================================================================

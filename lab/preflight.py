@@ -1,45 +1,52 @@
-"""Preflight: one step at the largest shape before the long run, and what the whole run will need.
+"""Preflight: the largest step's memory and one real step per batch size before the long run, and what
+the whole run will need.
 
-    python train.py --preset gpu --preflight                      # about a minute on a GPU: measure, project, stop
+    python train.py --preset gpu --preflight                      # minutes on a GPU: measure, project, stop
     python train.py --preset gpu --preflight --memory-limit 24    # as if the device had 24 GB
 
 A comparison's largest configuration is the one with the most rows per step (``group_mean:16``:
-8 prompts x 16 = 128 rows). The preflight runs, at that configuration and with every memory option
-of the command line:
+8 prompts x 16 = 128 rows). The preflight runs, with every memory option of the command line:
 
 1. **the worst case for memory**: score, estimate and update (train.py's learn) on the step's real
    prompts with fabricated responses of the full response limit (random tokens, every position
    valid), since training may well make responses that long;
-2. **one real step** (train.py's train_step: sampling, then the same update) from the initial weights
-   and a fresh optimizer, as training's first step, for its time and its response length. With
-   ``--compile-decode`` the step runs once before, untimed: the first rollout of a shape compiles
-   its decode step (on CUDA, and records its graph), which the timed step then reuses.
+2. **one real step per batch size** of the plan (prompts x N for every N a configuration or the pilot
+   uses; train.py's train_step: sampling, then the same update), smallest first, each from the initial
+   weights and a fresh optimizer, as training's first step, for its time and its response length: a
+   configuration is projected with its own batch size's rollout and learn, not with the largest's
+   scaled. With ``--compile-decode`` each batch size's step runs once before, untimed: the first rollout
+   of a shape compiles its decode step (on CUDA, and records its graph), which the timed step then
+   reuses; that rollout's seconds beyond the timed one's are the batch size's compile, reported cold or
+   warm (``fast_decode.compiled_since``: inductor's FX-graph cache missed, so kernels were built, or only
+   hit, so they came from this machine's cache folder).
 
-It reports the peak memory of each phase (the full-length update; the real step's rollout and its
-score and update, split where train_step enters learn; CUDA: ``torch.cuda.max_memory_allocated``;
-CPU on Linux: the process's resident peak, VmHWM), the seconds per step, the real step's success and
-sampler / trainer mismatch (what training starts from on this device, in its precision), and a
-projection for the whole run:
+It reports the peak memory of each phase (the full-length update; the real steps' rollouts and their
+score and update, split where train_step enters learn, the largest over the batch sizes; CUDA:
+``torch.cuda.max_memory_allocated``; CPU on Linux: the process's resident peak, VmHWM), the seconds per
+step of each batch size, the largest configuration's success and sampler / trainer mismatch (what
+training starts from on this device, in its precision), and a projection for the whole run:
 
-    steps(n)  = min(--steps, ceil(B / (prompts x n x L)))      L: the real step's mean response length
-    saves     = per run, floor(run time / --checkpoint-minutes) + 1 (the last);  every step with 0
-    time      = sum over runs of steps(n) x (t_rollout + t_learn x n / n_max)  +  saves x t_save
-                +  compiles x t_compile     --compile-decode: one compile per batch size (prompts x n), t_compile
-                                            the untimed rollout's seconds less the timed one's
+    steps(c)  = min(--steps, ceil(B_c / (prompts x n_c x L(n_c))))    c: a configuration (or the pilot's)
+    saves(c)  = as train.py writes them: after the first step, every --checkpoint-minutes, after the last
+                (every step with 0)
+    time      = sum over runs c of steps(c) x (t_rollout(n_c) + t_learn(n_c))  +  sum of saves(c) x t_save
+                +  sum over batch sizes b of t_compile(b)               --compile-decode: once per batch size
     written   = saves x S                                     S, t_save: one checkpoint, written and timed here
     disk      = 4 P  +  8 P   (--keep-weights: runs x 4 P + 8 P)   P parameters: float32 weights of the
                                      running run and AdamW's two moments (a finished run keeps its weights
                                      only with --keep-weights)
 
 where the runs are every configuration on every seed, and the pilot's runs (one per rate, at its
-own budget) when there is one.
+own budget) when there is one; L(n), t_rollout(n) and t_learn(n) are the mean response length, the
+rollout's seconds and the score and update's seconds of the real step of prompts x n rows, and
+t_compile(b) the untimed rollout's seconds less the timed one's at b rows. ``project`` computes it
+from those numbers alone, so it can be checked on recorded timings.
 
 t_rollout is the real step's decode steps (one per sampled position, until every row has ended) times
-its seconds per decode step; the report gives both. The time is an upper bound in the rollout (a
-smaller batch never samples slower) and an estimate elsewhere: the real step's response length and
-speed stand for every step. The weights are restored afterwards, so a comparison that follows
-starts from the same ones. For ``--preset gpu`` the report ends with the preset's goal (1 hour on
-one H100, 2 on a 24 GB card) beside the projection.
+its seconds per decode step; the report gives both. The time is an estimate: each real step's response
+length and speed stand for every step of its batch size. The weights are restored afterwards, so a
+comparison that follows starts from the same ones. For ``--preset gpu`` the report ends with the
+preset's goal (1 hour on one H100, 2 on a 24 GB card) beside the projection.
 
 If a phase runs out of memory, or its peak exceeds ``--memory-limit`` (GB; by default what the
 device has free when the preflight starts, plus what this process already holds), it stops with
@@ -56,7 +63,7 @@ import torch
 
 import rollout
 import tasks
-from lab import compare, options
+from lab import compare, fast_decode, options
 from lab.analysis import stats
 
 GB = 1e9
@@ -118,6 +125,19 @@ def full_length_batch(prompts, group_size, length, vocab, pad_id, device):
     return ro, R, token_rewards.to(device)
 
 
+def batch_sizes(cfg):
+    """{group size N: estimator} of every batch size (prompts x N) the run samples, the pilot's included,
+    each with the first configuration of that size (the one whose step the preflight times)."""
+    runs = options.runs_of(cfg)
+    if cfg.lr_pilot:
+        e, _, g = cfg.lr_pilot_run.partition(":")
+        runs = [(e, int(g))] + runs
+    sizes = {}
+    for e, g in runs:
+        sizes.setdefault(g, e)
+    return sizes
+
+
 def run(cfg, model, tok, folder, train_step, learn, make_estimator):
     """Measure, project, write folder/preflight.json, print; UsageError (one line naming the phase) when
     a phase runs out of memory or peaks over the limit. train_step, learn and make_estimator are train.py's."""
@@ -127,15 +147,13 @@ def run(cfg, model, tok, folder, train_step, learn, make_estimator):
     sub = replace(cfg, estimator=est, group_size=n, compare=None, seeds=None)
     task = tasks.make_task(cfg)
     init = compare.weights(model)  # restored at the end
-    estimator = make_estimator(est, cfg.zero_tail)
     limit = tasks.response_limit(cfg, task)
     rows = cfg.prompts_per_step * n
     folder.mkdir(parents=True, exist_ok=True)
-    peaks, phase, s, t_full, save = {}, ["learn"], None, None, None  # phase: where an out-of-memory error lands
-    t_compile = 0.0  # seconds of compiling one decode step's shape (--compile-decode)
+    peaks, phase, measured, t_full, save = {}, ["learn"], {}, None, None  # phase: where an out-of-memory error lands
 
     def rollout_done():  # train_step is entering learn: the rollout's peak is complete
-        peaks["rollout"], phase[0] = peak(device), "learn"
+        peaks["rollout"], phase[0] = max(peaks.get("rollout") or 0, peak(device) or 0) or None, "learn"
         reset_peak(device)
 
     adamw = lambda: torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)  # noqa: E731
@@ -147,38 +165,46 @@ def run(cfg, model, tok, folder, train_step, learn, make_estimator):
         ro, R, token_rewards = full_length_batch(prompts, n, limit, len(tok), tok.pad_token_id, device)
         reset_peak(device)
         t0 = time.perf_counter()
-        learn(sub, model, opt, ro, R, token_rewards, estimator, torch.Generator().manual_seed(0))
+        learn(sub, model, opt, ro, R, token_rewards, make_estimator(est, cfg.zero_tail),
+              torch.Generator().manual_seed(0))
         peaks["learn_full_length"], t_full = peak(device), time.perf_counter() - t0
         model.zero_grad(set_to_none=True)  # as in training: no gradients held through the rollout
         del ro, token_rewards, opt
-        # 2. one real step, from the initial weights and a fresh optimizer as training's first step: its
-        # time, response length, success and mismatch; a peak per phase
-        model.load_state_dict(init)
+        # 2. one real step per batch size, smallest first (the largest then holds the others' static caches, as
+        # in the run), each from the initial weights and a fresh optimizer as training's first step: its time,
+        # response length, success and mismatch; a peak per phase
         sampler = options.sampler(cfg, model)
-        phase[0] = "rollout"
-        with calls_first(train_step, learn, rollout_done):
-            if cfg.compile_decode:  # the first step of a shape compiles its decode step (CUDA: and records
-                warm = train_step(sub, model, sampler, adamw(), task, tok, estimator, 0)  # its graph): untimed
-                t_warm = warm.seconds[0]
-                del warm
-                model.zero_grad(set_to_none=True)
-                model.load_state_dict(init)
-                phase[0] = "rollout"
-            opt = adamw()
-            reset_peak(device)
-            s = train_step(sub, model, sampler, opt, task, tok, estimator, 0)
-        peaks["learn"] = peak(device)
-        if cfg.compile_decode:  # the warm-up's rollout less the timed one's
-            t_compile = max(0.0, t_warm - s.seconds[0])
-        save = time_save(folder / "preflight_checkpoint.pt", model, opt)
+        for g, e in sorted(batch_sizes(cfg).items()):
+            step_cfg, estimator = replace(sub, estimator=e, group_size=g), make_estimator(e, cfg.zero_tail)
+            model.load_state_dict(init)
+            phase[0] = "rollout"
+            compiled, t_first = None, None
+            with calls_first(train_step, learn, rollout_done):
+                if cfg.compile_decode:  # the first step of a shape compiles its decode step (CUDA: and records
+                    before = fast_decode.compile_counts()  # its graph): untimed
+                    first = train_step(step_cfg, model, sampler, adamw(), task, tok, estimator, 0)
+                    compiled, t_first = fast_decode.compiled_since(before), first.seconds[0]
+                    del first
+                    model.zero_grad(set_to_none=True)
+                    model.load_state_dict(init)
+                    phase[0] = "rollout"
+                opt = adamw()
+                reset_peak(device)
+                s = train_step(step_cfg, model, sampler, opt, task, tok, estimator, 0)
+            peaks["learn"] = max(peaks.get("learn") or 0, peak(device) or 0) or None
+            measured[g] = step_record(s, f"{e}:{g}", compiled, t_first)
+            model.zero_grad(set_to_none=True)
+            if g == n:
+                save = time_save(folder / "preflight_checkpoint.pt", model, opt)
+            del s, opt
     except torch.OutOfMemoryError:
         peaks["out_of_memory"] = phase[0]
     finally:
         model.load_state_dict(init)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    report = project(cfg, est, n, rows, limit, prompts, s, peaks, t_full, save,
-                     sum(p.numel() for p in model.parameters()), t_compile)
+    report = project(cfg, est, n, rows, limit, prompts, measured if save else None, peaks, t_full, save,
+                     sum(p.numel() for p in model.parameters()))
     report["memory_limit"] = memory_limit
     report["device"] = str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
     (folder / "preflight.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -186,6 +212,24 @@ def run(cfg, model, tok, folder, train_step, learn, make_estimator):
     if report["out_of_memory"] or over_limit(report):
         raise options.UsageError(too_big(cfg, report, rows, limit))
     return report
+
+
+def step_record(s, run, compiled=None, t_first=None):
+    """What the projection takes from one real step (train.py's StepResult ``s`` of the configuration
+    ``run``), as plain numbers: its mean response length L, rollout and learn (score, estimate, update)
+    seconds, decode steps, success and sampler / trainer mismatch; with ``--compile-decode``, ``compiled``
+    (fast_decode.compiled_since over the untimed first step) and that step's rollout seconds ``t_first``."""
+    m = s.ro.response_mask  # (B, T)
+    delta = ((s.old_logp - s.ro.logp) * m).abs()  # |log pi_train - log pi_rollout|, (B, T)
+    decode_steps = s.ro.response.shape[1]  # positions the step sampled: one decode step each
+    record = dict(run=run, rows=len(m), mean_response_length=m.sum(-1).mean().item(), seconds_rollout=s.seconds[0],
+                  seconds_score_update=s.seconds[1] + s.seconds[2], decode_steps=decode_steps,
+                  seconds_per_decode_step=s.seconds[0] / max(decode_steps, 1), success=(s.R >= 1).float().mean().item(),
+                  mismatch_mean_abs=(delta.sum() / m.sum().clamp(min=1)).item(), mismatch_max_abs=delta.max().item(),
+                  seconds_compile=None, compile_cache=None, compiled=compiled)
+    if compiled is not None:  # the untimed rollout less the timed one: compiling (CUDA: and recording the graph)
+        record.update(seconds_compile=max(0.0, t_first - s.seconds[0]), compile_cache=compiled["cache"])
+    return record
 
 
 class calls_first:
@@ -218,6 +262,11 @@ def time_save(path, model, opt):
     return seconds, size
 
 
+# What a compile's cache state means for the projection (fast_decode.compiled_since)
+CACHE_NOTE = {"warm": " (inductor read its kernels from this machine's cache: where they were never built, compiling "
+                      "takes longer; docs/training.md, 'Time')",
+              "none": " (inductor compiled nothing: another backend)"}
+
 PHASES = {"learn_full_length": "learn (score and update) at full length", "rollout": "rollout",
           "learn": "learn (score and update) of the real step"}
 
@@ -230,29 +279,29 @@ def over_limit(r):
                   key=lambda k: -r["peaks"][k])
 
 
-def project(cfg, est, n, rows, limit, prompts, s, peaks, t_full, save, n_params, t_compile=0.0):
-    """The report: what was measured and the projection for the whole run or comparison."""
+def project(cfg, est, n, rows, limit, prompts, measured, peaks, t_full, save, n_params):
+    """The report: what was measured and the projection for the whole run or comparison. ``measured``:
+    {group size: step_record} of every batch size (None after an out-of-memory error); ``save``: (seconds,
+    bytes) of one checkpoint; ``t_full``: the full-length update's seconds. Plain numbers only, so the
+    projection can be checked on recorded timings."""
     P = max(map(len, prompts))
     oom = peaks.pop("out_of_memory", None)
-    measured = [v for v in peaks.values() if v is not None]
+    known = [v for v in peaks.values() if v is not None]
     report = dict(largest=f"{est}:{n}", rows=rows, positions=P + limit, out_of_memory=oom is not None,
-                  out_of_memory_phase=oom, peaks=peaks, peak_memory=None if oom or not measured else max(measured),
+                  out_of_memory_phase=oom, peaks=peaks, peak_memory=None if oom or not known else max(known),
                   seconds_full_length_update=t_full)
-    if s is None:  # out of memory: nothing to project from
+    if measured is None or oom:  # out of memory: nothing to project from
         return report
-    m = s.ro.response_mask  # (B, T)
-    L = m.sum(-1).mean().item()  # mean response length of the real step
-    delta = ((s.old_logp - s.ro.logp) * m).abs()  # |log pi_train - log pi_rollout|, (B, T)
-    t_rollout, t_learn = s.seconds[0], s.seconds[1] + s.seconds[2]
     t_save, size = save
     seeds = len(options.seed_list(cfg)) if cfg.seeds else 1
 
     def planned(name, g, budget, copies):
-        per_step = cfg.prompts_per_step * g * max(L, 1.0)  # tokens sampled per step
+        m = measured[g]  # the real step of this configuration's batch size
+        per_step = cfg.prompts_per_step * g * max(m["mean_response_length"], 1.0)  # tokens sampled per step
         steps = min(cfg.steps, math.ceil(budget / per_step)) if budget else cfg.steps
-        seconds = t_rollout + t_learn * g / n
-        saves = steps if cfg.checkpoint_minutes == 0 else math.floor(steps * seconds / (60 * cfg.checkpoint_minutes)) + 1
-        return dict(run=name, runs=copies, group_size=g, steps=steps, seconds_per_step=seconds, saves=saves)
+        seconds = m["seconds_rollout"] + m["seconds_score_update"]
+        return dict(run=name, runs=copies, group_size=g, steps=steps, seconds_per_step=seconds,
+                    saves=checkpoint_saves(steps, seconds, cfg.checkpoint_minutes))
     plan = [planned(f"{e}:{g}", g, cfg.token_budget, seeds) for e, g in options.runs_of(cfg)]
     if cfg.lr_pilot:  # the pilot's runs come first: one per rate
         e, _, g = cfg.lr_pilot_run.partition(":")
@@ -260,23 +309,36 @@ def project(cfg, est, n, rows, limit, prompts, s, peaks, t_full, save, n_params,
                                len(cfg.lr_pilot.split(","))))
     saves = sum(r["runs"] * r["saves"] for r in plan)
     # --compile-decode compiles once per batch size in the process (the cache length is the same for all)
-    compiles = len({cfg.prompts_per_step * r["group_size"] for r in plan}) if cfg.compile_decode else 0
-    decode_steps = s.ro.response.shape[1]  # positions the real step sampled: one decode step each
-    report.update(mean_response_length=L, seconds_rollout=t_rollout, seconds_score_update=t_learn, seeds=seeds,
-                  decode_steps=decode_steps, seconds_per_decode_step=t_rollout / max(decode_steps, 1),
-                  success=(s.R >= 1).float().mean().item(),
-                  mismatch_mean_abs=(delta.sum() / m.sum().clamp(min=1)).item(), mismatch_max_abs=delta.max().item(),
+    compiled = [m for m in measured.values() if m["seconds_compile"] is not None]
+    t_compiling = sum(m["seconds_compile"] for m in compiled)
+    top = measured[n]  # the largest configuration's real step
+    report.update({k: top[k] for k in ("mean_response_length", "seconds_rollout", "seconds_score_update", "decode_steps",
+                                       "seconds_per_decode_step", "success", "mismatch_mean_abs", "mismatch_max_abs")})
+    report.update(measured=[dict(m, group_size=g) for g, m in sorted(measured.items())], seeds=seeds,
                   checkpoint_bytes=size, seconds_checkpoint=t_save, checkpoint_saves=saves, runs=plan,
-                  compiles=compiles, seconds_compile=t_compile,
+                  compiles=len(compiled), seconds_compiling=t_compiling,
                   projected_seconds=sum(r["runs"] * r["steps"] * r["seconds_per_step"] for r in plan)
-                  + saves * t_save + compiles * t_compile,
+                  + saves * t_save + t_compiling,
                   projected_bytes_written=saves * size,
                   projected_disk=((sum(r["runs"] for r in plan) if cfg.keep_weights else 1) * 4 + 8) * n_params)
     if cfg.preset in GOAL_HOURS:
         report["goal_hours"] = GOAL_HOURS[cfg.preset]
     if cfg.seeds:
-        report["seeds_plan"] = seeds_plan(plan, seeds, t_save, compiles * t_compile)
+        report["seeds_plan"] = seeds_plan(plan, seeds, t_save, t_compiling)
     return report
+
+
+def checkpoint_saves(steps, seconds_per_step, minutes):
+    """The checkpoints a run of ``steps`` steps of ``seconds_per_step`` each writes, as train.train writes
+    them: after its first step, then after each step that ends ``minutes`` or more after the last save,
+    and after its last step; after every step with 0."""
+    if minutes == 0:
+        return steps
+    count, last = 0, -math.inf
+    for k in range(1, steps + 1):
+        if k == steps or k * seconds_per_step - last >= 60 * minutes:
+            count, last = count + 1, k * seconds_per_step
+    return count
 
 
 # What the GPU preset should take, as this projection has it (docs/training.md): (card, hours)
@@ -307,23 +369,26 @@ def describe(r):
              f"  peak memory: {peaks}" + (f"; out of memory in the {r['out_of_memory_phase']}" if r["out_of_memory"]
                                           else "") + f" (limit {gb(r['memory_limit'])})"]
     if "runs" in r:
-        lines += [f"  one step: rollout {r['seconds_rollout']:.1f} s + score/update {r['seconds_score_update']:.1f} s "
-                  f"(mean response {r['mean_response_length']:.0f} tokens); full-length update "
-                  f"{r['seconds_full_length_update']:.1f} s",
-                  f"  the real step as sampled here: success {r['success']:.3f}; sampler / trainer mismatch "
-                  f"|log pi_train - log pi_rollout| mean {r['mismatch_mean_abs']:.1e}, max {r['mismatch_max_abs']:.1e}",
+        lines.append("  one real step per batch size: rollout + score/update seconds, mean response, decode steps:")
+        for m in r["measured"]:
+            compiled = "" if m["seconds_compile"] is None else (
+                f"; compiling it {m['seconds_compile']:.1f} s, {m['compile_cache']}" + CACHE_NOTE.get(m["compile_cache"], ""))
+            lines.append(f"    {m['rows']} rows ({m['run']}): {m['seconds_rollout']:.1f} s + {m['seconds_score_update']:.1f} s, "
+                         f"{m['mean_response_length']:.0f} tokens, {m['decode_steps']} decode steps of "
+                         f"{1000 * m['seconds_per_decode_step']:.1f} ms{compiled}")
+        lines += [f"  full-length update {r['seconds_full_length_update']:.1f} s; the largest step as sampled here: success "
+                  f"{r['success']:.3f}; sampler / trainer mismatch |log pi_train - log pi_rollout| mean "
+                  f"{r['mismatch_mean_abs']:.1e}, max {r['mismatch_max_abs']:.1e}",
                   f"  projected: {r['projected_seconds'] / 60:.1f} min ({r['projected_seconds'] / 3600:.2f} h) = "
-                  "steps x seconds per step + saves x seconds per save"
-                  + (" + compiles x seconds per compile" if r["compiles"] else "") + ", each factor measured here:",
+                  "steps x seconds per step of the run's batch size + saves x seconds per save"
+                  + (" + each batch size's compile" if r["compiles"] else "") + ", each factor measured here:",
                   "    " + ", ".join(f"{p['runs']} x {p['run']} ({p['steps']} steps of {p['seconds_per_step']:.1f} s)"
-                                     for p in r["runs"])
-                  + f"; the steps from the mean response, a step's rollout {r['decode_steps']} decode steps of "
-                  f"{1000 * r['seconds_per_decode_step']:.1f} ms and its score/update scaled by group size",
+                                     for p in r["runs"]) + "; the steps from the batch size's mean response",
                   f"    {r['checkpoint_saves']} checkpoint saves of {gb(r['checkpoint_bytes'])} "
                   f"({r['seconds_checkpoint']:.1f} s each, {gb(r['projected_bytes_written'])} written)"
-                  + (f"; {r['compiles']} compiles of the decode step, one per batch size ({r['seconds_compile']:.0f} s "
-                     "each, as the largest's)" if r["compiles"] else "")
-                  + f"; disk {r['projected_disk'] / GB:.1f} GB (estimates from this one step)"]
+                  + (f"; {r['compiles']} compiles of the decode step, {r['seconds_compiling']:.0f} s in all"
+                     if r["compiles"] else "")
+                  + f"; disk {r['projected_disk'] / GB:.1f} GB (estimates from these steps)"]
     if "goal_hours" in r:
         goal = ", ".join(f"{h:g} h on {card}" for card, h in r["goal_hours"])
         lines.append(f"  goal for this preset (docs/training.md): {goal}; projected here "

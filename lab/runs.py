@@ -36,7 +36,8 @@ from lab.models import DiskFull
 import tasks
 from lab.parse_options import given_options, parse
 from lab.options import (LOG_COLUMNS, PRESETS, UsageError, applied, check_device, checkpoint_step, for_device, load,
-                         pick_device, read_checkpoint, run_name, runs_of, seed_list, tiny_settings)
+                         pick_device, plain_loop_attention, read_checkpoint, run_name, runs_of, seed_list,
+                         tiny_settings)
 
 # Signals that stop a run as Ctrl-C does: SIGTERM (`timeout`, a cluster's preemption) and SIGHUP (the
 # terminal was closed; Windows has none). One that is ignored when train.py starts (nohup) stays ignored.
@@ -342,6 +343,7 @@ def start(argv, config):
         device = pick_device(cfg.device)
         check_device(cfg, device)  # a GPU preset without a GPU stops here, before the header
         cfg = for_device(cfg, device, given_options(argv))
+        plain_loop_attention(cfg, device)  # CUDA without --compile-decode: no cuDNN attention
         folder, stored = run_folder(cfg, command)  # a new folder, or --resume's (and its first command)
         print(header(cfg, folder, command, device), flush=True)
         cache = tiny_cache_folder(cfg)

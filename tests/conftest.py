@@ -14,6 +14,10 @@ stored notebook) is marked ``saved_results``. .ci/run runs those a second time u
 rounding (``ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE``), which the machine fingerprint sees, so
 a comparison pinned to one CPU's last bits fails in CI rather than on a user's machine.
 
+A test of the compiled decode step, the fast sampler or activation checkpointing is marked
+``compile_path``: what dynamo can trace and how ATen draws differ between torch versions, so .ci/run
+runs these again in a second virtual environment with the lowest torch that requirements.txt allows.
+
 ``tiny_runs.py`` holds the tiny train.py configuration and helpers that test_e2e_train.py and
 test_inputs_train.py share. The ``out`` fixture gives a test a fresh folder for train.py's --out
 whose warm-up cache (``_cache``) is one folder for the whole test run, so each tiny model is
@@ -40,6 +44,18 @@ if str(ROOT) not in sys.path:
 def pytest_configure(config):
     config.addinivalue_line("markers", "saved_results: repeats a saved result; .ci/run runs these again "
                                        "under another CPU's rounding")
+    config.addinivalue_line("markers", "compile_path: the compiled decode step, the fast sampler or activation "
+                                       "checkpointing; .ci/run runs these again under requirements.txt's lowest torch")
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo(request):
+    """A compile_path test starts with dynamo's caches empty. The decode step's graphs from earlier tests
+    (other models, shapes and backends) would otherwise count against dynamo's limit of 8 variants of one
+    function, which fullgraph=True turns into an error: whether a test passed would depend on the order."""
+    if request.node.get_closest_marker("compile_path"):
+        import torch
+        torch._dynamo.reset()
 
 
 @pytest.fixture(autouse=True)

@@ -722,8 +722,8 @@ def test_the_hub_id_loads_the_unquantised_weights_from_a_mocked_hub(tmp_path):
 # ----------------------------------------------------------------------------- preflight
 
 def test_preflight_projects_the_run_and_stops_above_the_memory_limit(out, capsys):
-    """--preflight: one step at the largest configuration (group_mean:4 here), its numbers in
-    preflight.json and on the screen, the projection computed from them by its formula, no training;
+    """--preflight: the largest configuration (group_mean:4 here) and one real step per batch size, their
+    numbers in preflight.json and on the screen, the projection computed from them by its formula, no training;
     with a --memory-limit below the measured peak it stops (exit status 2) naming the options that
     lower the peak, and still writes preflight.json."""
     args = TINY + ["--out", str(out), "--compare", "otb:2,group_mean:4", "--token-budget", "200", "--preflight"]
@@ -732,10 +732,12 @@ def test_preflight_projects_the_run_and_stops_above_the_memory_limit(out, capsys
     r = json.loads((out / "pf" / "preflight.json").read_text())
     assert "preflight: largest step group_mean:4 (16 rows" in shown and "projected:" in shown
     assert (r["largest"], r["rows"]) == ("group_mean:4", 16) and r["peak_memory"] > 0 and not r["out_of_memory"]
-    L = r["mean_response_length"]
-    for run_, g in zip(r["runs"], (2, 4)):
-        assert run_["steps"] == min(100, math.ceil(200 / (4 * g * L))) and run_["runs"] == 1
-        assert run_["seconds_per_step"] == pytest.approx(r["seconds_rollout"] + r["seconds_score_update"] * g / 4)
+    measured = {m["group_size"]: m for m in r["measured"]}  # one real step per batch size: 8 and 16 rows
+    assert [(g, m["rows"]) for g, m in measured.items()] == [(2, 8), (4, 16)]
+    for run_, g in zip(r["runs"], (2, 4)):  # each configuration from its own batch size's step
+        m = measured[g]
+        assert run_["steps"] == min(100, math.ceil(200 / (4 * g * m["mean_response_length"]))) and run_["runs"] == 1
+        assert run_["seconds_per_step"] == pytest.approx(m["seconds_rollout"] + m["seconds_score_update"])
     assert r["projected_seconds"] == pytest.approx(sum(x["steps"] * x["seconds_per_step"] for x in r["runs"])
                                                    + r["checkpoint_saves"] * r["seconds_checkpoint"])
     model = models.tiny_model(models.char_tokenizer(), hidden=32, layers=1)
@@ -744,7 +746,7 @@ def test_preflight_projects_the_run_and_stops_above_the_memory_limit(out, capsys
     assert not list((out / "pf").glob("*/metrics.jsonl"))  # nothing trained
     train.main(args + ["--name", "pf-pilot", "--lr-pilot", "1e-3,3e-3", "--lr-pilot-run", "otb:2"])
     r = json.loads((out / "pf-pilot" / "preflight.json").read_text())
-    pilot, L = r["runs"][0], r["mean_response_length"]  # the pilot's runs come first, at B / 4
+    pilot, L = r["runs"][0], r["measured"][0]["mean_response_length"]  # the pilot's runs first, at B / 4, N = 2
     assert (pilot["run"], pilot["runs"], pilot["steps"]) == ("pilot otb:2", 2, min(100, math.ceil(50 / (4 * 2 * L))))
     assert r["projected_disk"] == (4 + 8) * n_params  # without --keep-weights, whatever the number of runs
     train.main(args + ["--name", "pf-keep", "--lr-pilot", "1e-3,3e-3", "--lr-pilot-run", "otb:2", "--keep-weights"])

@@ -73,6 +73,7 @@ def gradient(model, cfg, ro, adv):
     return {n: p.grad.clone() for n, p in model.named_parameters()}, (logp.detach(), spp, ent), loss
 
 
+@pytest.mark.compile_path  # checkpointing: .ci/run runs it under the lowest torch too
 @pytest.mark.parametrize("build", [tiny, large_vocab], ids=["tiny", "large-vocab"])
 def test_chunked_checkpointed_micro_batched_gradient_equals_the_one_pass_gradient(build):
     model = build()
@@ -124,6 +125,7 @@ def test_the_chunked_head_keeps_no_logits_for_the_backward():
     assert saved_with_vocab_columns(3) == []
 
 
+@pytest.mark.compile_path  # checkpointing: .ci/run runs it under the lowest torch too
 def test_activation_checkpointing_keeps_only_the_layer_inputs():
     """With --activation-checkpointing the update's graph (train mode) saves far fewer activations (each
     layer's input; the rest is recomputed in the backward)."""

@@ -3,7 +3,8 @@
 --preset gpu and gpu_tool on a machine where --device auto finds no CUDA (no GPU, or a driver that
 does not match the installed CUDA wheel) stop before anything is loaded or created: one line, exit
 status 2. Given --device cpu explicitly, they run there (the tests of the preset do exactly that).
-On CUDA they sample with the compiled decoder; on any other device with the plain loop.
+On CUDA they sample with the compiled decoder; on any other device with the plain loop. On CUDA the
+plain loop (any run without --compile-decode) samples with cuDNN's attention turned off.
 """
 
 import pytest
@@ -73,3 +74,34 @@ def test_a_gpu_preset_run_on_the_cpu_records_the_plain_loop(tmp_path, monkeypatc
     with pytest.raises(Loaded):
         runs.start(["--preset", "gpu", "--device", "cpu", "--out", str(tmp_path)], train.Config)
     assert seen[0].compile_decode is False and seen[0].preset == "gpu"
+
+
+@pytest.mark.parametrize("argv, device, cudnn_off", [
+    (["--preset", "gpu"], "cuda", False),  # the compiled step: one cache length, cuDNN's attention kept
+    (["--preset", "gpu", "--compile-decode", "false"], "cuda", True),  # the plain fallback
+    (["--estimator", "otb"], "cuda", True),  # plain by default
+    (["--estimator", "otb", "--compile-decode"], "cuda", False),
+    (["--estimator", "otb"], "cpu", False),  # never on another device
+    (["--preset", "gpu", "--device", "cpu"], "cpu", False)])
+def test_the_plain_loop_on_cuda_samples_without_cudnn_attention(argv, device, cudnn_off, tmp_path, monkeypatch):
+    """Where train.py sets up the run's device (runs.start): on CUDA without --compile-decode, cuDNN's
+    scaled-dot-product attention is turned off (it plans anew for every new key/value length, and the
+    plain loop's cache grows every token); otherwise the setting is not touched. A fake CUDA device: the
+    run stops where the model would load, and torch's setter is replaced by a recorder."""
+    class Loaded(Exception):
+        pass
+
+    def load(cfg, dev):
+        raise Loaded
+    calls = []
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", calls.append)
+    monkeypatch.setattr(runs, "pick_device", lambda name: torch.device(device))
+    monkeypatch.setattr(runs, "load", load)
+    with pytest.raises(Loaded):
+        runs.start(argv + ["--out", str(tmp_path)], train.Config)
+    assert calls == ([False] if cudnn_off else [])
+    calls.clear()  # the function itself, as the preflight and a benchmark would call it
+    cfg = parse_options.parse(argv, train.Config, options.PRESETS)
+    options.plain_loop_attention(options.for_device(cfg, torch.device(device), parse_options.given_options(argv)),
+                                 torch.device(device))
+    assert calls == ([False] if cudnn_off else [])

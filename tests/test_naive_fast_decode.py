@@ -29,6 +29,8 @@ import rollout
 import tasks
 import tool_use
 
+pytestmark = pytest.mark.compile_path  # .ci/run: again under the lowest torch (conftest.py)
+
 TOK = models.char_tokenizer()
 EOS, PAD = TOK.eos_token_id, TOK.pad_token_id
 
@@ -111,7 +113,9 @@ def graphs(monkeypatch):
 
 
 def recompiles():
-    return sum(torch._dynamo.utils.counters["recompiles"].values())
+    """Compiled variants of the decode step so far (dynamo's cache entries on it): a recompile adds one.
+    (torch's counters["recompiles"] does not move when a new shape recompiles.)"""
+    return fast_decode.compile_counts()["decode_step_graphs"]
 
 
 def test_the_traced_compiled_step_gives_the_plain_loops_rollout(monkeypatch, capsys):
@@ -123,7 +127,7 @@ def test_the_traced_compiled_step_gives_the_plain_loops_rollout(monkeypatch, cap
     for seed in (5, 6, 7):  # later calls reuse the compiled graph and the cache
         assert_same_rollout(draw(model, "plain", seed=seed, tool=tool, max_new=24),
                             draw(model, "compiled", seed=seed, tool=tool, max_new=24))
-    assert len(seen) == 1 and recompiles() == before
+    assert len(seen) == 1 and recompiles() == before + 1  # the shape's one graph: no recompile after it
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("compiling")]
     assert len(said) == 1 and "once per shape" in said[0] and "minute" in said[0], said
 
@@ -176,7 +180,7 @@ def test_the_inductor_compiled_step_gives_the_plain_loops_rollout():
     for seed in (5, 6, 7):
         assert_same_rollout(draw(model, "plain", seed=seed, tool=tool, max_new=24),
                             draw(model, "compiled", seed=seed, tool=tool, max_new=24))
-    assert recompiles() == before
+    assert recompiles() == before + 1  # the shape's one graph: no recompile after it
 
 
 def test_an_unknown_decode_names_the_choices():

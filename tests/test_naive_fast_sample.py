@@ -17,6 +17,8 @@ import rollout
 import tasks
 import tool_use
 
+pytestmark = pytest.mark.compile_path  # .ci/run: again under the lowest torch (conftest.py)
+
 TOK = models.char_tokenizer()
 EOS, PAD = TOK.eos_token_id, TOK.pad_token_id
 
