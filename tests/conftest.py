@@ -49,16 +49,6 @@ def pytest_configure(config):
 
 
 @pytest.fixture(autouse=True)
-def fresh_dynamo(request):
-    """A compile_path test starts with dynamo's caches empty. The decode step's graphs from earlier tests
-    (other models, shapes and backends) would otherwise count against dynamo's limit of 8 variants of one
-    function, which fullgraph=True turns into an error: whether a test passed would depend on the order."""
-    if request.node.get_closest_marker("compile_path"):
-        import torch
-        torch._dynamo.reset()
-
-
-@pytest.fixture(autouse=True)
 def fresh_compiler():
     """Each test starts with no compiled graphs. torch.compile keeps every graph it makes on the compiled
     function's code, and fails a fullgraph compile past 8 of them (torch._dynamo's recompile limit): a
