@@ -189,3 +189,18 @@ def test_the_package_maps_name_every_module_of_lab():
         for path in sorted((ROOT / package).glob("*.py")):
             if path.name != "__init__.py":
                 assert re.search(rf"^    {re.escape(path.stem)}\s", doc, re.M), path.name
+
+
+def test_the_readme_quick_command_runs_the_exact_tests_of_otb_and_toy_env():
+    """The README's command for a student who changed a concept file: each of its patterns names test
+    files, and together they are the estimators' exact, naive-loop and input tests, the verl vectors' and
+    the toy's."""
+    readme = (ROOT / "README.md").read_text()
+    line = next(ln for ln in readme.splitlines() if ln.startswith("python -m pytest -q tests/test_*otb*"))
+    named = set()
+    for pattern in line.split()[4:]:
+        matches = {p.name for p in ROOT.glob(pattern)}
+        assert matches, pattern
+        named |= matches
+    assert {"test_exact_otb_properties.py", "test_naive_otb.py", "test_inputs_otb.py", "test_exact_verl_parity.py",
+            "test_exact_verl_tir_parity.py", "test_exact_toy.py", "test_naive_holes.py"} == named
