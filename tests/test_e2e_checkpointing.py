@@ -90,9 +90,9 @@ def test_checkpointed_layers_compute_the_update_and_the_rollout_keeps_its_cache(
     assert saved["checkpointed"] < saved["plain"], saved
 
 
-def test_the_compiled_decode_step_traces_with_checkpointing_on(monkeypatch):
-    """fullgraph: the whole decode step traced by dynamo (a graph break would raise), with checkpointing
-    enabled as train.py's setup enables it: one graph, no hook inside it, and the plain sampler's tokens."""
+def compiled_graphs(monkeypatch):
+    """The graphs dynamo hands the decode step's backend from here on (aot_eager runs them, as the other
+    compile tests do): one per compile, so a recompile is a second graph."""
     compiled = []
 
     def counting(gm, example_inputs):
@@ -101,6 +101,13 @@ def test_the_compiled_decode_step_traces_with_checkpointing_on(monkeypatch):
 
     monkeypatch.setattr(fast_decode, "BACKEND", counting)
     monkeypatch.setattr(fast_decode, "_compiled", {})
+    return compiled
+
+
+def test_the_compiled_decode_step_traces_with_checkpointing_on(monkeypatch):
+    """fullgraph: the whole decode step traced by dynamo (a graph break would raise), with checkpointing
+    enabled as train.py's setup enables it: one graph, no hook inside it, and the plain sampler's tokens."""
+    compiled = compiled_graphs(monkeypatch)
     cfg, model, _, task, _ = setup()
     model.eval()
     prompts, _ = tasks.prompt_batch(task, TOK, 0, 1, 2)
@@ -120,14 +127,7 @@ def test_compiled_decoding_with_checkpointing_compiles_once_over_20_rollouts(mon
     The backend counts the graphs dynamo hands it (aot_eager underneath, as the other compile tests
     use): a recompile, on a changed hook count or on checkpointing switched on after the first
     rollout, is a second graph."""
-    compiled = []
-
-    def counting(gm, example_inputs):
-        compiled.append(gm)
-        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
-
-    monkeypatch.setattr(fast_decode, "BACKEND", counting)
-    monkeypatch.setattr(fast_decode, "_compiled", {})
+    compiled = compiled_graphs(monkeypatch)
     cfg, model, _, _, _ = setup("--compile-decode", "--steps", str(STEPS), "--log-every", "100")
     variants = fast_decode.compile_counts()["decode_step_graphs"]  # dynamo's cache entries on the decode step
     (tmp_path / "run").mkdir()
