@@ -213,12 +213,17 @@ def autocast(device):
 
 
 def checkpoint_layers(model):
-    """--activation-checkpointing, enabled once at setup: in train mode (the update) each layer's
-    activations are recomputed in the backward instead of kept; eval mode (the rollout) is unchanged."""
+    """--activation-checkpointing, enabled once per model: in train mode (the update) each layer's
+    activations are recomputed in the backward instead of kept; eval mode (the rollout) is unchanged.
+    A model that has it already is left as it is (enabling again would retrace a compiled decode step)."""
     kwargs = {"use_reentrant": False}  # the reentrant variant drops the gradients of inputs needing none
     if hasattr(model, "activation_checkpointing_enable"):  # transformers' newer name for it
+        if model.is_activation_checkpointing:
+            return
         model.activation_checkpointing_enable(kwargs)
     else:
+        if model.is_gradient_checkpointing:
+            return
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     # Enabling also hooks the input embeddings so that their output requires grad, which only reentrant
     # checkpointing needs; the hook stops torch 2.11's dynamo tracing the compiled decode step. Removed.
@@ -239,6 +244,8 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
     progress bar from (cfg, first step) (default progress.Bar)."""
     task = tasks.make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
+    if cfg.activation_checkpointing:
+        checkpoint_layers(model)  # main() did for its model; a comparison's next seed loads a fresh one
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sampler = options.sampler(cfg, model)  # the model, or its copy in --rollout-dtype
     start, tokens, lengths, history = runs.load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])

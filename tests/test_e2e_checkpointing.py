@@ -57,6 +57,22 @@ def test_no_hook_is_left_on_the_embeddings_over_20_checkpointed_steps():
     assert model.is_activation_checkpointing and hooks(model) == 0
 
 
+def test_train_checkpoints_a_model_that_setup_never_saw(tmp_path):
+    """A comparison's later seeds load fresh models (compare.run_seeds), which train.main's setup never
+    saw: train.train enables checkpointing on them too, once (the checkpointing function it installs is
+    the one it keeps, so a compiled decode step is not retraced), with no hook on the embeddings."""
+    cfg, _, _, _, _ = setup("--steps", "2")
+    fresh = models.tiny_model(TOK, hidden=32, layers=1, seed=1).eval()
+    assert not fresh.is_activation_checkpointing
+    (tmp_path / "run").mkdir()
+    train.train(cfg, tmp_path / "run", fresh, TOK)
+    installed = fresh.model.layers[0]._gradient_checkpointing_func
+    assert fresh.is_activation_checkpointing and hooks(fresh) == 0
+    (tmp_path / "again").mkdir()
+    train.train(cfg, tmp_path / "again", fresh, TOK)
+    assert fresh.model.layers[0]._gradient_checkpointing_func is installed and hooks(fresh) == 0
+
+
 def test_the_hook_count_test_can_fail():
     """The failure it guards against: enabling adds a hook each time, and the hooks stay."""
     model = models.tiny_model(TOK, hidden=32, layers=1, seed=0)
