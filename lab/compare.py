@@ -237,27 +237,32 @@ def summary_text(rows, histories, target):
 FINAL = 10  # final_success is the mean over the last FINAL steps; the conclusion pairs those steps
 
 
-def paired_steps(a, b, k=FINAL):
-    """a's success minus b's at each of the last k steps both ran (the same prompts at a step: both are
-    functions of (seed, step)): mean, 95% t interval over those steps, and their number."""
-    sa, sb = ({r["step"]: r["success"] for r in h} for h in (a, b))
-    steps = sorted(set(sa) & set(sb))[-k:]
-    mean, lo, hi = stats.mean_interval([sa[t] - sb[t] for t in steps])
-    return dict(mean=mean, lo=lo, hi=hi, steps=len(steps))
+def final_difference(a, b, k=FINAL):
+    """a's final success minus b's, each the mean over the run's own last k steps (final_success's window):
+    the difference, its 95% t interval, the steps it rests on, and whether they are paired. Runs that end
+    at the same step are paired by step (the same prompts at a step: both are functions of (seed, step)),
+    a t interval over the k differences; runs that end at different steps (a token budget ends N = 16
+    sooner) are not, and get Welch's interval of two independent means."""
+    fa, fb = a[-k:], b[-k:]
+    if [r["step"] for r in fa] == [r["step"] for r in fb]:
+        mean, lo, hi = stats.mean_interval([x["success"] - y["success"] for x, y in zip(fa, fb)])
+        return dict(mean=mean, lo=lo, hi=hi, steps=len(fa), paired=True)
+    mean, lo, hi = stats.welch_interval([r["success"] for r in fa], [r["success"] for r in fb])
+    return dict(mean=mean, lo=lo, hi=hi, steps=min(len(fa), len(fb)), paired=False)
 
 
 def conclusion(names, histories, k=FINAL):
-    """Two or three sentences: the first run's final success minus each other's, paired by step over the
-    last k steps (``paired_steps``), which of these differences this one seed resolves (its 95% t
-    interval excludes 0) and which it does not, and where the answer over seeds is. The interval treats
-    the k steps as independent draws: it holds the noise of sampling prompts and responses in these
-    runs, not the spread between seeds (another seed's warm-up and prompts)."""
+    """Two or three sentences: the first run's final success minus each other's over their last k steps
+    (``final_difference``: paired by step where the runs end together), which of these differences this
+    one seed resolves (its 95% t interval excludes 0) and which it does not, and where the answer over
+    seeds is. The interval treats the k steps as independent draws: it holds the noise of sampling
+    prompts and responses in these runs, not the spread between seeds (another seed's warm-up and prompts)."""
     ref = names[0]
     if len(names) < 2:
         return [f"One configuration ({ref}): nothing to compare."]
-    d = {n: paired_steps(histories[ref], histories[n], k) for n in names[1:]}
+    d = {n: final_difference(histories[ref], histories[n], k) for n in names[1:]}
     if min(x["steps"] for x in d.values()) < 2:
-        return [f"Success of {ref} minus each other run at the one step they share: "
+        return [f"Success of {ref} minus each other run at their last step: "
                 + "; ".join(f"{n} {d[n]['mean']:+.3f}" for n in d) + ".",
                 "One step gives no interval, so this run resolves none of these differences; the paired "
                 "multi-seed comparisons are in docs/reproduction.md (equal sampled tokens) and docs/stability.md "
@@ -266,9 +271,15 @@ def conclusion(names, histories, k=FINAL):
     resolved = [n for n in d if stats.verdict(d[n]["lo"], d[n]["hi"], 0.0) != "covers"]
     unresolved = [n for n in d if n not in resolved]
     steps = min(x["steps"] for x in d.values())
-    first = (f"Final success of {ref} minus each other run, paired by step over the last {steps} steps (the same "
-             f"prompts at each step; mean and 95% t interval over the steps): "
-             + "; ".join(shown(n) for n in d) + ".")
+    if all(x["paired"] for x in d.values()):
+        first = (f"Final success of {ref} minus each other run, paired by step over the last {steps} steps (the "
+                 f"same prompts at each step; mean and 95% t interval over the steps): "
+                 + "; ".join(shown(n) for n in d) + ".")
+    else:  # some run ended at another step: its last steps saw other prompts
+        first = (f"Final success of {ref} minus each other run, each over its own last {steps} steps (95% t "
+                 f"interval; paired by step where the two runs ended together, Welch's two-sample interval where "
+                 f"they did not): " + "; ".join(shown(n) + ("" if d[n]["paired"] else " (not paired)") for n in d)
+                 + ".")
     if resolved and unresolved:
         second = (f"This seed resolves the difference from {', '.join(resolved)} (its interval excludes 0) and not "
                   f"from {', '.join(unresolved)} (the interval contains 0).")

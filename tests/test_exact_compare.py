@@ -84,15 +84,25 @@ def test_the_conclusion_names_the_resolved_and_the_unresolved_difference():
     assert only_b[1] == "This seed resolves every one of these differences (each interval excludes 0)."
 
 
-def test_the_conclusion_pairs_the_steps_both_runs_ran():
-    """A run that stopped 2 steps early is paired with the reference on the last 10 steps both ran."""
+def test_runs_that_end_at_different_steps_are_compared_by_their_own_final_steps_unpaired():
+    """A token budget ends one run sooner (N = 16 at a quarter of N = 4's steps): each run's final success
+    is its own last 10 steps, as in the table, and with no step in common to pair by, the interval is
+    Welch's. Here a is 0.5 at every step and b's last 10 are 0.4 x 6 and 0.3 x 4: +0.14, and with no spread
+    in a, Welch's interval is the one-sample t interval of b's 10 values (df 9)."""
     a = steps([0.5] * 12)
-    b = steps([0.4] * 6 + [0.3] * 4)  # steps 1-10: the last 10 both ran are 1-10, d = 0.1 x 6, 0.2 x 4
-    got = compare.paired_steps(a, b)
-    assert got["steps"] == 10 and got["mean"] == pytest.approx(0.14)
+    b = steps([0.9] * 3 + [0.4] * 6 + [0.3] * 4)  # 13 steps; its last 10 are steps 4-13, a's are 3-12
+    got = compare.final_difference(a, b)
+    want = interval([0.5 - x for x in [0.4] * 6 + [0.3] * 4], T9)
+    assert not got["paired"] and got["steps"] == 10
+    assert (got["mean"], got["lo"], got["hi"]) == pytest.approx(want)
+    first = compare.conclusion(["a", "b"], {"a": a, "b": b})[0]
+    assert first.startswith("Final success of a minus each other run, each over its own last 10 steps")
+    assert f"b {want[0]:+.3f} [{want[1]:+.3f}, {want[2]:+.3f}] (not paired)" in first
+    same_end = compare.final_difference(steps([0.5] * 12), steps([0.4] * 12))  # ended together: paired
+    assert same_end["paired"] and same_end["mean"] == pytest.approx(0.1)
     assert compare.conclusion(["a"], {"a": a}) == ["One configuration (a): nothing to compare."]
     one = compare.conclusion(["a", "b"], {"a": a[:1], "b": b[:1]})  # one step: no interval to read
-    assert one[0] == "Success of a minus each other run at the one step they share: b +0.100." and "none" in one[1]
+    assert one[0] == "Success of a minus each other run at their last step: b -0.400." and "none" in one[1]
 
 
 def rows_of(*reached):

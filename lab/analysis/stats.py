@@ -218,6 +218,27 @@ def mean_interval(xs, level=0.95):
     return mu, mu - half, mu + half
 
 
+def welch_interval(xs, ys, level=0.95):
+    """(mean(xs) - mean(ys), lo, hi): Welch's t interval for a difference of two independent means, with
+    the Welch-Satterthwaite degrees of freedom (va + vb)^2 / (va^2 / (na - 1) + vb^2 / (nb - 1)), va = sd_a^2 / na,
+    rounded down to a whole number (``t_quantile`` takes integers; fewer degrees of freedom, a wider and so
+    conservative interval); nan bounds with fewer than 2 values on a side, or with no spread on either."""
+    xs, ys = [float(x) for x in xs], [float(y) for y in ys]
+    na, nb = len(xs), len(ys)
+    if na < 1 or nb < 1:
+        return math.nan, math.nan, math.nan
+    d = sum(xs) / na - sum(ys) / nb
+    if na < 2 or nb < 2:
+        return d, math.nan, math.nan
+    va = sum((x - sum(xs) / na) ** 2 for x in xs) / (na - 1) / na  # the squared standard error of each mean
+    vb = sum((y - sum(ys) / nb) ** 2 for y in ys) / (nb - 1) / nb
+    if va + vb == 0:
+        return d, math.nan, math.nan
+    df = (va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1))
+    half = t_quantile((1 + level) / 2, max(1, math.floor(df + 1e-9))) * math.sqrt(va + vb)  # 1e-9: rounding
+    return d, d - half, d + half
+
+
 def verdict(lo, hi, null=1.0):
     """'above' / 'below' when the set (lo, hi) lies entirely on one side of ``null``, else 'covers'."""
     return "above" if lo > null else "below" if hi < null else "covers"
