@@ -20,10 +20,11 @@ class Heartbeat:
     """A line of progress at least every ``HEARTBEAT_SECONDS`` where no bar is drawn (stderr is not a
     terminal, or the bar is off): a log file shows that a run is alive and where it is. ``beat(text)``
     after each unit of work prints ``text()`` (a function: only called when due) once that long has
-    passed since the last line."""
+    passed since the last line. Never in a notebook's kernel: there a missing bar means no ipywidgets,
+    and a line that depends on the machine's speed would land in the notebook's stored outputs."""
 
     def __init__(self, bar_drawn):
-        self.on, self.last = not bar_drawn, time.monotonic()
+        self.on, self.last = not bar_drawn and not in_a_notebook(), time.monotonic()
 
     def beat(self, text):
         now = time.monotonic()
@@ -31,6 +32,12 @@ class Heartbeat:
             tqdm.write(text(), file=sys.stdout)
             sys.stdout.flush()
             self.last = now
+
+
+def in_a_notebook():
+    """Whether this process is a Jupyter kernel (IPython's shell runs under IPKernelApp; tqdm.auto asks the same)."""
+    shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
 
 
 def drawn(bar):

@@ -62,7 +62,8 @@ def test_the_header_comes_first_and_says_whether_the_warm_up_is_cached(tmp_path,
         f"  device  cpu, {torch.get_num_threads()} threads"]
     assert first[8].startswith("  time    about ") and "(warm-up " in first[8] and ", not cached; 2 steps)" in first[8]
     step, success = json.loads((cache / "warmup.json").read_text())["history"][-1]
-    assert first[9].startswith(f"warm-up: stopped at step {step} with sampled success {success:.2f} in ")
+    stopped = [line for line in first if line.startswith("warm-up: stopped")]  # after any heartbeat line
+    assert stopped[0].startswith(f"warm-up: stopped at step {step} with sampled success {success:.2f} in ")
     train.main(argv + ["--name", "second"])
     second = capsys.readouterr().out.splitlines()
     assert second[2] == f"  model   tiny; warm-up: from the cache ({cache})"
@@ -101,6 +102,10 @@ def test_a_log_file_gets_a_progress_line_through_the_warm_up_and_the_steps(tmp_p
     steps = [line for line in lines if line.startswith("otb N=2: step ")]
     assert [s.split(",")[0] for s in steps] == ["otb N=2: step 1 of 2", "otb N=2: step 2 of 2"]
     assert all("left" in s for s in steps)
+    assert progress.Heartbeat(bar_drawn=False).on  # in this process (no kernel)
+    kernel = type("Shell", (), {"config": {"IPKernelApp": {}}})()  # a notebook's kernel, as IPython shows it
+    monkeypatch.setitem(sys.modules, "IPython", type("IPython", (), {"get_ipython": staticmethod(lambda: kernel)}))
+    assert not progress.Heartbeat(bar_drawn=False).on  # never in a notebook
 
 
 def test_a_warm_up_outside_train_py_prints_no_line(tmp_path, capsys):
