@@ -91,16 +91,18 @@ def sum_pi_squared(logits, chunk_size=None):
     vocabulary dimension. Plain (nested) lists are accepted.
     """
     z = _checked_logits(logits, chunk_size)  # a tensor with a non-empty last dimension
-    if chunk_size is not None:  # one chunk of logit vectors at a time
-        rows = z.reshape(-1, z.shape[-1])  # one logit vector per row, (N, V)
-        chunks = [sum_pi_squared(chunk) for chunk in rows.split(chunk_size)]  # a loop over memory only
-        return torch.cat(chunks).reshape(z.shape[:-1])  # (...)
-    z = z.to(_working_dtype(z))
-    e = (z - z.amax(dim=-1, keepdim=True)).exp()  # e_k = exp(z_k - max z), (..., V)
-    spp = (e * e).sum(dim=-1) / e.sum(dim=-1) ** 2  # sum_k pi_k^2, (...)
+    rows = z.reshape(-1, z.shape[-1]).to(_working_dtype(z))  # one logit vector per row, (N, V)
+    chunks = rows.split(chunk_size or max(len(rows), 1))  # one chunk without chunk_size: a loop over memory only
+    spp = torch.cat([squares_of_softmax(chunk) for chunk in chunks]).reshape(z.shape[:-1])  # sum_k pi_k^2, (...)
     if not torch.isfinite(spp).all():
         raise _not_finite(spp)
     return spp
+
+
+def squares_of_softmax(z):
+    """sum_k softmax(z)_k^2 of each row of z (N, V) -> (N,), the arithmetic of sum_pi_squared."""
+    e = (z - z.amax(dim=-1, keepdim=True)).exp()  # e_k = exp(z_k - max z), (N, V)
+    return (e * e).sum(dim=-1) / e.sum(dim=-1) ** 2
 
 
 def token_energy(log_probs, sum_pi_sq):

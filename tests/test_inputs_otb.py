@@ -302,13 +302,14 @@ def test_ragged_list_names_the_argument():
 # sum_pi_squared
 
 
+@pytest.mark.parametrize("chunk_size", [None, 2])
 @pytest.mark.parametrize("bad", [math.nan, math.inf], ids=["nan", "+inf"])
-def test_sum_pi_squared_non_finite_logits(bad):
+def test_sum_pi_squared_non_finite_logits(bad, chunk_size):
     z = torch.randn(2, 3, 5)
     z[1, 2, 4] = bad
     with raises("logits", r"finite") as info:
-        otb.sum_pi_squared(z)
-    assert "(1, 2)" in str(info.value)  # the index of the offending logit vector
+        otb.sum_pi_squared(z, chunk_size=chunk_size)
+    assert "(1, 2)" in str(info.value)  # the index of the offending logit vector, in chunks too
 
 
 def test_sum_pi_squared_row_of_only_minus_inf():
