@@ -275,7 +275,9 @@ def unwritable(path):
         parent = parent.parent
     if not parent.is_dir():
         return f"{parent} is a file, not a folder"
-    target = path if path.is_dir() else parent
+    if path.exists() and not path.is_dir():  # a file to be written over
+        return None if os.access(path, os.W_OK) else f"{path} is not writable"
+    target = path if path.exists() else parent
     if not os.access(target, os.W_OK):
         return f"{target} is not writable"
     try:

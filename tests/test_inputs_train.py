@@ -2,6 +2,7 @@
 option, exit status 2, and nothing is created (lab/parse_options.py checks them before any work)."""
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -291,3 +292,19 @@ def test_a_reward_that_is_not_finite_stops_the_step_before_its_update(out, monke
     d = out / "nan"
     assert not (d / "checkpoint.pt").exists()
     assert not (d / "metrics.jsonl").exists() or (d / "metrics.jsonl").read_text() == ""
+
+
+def test_unwritable_names_a_read_only_file_and_a_folder_that_refuses_a_new_one(tmp_path, monkeypatch):
+    """parse_options.unwritable, which train.py, toy_harness.py and the benchmarks check their outputs with:
+    a file that exists is judged by its own permission (a read-only one is named); a folder by whether it
+    takes a new folder, tried and removed (root passes every permission check, /proc refuses anyway)."""
+    from lab import parse_options
+    notes = tmp_path / "table.json"
+    notes.write_text("{}")
+    assert parse_options.unwritable(notes) is None and parse_options.unwritable(tmp_path / "new" / "x.json") is None
+    real = os.access
+    monkeypatch.setattr(parse_options.os, "access", lambda p, mode: False if str(p) == str(notes) else real(p, mode))
+    assert parse_options.unwritable(notes) == f"{notes} is not writable"
+    assert list(tmp_path.iterdir()) == [notes]  # the checks left nothing behind
+    if Path("/proc/self").is_dir():
+        assert "refuses a new folder" in parse_options.unwritable("/proc/otb-runs")
