@@ -117,7 +117,7 @@ def describe_info(info):
 # =====================================================================================
 
 ROOT = Path(__file__).resolve().parent.parent
-CODE = ("*.py", "lab/*.py", "benchmarks/*.py")  # what an experiment runs: the root modules, lab/, benchmarks/
+CODE = (":(glob)*.py", ":(glob)lab/**/*.py", ":(glob)benchmarks/*.py")  # the root modules, lab/, benchmarks/
 
 
 def _git(*args):
