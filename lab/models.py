@@ -316,13 +316,15 @@ def load_model(name, task, device, *, max_new, cache_dir, tiny=None):
 def without_dropout(model):
     """The model with every dropout probability 0: train.py scores and updates in train mode (activation
     checkpointing needs it), and the scoring pass must be the same function as the sampler's so that
-    old_logp is log pi_old. Both kinds are zeroed: dropout modules (GPT-2's) and the attention dropout
-    rate that Hugging Face attention layers apply themselves in train mode (Llama's ``attention_dropout``)."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
+    old_logp is log pi_old. Every kind is zeroed: dropout modules (GPT-2's), and the rates that Hugging
+    Face layers keep as numbers and apply themselves in train mode (Llama's ``attention_dropout``, OPT's
+    ``dropout`` and ``activation_dropout``, ``layerdrop``), in the modules and in the config."""
+    for holder in (*model.modules(), model.config):
+        if isinstance(holder, torch.nn.Dropout):
+            holder.p = 0.0
+        for name, value in vars(holder).items():
+            if ("dropout" in name or "layerdrop" in name) and isinstance(value, float):
+                setattr(holder, name, 0.0)
     return model
 
 

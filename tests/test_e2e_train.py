@@ -805,20 +805,24 @@ def test_the_learning_rate_pilot_then_the_comparison_at_the_chosen_rate(out):
     assert json.loads((folder / "summary.json").read_text())["seeds"] == [0, 1]
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "opt"])
 def test_a_loaded_model_has_no_dropout_in_the_train_mode_it_is_scored_in(tmp_path, kind):
     """train.py scores and updates in train mode, where dropout would make the scoring pass another
     function than the sampler's: a model folder with dropout (Llama's attention_dropout, GPT-2's dropout
-    modules, at 0.5) loads with none, and two forward passes in train mode agree."""
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    modules, OPT's rates kept as numbers, at 0.5) loads with none, and two forward passes in train mode agree."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
     tok = models.char_tokenizer()
     torch.manual_seed(0)
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
                                              num_hidden_layers=1, num_attention_heads=2, attention_dropout=0.5))
-    else:
+    elif kind == "gpt2":
         model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=16, n_layer=1, n_head=2, resid_pdrop=0.5,
                                            embd_pdrop=0.5, attn_pdrop=0.5))
+    else:
+        model = OPTForCausalLM(OPTConfig(vocab_size=len(tok), hidden_size=16, ffn_dim=32, num_hidden_layers=1,
+                                         num_attention_heads=2, word_embed_proj_dim=16, dropout=0.5,
+                                         attention_dropout=0.5, activation_dropout=0.5))
     ids = torch.tensor([tok("abcd=dcba")["input_ids"]])
     model.train()
     assert not torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)  # dropout is on as saved
