@@ -1,5 +1,6 @@
-"""What the benchmark scripts share, written once; every script in benchmarks/ is a leaf that
-imports this module (and cli.py, grid.py), never another script. Each prints and stores the machine it
+"""What the benchmark scripts share, written once; every script in benchmarks/ imports this module
+(and cli.py, grid.py) and no other script, but for two that extend one: factors_meta.py reads
+horizon_sweep.py's analysis and stability_replication.py runs stability.py's. Each prints and stores the machine it
 ran on (lab/machine.py: ``info``, ``describe_info``).
 
 - ``interleaved_rounds``: how the timing benchmarks (bench_estimators, bench_score, bench_step_cost,

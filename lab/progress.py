@@ -129,8 +129,8 @@ def span(lo, hi):
     return f"{a} to {b}"
 
 
-# Seconds on the project's 2-core CPUs, tiny model, from benchmarks/results/wall_times.md: the low end on
-# a quiet AMD EPYC, the high end on the same machine busy with other jobs (load 2-5).
+# Seconds on the project's 2-core AMD EPYC, tiny model, quiet (low) and busy with other jobs (high);
+# benchmarks/results/wall_times.md ("The header's time estimate") derives each from its measured runs.
 STEP_SECONDS = (0.12e-3, 0.36e-3)  # a training step, per sampled response position (rows x response limit)
 WARMUP_SECONDS = (25, 100)  # the default task's warm-up (240-330 steps), scaled by the response limit
 STARTUP_SECONDS = 10  # imports, building the model, loading the warm-up's cache

@@ -1,6 +1,6 @@
 """The horizon sweep's analysis (benchmarks/horizon_sweep.py): seeds pooled as strata with a
 random-effects check, one-sided sets, verdicts that do not turn with the bootstrap's seed, and the
-saved sufficient statistics re-analysed to the committed files byte for byte."""
+saved sufficient statistics re-analysed to the committed files, up to another CPU's rounding (tests/saved.py)."""
 import math
 from pathlib import Path
 

@@ -1,8 +1,8 @@
 """The stability study's statistics (benchmarks/stability.py) against answers computed another way:
 closed forms of the Wilson interval, McNemar's test by enumerating every sign pattern, Kaplan-Meier
 by hand, the power by enumerating every joint outcome of the pairs; the collapse rule on hand-made
-histories; the committed tables regenerated (summary.md byte for byte, results.json to float
-rounding) and the docs checked against them; and a two-run end-to-end smoke of the runner."""
+histories; the committed tables regenerated up to another CPU's rounding (tests/saved.py) and the
+docs checked against them; and a two-run end-to-end smoke of the runner."""
 import datetime
 import itertools
 import json

@@ -3,7 +3,7 @@ way: the sign-flip P by enumerating every sign pattern, the power where every si
 same, the planning values against the first study's saved results, the protocol's power table
 against the function that computes it, Holm's correction, the sensitivity analysis and the post hoc
 contrasts on hand-made runs, a two-seed end-to-end run on tiny shapes, and the committed tables
-regenerated from the saved runs (summary.md byte for byte, results.json to float rounding)."""
+regenerated from the saved runs up to another CPU's rounding (tests/saved.py)."""
 import itertools
 import json
 import random
