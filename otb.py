@@ -64,9 +64,9 @@ diagnostics built on (7) are in ``lab/diagnostics.py``.
 Input checks: always on, one code path. Every estimator's first line hands its inputs to
 ``_checked_inputs`` (at the end of the file), which raises a ValueError naming the argument on bad
 input and otherwise returns them as tensors, padding out of range set to 0. On valid input that is
-one min/max reduction per tensor and the group ids' ``torch.unique``: a few hundredths of a percent
-of a default training step (measured: docs/cost.md, "The estimator itself"). A switch to skip them
-would save nothing a step can feel, and would give every estimator a second path to read and test.
+one min/max reduction per tensor and the group ids' ``torch.unique``, nothing a training step can
+feel (docs/cost.md, "The estimator itself", has the measurement); a switch to skip them would save
+nothing and would give every estimator a second path to read and test.
 """
 import math
 import numbers
@@ -301,10 +301,10 @@ def group_ids(group_index, batch):
     else:
         first_seen = {}  # id -> its number, in order of first appearance
         try:
-            numbers = [first_seen.setdefault(g, len(first_seen)) for g in group_index]
+            ids = [first_seen.setdefault(g, len(first_seen)) for g in group_index]
         except TypeError as e:
             raise ValueError(f"group_index must be a sequence of hashable prompt ids, one per row ({e})") from None
-        gid = torch.tensor(numbers, dtype=torch.long)
+        gid = torch.tensor(ids, dtype=torch.long)
         n_groups = len(first_seen)
     if len(gid) != batch:
         raise ValueError(f"group_index has {len(gid)} entries but the batch has {batch} rows")

@@ -120,8 +120,8 @@ def score_estimate_update(cfg, model, opt, ro, R, token_rewards, estimator, gen,
     model.train()  # the update begins: its forward is the scoring pass (layers checkpointed in train mode)
     # ---- score: the training forward pass, a micro-batch at a time (one block by default).
     # One forward pass per step: when one optimizer step takes the whole batch in one block (the default), the
-    # scoring pass keeps its graph and the update's loss is built on it (docs/cost.md: 0.83x the time of a
-    # step with a second forward); otherwise the scoring pass keeps no graph and the update runs its own.
+    # scoring pass keeps its graph and the update's loss is built on it (a step with a second forward is
+    # slower: docs/cost.md); otherwise the scoring pass keeps no graph and the update runs its own.
     one_pass = one_update_per_batch(cfg, len(m))
     with torch.set_grad_enabled(one_pass):
         blocks = torch.arange(len(m), device=device).split(cfg.micro_batch_rows or len(m))  # row indices

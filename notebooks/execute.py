@@ -40,7 +40,7 @@ from lab import machine  # noqa: E402
 TUTORIALS = ["notebooks/01_toy_bandit.ipynb", "notebooks/02_training_comparison.ipynb",
              "notebooks/03_saved_results.ipynb"]
 TIME = re.compile(r"\b\d+(\.\d+)?\s?(s|ms|sec|seconds|min)\b")  # wall-clock times vary between runs
-NUMBER = re.compile(r"[-+]?\d[\d,]*(\.\d+)?([eE][-+]?\d+)?")  # 90, 0.375, 116,424, -1.2e-17
+NUMBER = machine.NUMBER  # a printed number: 90, 0.375, 116,424, -1.2e-17
 TAG = "machine-dependent"  # a cell whose numbers the CPU decides
 E_NOTATION = re.compile(r"[-+]?\d+(\.\d+)?[eE][-+]?\d+")
 

@@ -113,6 +113,10 @@ def test_progress_bars_leave_the_same_outputs_with_or_without_ipywidgets(tmp_pat
         "from tqdm.auto import tqdm\nfor _ in tqdm(range(3), desc='steps'):\n    pass\nprint('done')")])
     path = tmp_path / "bars.ipynb"
     nbformat.write(nb, str(path))
+    from nbclient import NotebookClient
+    raw = nbformat.read(str(path), as_version=4)
+    NotebookClient(raw, timeout=120, kernel_name="python3").execute()
+    assert any(execute.WIDGET in o.get("data", {}) for o in raw.cells[0].outputs)  # a widget bar was drawn
     with_widgets = execute.execute(path)
     hidden = tmp_path / "hidden" / "ipywidgets"
     hidden.mkdir(parents=True)
