@@ -1,8 +1,9 @@
 """How long does one sampled token take? The rollout's decode loop, timed (docs/cost.md).
 
 Times ``fast_decode.sample`` (rollout.sample's loop on a chosen decoder) on a SmolLM2-135M-shaped model
-with random weights; no row ever ends (EOS id -1), so a call runs exactly ``--tokens`` decode steps. Reported: ms per sampled position (one
-decode step of the batch), median of ``--repeats`` calls after a warm-up call; the draws on the
+with random weights; no row ever ends (EOS id -1), so a call runs exactly ``--tokens`` decode steps.
+Reported: ms per sampled position (one decode step of the batch), median of ``--repeats`` calls after a
+warm-up call; the draws on the
 model's device, as train.py makes them. ``--hidden 72`` leaves only the cost of launching the
 layers; ``--decode`` times fast_decode.py's decoders in turns and checks their tokens agree.
 

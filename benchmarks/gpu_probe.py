@@ -246,7 +246,8 @@ def alternating(model, tok, cfg, task, sizes, rounds, device):
             dtypes = dict(log_pi=str(s.old_logp.dtype), sum_pi_sq=str(s.sum_pi_sq.dtype), advantage=str(s.adv.dtype))
             x = steps[-1]
             print(f"  round {r} N = {g}: rollout {x['seconds_rollout']:.2f} s ({x['decode_steps']} decode steps), "
-                  f"learn {x['seconds_learn']:.2f} s, peaks {gb(x['peak_bytes_rollout'])} / {gb(x['peak_bytes_learn'])}",
+                  f"learn {x['seconds_learn']:.2f} s, peaks {gb(x['peak_bytes_rollout'])} / "
+                  f"{gb(x['peak_bytes_learn'])}",
                   flush=True)
             del s
     model.load_state_dict(init)

@@ -269,7 +269,8 @@ def render(total, per_file, path, rows):
         out.append(f"| {rel} | `{name}`{'' if own else ' (base)'} | {n} | {summary.replace('|', '/')} |")
     out += ["", "What is not on the path, and where it lives: the command line (lab/options.py,",
             "lab/parse_options.py), the run folder and checkpoints (lab/runs.py), comparisons (lab/compare.py),",
-            "the preflight, the GPU sampler, the learning-rate schedules (lab/) and the statistics (lab/analysis/). See",
+            "the preflight, the GPU sampler, the learning-rate schedules (lab/) and the statistics "
+            "(lab/analysis/). See",
             "lab/__init__.py for the map.", ""]
     return "\n".join(out)
 

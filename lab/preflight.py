@@ -312,8 +312,9 @@ def project(cfg, est, n, rows, limit, prompts, measured, peaks, t_full, save, n_
     compiled = [m for m in measured.values() if m["seconds_compile"] is not None]
     t_compiling = sum(m["seconds_compile"] for m in compiled)
     top = measured[n]  # the largest configuration's real step
-    report.update({k: top[k] for k in ("mean_response_length", "seconds_rollout", "seconds_score_update", "decode_steps",
-                                       "seconds_per_decode_step", "success", "mismatch_mean_abs", "mismatch_max_abs")})
+    report.update({k: top[k] for k in ("mean_response_length", "seconds_rollout", "seconds_score_update",
+                                       "decode_steps", "seconds_per_decode_step", "success", "mismatch_mean_abs",
+                                       "mismatch_max_abs")})
     report.update(measured=[dict(m, group_size=g) for g, m in sorted(measured.items())], seeds=seeds,
                   checkpoint_bytes=size, seconds_checkpoint=t_save, checkpoint_saves=saves, runs=plan,
                   compiles=len(compiled), seconds_compiling=t_compiling,
@@ -372,12 +373,14 @@ def describe(r):
         lines.append("  one real step per batch size: rollout + score/update seconds, mean response, decode steps:")
         for m in r["measured"]:
             compiled = "" if m["seconds_compile"] is None else (
-                f"; compiling it {m['seconds_compile']:.1f} s, {m['compile_cache']}" + CACHE_NOTE.get(m["compile_cache"], ""))
-            lines.append(f"    {m['rows']} rows ({m['run']}): {m['seconds_rollout']:.1f} s + {m['seconds_score_update']:.1f} s, "
+                f"; compiling it {m['seconds_compile']:.1f} s, {m['compile_cache']}"
+                + CACHE_NOTE.get(m["compile_cache"], ""))
+            lines.append(f"    {m['rows']} rows ({m['run']}): {m['seconds_rollout']:.1f} s + "
+                         f"{m['seconds_score_update']:.1f} s, "
                          f"{m['mean_response_length']:.0f} tokens, {m['decode_steps']} decode steps of "
                          f"{1000 * m['seconds_per_decode_step']:.1f} ms{compiled}")
-        lines += [f"  full-length update {r['seconds_full_length_update']:.1f} s; the largest step as sampled here: success "
-                  f"{r['success']:.3f}; sampler / trainer mismatch |log pi_train - log pi_rollout| mean "
+        lines += [f"  full-length update {r['seconds_full_length_update']:.1f} s; the largest step as sampled here: "
+                  f"success {r['success']:.3f}; sampler / trainer mismatch |log pi_train - log pi_rollout| mean "
                   f"{r['mismatch_mean_abs']:.1e}, max {r['mismatch_max_abs']:.1e}",
                   f"  projected: {r['projected_seconds'] / 60:.1f} min ({r['projected_seconds'] / 3600:.2f} h) = "
                   "steps x seconds per step of the run's batch size + saves x seconds per save"
@@ -396,7 +399,8 @@ def describe(r):
     if "seeds_plan" in r:
         p = r["seeds_plan"]
         power = "-" if p["power_of_these_seeds"] is None else f"{p['power_of_these_seeds']:.2f}"
-        lines.append(f"  seeds: the primary contrast needs {p['seeds_needed']} paired seeds for power {p['target_power']:g} "
+        lines.append(f"  seeds: the primary contrast needs {p['seeds_needed']} paired seeds "
+                     f"for power {p['target_power']:g} "
                      f"at the {p['alpha']:g} level against a difference of {p['effect']:+.3f} (between-seed SD "
                      f"{p['sd']:.3f}; planning values from the CPU study, docs/training.md); the {p['seeds']} given "
                      f"have power {power}; one seed costs {p['seconds_per_seed'] / 60:.1f} min, "

@@ -139,10 +139,10 @@ DEFAULT_LIMIT = 18  # the default task's response limit, which those were measur
 
 def estimate(cfg, runs, limit, warm_up_runs):
     """The header's duration of a run or comparison on a CPU, as a range: 'about 2-7 min on a 2-core CPU
-    (warm-up 25 s to 2 min, not cached; 500 steps)'; None where nothing measured applies (a pretrained model: --preflight measures a
-    step). ``runs``: [(estimator, N)] run one after another, each for --steps steps (a --token-budget may
-    end them sooner: an upper bound then); ``limit``: the response limit; ``warm_up_runs``: whether the
-    warm-up runs now (not cached)."""
+    (warm-up 25 s to 2 min, not cached; 500 steps)'; None where nothing measured applies (a pretrained
+    model: --preflight measures a step). ``runs``: [(estimator, N)] run one after another, each for
+    --steps steps (a --token-budget may end them sooner: an upper bound then); ``limit``: the response
+    limit; ``warm_up_runs``: whether the warm-up runs now (not cached)."""
     if cfg.model != "tiny":
         return None
     positions = sum(cfg.prompts_per_step * n * cfg.steps for _, n in runs) * limit  # response positions

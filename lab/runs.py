@@ -7,9 +7,9 @@ model loaded, the run folder made with its config.json), and its loop uses the r
 - checkpoint.pt: everything --resume needs (``save_checkpoint`` / ``load_checkpoint``; a full disk or
   a damaged file is one line saying what to do), and metrics.jsonl rewritten on resume;
 - Ctrl-C: the first one stops after the step and saves (``StopOnCtrlC``), a second one at once; either
-  way the message says how to resume, and so does resume.txt in the run folder (``ctrl_c_exits``); SIGTERM, which `timeout` or a cluster sends,
-  and SIGHUP, which a closed terminal sends, are a Ctrl-C (``STOP_SIGNALS``); ``errors_exit`` turns a
-  bad option into one line and exit status 2;
+  way the message says how to resume, and so does resume.txt in the run folder (``ctrl_c_exits``);
+  SIGTERM, which `timeout` or a cluster sends, and SIGHUP, which a closed terminal sends, are a Ctrl-C
+  (``STOP_SIGNALS``); ``errors_exit`` turns a bad option into one line and exit status 2;
 - the plan that --resume prints (``resume_plan``; a finished comparison has none: ``finished``).
 
 The progress bars the loop advances are in lab/progress.py.
@@ -304,7 +304,8 @@ def resume_plan(cfg, folder):
             what = f"finished ({logged} steps), kept"
         elif saved is not None:
             what = f"continues after step {saved} (its checkpoint)" + (
-                f"; {steps_phrase(saved + 1, logged)} run again (logged after the checkpoint)" if logged > saved else "")
+                f"; {steps_phrase(saved + 1, logged)} run again (logged after the checkpoint)"
+                if logged > saved else "")
         elif logged:
             what = f"starts again: {steps_phrase(1, logged)} run again (no checkpoint was saved)"
         else:

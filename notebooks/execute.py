@@ -65,7 +65,8 @@ def execute(path, timeout=600):
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
         if cell.cell_type == "code":
-            cell.outputs = [o for o in cell.outputs if not (o.get("output_type") == "stream" and o.get("name") == "stderr")
+            cell.outputs = [o for o in cell.outputs
+                            if not (o.get("output_type") == "stream" and o.get("name") == "stderr")
                             and WIDGET not in o.get("data", {})]
     return nb
 

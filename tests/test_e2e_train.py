@@ -375,8 +375,9 @@ def test_ctrl_c_saves_a_checkpoint_says_how_to_resume_and_resume_is_exact(out, m
     assert e.value.code == 130 and "Traceback" not in "\n".join(err)
     assert err[-1] == (f"train.py: stopped after step 3 of 6; checkpoint saved; resume with: python train.py --resume "
                        f"{cut} (also in {cut / 'resume.txt'})")
+    # for a closed terminal
     assert (cut / "resume.txt").read_text() == ("stopped after step 3 of 6; checkpoint saved\n"
-                                                f"resume with: python train.py --resume {cut}\n")  # for a closed terminal
+                                                f"resume with: python train.py --resume {cut}\n")
     assert not (cut / "DONE").exists() and len(metrics(cut)) == 3
     assert torch.load(cut / "checkpoint.pt", weights_only=True)["step"] == 3
     train.main(["--resume", str(cut)])
@@ -669,8 +670,10 @@ def test_compare_plot_shows_success_per_step_and_a_zero_gradient_norm(tmp_path, 
                                                  total_power=0.1, t_rollout=0, t_score=0, t_update=0, t_log=0)
                                             for i in range(1, n + 1)]
     cfg = train.Config()
-    histories = {"otb-n4": (dataclasses.replace(cfg, estimator="otb", group_size=4), rows(20, 100, lambda i: 0.0 if i == 5 else 0.5)),
-                 "group_mean-n16": (dataclasses.replace(cfg, estimator="group_mean", group_size=16), rows(20, 400, lambda i: 0.5))}
+    histories = {"otb-n4": (dataclasses.replace(cfg, estimator="otb", group_size=4),
+                            rows(20, 100, lambda i: 0.0 if i == 5 else 0.5)),
+                 "group_mean-n16": (dataclasses.replace(cfg, estimator="group_mean", group_size=16),
+                                    rows(20, 400, lambda i: 0.5))}
     compare.write_summary(tmp_path, cfg, histories)
     tokens_ax, step_ax, norm_ax = figures[0].axes
     assert step_ax.get_xlabel() == "step" and step_ax.get_xlim()[1] <= 21  # both curves span this panel

@@ -127,6 +127,7 @@ def test_the_second_cpu_settings_change_a_float_and_the_fingerprint():
         pytest.skip("ATen runs its unvectorised kernels here already: the setting cannot play another CPU")
     assert (native["sum"], native["matmul"]) != (second["sum"], second["matmul"])
     assert not machine.matches(native["fingerprint"], second["fingerprint"])
-    assert second["fingerprint"]["cpu_capability"] == "DEFAULT" and "MKL_CBWR=COMPATIBLE" in second["fingerprint"]["mkl"]
+    assert (second["fingerprint"]["cpu_capability"] == "DEFAULT"
+            and "MKL_CBWR=COMPATIBLE" in second["fingerprint"]["mkl"])
     if all(os.environ.get(k) == v for k, v in SECOND_CPU.items()):  # .ci/run's second pass
         assert machine.fingerprint() == second["fingerprint"]

@@ -74,7 +74,8 @@ def test_out_of_memory_in_learn_names_learn_and_its_options(out, monkeypatch, ca
     monkeypatch.setattr(rollout, "sample", lambda *a, **k: sampled.append(1) or real_sample(*a, **k))
     monkeypatch.setattr(rollout, "score", score_after_a_rollout)
     err, r = stops(out, "oom-learn-real", capsys, "--micro-batch-rows", "4", "--activation-checkpointing")
-    assert "the learn (score and update) ran out of memory" in err and "--micro-batch-rows 2 (now 4 rows per pass)" in err, err
+    assert ("the learn (score and update) ran out of memory" in err
+            and "--micro-batch-rows 2 (now 4 rows per pass)" in err), err
     assert "--activation-checkpointing" not in err.split("with", 1)[1]  # already on: not proposed
     assert set(r["peaks"]) == {"learn_full_length", "rollout"}
 
@@ -163,7 +164,8 @@ def test_the_real_steps_success_and_mismatch_are_reported(out, capsys, monkeypat
     assert f"success {r['success']:.3f}" in shown and "sampler / trainer mismatch" in shown
     assert [ro.response.shape[0] for ro in seen] == [8, 16]  # otb:2, then group_mean:4 at 4 prompts
     for m, ro in zip(r["measured"], seen):
-        assert m["rows"] == len(ro.response) and m["success"] * m["rows"] == pytest.approx(round(m["success"] * m["rows"]))
+        assert (m["rows"] == len(ro.response)
+                and m["success"] * m["rows"] == pytest.approx(round(m["success"] * m["rows"])))
         assert m["mean_response_length"] == pytest.approx(ro.response_mask.sum(-1).mean().item())
     assert r["success"] == r["measured"][-1]["success"]
 
@@ -200,7 +202,8 @@ def test_each_batch_size_is_compiled_before_its_timed_step_and_its_compile_proje
     assert r["projected_seconds"] == pytest.approx(steps_time + r["checkpoint_saves"] * r["seconds_checkpoint"]
                                                    + compiling)
     need = r["seeds_plan"]  # compiling is paid once, not per seed
-    assert need["projected_seconds_needed"] == pytest.approx(compiling + need["seeds_needed"] * need["seconds_per_seed"])
+    assert need["projected_seconds_needed"] == pytest.approx(
+        compiling + need["seeds_needed"] * need["seconds_per_seed"])
     shown = capsys.readouterr().out
     assert "2 compiles of the decode step" in shown and "8 rows (otb:2)" in shown and "16 rows (group_mean:4)" in shown
     plain = preflight_run(out, "plain")
@@ -250,7 +253,8 @@ def test_a_compile_is_cold_where_inductors_cache_missed(monkeypatch):
     zero = dict(graphs=0, decode_step_graphs=0, cudagraph_skips=0, fx_cache_hits=0, fx_cache_misses=0)
     for now, cache, recompiles in [(dict(graphs=1, decode_step_graphs=1, fx_cache_misses=2), "cold", 0),
                                    (dict(graphs=1, decode_step_graphs=1, fx_cache_hits=2), "warm", 0),
-                                   (dict(graphs=1, decode_step_graphs=1, fx_cache_hits=1, fx_cache_misses=1), "cold", 0),
+                                   (dict(graphs=1, decode_step_graphs=1, fx_cache_hits=1, fx_cache_misses=1),
+                                    "cold", 0),
                                    (dict(graphs=1, decode_step_graphs=1), "none", 0)]:
         monkeypatch.setattr(fast_decode, "compile_counts", lambda now=now: dict(zero, **now))
         added = fast_decode.compiled_since(zero)

@@ -252,7 +252,8 @@ def geometric_mean(xs, level=0.95):
     if not xs or any(not (x > 0) or math.isinf(x) for x in xs):
         return math.nan, math.nan, math.nan
     mu, lo, hi = mean_interval([math.log(x) for x in xs], level)
-    return math.exp(mu), math.exp(lo) if not math.isnan(lo) else math.nan, math.exp(hi) if not math.isnan(hi) else math.nan
+    return (math.exp(mu), math.exp(lo) if not math.isnan(lo) else math.nan,
+            math.exp(hi) if not math.isnan(hi) else math.nan)
 
 
 # =====================================================================================
