@@ -21,10 +21,11 @@ is the same; elsewhere it checks what the numbers show (docs/training.md, "Which
 the machine"). A field that was not recorded with a result is ``UNKNOWN``, and an unknown field
 never matches: a result whose machine is not fully known is never pinned bit for bit.
 
-The two settings above are how one machine plays another CPU: with ``ATEN_CPU_CAPABILITY=default``
-(or ``avx2`` on an AVX-512 machine) and ``MKL_CBWR=COMPATIBLE`` the float32 sums round as on a CPU with
-another instruction set, and the fingerprint differs, so the bit-for-bit branch is not taken under
-them (.ci/run runs the tests that read saved results a second time that way).
+The two settings above are how one machine plays another CPU: with ``ATEN_CPU_CAPABILITY=default
+MKL_CBWR=COMPATIBLE`` (or ``ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2`` on an AVX-512 machine) the
+float32 sums round as on a CPU with another instruction set, and the fingerprint differs, so the
+bit-for-bit branch is not taken under them (.ci/run runs the tests that read saved results again
+each way).
 
 A benchmark records more of its machine with its timings (``info``: the fingerprint, cores, torch
 threads, Python, the GPU) and prints it in one line (``describe_info``).

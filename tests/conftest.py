@@ -10,9 +10,10 @@ The tests come in tiers, named by their file prefix:
 - ``test_notebooks_*``: the tutorials (stored with current outputs) and the exercises.
 
 A test that repeats a saved result (a table re-analysed from saved statistics, the default run, a
-stored notebook) is marked ``saved_results``. .ci/run runs those a second time under another CPU's
-rounding (``ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE``), which the machine fingerprint sees, so
-a comparison pinned to one CPU's last bits fails in CI rather than on a user's machine.
+stored notebook) is marked ``saved_results``. .ci/run runs those again under other CPUs' rounding
+(``ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE``; on an AVX-512 CPU also
+``ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2``), which the machine fingerprint sees, so a comparison pinned
+to one CPU's last bits fails in CI rather than on a user's machine.
 
 A test of the compiled decode step, the fast sampler or activation checkpointing is marked
 ``compile_path``: what dynamo can trace and how ATen draws differ between torch versions, so .ci/run

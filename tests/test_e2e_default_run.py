@@ -17,7 +17,8 @@ two branches:
 The other tests here show that the branch follows the fingerprint and that the second branch fails
 for the saved runs of the other estimators (made with the same pipeline and seeds). That it passes for
 a run whose kernels round as another CPU's do, .ci/run shows: it runs these tests (marked
-saved_results) a second time with ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE.
+saved_results) again with ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE and, on an AVX-512 CPU,
+with ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2.
 """
 import copy
 import dataclasses

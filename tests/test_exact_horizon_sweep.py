@@ -169,19 +169,21 @@ def test_committed_sweep_is_its_statistics_reanalysed(folder, doc, columns, tmp_
     assert hs.compact_md(record["gains"], estimators=columns) in (ROOT / "docs" / doc).read_text()
 
 
-@pytest.mark.saved_results
 @pytest.mark.parametrize("folder", [s[0] for s in SWEEPS])
 def test_verdicts_do_not_turn_with_the_bootstrap_seed(folder):
-    # 20 independent sets of bootstrap draws: a verdict may fall to "edge" (within Monte Carlo error of
-    # the threshold) but never turns from above to covers or below (or back).
+    # The saved verdicts (boot_seed 0) and 9 more independent sets of bootstrap draws: a verdict may fall
+    # to "edge" (within Monte Carlo error of the threshold) but never turns from above to covers or below
+    # (or back). Not repeated under other CPUs' rounding (not saved_results): the re-analysis above holds
+    # boot_seed 0's verdicts to the saved ones in every pass, and what this test draws is the bootstrap's
+    # Monte Carlo error, which a last bit does not change.
     import json
     saved = ROOT / "benchmarks" / "results" / folder
     grams = hs.load_grams(saved / "stats.npz")
-    first = hs.all_verdicts(grams)
-    assert first == {tuple(v[:-1]): v[-1] for v in json.loads((saved / "results.json").read_text())["verdicts"]}
-    seen = {k: {v} for k, v in first.items()}
-    for boot_seed in range(1, 20):
-        for k, v in hs.all_verdicts(grams, boot_seed=boot_seed).items():
+    seen = {tuple(v[:-1]): {v[-1]} for v in json.loads((saved / "results.json").read_text())["verdicts"]}
+    for boot_seed in range(1, 10):
+        drawn = hs.all_verdicts(grams, boot_seed=boot_seed)
+        assert drawn.keys() == seen.keys(), boot_seed
+        for k, v in drawn.items():
             seen[k].add(v)
     turned = {k: v for k, v in seen.items() if len(v - {"edge"}) > 1}
     assert not turned, turned

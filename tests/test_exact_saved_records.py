@@ -6,7 +6,7 @@ another CPU (lab/machine.py).
 - ``provenance`` reads the commit and the uncommitted changes to the code from git.
 - ``rounding_moves`` lets a rounded number move by one unit of its last printed digit and nothing else.
 - The settings under which .ci/run repeats the saved-result tests really change a float, and the
-  fingerprint sees them, so that second pass cannot pass by running the first one again.
+  fingerprint sees them, so those passes cannot pass by running the first one again.
 """
 import json
 import os
@@ -36,7 +36,10 @@ REGENERATED = {
     "stability/results.json": "test_exact_stability.py",
     "stability_replication/results.json": "test_exact_stability_replication.py",
 }
-SECOND_CPU = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}  # .ci/run's second pass
+# .ci/run's other CPUs: ATen's unvectorised kernels with MKL's compatible path, and (where the CPU has
+# AVX-512) ATen's and MKL's AVX2 code, which is how a CPU without AVX-512 computes
+OTHER_CPUS = {"DEFAULT": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"},
+              "AVX2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}}
 
 
 def check_made_on(record, where):
@@ -106,28 +109,35 @@ def test_rounding_moves_allows_one_unit_of_the_last_digit_and_nothing_else():
 PROBE = ("import json, torch\nfrom lab import machine\ntorch.manual_seed(0)\nx = torch.randn(1_000_003)\n"
          "a, b = torch.randn(64, 257), torch.randn(257, 129)\n"
          "print(json.dumps(dict(sum=x.sum().item(), matmul=torch.nn.functional.linear(a, b.T).double().sum().item(), "
-         "fingerprint=machine.fingerprint())))")
+         "log_softmax=torch.log_softmax(a, -1).double().sum().item(), fingerprint=machine.fingerprint())))")
 
 
 def probe(env):
-    """A float32 sum (ATen's reduction) and a float32 matrix product (MKL's GEMM), and the fingerprint,
-    computed in a fresh process with ``env``."""
+    """A float32 sum (ATen's reduction), a float32 matrix product (MKL's GEMM), a float32 log-softmax
+    (ATen's vectorised exp and sum) and the fingerprint, computed in a fresh process with ``env``."""
     done = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
 
 
 @pytest.mark.saved_results
-def test_the_second_cpu_settings_change_a_float_and_the_fingerprint():
-    """The settings of .ci/run's second pass move the last bits of a float32 sum or matrix product (as
-    another CPU does), and the fingerprint sees them, so no bit-for-bit branch runs under them. In that
-    second pass this process itself runs under them."""
-    native_env = {k: v for k, v in os.environ.items() if k not in SECOND_CPU}
-    native, second = probe(native_env), probe({**native_env, **SECOND_CPU})
-    if native["fingerprint"]["cpu_capability"] == "DEFAULT":
-        pytest.skip("ATen runs its unvectorised kernels here already: the setting cannot play another CPU")
-    assert (native["sum"], native["matmul"]) != (second["sum"], second["matmul"])
-    assert not machine.matches(native["fingerprint"], second["fingerprint"])
-    assert (second["fingerprint"]["cpu_capability"] == "DEFAULT"
-            and "MKL_CBWR=COMPATIBLE" in second["fingerprint"]["mkl"])
-    if all(os.environ.get(k) == v for k, v in SECOND_CPU.items()):  # .ci/run's second pass
-        assert machine.fingerprint() == second["fingerprint"]
+@pytest.mark.parametrize("capability", sorted(OTHER_CPUS))
+def test_the_other_cpu_settings_change_a_float_and_the_fingerprint(capability):
+    """Each setting under which .ci/run repeats the saved-result tests moves the last bits of a float32
+    sum, matrix product or log-softmax (as another CPU does), and the fingerprint sees it, so no
+    bit-for-bit branch runs under it. In that pass this process itself runs under the setting."""
+    settings = OTHER_CPUS[capability]
+    native_env = {k: v for k, v in os.environ.items() if k not in settings}
+    native, other = probe(native_env), probe({**native_env, **settings})
+    if native["fingerprint"]["cpu_capability"] in (capability, "DEFAULT"):
+        pytest.skip(f"ATen runs its {native['fingerprint']['cpu_capability']} kernels here already: "
+                    f"the setting cannot play another CPU")
+    if capability == "AVX2" and native["fingerprint"]["cpu_capability"] != "AVX512":
+        pytest.skip(f"ATen's AVX2 kernels play another CPU only on an AVX-512 one, not on "
+                    f"{native['fingerprint']['cpu_capability']}")
+    floats = ("sum", "matmul", "log_softmax")
+    assert [native[k] for k in floats] != [other[k] for k in floats]
+    assert not machine.matches(native["fingerprint"], other["fingerprint"])
+    assert other["fingerprint"]["cpu_capability"] == capability
+    assert f"MKL_CBWR={settings['MKL_CBWR']}" in other["fingerprint"]["mkl"]
+    if all(os.environ.get(k) == v for k, v in settings.items()):  # that pass of .ci/run
+        assert machine.fingerprint() == other["fingerprint"]

@@ -175,13 +175,14 @@ def test_committed_results_are_the_saved_statistics_reanalysed(tmp_path):
     assert gv.docs_md(saved["rows"]) in (ROOT / "docs" / "variance.md").read_text()
 
 
-@pytest.mark.saved_results
 def test_verdicts_do_not_turn_with_the_bootstrap_seed():
-    # 20 independent sets of bootstrap draws: a verdict may fall to "edge" but never turns.
+    # The saved verdicts (boot_seed 0) and 9 more independent sets of bootstrap draws: a verdict may fall
+    # to "edge" but never turns. Not repeated under other CPUs' rounding (not saved_results): the test
+    # above holds the saved rows in every pass, and this one draws the bootstrap's Monte Carlo error.
     grams, scatter = gv.load_stats(SAVED / "stats.npz")
     saved = json.loads((SAVED / "results.json").read_text())
     seen = {k: {v} for k, v in gv.verdicts(saved["rows"]).items()}
-    for boot_seed in range(1, 20):
+    for boot_seed in range(1, 10):
         for k, v in gv.verdicts(gv.summarize(grams, scatter, boot_seed=boot_seed)[0]).items():
             seen[k].add(v)
     turned = {k: v for k, v in seen.items() if len(v - {"edge"}) > 1}
