@@ -21,8 +21,17 @@ runs these again in a second virtual environment with the lowest torch that requ
 
 ``tiny_runs.py`` holds the tiny train.py configuration and helpers that test_e2e_train.py and
 test_inputs_train.py share. The ``out`` fixture gives a test a fresh folder for train.py's --out
-whose warm-up cache (``_cache``) is one folder for the whole test run, so each tiny model is
-warmed up once per run of the suite.
+whose warm-up cache (``_cache``) is one folder per test process, so each tiny model is warmed up
+once per process.
+
+The README's test command runs the suite in parallel processes (pytest-xdist: ``-n auto --dist
+loadfile``). ``-n auto`` is one process per CPU core, at most 4 (``pytest_xdist_auto_num_workers``
+below): most tests run one thread of small tensors, so a second core halves the wait, while each
+process holds its own torch and models (SmolLM2's process several GB). ``--dist loadfile`` keeps
+each test file in one process, so a module's fixtures (SmolLM2 loaded from its GGUF file) load
+once. Each process gets an equal share of the cores as torch threads (``OMP_NUM_THREADS``, unless it
+is set), so that the processes do not fight over the cores. Without ``-n`` the suite runs in one
+process, as before; a test must pass both ways.
 
 The modules are plain top-level files (not a package), so the tests import them
 by putting the repository root first on ``sys.path``.
@@ -34,12 +43,32 @@ from pathlib import Path
 # Before any test module loads torch (and with it OpenMP), as train.py does for itself: waiting
 # threads sleep instead of spinning, which a busy machine pays for many times over (docs/cost.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+MAX_PROCESSES = 4  # what `-n auto` starts at most
+
+
+def usable_cpus():
+    """The CPU cores this process may run on (its affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+PROCESSES = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set by pytest-xdist in each worker
+if PROCESSES > 1:  # the cores shared out among the test processes (and what they start: notebooks, scripts)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // PROCESSES)))
 
 import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one test process per core, at most MAX_PROCESSES (memory: each holds its own torch
+    and models). PYTEST_XDIST_AUTO_NUM_WORKERS, where set, decides instead (pytest-xdist's own rule)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return max(1, min(MAX_PROCESSES, usable_cpus()))
 
 
 def pytest_configure(config):
@@ -62,7 +91,7 @@ def fresh_compiler():
 
 @pytest.fixture(scope="session")
 def warm_ups(tmp_path_factory):
-    """The warm-up cache of the whole test run (models.tiny_model_folder writes under it)."""
+    """The warm-up cache of this test process (models.tiny_model_folder writes under it)."""
     return tmp_path_factory.mktemp("warm_ups")
 
 

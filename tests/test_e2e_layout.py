@@ -206,3 +206,19 @@ def test_the_readme_quick_command_runs_the_exact_tests_of_otb_and_toy_env():
         named |= matches
     assert {"test_exact_otb_properties.py", "test_naive_otb.py", "test_inputs_otb.py", "test_exact_verl_parity.py",
             "test_exact_verl_tir_parity.py", "test_exact_toy.py", "test_naive_holes.py"} == named
+
+
+def test_the_readme_test_command_runs_in_parallel_processes_capped_by_the_conftest(monkeypatch):
+    """The README's test command asks pytest-xdist for one process per core, each test file in one
+    process (its module fixtures load once); requirements.txt installs pytest-xdist, and the conftest's
+    hook caps ``-n auto`` at MAX_PROCESSES cores, or leaves PYTEST_XDIST_AUTO_NUM_WORKERS to decide."""
+    import conftest
+    block = (ROOT / "README.md").read_text().split("<!-- test-command -->")[1].split("<!-- /test-command -->")[0]
+    assert block.rstrip().rstrip("`").rstrip().endswith("python -m pytest -q -n auto --dist loadfile")
+    assert re.search(r"^pytest-xdist>=", (ROOT / "requirements.txt").read_text(), re.M)
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    for cores, processes in ((1, 1), (2, 2), (4, 4), (64, conftest.MAX_PROCESSES)):
+        monkeypatch.setattr(conftest, "usable_cpus", lambda: cores)
+        assert conftest.pytest_xdist_auto_num_workers(None) == processes
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")
+    assert conftest.pytest_xdist_auto_num_workers(None) is None  # xdist's own hook reads the variable
