@@ -271,7 +271,7 @@ def test_chat_calculator_trains_a_step(smollm2, tmp_path, monkeypatch):
     """One otb_tir step of SmolLM2 on --task chat_calculator (1 prompt x N = 4, the module's loaded
     model, copied): every row's mask is the tool replayed over it, each hole is a whole tool turn,
     the sampler's call counts are the holes', metrics.jsonl has the tool metrics, and the update is
-    finite. Its checkpoint (1.6 GB with AdamW's state, 5 s to write) is not written, and a second step
+    finite. Its checkpoint (SmolLM2's weights with AdamW's state) is not written, and a second step
     is test_two_preset_steps_on_the_cpu's: that test writes SmolLM2's checkpoints and steps after an
     update."""
     import re
