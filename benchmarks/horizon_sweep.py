@@ -53,6 +53,7 @@ committed results (results.json, stats.npz, table.md, gain_vs_horizon.png).
 import argparse
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -113,8 +114,9 @@ def parse_args(argv=None):
     p.add_argument("--from-saved", default="", help="a folder with a saved sweep (results.json, stats.npz), or "
                    "several, comma-separated, measured with the same settings for different seeds: re-analyse "
                    "them together into --out without measuring anything")
-    p.add_argument("--resume", action="store_true", help="keep the (n, seed) cells already saved in --out "
-                   "(results.json, stats.npz, same pool settings) and measure only the missing ones")
+    p.add_argument("--resume", action="store_true", help="continue the sweep saved in --out (same pool "
+                   "settings): keep its finished (n, seed) cells and the prompts it recorded in an unfinished one, "
+                   "measure only the rest; the same pools, groups and projection as a run straight through")
     p.add_argument("--out", type=cli.out_folder, default=str(cli.RUNS / "horizon_sweep"), help="the results")
     args = p.parse_args(argv)
     args.only_seeds, args.seeds = args.seeds, args.seeds or [0, 1, 2]
@@ -133,11 +135,17 @@ def parse_args(argv=None):
     if any(args.pool % n or args.pool // n < 2 for n in args.group_sizes):
         p.error(f"--group-sizes {','.join(map(str, args.group_sizes))}: each N must divide "
                 f"--pool {args.pool} at least twice")
-    if args.resume and not all((Path(args.out) / f).is_file() for f in ("results.json", "stats.npz")):
-        p.error(f"--resume: {args.out} holds no finished sweep (results.json and stats.npz)")
+    def holds_sweep(folder):  # a finished sweep, or one this script has started and records as it goes
+        return progress_file(folder).is_file() or all((Path(folder) / f).is_file() for f in ("results.json", "stats.npz"))
+    if args.resume and not holds_sweep(args.out):
+        p.error(f"--resume: {args.out} holds no sweep to continue (sweep.json, or results.json and stats.npz)")
+    if not args.resume and not args.from_saved and any(Path(args.out).glob("prompts/n*_seed*/p*.npz")):
+        p.error(f"--out {args.out} holds the recorded prompts of an unfinished sweep: add --resume to continue it, "
+                "or choose another --out")
     for folder in filter(None, args.from_saved.split(",")):
-        if not all((Path(folder) / f).is_file() for f in ("results.json", "stats.npz")):
-            p.error(f"--from-saved {folder}: no results.json and stats.npz there (a sweep saved by this script)")
+        if not holds_sweep(folder):
+            p.error(f"--from-saved {folder}: no results.json and stats.npz there, nor sweep.json "
+                    "(a sweep saved by this script)")
     if not 0 < args.warmup_target < 1:
         p.error(f"--warmup-target {args.warmup_target} must be in (0, 1)")
     return args
@@ -162,39 +170,50 @@ def checkpoint(n, seed, args):
     return model, tok, tasks.make_task(cfg), cfg, source
 
 
-def measure_checkpoint(model, tok, task, cfg, args, seed):
-    """Per estimator and N, the sufficient statistics over prompts (scale_free.gram_stats); info."""
+def measure_checkpoint(model, tok, task, cfg, args, seed, records, saved=lambda: None):
+    """Per estimator and N, the sufficient statistics over prompts (scale_free.gram_stats); info.
+
+    Each prompt's statistics are written to the folder ``records`` as soon as it is measured (``save_prompt``;
+    then ``saved()`` is called), and a prompt already recorded there (a run that stopped and is resumed) is
+    read back, not measured again. A resumed run measures the rest exactly as a run straight through
+    would: a block's pools are drawn from the same seeds when its first unrecorded prompt needs them, the
+    groups' permutations are drawn for every prompt in order, recorded or not, and the projection is seeded."""
     limit = tasks.response_limit(cfg, task)
     prompts, answers = tasks.prompt_batch(task, tok, 10_000 + seed, 0, args.prompts)  # unseen by RL
     block = args.sample_prompts or args.prompts  # prompts per sampling call
+    records.mkdir(parents=True, exist_ok=True)
+    drawn = {}  # the block whose pools are in memory
 
-    def draw(m, s):  # [(Rollout, (R, token_rewards, texts)) per block of prompts]; block b seeded s + 1000003 b
-        return [draw_pool(model, tok, task, prompts[b:b + block], answers[b:b + block], m, s + 1_000_003 * (b // block),
-                          limit, cfg.temperature) for b in range(0, args.prompts, block)]
-    pools, ref_pools = draw(args.pool, seed), draw(args.ref_pool, seed + 7919)  # the reference: independent
-    R, R_ref = (torch.cat([r for _, (r, _, _) in x]) for x in (pools, ref_pools))
-    units = {(e, N): [] for e in args.estimators for N in args.group_sizes}  # per prompt: (m_p, V_p, K)
-    refs, lengths = [], []
+    def pools_of(b):  # (pool, reference pool) of block b: (Rollout, (R, token_rewards, texts)), seeded s + 1000003 b
+        if b not in drawn:
+            drawn.clear()
+            rows = slice(b * block, (b + 1) * block)
+            drawn[b] = [draw_pool(model, tok, task, prompts[rows], answers[rows], m, s + 1_000_003 * b, limit,
+                                  cfg.temperature)
+                        for m, s in ((args.pool, seed), (args.ref_pool, seed + 7919))]  # the reference: independent
+        return drawn[b]
     split = torch.Generator().manual_seed(seed + 1)
     project = sketch(model, args.project) if args.project else flatten  # the same P for every gradient
     device = next(model.parameters()).device
     for p in tqdm(range(args.prompts), desc=f"n={task.horizon} seed={seed}", leave=False):
+        perm = torch.randperm(args.pool, generator=split)  # the prompt's groups, drawn whether it is recorded or not
+        if record_path(records, p).is_file():
+            continue
+        started = time.time()
         q = p % block  # the prompt's place in its block
-        pool, (_, token_rewards, _) = pools[p // block]
-        ref_pool, (_, ref_rewards, _) = ref_pools[p // block]
+        (pool, (R, token_rewards, _)), (ref_pool, (R_ref, ref_rewards, _)) = pools_of(p // block)
         # reference r_p: RLOO inside 4 disjoint sub-pools of a separate pool (unbiased for this prompt)
         ref_rows = torch.arange(q * args.ref_pool, (q + 1) * args.ref_pool)
-        refs.append(reference_gradient(model, ref_pool, ref_rewards, ref_rows, cfg.temperature, project=project)[0])
+        ref = reference_gradient(model, ref_pool, ref_rewards, ref_rows, cfg.temperature, project=project)[0]
         # the pool: every estimator on the same groups
         rows = torch.arange(q * args.pool, (q + 1) * args.pool)
         sub = subset(pool, rows)
         m, r = sub.response_mask, token_rewards[rows, :sub.response.shape[1]]  # (M, T)
-        lengths.append(m.sum(-1).mean().item())
         with torch.no_grad():
             logp, spp, _ = (x.cpu() for x in rollout.score(model, sub.prompt_ids.to(device), sub.prompt_mask.to(device),
                                                            sub.response.to(device), m.to(device), cfg.temperature))
         S = per_response_scores(model, sub, cfg.temperature, project)  # S_i, (M, D) or projected (M, k)
-        perm = torch.randperm(args.pool, generator=split)
+        units = {}
         for N in args.group_sizes:
             groups = perm.view(-1, N)  # (K, N) disjoint groups
             gid = group_ids_of(groups, args.pool)
@@ -203,12 +222,71 @@ def measure_checkpoint(model, tok, task, cfg, args, seed):
                                               log_probs=logp, sum_pi_sq=spp)
                 G = group_gradients(model, sub, groups, adv, cfg.temperature, S=S, project=project).double()  # (K, D)
                 mean, var, K = scale_free.unit_summary(G)
-                units[(name, N)].append((mean.float(), var, K))  # float32 keeps 15 x P x D in memory
-    refs = torch.stack(refs).float()  # r_p, (P, D)
-    grams = {key: scale_free.gram_stats(torch.stack([u[0] for u in us]), [u[1] for u in us], refs)
-             for key, us in units.items()}
-    return grams, dict(success=R.mean().item(), ref_success=R_ref.mean().item(),
-                       mean_length=sum(lengths) / len(lengths))
+                units[(name, N)] = (mean.float(), var, K)  # float32 keeps 15 x P x D in memory
+        save_prompt(record_path(records, p), units, ref.float(), R[rows], R_ref[ref_rows], m.sum(-1).mean().item(),
+                    time.time() - started)
+        saved()
+    done = [load_prompt(record_path(records, p)) for p in range(args.prompts)]
+    return grams_of(done, args), info_of(done)
+
+
+def record_path(records, p):
+    """The file of prompt p's statistics in a cell's folder of records."""
+    return Path(records) / f"p{p:04d}.npz"
+
+
+def save_prompt(path, units, ref, R, R_ref, length, seconds):
+    """One prompt's statistics, all that the analysis needs of it: per (estimator, N) its mean group
+    gradient m_p (float32, as the analysis takes it), tr Var V_p and the number of groups K; its reference
+    gradient r_p; the rewards of its pool and of its reference pool; the pool's mean response length and
+    the seconds it took. Written to a temporary file and then renamed, so a stop while writing leaves
+    no half-written record."""
+    arrays = {f"{e}/N{N}/{k}": np.asarray(v) for (e, N), (mean, var, K) in units.items()
+              for k, v in (("mean", mean.numpy()), ("var", var), ("K", K))}
+    tmp = path.with_name(path.stem + ".tmp.npz")
+    np.savez(tmp, ref=ref.numpy(), R=R.numpy(), R_ref=R_ref.numpy(), length=np.float64(length),
+             seconds=np.float64(seconds), **arrays)
+    tmp.replace(path)
+
+
+def load_prompt(path):
+    """The inverse of save_prompt: dict(units={(e, N): (mean, var, K)}, ref, R, R_ref, length, seconds)."""
+    with np.load(path) as data:
+        out = dict(units={}, **{k: torch.from_numpy(data[k]) for k in ("ref", "R", "R_ref")},
+                   length=float(data["length"]), seconds=float(data["seconds"]))
+        for key in data.files:
+            if key.count("/") == 2:
+                e, N, k = key.split("/")
+                out["units"].setdefault((e, int(N[1:])), {})[k] = data[key]
+    out["units"] = {key: (torch.from_numpy(u["mean"]), float(u["var"]), int(u["K"])) for key, u in out["units"].items()}
+    return out
+
+
+def grams_of(done, args=None):
+    """{(estimator, N): scale_free.gram_stats} over the recorded prompts ``done`` (load_prompt's, in order)."""
+    refs = torch.stack([d["ref"] for d in done]).float()  # r_p, (P, D)
+    return {key: scale_free.gram_stats(torch.stack([d["units"][key][0] for d in done]),
+                                       [d["units"][key][1] for d in done], refs)
+            for key in done[0]["units"]}
+
+
+def info_of(done):
+    """A cell's pool success, reference-pool success and mean response length over its recorded prompts."""
+    return dict(success=torch.cat([d["R"] for d in done]).mean().item(),
+                ref_success=torch.cat([d["R_ref"] for d in done]).mean().item(),
+                mean_length=sum(d["length"] for d in done) / len(done))
+
+
+def recorded_cells(out, finished=()):
+    """The cells of ``out`` with prompts recorded but not yet in stats.npz (a sweep stopped mid-cell):
+    {(n, seed): [load_prompt records, in prompt order]}, those with at least 2 prompts."""
+    cells = {}
+    for folder in sorted((Path(out) / "prompts").glob("n*_seed*")):
+        n, seed = (int(x) for x in folder.name[1:].split("_seed"))
+        done = [load_prompt(f) for f in sorted(folder.glob("p[0-9][0-9][0-9][0-9].npz"))]
+        if (n, seed) not in finished and len(done) >= 2:
+            cells[(n, seed)] = done
+    return cells
 
 
 # =====================================================================================
@@ -580,30 +658,58 @@ def settings(saved, estimators):
     return {k: args[k] for k in SAME}
 
 
-def resumed(out, args, t0):
-    """The cells a finished earlier run saved in ``out``, its checkpoints, and t0 moved back by its time."""
-    saved = json.loads((out / "results.json").read_text())
+def progress_file(out):
+    """An unfinished sweep's record: results.json's fields (command, args, machine, provenance, seconds,
+    the finished cells' checkpoints), rewritten after every prompt; removed when the sweep is done."""
+    return Path(out) / "sweep.json"
+
+
+def read_saved(folder):
+    """A saved sweep: its record (sweep.json while it is unfinished, else results.json) and its cells, the
+    finished ones of stats.npz and every unfinished one with at least 2 prompts recorded (``recorded_cells``;
+    their checkpoints say ``prompts`` and ``partial``)."""
+    folder = Path(folder)
+    unfinished = progress_file(folder).is_file()
+    saved = json.loads((progress_file(folder) if unfinished else folder / "results.json").read_text())
+    grams = load_grams(folder / "stats.npz") if (folder / "stats.npz").is_file() else {}
+    for (n, seed), done in recorded_cells(folder, grams).items():
+        grams[(n, seed)] = grams_of(done)
+        saved["checkpoints"] = saved["checkpoints"] + [dict(n=n, seed=seed, model=saved["args"].get("model", "tiny"),
+                                                            prompts=len(done), partial=True, **info_of(done))]
+    return saved, grams
+
+
+def resumed(out, args):
+    """What an earlier run saved in ``out``: its finished cells (stats.npz), their checkpoints, the seconds
+    it measured for and the code it ran under (a list of provenances). Its prompts recorded in unfinished
+    cells stay where they are: measure_checkpoint reads them back."""
+    path = progress_file(out) if progress_file(out).is_file() else out / "results.json"
+    saved = json.loads(path.read_text())
     if settings(saved, args.estimators) != {k: getattr(args, k) for k in SAME}:
         raise SystemExit(f"--resume: {out} was measured with other settings "
                          f"({settings(saved, args.estimators)}); use another --out")
-    return load_grams(out / "stats.npz"), saved["checkpoints"], t0 - saved["seconds"]
+    grams = load_grams(out / "stats.npz") if (out / "stats.npz").is_file() else {}
+    earlier = kept_provenance(saved)
+    return grams, saved["checkpoints"], saved["seconds"], earlier if isinstance(earlier, list) else [earlier]
 
 
 def from_saved(folders, out, replicates, seeds=None):
     """Re-analyse one saved sweep, or several measured side by side (same settings, different cells),
     into ``out``: their cells together (only those of ``seeds`` if given), their commands and times
-    side by side, nothing measured."""
-    saved = [json.loads((Path(f) / "results.json").read_text()) for f in folders]
+    side by side, nothing measured. An unfinished sweep is analysed on the prompts it has recorded."""
+    loaded = [read_saved(f) for f in folders]
+    saved = [s for s, _ in loaded]
     grams = {}
-    for folder, s in zip(folders, saved):
+    for folder, (s, cells) in zip(folders, loaded):
         if settings(s, None) != settings(saved[0], None):
             raise SystemExit(f"--from-saved: {folder} was measured with other settings than {folders[0]} "
                              f"({settings(s, None)})")
-        cells = load_grams(Path(folder) / "stats.npz")
         if grams.keys() & cells.keys():
             raise SystemExit(f"--from-saved: {folder} holds (n, seed) cells already read from another folder: "
                              f"{sorted(grams.keys() & cells.keys())}")
         grams.update(cells)
+    if not grams:
+        raise SystemExit(f"--from-saved: {','.join(map(str, folders))} holds no cell with 2 prompts measured yet")
     checkpoints = [c for s in saved for c in s["checkpoints"]]
     if seeds:
         missing = sorted(set(seeds) - {seed for _, seed in grams})
@@ -612,13 +718,15 @@ def from_saved(folders, out, replicates, seeds=None):
         grams = {cell: g for cell, g in grams.items() if cell[1] in seeds}
         checkpoints = [c for c in checkpoints if c["seed"] in seeds]
     out.mkdir(parents=True, exist_ok=True)
-    if len(folders) > 1 or seeds or out.resolve() != Path(folders[0]).resolve():
+    unfinished = any(progress_file(f).is_file() for f in folders)
+    if len(folders) > 1 or seeds or unfinished or out.resolve() != Path(folders[0]).resolve():
         save_grams(out / "stats.npz", grams)
     args = {**saved[0]["args"], "replicates": replicates}
-    if len(saved) > 1 or seeds:
+    if len(saved) > 1 or seeds or unfinished:
         args.update(seeds=sorted({seed for _, seed in grams}), horizons=sorted({n for n, _ in grams}))
     times = [t for s in saved for t in (s["seconds"] if isinstance(s["seconds"], list) else [s["seconds"]])]
-    return write(out, " ; ".join(s["command"] for s in saved), argparse.Namespace(**args),
+    return write(out, " ; ".join(s["command"] for s in saved) + ("  # unfinished" if unfinished else ""),
+                 argparse.Namespace(**args),
                  saved[0]["seconds"] if len(saved) == 1 else times,  # a folder of folders: every one's time
                  checkpoints, grams, saved[0].get("machine"),  # the measurement's
                  kept_provenance(saved[0]) if len(saved) == 1 else [kept_provenance(s) for s in saved])
@@ -631,20 +739,31 @@ def main(argv=None):
     if args.from_saved:  # re-bootstrap saved sweeps: nothing is measured
         return from_saved(args.from_saved.split(","), out, args.replicates, args.only_seeds)
     out.mkdir(parents=True, exist_ok=True)
-    grams_by_cell, checkpoints, t0 = {}, [], time.time()
+    grams_by_cell, checkpoints, before, earlier = {}, [], 0.0, []
     provenance = code_provenance()  # the commit this process measures with
     if args.resume:
-        grams_by_cell, checkpoints, t0 = resumed(out, args, t0)
-        earlier = kept_provenance(json.loads((out / "results.json").read_text()))
-        earlier = earlier if isinstance(earlier, list) else [earlier]
+        grams_by_cell, checkpoints, before, earlier = resumed(out, args)
         provenance = earlier[0] if earlier == [provenance] else earlier + [provenance]  # every commit it ran under
+    for folder in (out / "prompts").glob("n*_seed*"):
+        n, seed = (int(x) for x in folder.name[1:].split("_seed"))
+        if (n, seed) in grams_by_cell:  # finished: its records are in stats.npz already
+            shutil.rmtree(folder)
+    t0 = time.time()
+
+    def record():  # after every prompt: what --resume continues from
+        tmp = progress_file(out).with_suffix(".tmp")
+        tmp.write_text(json.dumps(dict(command=command, args=vars(args), machine=machine.info(), provenance=provenance,
+                                       seconds=before + time.time() - t0, checkpoints=checkpoints), indent=1))
+        tmp.replace(progress_file(out))
+    record()
     todo = [(n, seed) for seed in args.seeds for n in args.horizons if (n, seed) not in grams_by_cell]
     for i, (n, seed) in enumerate(todo):  # seed by seed: a partial sweep has every n
         model, tok, task, cfg, source = checkpoint(n, seed, args)
         if i == 0 and args.model != "tiny":  # before anything is measured: what it would cost on one GPU
             args.gpu_projection = projected_gpu_seconds(args, model, tok)
             print(projection_line(args.gpu_projection), flush=True)
-        grams_by_cell[(n, seed)], info = measure_checkpoint(model, tok, task, cfg, args, seed)
+        records = out / "prompts" / f"n{n}_seed{seed}"
+        grams_by_cell[(n, seed)], info = measure_checkpoint(model, tok, task, cfg, args, seed, records, record)
         warmup = Path(source["path"]) / "warmup.json"  # the tiny model's; a pretrained one has none
         warm = json.loads(warmup.read_text())["history"] if warmup.is_file() else None
         checkpoints.append(dict(n=n, seed=seed, model=source["path"], **info,
@@ -652,10 +771,17 @@ def main(argv=None):
         print(f"n={n} seed={seed}: pool success {info['success']:.2f}, mean length "
               f"{info['mean_length']:.1f}", flush=True)
         save_grams(out / "stats.npz", grams_by_cell)  # after every checkpoint: nothing measured is lost,
-        if i + 1 < len(todo):  # and a results.json that --resume continues from
-            write(out, command + "  # partial", args, time.time() - t0, checkpoints, grams_by_cell, machine.info(),
-                  provenance)
-    return write(out, command, args, time.time() - t0, checkpoints, grams_by_cell, machine.info(), provenance)
+        shutil.rmtree(records)  # its prompts are in stats.npz now
+        record()
+        if i + 1 < len(todo):  # and a table of the finished cells
+            write(out, command + "  # partial", args, before + time.time() - t0, checkpoints, grams_by_cell,
+                  machine.info(), provenance)
+    result = write(out, command, args, before + time.time() - t0, checkpoints, grams_by_cell, machine.info(),
+                   provenance)
+    progress_file(out).unlink()
+    if (out / "prompts").is_dir() and not any((out / "prompts").iterdir()):
+        (out / "prompts").rmdir()
+    return result
 
 
 if __name__ == "__main__":

@@ -101,8 +101,8 @@ def test_sketch_keeps_inner_products_in_expectation():
     assert torch.allclose(project(as_grads(a + 3 * b)), project(as_grads(a)) + 3 * project(as_grads(b)), atol=1e-5)
 
 
-def sweep(folder, out, project, replicates=200):
-    hs.main(["--model", str(folder), "--task", "count", "--horizons", "2,4", "--seeds", "0", "--prompts", "4",
+def sweep(folder, out, project, replicates=200, resume=False):
+    hs.main(["--resume"] * resume + ["--model", str(folder), "--task", "count", "--horizons", "2,4", "--seeds", "0", "--prompts", "4",
              "--pool", "8", "--ref-pool", "8", "--group-sizes", "2,4", "--estimators", "reinforce,group_mean,rloo,otb",
              "--project", str(project), "--sample-prompts", "2", "--device", "cpu", "--replicates", str(replicates),
              "--out", str(out)])
@@ -146,3 +146,47 @@ def test_count_sweep_on_a_smollm2_shaped_model_projected_and_exact(counting_mode
     assert "gradients projected to k = 1024" in table
     hs.main(["--from-saved", str(tmp_path / "projected"), "--out", str(tmp_path / "again"), "--replicates", "200"])
     assert (tmp_path / "again" / "table.md").read_text() == table
+
+
+def test_a_sweep_stopped_and_resumed_saves_what_a_run_straight_through_saves(counting_model, tmp_path, monkeypatch):
+    """Stopped twice (after 2 recorded prompts, inside the first cell, and after 3 more, inside the second),
+    each time resumed with --resume, the sweep saves the same stats.npz, bit for bit, and the same pool
+    success and lengths as a run straight through: the resumed run reads its recorded prompts back and
+    draws the same pools, groups and projection for the rest. While it is stopped, --from-saved analyses
+    the prompts recorded so far, and a new run into the same folder without --resume is refused."""
+    straight = sweep(counting_model, tmp_path / "straight", 64)
+    real_save, budget = hs.save_prompt, {"left": 2}
+
+    def save_then_stop(*args, **kwargs):
+        real_save(*args, **kwargs)
+        budget["left"] -= 1
+        if budget["left"] == 0:
+            raise KeyboardInterrupt  # a stop right after a prompt is recorded
+    monkeypatch.setattr(hs, "save_prompt", save_then_stop)
+    out = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        sweep(counting_model, out, 64)
+    assert not (out / "results.json").exists() and len(list(out.glob("prompts/n2_seed0/p*.npz"))) == 2
+    hs.main(["--from-saved", str(out), "--out", str(tmp_path / "interim"), "--replicates", "200"])
+    interim = json.loads((tmp_path / "interim" / "results.json").read_text())
+    assert [(c["n"], c["prompts"], c["partial"]) for c in interim["checkpoints"]] == [(2, 2, True)]
+    assert hs.load_grams(tmp_path / "interim" / "stats.npz")[(2, 0)][("otb", 2)]["V"].shape == (2,)
+    with pytest.raises(SystemExit):
+        sweep(counting_model, out, 64)  # without --resume: refused, nothing recorded is lost
+    assert len(list(out.glob("prompts/n2_seed0/p*.npz"))) == 2
+    budget["left"] = 3
+    with pytest.raises(KeyboardInterrupt):
+        sweep(counting_model, out, 64, resume=True)
+    assert [c["n"] for c in json.loads((out / "results.json").read_text())["checkpoints"]] == [2]
+    budget["left"] = -1
+    resumed = sweep(counting_model, out, 64, resume=True)
+    assert not (out / "prompts").exists() and not (out / "sweep.json").exists()
+    got, want = hs.load_grams(out / "stats.npz"), hs.load_grams(tmp_path / "straight" / "stats.npz")
+    assert got.keys() == want.keys() == {(2, 0), (4, 0)}
+    for cell in want:
+        for key, stats in want[cell].items():
+            for name, value in stats.items():
+                assert torch.equal(got[cell][key][name], value), (cell, key, name)
+    for c, d in zip(resumed["checkpoints"], straight["checkpoints"]):
+        assert (c["n"], c["success"], c["ref_success"], c["mean_length"]) == (
+            d["n"], d["success"], d["ref_success"], d["mean_length"])

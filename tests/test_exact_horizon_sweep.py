@@ -93,11 +93,12 @@ def test_resume_keeps_saved_cells_only_with_the_same_settings(tmp_path):
     args = hs.parse_args(["--out", str(tmp_path), "--prompts", "3", "--pool", "8", "--group-sizes", "2,4"])
     (tmp_path / "results.json").write_text(json.dumps(dict(args=vars(args), checkpoints=[dict(n=16, seed=0)],
                                                            seconds=100.0)))
-    grams, checkpoints, t0 = hs.resumed(tmp_path, args, 1000.0)
-    assert set(grams) == {(16, 0)} and checkpoints == [dict(n=16, seed=0)] and t0 == 900.0
+    grams, checkpoints, seconds, provenance = hs.resumed(tmp_path, args)
+    assert set(grams) == {(16, 0)} and checkpoints == [dict(n=16, seed=0)] and seconds == 100.0
+    assert provenance == [{"commit": "not recorded", "code_changes": None}]
     other = hs.parse_args(["--out", str(tmp_path), "--prompts", "4", "--pool", "8", "--group-sizes", "2,4"])
     with pytest.raises(SystemExit, match="other settings"):
-        hs.resumed(tmp_path, other, 1000.0)
+        hs.resumed(tmp_path, other)
 
 
 def test_sweeps_measured_side_by_side_are_analysed_as_one(tmp_path):
