@@ -459,6 +459,98 @@ def head_to_head(evaluations, a="otb_tir", b="otb"):
     return out
 
 
+def horizon_contrasts(grams_by_cell, replicates=2000, baseline="group_mean", boot_seed=0):
+    """Does a gain grow with the horizon? rho = gain(n_hi) / gain(n_lo) for every estimator, N and pair of
+    consecutive horizons, with its 95% set (docs/smollm2_variance_protocol.md, the primary contrast).
+
+    A seed's cells at different n share their prompts' draws (tasks.prompt_batch), so its prompts are
+    resampled jointly: prompt p of n_lo and prompt p of n_hi enter each bootstrap draw together (the same
+    weights w for both cells; valid whether or not the two cells are correlated). With each gain a ratio
+    num / den over the seeds (scale_free.gain_parts),
+
+        rho = (num_hi den_lo) / (den_hi num_lo)
+
+    and its set is the test inversion of resampling.py eq. (4') on those joint draws. Pairs whose cells
+    hold different numbers of prompts (an unfinished sweep) are left out, and so are gains fixed by the
+    known factors (rloo over the group mean). Returns a list of dicts."""
+    ns, seeds = sorted({n for n, _ in grams_by_cell}), sorted({s for _, s in grams_by_cell})
+    evals = {}  # (n, seed, N) -> (point, boot); one draw of prompts per seed, shared by its horizons
+    for (n, seed), grams in grams_by_cell.items():
+        for N in sorted({N for _, N in grams}):
+            units = {e: st for (e, NN), st in grams.items() if NN == N}
+            factors = {e: scale_free.FACTORS[e](N) for e in units if e in scale_free.FACTORS}
+            evals[(n, seed, N)] = (scale_free.evaluations(units, factors, replicates, 7 * seed + 100_003 * boot_seed + 1,
+                                                          scale_free.pooled_reference(units["reinforce"])), factors)
+    out = []
+    for lo, hi in zip(ns, ns[1:]):
+        if any((n, s) not in grams_by_cell for n in (lo, hi) for s in seeds):
+            continue
+        sizes = {next(iter(grams_by_cell[(n, s)].values()))["V"].shape[0] for n in (lo, hi) for s in seeds}
+        if len(sizes) > 1:
+            continue  # unequal prompts: no joint draws
+        for N in sorted({N for (_, _, N) in evals}):
+            factors = evals[(lo, seeds[0], N)][1]
+            for e in evals[(lo, seeds[0], N)][0][0]:
+                if e == baseline or (e in factors and baseline in factors):
+                    continue  # a gain fixed by the known factors (rloo's) has no sampling error to test
+                parts = {n: scale_free.gain_parts([evals[(n, s, N)][0] for s in seeds], e, baseline, factors)
+                         for n in (lo, hi)}
+                (nl, dl, nl_r, dl_r), (nh, dh, nh_r, dh_r) = parts[lo], parts[hi]
+                a, b, a_r, b_r = nh * dl, dh * nl, nh_r * dl_r, dh_r * nl_r
+                out.append(dict(estimator=e, N=N, n_lo=lo, n_hi=hi, seeds=len(seeds),
+                                ratio=list(resampling.ratio_set(a, b, a_r, b_r, low=0.0)),
+                                verdict=resampling.replicate_verdict(a_r, b_r)))
+    return out
+
+
+VERDICT_WORDS = dict(above="grows with n", below="shrinks with n", covers="not shown to change with n",
+                     edge="at the Monte Carlo edge: not decided")
+
+
+def contrasts_md(contrasts):
+    """The horizon contrasts as a table: estimator, N, the pair of horizons, rho's 95% set and its verdict."""
+    lines = ["| estimator | N | gain(n_hi) / gain(n_lo) | rho [95% set] | the gain |", "|---|---|---|---|---|"]
+    return "\n".join(lines + [f"| {c['estimator']} | {c['N']} | n = {c['n_hi']} / n = {c['n_lo']} | "
+                              f"{gain_cell(c['ratio'], '', c['verdict'])} | {VERDICT_WORDS[c['verdict']]} |"
+                              for c in contrasts])
+
+
+def summary_md(summary, contrasts, checkpoints, sizes, command, estimator="otb", baseline="group_mean"):
+    """summary.md: the protocol's two questions answered from the analysis (docs/smollm2_variance_protocol.md):
+    per (N, n) whether ``estimator``'s gain over ``baseline`` lies above 1, and whether it grows with n.
+    sizes: {(n, seed): prompts}. '' without the estimator."""
+    gains = {(s["N"], s["n"]): s for s in summary if s["estimator"] == estimator and "gain" in s}
+    if not gains:
+        return ""
+    Ns, ns = sorted({N for N, _ in gains}), sorted({n for _, n in gains})
+    lines = [f"# {estimator} against {baseline}: the gain in normalised variance and its growth with n\n",
+             f"`{command}`\n", "| n | prompts | pool success | mean response tokens | " + " | ".join(
+                 f"gain at N = {N} [95% set]" for N in Ns) + " |", "|---" * (4 + len(Ns)) + "|"]
+    for n in ns:
+        mine = [c for c in checkpoints if c["n"] == n]
+        lines.append(f"| {n} | {sum(u for (m, _), u in sizes.items() if m == n)} | "
+                     f"{sum(c['success'] for c in mine) / len(mine):.2f} | "
+                     f"{sum(c['mean_length'] for c in mine) / len(mine):.1f} | "
+                     + " | ".join(gain_cell(gains[(N, n)]["gain"], "x", gains[(N, n)]["verdict"]) for N in Ns) + " |")
+    lines.append("\n## Question 1: does the gain exceed 1?\n")
+    for n in ns:
+        above = all(gains[(N, n)]["verdict"] == "above" for N in Ns)
+        lines.append(f"- n = {n}: " + "; ".join(f"N = {N}: {VERDICT_WORDS_GAIN[gains[(N, n)]['verdict']]}"
+                                                  for N in Ns)
+                     + (f". {estimator} beats {baseline} at every N." if above else
+                        ". Not shown at every N (a claim at this n needs every N above 1)."))
+    mine = [c for c in contrasts if c["estimator"] == estimator]
+    if mine:
+        lines.append("\n## Question 2: does the gain grow with n?\n\nrho = gain(n_hi) / gain(n_lo), "
+                     "prompts resampled jointly across n (horizon_sweep.horizon_contrasts).\n")
+        lines.append(contrasts_md(mine))
+    return "\n".join(lines) + "\n"
+
+
+VERDICT_WORDS_GAIN = dict(above="above 1", below="below 1", covers="not shown to differ from 1",
+                          edge="at the Monte Carlo edge")
+
+
 def verdicts(summary, versus):
     """Every verdict the tables print: each gain (seeds pooled, and each seed's) above 1, below, around
     it, or at the Monte Carlo edge (resampling.replicate_verdict)."""
@@ -619,13 +711,17 @@ def write(out, command, args, seconds, checkpoints, grams_by_cell, measured_on, 
     a list of the times of sweeps measured side by side."""
     rows, summary, evaluations = analyse(grams_by_cell, args.replicates)
     versus = head_to_head(evaluations)
+    contrasts = horizon_contrasts(grams_by_cell, args.replicates)
     (out / "results.json").write_text(json.dumps(dict(
         command=command, args=vars(args), machine=measured_on, provenance=provenance, seconds=seconds,
         checkpoints=checkpoints,
         sufficient_statistics="stats.npz", rows=rows, gains=summary, otb_tir_over_otb=versus,
+        horizon_contrasts=contrasts,
         verdicts=[[*k, v] for k, v in verdicts(summary, versus).items()]), indent=1))
     seeds = sorted({s for _, s in grams_by_cell})
-    prompts = next(iter(next(iter(grams_by_cell.values())).values()))["V"].shape[0]
+    sizes = {cell: next(iter(g.values()))["V"].shape[0] for cell, g in sorted(grams_by_cell.items())}
+    prompts = (next(iter(sizes.values())) if len(set(sizes.values())) == 1 else
+               "(" + ", ".join(f"n = {n}: {u}" for (n, _), u in sizes.items()) + ")")
     text = (f"# Normalised gradient variance against the horizon\n\n`{command}`  \n"
             f"{len(seeds)} seeds x {prompts} prompts x {args.pool} responses per checkpoint; measured in "
             f"{took(seconds)}{model_note(args)}. Seeds pooled: prompts resampled within each seed "
@@ -636,14 +732,19 @@ def write(out, command, args, seconds, checkpoints, grams_by_cell, measured_on, 
             f"where a seed's gain is not resolved away from 0. alpha and cosine are exact where E g is known "
             f"(scale_free.FACTORS); * marks a number shown clipped to its range.\n\n" + table_md(summary)
             + "\n" + ("\n## Action-aligned against position-aligned OTB, paired\n\n" + head_to_head_md(versus)
-                       + "\n" if versus else "") + checkpoints_md(checkpoints))
+                       + "\n" if versus else "")
+            + ("\n## Does the gain grow with n? Prompts resampled jointly across n\n\n" + contrasts_md(contrasts)
+               + "\n" if contrasts else "") + checkpoints_md(checkpoints))
     (out / "table.md").write_text(text)
+    brief = summary_md(summary, contrasts, checkpoints, sizes, command)
+    if brief:
+        (out / "summary.md").write_text(brief)
     import matplotlib
     matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt
     plt.close(plot(summary, out / "gain_vs_horizon.png", getattr(args, "task", "periodic")))
     print(text)
-    print(f"wrote {out}/results.json, table.md, gain_vs_horizon.png")
+    print(f"wrote {out}/results.json, table.md, summary.md, gain_vs_horizon.png")
     return rows, summary
 
 

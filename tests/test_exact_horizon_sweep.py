@@ -297,3 +297,26 @@ def test_same_record_allows_the_last_bits_of_a_float_and_nothing_else():
                     {**want, "nan": 0.0}):
         with pytest.raises(AssertionError):
             same_record(changed, want)
+
+
+def test_the_horizon_contrast_resamples_prompts_jointly_across_n():
+    # Cell n = 16 is cell n = 64 with otb's per-prompt tr Var doubled: otb's gain over the group mean is
+    # exactly twice as large at n = 64, prompt by prompt. Resampled jointly (the same prompts drawn for
+    # both horizons), every draw gives rho = gain(64) / gain(16) = 2: the set is [2, 2], "grows with n".
+    # Independent draws for the two cells would give a wide set. Gains fixed by known factors (reinforce's
+    # and rloo's over the group mean) are left out; cells of unequal prompts give no contrast.
+    hi = two_seeds()[(64, 0)]
+    lo = {key: dict(s, V=s["V"] * (1.0 if key[0] != "otb" else 2.0)) for key, s in hi.items()}
+    grams = {(16, 0): lo, (64, 0): hi}
+    contrasts = hs.horizon_contrasts(grams, replicates=1000)  # 300 draws cannot clear the edge band
+    assert [(c["estimator"], c["N"], c["n_lo"], c["n_hi"]) for c in contrasts] == [("otb", 4, 16, 64)]
+    assert contrasts[0]["ratio"] == pytest.approx([2.0, 2.0, 2.0], rel=1e-9) and contrasts[0]["verdict"] == "above"
+    _, summary, _ = hs.analyse(grams, replicates=300)
+    gains = {s["n"]: s["gain"][0] for s in summary if s["estimator"] == "otb"}
+    assert gains[64] / gains[16] == pytest.approx(2.0, rel=1e-9)  # the point value is the ratio of the gains
+    text = hs.summary_md(summary, contrasts, [dict(n=n, seed=0, success=0.5, mean_length=10.0) for n in (16, 64)],
+                         {(16, 0): 6, (64, 0): 6}, "cmd")
+    assert "| otb | 4 | n = 64 / n = 16 | 2.00 [2.00, 2.00] | grows with n |" in text
+    fewer = {(16, 0): {k: scale_free.gram_stats(torch.eye(5, 3, dtype=torch.float64), torch.ones(5),
+                                                torch.ones(5, 3, dtype=torch.float64)) for k in hi}, (64, 0): hi}
+    assert hs.horizon_contrasts(fewer, replicates=100) == []
