@@ -222,3 +222,22 @@ def test_the_gpu_window_command_runs_end_to_end_at_a_tiny_shape(counting_model, 
     hs.main([a for i, a in enumerate(arguments) if not any(i in (j, j + 1) for j in limits)] + ["--resume"])
     got, want = (hs.load_grams(tmp_path / x / "sweep" / "stats.npz") for x in ("stopped", "full"))
     assert all(torch.equal(got[c][k][m], want[c][k][m]) for c in want for k in want[c] for m in want[c][k])
+
+
+def test_the_sweep_cost_benchmark_and_the_projection_it_replaced(counting_model, tmp_path):
+    """benchmarks/bench_sweep_cost.py at the tiny shape: every part timed, its FLOPs counted as run, the
+    one-prompt total the sum of the sweep's parts; and the projection computed as a gather through the
+    permutation (as before) is the scatter-add's P: the same numbers up to float32 rounding."""
+    from benchmarks import bench_sweep_cost as bc
+    result = bc.main(["--model", str(counting_model), "--horizon", "4", "--pool", "8", "--project", "64",
+                      "--repeats", "1", "--out", str(tmp_path)])
+    parts = result["parts"]
+    assert set(parts) == {"reference", "score", "scores_S", "otb_N4", "plain", "project", "project_gather"}  # N = 16 > M / 2
+    sweep = ("reference", "score", "scores_S", "otb_N4")
+    assert result["one_prompt_without_sampling"]["gflop"] == pytest.approx(sum(parts[p]["gflop"] for p in sweep))
+    assert parts["plain"]["of_plain"] == pytest.approx(1.0) and (tmp_path / "bench_sweep_cost.md").is_file()
+    model, tok = shaped_model()
+    grads = [torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) for i, p in enumerate(model.parameters())]
+    for k in (8, 100):
+        a, b = common.sketch(model, k)(grads), bc.gather_projection(model, k)(grads)
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item()), k
