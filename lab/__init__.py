@@ -8,8 +8,8 @@ here, so that following one training step never leads into it:
                   device; UsageError, the one-line error of a bad option
     parse_options how a command line becomes those options: parsed, checked (output folders writable), or
                   read back by --resume
-    runs          the run folder around training: config.json, checkpoints, metrics.jsonl, Ctrl-C / SIGTERM,
-                  --resume
+    runs          the run folder around training: config.json, provenance.json, checkpoints, metrics.jsonl,
+                  Ctrl-C / SIGTERM, --resume
     progress      what a run shows while it runs: its progress bar and a comparison's time left
     logbook       what a step logs: the metrics.jsonl row, the readable line, a run's summary row
     models        the tiny character-level Llama, its cached supervised warm-up, pretrained loading, weights
@@ -20,7 +20,7 @@ here, so that following one training step never leads into it:
     diagnostics   forward-only noise diagnostics logged with every step
     fast_decode   a sampler for a GPU: a static KV cache, a compiled decode step, draws without host syncs
     machine       the machine a result was made on: the fingerprint its numbers depend on, what a benchmark
-                  records, the commit
+                  records, the commit; the code a run records as it starts (provenance.json, code.diff)
     analysis/     the statistics toolkit (scale_free, resampling, stats): lab/analysis/__init__.py
 
 The direction of imports is one way: modules here may import the concept modules at the root, and

@@ -31,12 +31,18 @@ A benchmark records more of its machine with its timings (``info``: the fingerpr
 threads, Python, the GPU) and prints it in one line (``describe_info``).
 
 Saved results also record the code that made them (``provenance``): the commit of the checkout and
-whether the code it runs had uncommitted changes (``code_changes``).
+whether the code it runs had uncommitted changes (``code_changes``). Each training process writes its own
+record into its run folder as it starts (``record_code``: provenance.json, with the sha256 of the
+uncommitted changes, and the changes themselves in code.diff), so a study that runs for days can say
+which of its runs ran which code (``recorded_code``, ``same_code``, ``describe_code``).
 """
+import hashlib
+import json
 import os
 import platform
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import torch
@@ -121,13 +127,14 @@ ROOT = Path(__file__).resolve().parent.parent
 CODE = (":(glob)*.py", ":(glob)lab/**/*.py", ":(glob)benchmarks/*.py")  # the root modules, lab/, benchmarks/
 
 
-def _git(*args):
-    """git's output in the repository, or None where there is no git or no checkout."""
+def _git(*args, ok=(0,)):
+    """git's output in the repository, or None where there is no git or no checkout (or its exit status is not
+    one of ``ok``)."""
     try:
         done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout.rstrip() if done.returncode == 0 else None  # rstrip: status lines start with a space
+    return done.stdout.rstrip() if done.returncode in ok else None  # rstrip: status lines start with a space
 
 
 def commit():
@@ -148,6 +155,74 @@ def provenance():
     """What a saved result records of the code that made it: {"commit", "code_changes"}
     (code_changes: the files that differed from that commit; None: unknown)."""
     return {"commit": commit(), "code_changes": code_changes()}
+
+
+def code_diff():
+    """The uncommitted changes to the code (``CODE``) as one patch: ``git diff HEAD`` of the tracked files, then
+    each new file as an addition; '' when the code is the commit's, None where git cannot tell."""
+    tracked = _git("diff", "HEAD", "--binary", "--", *CODE)
+    new = _git("ls-files", "--others", "--exclude-standard", "--", *CODE)
+    if tracked is None or new is None:
+        return None
+    added = [_git("diff", "--no-index", "--binary", "--", "/dev/null", path, ok=(0, 1))  # 1: they differ
+             for path in new.splitlines()]
+    return "".join(part + "\n" for part in (tracked, *added) if part)
+
+
+def code_record():
+    """(record, diff) of the code this process runs from: record = provenance() and ``diff_sha256``, the
+    sha256 of the patch (None where the code is the commit's or git cannot tell), which tells two sets of
+    uncommitted changes to the same files apart; diff = the patch (``code_diff``)."""
+    diff = code_diff()
+    return dict(provenance(), diff_sha256=hashlib.sha256(diff.encode()).hexdigest() if diff else None), diff
+
+
+RUN_RECORD, RUN_DIFF = "provenance.json", "code.diff"  # what a run folder holds of its code
+
+
+def record_code(folder, code):
+    """Write ``code`` (``code_record``, taken as the process started) into a run folder: provenance.json
+    (the record, the time and the name of the patch file) and code.diff (the patch, where there is one).
+    A folder that holds a record already (a resumed run) keeps it in "earlier", its patch renamed
+    code-<first 12 hex digits of its sha256>.diff, so every start of the run stays on record."""
+    folder, (record, diff) = Path(folder), code
+    record = dict(record, utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), diff=RUN_DIFF if diff else None)
+    before = recorded_code(folder)
+    if before is not None:
+        if before.get("diff") == RUN_DIFF:
+            before["diff"] = f"code-{before['diff_sha256'][:12]}.diff"
+            (folder / RUN_DIFF).rename(folder / before["diff"])
+        record["earlier"] = before.pop("earlier", []) + [before]
+    folder.mkdir(parents=True, exist_ok=True)
+    if diff:
+        (folder / RUN_DIFF).write_text(diff)
+    (folder / RUN_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def recorded_code(folder):
+    """The record a run folder holds of the code it ran (``record_code``); None where it holds none (a run
+    made before runs recorded it)."""
+    path = Path(folder) / RUN_RECORD
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def same_code(a, b):
+    """True when two records (``code_record``, ``record_code``) name the same code: the same commit, the same
+    changed files and the same patch. Code that git could not see is never the same as anything."""
+    return a["code_changes"] is not None and all(a.get(k) == b.get(k) for k in ("commit", "code_changes",
+                                                                                   "diff_sha256"))
+
+
+def describe_code(record):
+    """'commit 1a2b3c4d5e6f', or '... with uncommitted changes to train.py (diff 9f8e7d6c5b4a)', or '... with
+    code changes unknown (no git checkout)'."""
+    text = f"commit {record['commit'][:12]}"
+    if record["code_changes"] is None:
+        return text + " with code changes unknown (no git checkout)"
+    if record["code_changes"]:
+        text += f" with uncommitted changes to {', '.join(record['code_changes'])}"
+        text += f" (diff {record['diff_sha256'][:12]})" if record.get("diff_sha256") else ""
+    return text
 
 
 NOT_RECORDED = "not recorded"  # a result saved before its machine or commit was recorded

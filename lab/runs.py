@@ -2,7 +2,8 @@
 
 train.py's ``main`` starts here (``start``: the options parsed by parse_options.py, the header printed
 (``header``: the folder, model, task, runs, steps, lr, device and whether the warm-up is cached), the
-model loaded, the run folder made with its config.json), and its loop uses the rest:
+model loaded, the run folder made with its config.json and the record of the code the process runs,
+provenance.json and code.diff: lab/machine.py's ``record_code``), and its loop uses the rest:
 
 - checkpoint.pt: everything --resume needs (``save_checkpoint`` / ``load_checkpoint``; a full disk or
   a damaged file is one line saying what to do), and metrics.jsonl rewritten on resume;
@@ -31,7 +32,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lab import models, progress
+from lab import machine, models, progress
 from lab.models import DiskFull
 import tasks
 from lab.parse_options import given_options, parse
@@ -331,9 +332,11 @@ def steps_left(cfg, folder):
 def start(argv, config):
     """(cfg, model, tokenizer, folder, command, source) of train.py's command line: the options parsed
     and checked (a bad one: one line, exit status 2, nothing created), the header printed first, the
-    model loaded (lab/models.py builds, warms up or reads it), and the run folder with its config.json.
+    model loaded (lab/models.py builds, warms up or reads it), and the run folder with its config.json and
+    provenance.json (the code, recorded before anything slow, as the process has imported it).
     Resuming a finished comparison says so and exits (status 0) without touching it."""
     command = ("python train.py " + shlex.join(argv)).strip()
+    code = machine.code_record()  # the code this process imported: its commit and uncommitted changes
     with errors_exit(command):
         cfg = parse(argv, config, PRESETS, epilog=LOG_COLUMNS)  # --resume: the stored options
         if cfg.resume and finished(cfg, Path(cfg.resume)):
@@ -359,6 +362,7 @@ def start(argv, config):
         print(f"model: {n_params / 1e6:.2f}M parameters\n{plan}\n{LOG_COLUMNS}".replace("\n\n", "\n"),
               flush=True)  # what each column of the log line means
         write_config(folder, cfg, stored, source)
+        machine.record_code(folder, code)  # provenance.json (and code.diff): what a study checks its runs by
     return cfg, model, tok, folder, stored, source
 
 
