@@ -6,8 +6,10 @@ committed ``benchmarks/results/`` change only when ``--out``/``--json`` names th
 
 A long experiment records the code it runs: ``code_to_run`` refuses to start runs from code with
 uncommitted changes (``--allow-dirty``, from ``allow_dirty_option``, overrides it, and the runs then
-record the changed files and the flag), and returns what the runs record: the commit, the changed
-files, the flag, this machine's fingerprint and the time (lab/machine.py).
+record the changed files and the flag), and returns the study's code at its start (``study_code``):
+the commit, the changed files, the sha256 of the changes, the flag, this machine's fingerprint and the
+time (lab/machine.py). benchmarks/grid.py holds every run to that code: each run records its own
+(provenance.json), and a run of other code stops the study unless --allow-dirty is given.
 """
 import argparse
 import json
@@ -36,18 +38,18 @@ def command(script, argv=None):
 
 
 def allow_dirty_option(p):
-    """--allow-dirty on parser p (for a script that starts runs with ``code_to_run``)."""
+    """--allow-dirty on parser p (for a script that starts runs with ``code_to_run`` or ``study_code``)."""
     p.add_argument("--allow-dirty", action="store_true",
-                   help="start runs even though the code (*.py, lab/, benchmarks/) has uncommitted changes or git "
-                   "cannot tell; each run then records the changed files and that this flag was given")
+                   help="go on where the code (*.py, lab/, benchmarks/) has uncommitted changes or git cannot tell, "
+                   "as the study starts (where the script refuses that) or when the code changes while it runs; each "
+                   "run records the code it ran (its folder's provenance.json and code.diff) and that this flag was "
+                   "given")
 
 
 def code_to_run(script, allow_dirty):
-    """What each run started now records of its code: {commit, code_changes, allow_dirty, machine, utc}.
-    SystemExit (status 1, before anything is written) naming the changed files when the code has
-    uncommitted changes, or git cannot tell, and ``allow_dirty`` is not set."""
-    from lab import machine  # imports torch: only where runs start
-    code = machine.provenance()
+    """``study_code``, after a SystemExit (status 1, before anything is written) naming the changed files
+    where the code has uncommitted changes, or git cannot tell, and ``allow_dirty`` is not set."""
+    code = study_code(allow_dirty)
     changes = code["code_changes"]
     if changes != [] and not allow_dirty:
         why = ("git cannot tell which code would run (no git checkout)" if changes is None else
@@ -55,7 +57,14 @@ def code_to_run(script, allow_dirty):
         raise SystemExit(f"{script}: not starting any run: {why}, so the runs could not record the code they ran. "
                          "Commit the changes first, or pass --allow-dirty (the runs then record the changed files "
                          "and the flag).")
-    return dict(code, allow_dirty=bool(allow_dirty), machine=machine.fingerprint(),
+    return code
+
+
+def study_code(allow_dirty):
+    """The study's code at its start, which benchmarks/grid.py holds each run to: {commit, code_changes,
+    diff_sha256, allow_dirty, machine, utc} (lab/machine.py's ``code_record`` and ``fingerprint``)."""
+    from lab import machine  # imports torch: only where runs start
+    return dict(machine.code_record()[0], allow_dirty=bool(allow_dirty), machine=machine.fingerprint(),
                 utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
