@@ -6,8 +6,11 @@ across estimators, through benchmarks/grid.py (a run folder with DONE is kept, s
 across sittings). Each finished run's metrics.jsonl is copied, reduced to the columns the analysis
 reads, into <out>/runs/, and the analysis reads only those copies, so ``--from-saved`` remakes every
 table and the figure from committed data alone. Runs start only from committed code (``--allow-dirty``
-overrides, and says so in the record): each saved run records the commit and machine that made it
-in <out>/runs/<name>.code.json, and results.json and summary.md list every commit the study ran under.
+overrides, and says so in the record), and only while the code is the study's at its start (each run
+records its own as it starts; benchmarks/grid.py stops the study at the first run of other code): each
+saved run records the commit and machine that made it in <out>/runs/<name>.code.json (with the run's
+own record, and <name>.code.diff where it ran uncommitted changes), and results.json and summary.md
+list every commit the study ran under and which runs ran which code.
 
 A run *collapses* when its trailing success mean falls below a fraction of its best level and stays
 there to the end of the run (success = the step's fraction of responses with reward 1, from
@@ -35,6 +38,7 @@ tests/test_exact_stability.py):
 import json
 import math
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -46,6 +50,7 @@ from benchmarks import grid  # noqa: E402
 from benchmarks.cli import (allow_dirty_option, at_least, choice_list, code_to_run, int_list,  # noqa: E402
                             out_folder, parser, positive_float_list, write_results)
 import otb  # noqa: E402
+from lab import machine  # noqa: E402
 from lab.analysis import stats  # noqa: E402
 from lab.runs import read_jsonl  # noqa: E402
 
@@ -212,7 +217,9 @@ def blocks(estimators, seeds, ladder, primary, first=8):
 
 def collect(runs, saved, finished_only=True):
     """Copy each finished run's metrics.jsonl (DONE), reduced to KEEP, to saved/<name>.jsonl, and the
-    code it ran (``started``'s ledger) to saved/<name>.code.json."""
+    code it ran to saved/<name>.code.json: its sitting's record (``started``'s ledger) with the run's
+    own under "run" (provenance.json; null for a run made before runs recorded it), and the run's
+    uncommitted changes, where it ran any, to saved/<name>.code.diff."""
     saved.mkdir(parents=True, exist_ok=True)
     ledger = code_ledger(runs)
     for folder in sorted(Path(runs).iterdir()):
@@ -224,17 +231,23 @@ def collect(runs, saved, finished_only=True):
                  for r in read_jsonl(folder / "metrics.jsonl")]
         (saved / f"{folder.name}.jsonl").write_text("\n".join(lines) + "\n")
         if folder.name in ledger:
-            (saved / f"{folder.name}.code.json").write_text(json.dumps(ledger[folder.name], indent=1) + "\n")
+            own = machine.recorded_code(folder)
+            record = dict(ledger[folder.name], run=own)
+            (saved / f"{folder.name}.code.json").write_text(json.dumps(record, indent=1) + "\n")
+            if own and own["diff"]:
+                shutil.copy(folder / own["diff"], saved / f"{folder.name}.code.diff")
 
 
 # =====================================================================================
 # The code each run ran: recorded when it starts, saved beside its metrics
 # =====================================================================================
-# benchmarks/cli.code_to_run refuses uncommitted code (unless --allow-dirty) and says what a run
-# records; ``started`` appends it, with the names of the runs about to start, to <runs>/code.jsonl
+# benchmarks/cli.code_to_run refuses uncommitted code (unless --allow-dirty) and says what a sitting
+# starts from; ``started`` appends it, with the names of the runs about to start, to <runs>/code.jsonl
 # before they start, so a run that is stopped and started again in a later sitting (grid.py runs it
 # again from step 0) is credited to the sitting that finished it. A study resumed over several
-# sittings lists every commit its runs ran under.
+# sittings lists every commit its runs ran under. Each run also records its own code as it starts
+# (provenance.json, lab/machine.py), which grid.py holds to the sitting's and ``collect`` keeps: the
+# summary says which runs ran which code by the runs' own records.
 
 NOT_RECORDED = "commit not recorded"
 
@@ -271,7 +284,8 @@ def saved_code(saved, names):
 
 
 def code_line(code):
-    """One line for summary.md: which commits made the saved runs, and how many record none."""
+    """One line for summary.md: which commits made the saved runs, and how many record none; then which
+    runs ran which code by their own records (``ran_line``)."""
     n = len(code["runs"])
     if not code["commits"]:
         return f"Code: {NOT_RECORDED} for any of the {n} saved runs."
@@ -279,11 +293,26 @@ def code_line(code):
     text = "Code: " + ", ".join(f"commit {c[:12]} ({count(c)} runs)" for c in code["commits"])
     if code["not_recorded"]:
         text += f"; {NOT_RECORDED}: {code['not_recorded']} runs"
-    if code["allow_dirty"]:
-        changed = sorted({f for name in code["allow_dirty"] for f in code["runs"][name]["code_changes"] or ["?"]})
-        text += (f"; {len(code['allow_dirty'])} runs started with --allow-dirty, from uncommitted changes to "
-                 + ", ".join(changed))
-    return text + f" (of {n} saved runs; each run's record: runs/<name>.code.json)."
+    if code["allow_dirty"]:  # the files changed as their sitting started ("?": git could not tell)
+        changed = sorted({f for name in code["allow_dirty"] for f in code["runs"][name]["code_changes"] or ["?"]
+                          if code["runs"][name]["code_changes"] != []})
+        text += f"; {len(code['allow_dirty'])} runs started with --allow-dirty" + (
+            ", from uncommitted changes to " + ", ".join(changed) if changed else "")
+    return text + f" (of {n} saved runs; each run's record: runs/<name>.code.json). " + ran_line(code["runs"])
+
+
+def ran_line(runs):
+    """Which runs ran which code, by each run's own record (its "run" record, written as it started:
+    grid.which_code), where its patch is saved, and the runs whose code was not their sitting's (under
+    --allow-dirty)."""
+    own = {name: r.get("run") if r != NOT_RECORDED else None for name, r in runs.items()}
+    if not any(own.values()):
+        return "The runs' own record of their code (provenance.json, written as each starts): not recorded."
+    text = "As the runs recorded it when they started: " + grid.which_code(own)
+    diffs = any(r and r["diff"] for r in own.values())
+    text += "; each run's uncommitted changes: runs/<name>.code.diff." if diffs else "."
+    other = [name for name, r in own.items() if r and not machine.same_code(r, runs[name])]
+    return text + (f" Not their sitting's code (--allow-dirty): {', '.join(other)}." if other else "")
 
 
 def load_saved(saved):
@@ -601,7 +630,7 @@ def main(argv=None):
                 jobs = [(command(e, s, lr, args.runs, args.steps, extra), Path(args.runs) / run_name(e, s, lr), s)
                         for e, s, lr in block]
                 started(args.runs, [folder.name for _, folder, _ in jobs if not (folder / "DONE").exists()], code)
-                grid.run(jobs, args.jobs)
+                grid.run(jobs, args.jobs, code)  # stops at a run of other code than the study's
                 collect(args.runs, saved)  # each finished block is saved at once
         else:
             collect(args.runs, saved)

@@ -24,7 +24,8 @@ absolute failure (success <= 0.02 over the last 20 steps), the final success, an
 for otb against rloo and grpo. Added after the verdict, and labelled so: Holm's correction of the
 secondary contrasts, a sensitivity analysis of the primary and two post hoc contrasts
 (``with_holm``, ``sensitivity``, ``post_hoc``). As in stability.py, runs start only from committed
-code (``--allow-dirty`` overrides) and each saved run records the commit and machine that made it.
+code (``--allow-dirty`` overrides), the study stops at the first run of other code than it started
+from, and each saved run records the commit and machine that made it and the run's own record.
 
     python benchmarks/stability_replication.py --power          # the protocol's power table
     nice -n 10 python benchmarks/stability_replication.py       # the replication (resumes)
@@ -380,7 +381,7 @@ def main(argv=None):
             st.started(args.runs, [st.run_name(e, s, lr) for e, s, lr in jobs], code)
             record_load(out / "load.jsonl", block=name, seed=jobs[0][1], event="start")
             grid.run([(st.command(e, s, lr, args.runs, args.steps, args.train_args.split()),
-                       Path(args.runs) / st.run_name(e, s, lr), s) for e, s, lr in jobs], 1)
+                       Path(args.runs) / st.run_name(e, s, lr), s) for e, s, lr in jobs], 1, code)
             record_load(out / "load.jsonl", block=name, seed=jobs[0][1], event="end")
             st.collect(args.runs, saved)  # each finished seed is saved at once
             write(out, saved, len(args.seeds))

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import grid
 from benchmarks import stability as st
-from code_repo import checkout
+from code_repo import project
 from lab import machine
 from saved import same_record, same_text
 
@@ -174,19 +175,22 @@ def test_the_committed_tables_are_what_the_script_writes_from_the_saved_runs(tmp
 
 
 def test_runner_end_to_end_two_tiny_runs(tmp_path, monkeypatch):
-    """Two runs from a clean checkout (tests/code_repo.py): each records its commit and machine
-    beside its saved metrics and in results.json."""
+    """Two runs from a clean checkout of the project (tests/code_repo.py): each run folder holds its
+    own record of its code (provenance.json), and each run's commit and machine are saved beside its
+    metrics and in results.json."""
     tiny = ("--tiny-hidden 32 --tiny-layers 1 --warmup-max-steps 0 --horizon 4 --prompts-per-step 2 "
             "--checkpoint-minutes 1000")
     args = ["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--estimators", "otb",
             "--seeds", "0,1", "--lrs", "1e-3", "--primary-lr", "1e-3", "--steps", "2", "--train-args", tiny]
-    head = checkout(tmp_path / "repo", monkeypatch)
+    head = project(tmp_path / "repo", monkeypatch, st, grid)
     record = st.main(args)
     names = [st.run_name("otb", seed, 1e-3) for seed in (0, 1)]
     assert record["code"]["commits"] == [head] and record["code"]["not_recorded"] == 0
     for name in names:
+        own = json.loads((tmp_path / "runs" / name / "provenance.json").read_text())  # written by the run
+        assert (own["commit"], own["code_changes"], own["diff_sha256"], own["diff"]) == (head, [], None, None)
         saved = json.loads((tmp_path / "out" / "runs" / f"{name}.code.json").read_text())
-        assert saved == record["code"]["runs"][name]
+        assert saved == record["code"]["runs"][name] and saved["run"] == own
         assert (saved["commit"], saved["code_changes"], saved["allow_dirty"]) == (head, [], False)
         assert saved["machine"] == machine.fingerprint()
     for seed in (0, 1):
@@ -202,6 +206,7 @@ def test_runner_end_to_end_two_tiny_runs(tmp_path, monkeypatch):
     st.main(["--from-saved", str(tmp_path / "out"), "--out", str(tmp_path / "again"), "--primary-lr", "1e-3"])
     assert (tmp_path / "again" / "summary.md").read_text() == summary
     assert f"Code: commit {head[:12]} (2 runs) (of 2 saved runs;" in summary
+    assert f"As the runs recorded it when they started: commit {head[:12]} (2 runs)." in summary
 
 
 REPLICATION = RESULTS.parent / "stability_replication"

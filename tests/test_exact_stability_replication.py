@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import grid
 from benchmarks import stability as st
 from benchmarks import stability_replication as rp
-from code_repo import checkout, commit, edit
+from code_repo import commit, project, touch
 from lab import machine
 from saved import same_record, same_text
 
@@ -81,19 +82,21 @@ def test_plan_runs_the_primary_block_for_every_seed_first():
 
 
 def test_runner_end_to_end_two_tiny_seeds(tmp_path, monkeypatch):
-    """Two sittings, as a study resumed on another day: seed 0 from a clean commit A, then (after
-    commit B and an uncommitted edit) seeds 0 and 1 with --allow-dirty: seed 0 is kept, seed 1 runs.
-    Each run records the sitting that ran it, and results.json every commit the study ran under."""
+    """Two sittings, as a study resumed on another day, in a copy of the project (tests/code_repo.py):
+    seed 0 from a clean commit A, then (after commit B and an uncommitted edit) seeds 0 and 1 with
+    --allow-dirty: seed 0 is kept, seed 1 runs. Each run records the sitting that ran it and, in its
+    own record, the code it ran (the edit's patch saved beside it); results.json every commit the
+    study ran under."""
     tiny = ("--tiny-hidden 32 --tiny-layers 1 --warmup-max-steps 0 --horizon 4 --prompts-per-step 2 "
             "--checkpoint-minutes 1000")
     out, repo = tmp_path / "out", tmp_path / "repo"
-    first = checkout(repo, monkeypatch)
+    first = project(repo, monkeypatch, st, grid)
     common = ["--runs", str(tmp_path / "runs"), "--out", str(out), "--blocks", "R1", "--steps", "2",
               "--train-args", tiny]
     rp.main(common + ["--seeds", "0"])
-    (repo / "tasks.py").write_text("print('a task')\n")
+    touch(repo, "tasks.py")
     second = commit(repo, "second")
-    edit(repo)
+    touch(repo)
     args = common + ["--seeds", "0,1", "--allow-dirty"]
     record = rp.main(args)
     names = {s: [st.run_name(e, s, 7e-4) for e in ("otb", "group_mean")] for s in (0, 1)}
@@ -106,9 +109,20 @@ def test_runner_end_to_end_two_tiny_seeds(tmp_path, monkeypatch):
             saved = json.loads((out / "runs" / f"{name}.code.json").read_text())
             assert saved == code["runs"][name]
             assert (saved["commit"], saved["allow_dirty"], saved["code_changes"]) == (commit_, dirty, changes), name
+            own = saved["run"]  # the run's own record, as it started
+            assert own == json.loads((tmp_path / "runs" / name / "provenance.json").read_text())
+            assert (own["commit"], own["code_changes"], own["diff_sha256"] is None) == (commit_, changes, not dirty)
+            assert (out / "runs" / f"{name}.code.diff").exists() == dirty
+    patch = (out / "runs" / f"{names[1][0]}.code.diff").read_text()
+    assert "+# an edit made while a study runs" in patch and "train.py" in patch
     assert json.loads((out / "results.json").read_text())["code"] == code
+    diff = code["runs"][names[1][0]]["run"]["diff_sha256"][:12]
     assert (f"Code: commit {first[:12]} (2 runs), commit {second[:12]} (2 runs); 2 runs started with --allow-dirty, "
-            "from uncommitted changes to train.py (of 4 saved runs;") in (out / "summary.md").read_text()
+            "from uncommitted changes to train.py (of 4 saved runs; each run's record: runs/<name>.code.json). "
+            f"As the runs recorded it when they started: commit {first[:12]} (2 runs), commit {second[:12]} with "
+            f"uncommitted changes to train.py (diff {diff}) (2 runs); each run's uncommitted changes: "
+            "runs/<name>.code.diff.") \
+        in (out / "summary.md").read_text()
     loads = [json.loads(x) for x in (out / "load.jsonl").read_text().splitlines()]
     assert [(r["block"], r["seed"], r["event"]) for r in loads] == [("R1", 0, "start"), ("R1", 0, "end"),
                                                                     ("R1", 1, "start"), ("R1", 1, "end")]

@@ -2,13 +2,22 @@
 to start runs from code with uncommitted changes, or where git cannot tell, with one message naming
 the changed files and --allow-dirty, before anything is written; --from-saved, which starts no run,
 is not refused. The checkout is a throwaway git repository (tests/code_repo.py) that lab.machine
-reads in place of this one, so the refusal runs on real ``git status`` output."""
+reads in place of this one, so the refusal runs on real ``git status`` output.
+
+Each run records its own code as it starts (lab/machine.py's ``record_code``: provenance.json, and
+code.diff, a patch that gives the code back from the commit), so a code file edited while a study
+runs is seen at the next run: the study stops there, or with --allow-dirty goes on and says which
+runs ran which code."""
+import json
+import subprocess
+
 import pytest
 
+from benchmarks import grid
 from benchmarks import stability as st
 from benchmarks import stability_replication as rp
 from lab import machine
-from code_repo import checkout, edit
+from code_repo import checkout, edit, git, project, touch
 
 RESULTS = st.ROOT / "benchmarks" / "results" / "stability_replication"
 SCRIPTS = [(st, "benchmarks/stability.py", ["--estimators", "otb", "--seeds", "0", "--lrs", "1e-3",
@@ -47,3 +56,79 @@ def test_analysing_saved_runs_is_not_refused(tmp_path, monkeypatch):
     edit(repo)
     record = rp.main(["--from-saved", str(RESULTS), "--out", str(tmp_path / "again")])
     assert record["code"]["not_recorded"] == len(record["code"]["runs"])  # and the saved runs keep their record
+
+
+def test_a_run_folder_records_the_code_and_a_patch_that_gives_it_back(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    head = checkout(repo, monkeypatch)
+    folder = tmp_path / "run"
+    machine.record_code(folder, machine.code_record())  # the committed code: no patch
+    clean = machine.recorded_code(folder)
+    assert (clean["commit"], clean["code_changes"], clean["diff_sha256"], clean["diff"]) == (head, [], None, None)
+    edit(repo)
+    (repo / "lab").mkdir()
+    (repo / "lab" / "new.py").write_text("x = 1\n")  # a new file is part of the code too
+    record, patch = machine.code_record()
+    assert record["code_changes"] == ["lab/new.py", "train.py"] and len(record["diff_sha256"]) == 64
+    machine.record_code(folder, (record, patch))  # started again (--resume) from the edited code
+    again = machine.recorded_code(folder)
+    assert (again["code_changes"], again["diff"], again["earlier"]) == (record["code_changes"], "code.diff", [clean])
+    assert not machine.same_code(again, clean) and machine.same_code(again, record)
+    copy = tmp_path / "copy"  # the commit plus the patch is the code the run ran
+    subprocess.run(["git", "clone", "-q", str(repo), str(copy)], check=True)
+    git(copy, "apply", str(folder / "code.diff"))
+    for name in ("train.py", "lab/new.py"):
+        assert (copy / name).read_text() == (repo / name).read_text()
+
+
+TINY = ["--estimators", "otb", "--seeds", "0,1", "--lrs", "1e-3", "--primary-lr", "1e-3", "--steps", "2",
+        "--train-args", "--tiny-hidden 32 --tiny-layers 1 --warmup-max-steps 0 --horizon 4 --prompts-per-step 2"]
+
+
+def edit_after_first_block(repo, monkeypatch):
+    """grid.run as the study calls it, with train.py of the checkout edited after the first block of runs."""
+    run, calls = grid.run, []
+
+    def run_then_edit(*args, **kwargs):
+        run(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 1:
+            touch(repo)
+    monkeypatch.setattr(grid, "run", run_then_edit)
+
+
+def test_a_code_file_edited_while_a_study_runs_stops_it_at_the_next_run(tmp_path, monkeypatch):
+    """A tiny study (two seeds, one run each) from a clean copy of the project; train.py is edited after
+    the first run: the second run is not started, and the first is saved with its own record."""
+    repo = tmp_path / "repo"
+    head = project(repo, monkeypatch, st, grid)
+    edit_after_first_block(repo, monkeypatch)
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        st.main(TINY + ["--runs", str(runs), "--out", str(out)])
+    first, second = (st.run_name("otb", s, 1e-3) for s in (0, 1))
+    assert str(e.value.code).startswith(f"the code changed while the study ran (it started from commit {head[:12]}): "
+                                        f"{second}: not started: the code here is now commit {head[:12]} with "
+                                        "uncommitted changes to train.py (diff ")
+    assert "--allow-dirty" in str(e.value.code) and not (runs / second).exists()
+    saved = json.loads((out / "runs" / f"{first}.code.json").read_text())
+    assert saved["run"] == machine.recorded_code(runs / first) and saved["run"]["code_changes"] == []
+
+
+def test_with_allow_dirty_the_study_goes_on_and_says_which_runs_ran_which_code(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    head = project(repo, monkeypatch, st, grid)
+    edit_after_first_block(repo, monkeypatch)
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    record = st.main(TINY + ["--runs", str(runs), "--out", str(out), "--allow-dirty"])
+    first, second = (st.run_name("otb", s, 1e-3) for s in (0, 1))
+    own = machine.recorded_code(runs / second)  # the run saw the edit as it started
+    assert (own["commit"], own["code_changes"], own["diff"]) == (head, ["train.py"], "code.diff")
+    assert record["code"]["runs"][second]["run"] == own and record["code"]["runs"][second]["code_changes"] == []
+    patch = (out / "runs" / f"{second}.code.diff").read_text()
+    assert patch == (runs / second / "code.diff").read_text() and "+# an edit made while a study runs" in patch
+    assert not (out / "runs" / f"{first}.code.diff").exists()
+    summary = (out / "summary.md").read_text()
+    assert (f"As the runs recorded it when they started: commit {head[:12]} (1 run), commit {head[:12]} with "
+            f"uncommitted changes to train.py (diff {own['diff_sha256'][:12]}) (1 run); each run's uncommitted "
+            f"changes: runs/<name>.code.diff. Not their sitting's code (--allow-dirty): {second}.") in summary
