@@ -6,7 +6,10 @@ seed 100 picks each learning rate, then 5 configurations x 6 paired seeds of ``t
 subprocess and folder each under --runs; benchmarks/grid.py keeps finished runs, so a study
 resumes), endpoints, OTB's paired differences (95% t intervals), a labelled post-hoc section and a
 figure, into --out. The runs' metrics files were not kept: --from-saved recovers every step from
-the curves in results.json. Results and commands: docs/reproduction.md.
+the curves in results.json. Each run records the code it ran as it starts (provenance.json); the
+study stops at the first run of other code than it started from (benchmarks/grid.py; --allow-dirty
+goes on), and results.json (``runs_code``) and summary.md say which runs ran which code. Results and
+commands: docs/reproduction.md.
 
     python benchmarks/equal_tokens.py                  # everything (about an hour; finished runs kept)
     python benchmarks/equal_tokens.py --from-saved benchmarks/results/equal_tokens/results.json \
@@ -23,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from lab import compare  # noqa: E402
 from benchmarks import grid  # noqa: E402
-from benchmarks.cli import at_least, out_folder, parser, write_results  # noqa: E402
+from benchmarks.cli import allow_dirty_option, at_least, out_folder, parser, study_code, write_results  # noqa: E402
 from lab.runs import read_jsonl  # noqa: E402
 from lab.analysis.stats import mean_se  # noqa: E402
 from lab.machine import NOT_RECORDED, kept_provenance, provenance  # noqa: E402
@@ -60,9 +63,10 @@ def history(runs, est, n, seed, lr):
     return read_jsonl(Path(runs) / run_name(est, n, seed, lr) / "metrics.jsonl")
 
 
-def train(jobs, runs, workers):
-    """Every (est, n, seed, lr) job as a train.py run in its folder under ``runs``."""
-    grid.run([(command(*j, runs), Path(runs) / run_name(*j), j[2]) for j in jobs], workers)
+def train(jobs, runs, workers, code):
+    """Every (est, n, seed, lr) job as a train.py run in its folder under ``runs``, each held to the
+    study's ``code`` (benchmarks/grid.py)."""
+    grid.run([(command(*j, runs), Path(runs) / run_name(*j), j[2]) for j in jobs], workers, code)
 
 
 # ---- Endpoints and analysis (as pre-registered, with Addendum 1 of the protocol)
@@ -325,6 +329,7 @@ def parse_args(argv=None):
     p.add_argument("--from-saved", default=None, metavar="RESULTS_JSON",
                    help="no training: take each run's per-step data from the curves saved in this "
                    "results.json (Addendum 1), and from --runs only for runs it does not hold (Addendum 2's)")
+    allow_dirty_option(p)
     args = p.parse_args(argv)
     if args.from_saved is not None and not Path(args.from_saved).is_file():
         p.error(f"--from-saved {args.from_saved}: no such file")
@@ -339,8 +344,9 @@ def main(argv=None):
     saved = saved_curves(saved_json) if saved_json else {}
     load = make_loader(runs, saved)
     if not args.from_saved:
+        code = study_code(args.allow_dirty)  # every run is held to it
         print(f"pilot: {len(CONFIGS) * len(LR_GRID)} runs on seed {PILOT_SEED}", flush=True)
-        train([(e, n, PILOT_SEED, lr) for e, n in CONFIGS for lr in LR_GRID], runs, args.jobs)
+        train([(e, n, PILOT_SEED, lr) for e, n in CONFIGS for lr in LR_GRID], runs, args.jobs, code)
     pilot = saved_json["pilot"] if args.from_saved else [  # saved: config, lr and primary only
         dict(config=f"{e}:{n}", lr=lr, primary=endpoints(*load(e, n, PILOT_SEED, lr))["primary"])
         for e, n in CONFIGS for lr in LR_GRID]
@@ -348,9 +354,9 @@ def main(argv=None):
     print("chosen learning rates: " + ", ".join(f"{e}:{n} {lr:g}" for (e, n), lr in lrs.items()), flush=True)
     if not args.from_saved:
         print(f"main: {len(CONFIGS) * len(SEEDS)} runs, then those of Addenda 2 and 3", flush=True)
-        train([(e, n, s, lrs[(e, n)]) for s in SEEDS for e, n in CONFIGS], runs, args.jobs)
+        train([(e, n, s, lrs[(e, n)]) for s in SEEDS for e, n in CONFIGS], runs, args.jobs, code)
         train([(e, n, s, lr) for lr in COMMON_LRS for e, n in CONFIGS if n == 4 and lrs[(e, n)] != lr
-               for s in SEEDS], runs, args.jobs)  # Addenda 2 and 3
+               for s in SEEDS], runs, args.jobs, code)  # Addenda 2 and 3
     per_run, configs, paired, _ = analyse(load, lrs)
     common = [analyse_common_lr(load, lr) for lr in COMMON_LRS]
     reruns = []
@@ -359,6 +365,7 @@ def main(argv=None):
         h = history(runs, *job)
         if check not in saved and run_name(*job) in saved and h and h[-1]["step"] >= STEPS[job[1]]:
             saved[check] = curve(h)
+            load.from_runs[check] = saved[check]  # read from its folder, as the runs load reads
         if check in saved:
             reruns.append(rerun_check(job, history_from_curve(*saved[check], job[1]), load(*job)[0]))
     path = Path(args.from_saved or ".").resolve()
@@ -369,6 +376,10 @@ def main(argv=None):
     curves = {f"{e}:{n}": {str(s): curve(load(e, n, s, lrs[(e, n)])[0]) for s in SEEDS} for e, n in CONFIGS}
     main_runs = {run_name(e, n, s, lrs[(e, n)]) for e, n in CONFIGS for s in SEEDS}
     extra = {k: v for k, v in {**saved, **load.from_runs}.items() if k not in main_runs}
+    runs_code = {**saved_json.get("runs_code", {}),  # each run's own record, as it started (None: not recorded)
+                 **{k: machine.recorded_code(runs / k.removeprefix("rerun:")) for k in load.from_runs}}
+    runs_code = {k: runs_code.get(k) for k in sorted(main_runs | set(extra))}
+    text += f"\nCode, as each run recorded it when it started (provenance.json): {grid.which_code(runs_code)}.\n"
     made_on = dict(machine=saved_json.get("machine", NOT_RECORDED), provenance=kept_provenance(saved_json)) \
         if args.from_saved else dict(machine=machine.info(), provenance=provenance())  # the measurement's
     write_results(out, "results", dict(
@@ -377,7 +388,7 @@ def main(argv=None):
         pilot=pilot, per_run={f"{e}:{n}": {str(s): v for s, v in d.items()} for (e, n), d in per_run.items()},
         configs=configs, paired=paired, verdicts=verdicts(paired), post_hoc_vs_group_mean16=post_hoc,
         common_lr=common, rerun_checks=reruns, seconds=time.time() - t0, curves=curves,
-        extra_curves=extra), text, md_stem="summary")
+        extra_curves=extra, runs_code=runs_code), text, md_stem="summary")
     import matplotlib
     matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt

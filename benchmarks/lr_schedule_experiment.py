@@ -12,6 +12,10 @@ per run, by definitions fixed before the real run:
   (rows that emitted EOS) below 0.5; collapse step: the first step whose trailing k-step success
   mean is below 0.5 x the first k ("length rose before collapse": surge step < collapse step).
 
+Each run records the code it ran as it starts (provenance.json); the grid stops at the first run of
+other code than it started from (benchmarks/grid.py; --allow-dirty goes on), and summary.md/json say
+which runs ran which code (``runs_code``).
+
     OMP_NUM_THREADS=1 python benchmarks/lr_schedule_experiment.py   # the real grid: 24 runs, 10-30 min, 2 cores
     python benchmarks/lr_schedule_experiment.py --aggregate-only    # re-plot finished runs
     python benchmarks/lr_schedule_experiment.py --quick             # smoke run into runs/lr_schedule_quick
@@ -76,6 +80,7 @@ def parse_args(argv=None):
     p.add_argument("--aggregate-only", action="store_true", help="do not train; aggregate existing runs")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 1 seed, 6 steps, a 1-layer model without warm-up, W = 2")
+    cli.allow_dirty_option(p)
     args = p.parse_args(argv)
     if args.quick:
         args.seeds, args.steps, args.horizon, args.max_new_tokens, args.lr_warmup_window = [0], 6, 4, 12, 2
@@ -232,13 +237,16 @@ def plot(histories, args, path, title=""):
 
 
 def load_histories(args):
-    """{config: {seed: metrics rows}} of every run that has logged a step."""
-    histories = {}
+    """({config: {seed: metrics rows}} of every run that has logged a step, {run name: the code it recorded
+    as it started (provenance.json), None where it recorded none})."""
+    histories, code = {}, {}
     for (config, _, _), seed in itertools.product(configs(args), args.seeds):
-        rows = read_jsonl(ROOT / args.out / run_name(config, seed) / "metrics.jsonl")
+        folder = ROOT / args.out / run_name(config, seed)
+        rows = read_jsonl(folder / "metrics.jsonl")
         if rows:
             histories.setdefault(config, {})[seed] = rows
-    return histories
+            code[folder.name] = machine.recorded_code(folder)
+    return histories, code
 
 
 def main(argv=None):
@@ -251,9 +259,10 @@ def main(argv=None):
     t0 = time.time()
     if not args.aggregate_only:  # at most --jobs runs at a time; a run with DONE is not run again
         grid.run([(train_command(args, s, e, seed), ROOT / args.out / run_name(c, seed), seed)
-                  for c, s, e in configs(args) for seed in args.seeds], args.jobs)
+                  for c, s, e in configs(args) for seed in args.seeds], args.jobs,
+                 cli.study_code(args.allow_dirty))  # every run is held to the code it started from
     wall = time.time() - t0
-    histories = load_histories(args)
+    histories, runs_code = load_histories(args)
     if not histories:
         sys.exit("no metrics found under " + args.out)
     summary = summarize(histories, args)
@@ -265,8 +274,10 @@ def main(argv=None):
     if args.aggregate_only and (results / "summary.json").exists():  # re-plotting keeps that record
         run = json.loads((results / "summary.json").read_text()).get("run", run)
     header = f"`{run['command']}` ({run['wall_seconds']} s wall)\n\n{title}"
-    record = dict(run=run, aggregated_by=command, args=vars(args), train_command=one_run, configs=summary)
-    cli.write_results(results, "summary", record, markdown(summary, args, header))
+    record = dict(run=run, aggregated_by=command, args=vars(args), train_command=one_run, configs=summary,
+                  runs_code=runs_code)
+    code_line = f"\nCode, as each run recorded it when it started (provenance.json): {grid.which_code(runs_code)}.\n"
+    cli.write_results(results, "summary", record, markdown(summary, args, header) + code_line)
     plot(histories, args, results / "lr_schedule.png", title)
     print(f"wall {wall:.0f} s; plot {results / 'lr_schedule.png'}")
     return summary

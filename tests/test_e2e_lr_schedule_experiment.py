@@ -31,3 +31,6 @@ def test_quick_end_to_end_logged_lr_is_the_rule_applied_to_logged_lengths(tmp_pa
         else:
             assert lrs == [args.lr] * args.steps
     assert (results / "lr_schedule.png").exists() and (results / "summary.md").exists()
+    stored = json.loads((results / "summary.json").read_text())["runs_code"]  # each run's own record of its code
+    assert stored == {exp.run_name(c, 0): json.loads((out / exp.run_name(c, 0) / "provenance.json").read_text())
+                      for c in summary}

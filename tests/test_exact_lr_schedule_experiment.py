@@ -128,6 +128,8 @@ def test_aggregate_only_writes_plot_and_summary_from_run_folders(tmp_path, capsy
         assert md.count(f"| {config} |") == 3  # two seed rows and one aggregate row
     stored = json.loads((results / "summary.json").read_text())
     assert stored["configs"]["constant/otb"]["surged"] == 2 and stored["configs"]["length/otb"]["surged"] == 0
+    assert set(stored["runs_code"].values()) == {None}  # folders without provenance.json: not recorded
+    assert "(provenance.json): not recorded for any of the 8 runs." in md
     img = matplotlib.image.imread(results / "lr_schedule.png")
     assert img.shape[:2] == (640, 1200)  # 15 x 8 inches at 80 dpi: the 2 x 3 panel figure
     assert (results / "lr_schedule.png").stat().st_size < 1_000_000
