@@ -57,13 +57,12 @@ Values with a known range (a cosine lies in [-1, 1], a gain and a squared bias i
 stored as estimated and listed by the caller as out of range (``clip`` says whether a value leaves
 it); printing clips them and marks every clipped number ``*``.
 
-The normal quantile z of (4) comes from ``stats.py``, which imports nothing from here.
+The normal quantile z of (4) is scipy's (``scipy.stats.norm.ppf``).
 """
 import math
 
+from scipy.stats import norm
 import torch
-
-from lab.analysis.stats import z_quantile
 
 
 # =====================================================================================
@@ -105,7 +104,7 @@ def fieller(a, b, v_aa, v_bb, v_ab, level=0.95, low=-math.inf, high=math.inf):
     variances v_aa, v_bb and covariance v_ab of (a, b), intersected with the range [low, high].
     Returns (lo, hi): a bounded interval; one end at the range's end (a one-sided bound, the other end
     open); (low, high) when the set says nothing (the whole line, or two pieces within the range)."""
-    z2 = z_quantile((1 + level) / 2) ** 2
+    z2 = norm.ppf((1 + level) / 2) ** 2
     A, B, C = b * b - z2 * v_bb, -2 * (a * b - z2 * v_ab), a * a - z2 * v_aa  # A rho^2 + B rho + C <= 0
     D = B * B - 4 * A * C
     if A > 0:  # b resolved: a bounded interval (D >= 0, since rho = a / b satisfies (4))
