@@ -225,11 +225,12 @@ def plot(curves, lrs, path=None):
     """Success against tokens, mean of the seeds ± 1 s.e.; ``curves``: {"est:n": {seed: curve}}."""
     import matplotlib.pyplot as plt
     import numpy as np
+    from scipy.stats import sem
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     at = np.linspace(WINDOW, BUDGET, 60)  # tokens where the seeds are averaged
     for est, n in CONFIGS:
         ys = np.array([np.interp(at, x, y) for x, y in curves[f"{est}:{n}"].values()])  # (seeds, 60)
-        mu, se = ys.mean(0), ys.std(0, ddof=1) / np.sqrt(len(ys))
+        mu, se = ys.mean(0), sem(ys, axis=0)  # (60,) each
         style = dict(lw=2.6, zorder=5) if est == "otb" else dict(lw=1.4, ls="--" if n == 16 else "-")
         ax.plot(at, mu, label=f"{est} N={n} (lr {lrs[(est, n)]:g})", **style)
         ax.fill_between(at, mu - se, mu + se, alpha=0.15)

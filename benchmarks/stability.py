@@ -22,8 +22,10 @@ metrics.jsonl; T = the run's last step):
 
 A run where (3) never holds is censored at its last step (and its last step's sampled tokens). A
 *dip* (reported beside it, not an endpoint) is the first t >= k with S(t) < rho M(t), recovered
-from or not. The statistics are small pure functions (tested against exact answers in
-tests/test_exact_stability.py):
+from or not. The statistics (tested against exact answers in tests/test_exact_stability.py): (4) and
+(5) are lab/analysis/stats.py's (statsmodels' Wilson interval, scipy's binomial test), (6) is
+statsmodels' Kaplan-Meier estimate and Greenwood error with the log-log interval formed from them, and
+(7) is enumerated here, since no library gives the exact test's power:
 
     Wilson interval  (p + z^2/2n +- z sqrt(p (1 - p)/n + z^2/4n^2)) / (1 + z^2/n)           (4)
     exact McNemar    P = min(1, 2 P(Bin(b + c, 1/2) <= min(b, c)))  b, c discordant pairs   (5)
@@ -42,7 +44,11 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from statistics import NormalDist, fmean, median
+from statistics import fmean, median
+
+import numpy as np
+from scipy.stats import multinomial, norm
+from statsmodels.duration.survfunc import SurvfuncRight
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -67,7 +73,7 @@ SEEDS = list(range(12))
 WINDOW, RATIO = 10, 0.5  # k, rho of eqs. (1)-(3)
 RISE = 2.0  # "total_power rose before the collapse": power_rise > RISE
 ALPHA = 0.05
-Z = NormalDist().inv_cdf(0.975)  # 1.959964: two-sided 95%
+Z = norm.ppf(0.975)  # 1.959964: two-sided 95%
 KEEP = ["step", "success", "tokens", "grad_norm", "total_power", "response_len"]  # columns saved
 SURVIVAL_AT = [10, 25, 50, 100, 120]  # steps at which the survival table reads S(t)
 
@@ -83,21 +89,22 @@ mcnemar_exact = stats.sign_test  # eq. (5): (b, c) discordant pairs -> the exact
 def kaplan_meier(times, events, z=Z):
     """Eq. (6): [(t, at risk n_t, events d_t, S(t), lo, hi)] at each distinct event time, from
     ``times`` (event or censoring time of each unit) and ``events`` (True: event, False: censored).
-    A unit censored at t is still at risk at t. lo, hi: nan where S is 0 (no log-log interval)."""
+    A unit censored at t is still at risk at t. S(t), n_t, d_t and Greenwood's standard error are
+    statsmodels' (``SurvfuncRight``); its intervals are simultaneous bands and quantile intervals, not
+    the pointwise log-log interval of (6), which is formed here from that standard error:
+    sigma = se / (S |log S|). lo, hi: nan where S is 0 (no log-log interval)."""
     if len(times) != len(events) or not times:
         raise ValueError(f"need as many times as events (> 0), got {len(times)} and {len(events)}")
-    rows, s, greenwood = [], 1.0, 0.0
-    for t in sorted({t for t, e in zip(times, events) if e}):
-        n_t = sum(u >= t for u in times)  # at risk: not yet failed or censored before t
-        d_t = sum(u == t and e for u, e in zip(times, events))
-        s *= 1 - d_t / n_t
-        greenwood = greenwood + d_t / (n_t * (n_t - d_t)) if n_t > d_t else math.inf
-        if 0 < s < 1 and math.isfinite(greenwood):
-            sigma = math.sqrt(greenwood) / abs(math.log(s))
+    fit = SurvfuncRight(np.asarray(times, dtype=float), np.asarray(events, dtype=float))
+    at = sorted({t for t, e in zip(times, events) if e})  # fit.surv_times, as given (whole steps stay whole)
+    rows = []
+    for t, n_t, d_t, s, se in zip(at, fit.n_risk, fit.n_events, fit.surv_prob, fit.surv_prob_se):
+        if 0 < s < 1 and math.isfinite(se):
+            sigma = se / (s * abs(math.log(s)))
             lo, hi = s ** math.exp(z * sigma), s ** math.exp(-z * sigma)
         else:
             lo = hi = math.nan
-        rows.append((t, n_t, d_t, s, lo, hi))
+        rows.append((t, int(n_t), int(d_t), float(s), float(lo), float(hi)))
     return rows
 
 
@@ -112,22 +119,22 @@ def survival_at(curve, t):
 
 
 def km_median(curve):
-    """The first time where S(t) <= 1/2, or None (not reached)."""
-    return next((t for t, _, _, s, _, _ in curve if s <= 0.5), None)
+    """The first time where S(t) <= 1/2, or None (not reached). statsmodels forms S as the exp of a sum
+    of logs, so an S of exactly 1/2 can come out 1 + 2e-16 times it: the comparison allows 1e-12, and
+    S(t) = 1/2 counts as reached, as the protocol's rule says."""
+    return next((t for t, _, _, s, _, _ in curve if s <= 0.5 + 1e-12), None)
 
 
 def mcnemar_power(n, p_a, p_b, alpha=ALPHA):
     """Eq. (7): the probability that the exact McNemar test (5) on n pairs gives P <= alpha, when
-    unit A fails with probability p_a and B with p_b, independently within a pair."""
+    unit A fails with probability p_a and B with p_b, independently within a pair: the multinomial
+    probability of each outcome (b, c, rest) (``scipy.stats.multinomial``) summed over those the test
+    rejects. Enumerated here: statsmodels' and scipy's power functions are for the normal-theory tests,
+    not for this exact one."""
     p10, p01 = p_a * (1 - p_b), p_b * (1 - p_a)  # discordant: A only, B only
-    rest = 1 - p10 - p01
-    power = 0.0
-    for b in range(n + 1):
-        for c in range(n - b + 1):
-            if mcnemar_exact(b, c) <= alpha:
-                power += (math.factorial(n) / (math.factorial(b) * math.factorial(c) * math.factorial(n - b - c))
-                          * p10 ** b * p01 ** c * rest ** (n - b - c))
-    return power
+    pairs = multinomial(n, [p10, p01, 1 - p10 - p01])
+    return float(sum(pairs.pmf([b, c, n - b - c]) for b in range(n + 1) for c in range(n - b + 1)
+                     if mcnemar_exact(b, c) <= alpha))
 
 
 # =====================================================================================

@@ -10,7 +10,9 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
+from statsmodels.duration.survfunc import SurvfuncRight
 
 from benchmarks import grid
 from benchmarks import stability as st
@@ -73,6 +75,22 @@ def test_kaplan_meier_by_hand():
     assert curve[0][4:] == pytest.approx((0.8 ** math.exp(Z * sigma), 0.8 ** math.exp(-Z * sigma)))
     assert st.km_median(curve) == 5  # S(3) = 0.6 > 1/2, S(5) = 0.3
     assert st.survival_at(curve, 1)[0] == 1.0 and math.isnan(st.survival_at(curve, 1)[1]) and st.survival_at(curve, 4)[0] == pytest.approx(0.6)
+
+
+def test_kaplan_meier_is_statsmodels_and_its_median_is_reached_at_one_half():
+    """S, the numbers at risk and Greenwood's error are statsmodels' SurvfuncRight's; the study's otb cell
+    at 7e-4 has S(68) = 1/2 exactly (10 collapses, 2 censored at 120), which statsmodels' exp of a sum of
+    logs gives as 0.5000000000000001: the median is still 68, the first t with S(t) <= 1/2."""
+    times = [51, 105, 40, 10, 87, 120, 114, 114, 12, 10, 68, 120]
+    events = [t != 120 for t in times]
+    fit = SurvfuncRight(np.array(times, dtype=float), np.array(events, dtype=float))
+    curve = st.kaplan_meier(times, events)
+    assert [t for t, *_ in curve] == list(fit.surv_times) and [n for _, n, *_ in curve] == list(fit.n_risk)
+    assert [s for *_, s, _, _ in curve] == list(fit.surv_prob)
+    sigma = fit.surv_prob_se[0] / (fit.surv_prob[0] * -math.log(fit.surv_prob[0]))  # the log-log interval's
+    s0 = fit.surv_prob[0]
+    assert curve[0][4:] == pytest.approx((s0 ** math.exp(Z * sigma), s0 ** math.exp(-Z * sigma)))
+    assert st.survival_at(curve, 68)[0] == pytest.approx(0.5) and st.km_median(curve) == 68
 
 
 def test_kaplan_meier_without_censoring_is_the_empirical_survival():
