@@ -6,5 +6,7 @@ benchmarks/ import these; a training step never does:
     scale_free    scale-free measures of an estimator: normalised variance, alpha, cosine (shrinking the
                   gradient earns nothing)
     resampling    intervals: the bootstrap over prompts, test-inversion sets for ratios near zero, seeds as strata
-    stats         closed forms over seeds: random effects, the t interval, a paired test's power, seeds needed
+    stats         scipy and statsmodels over seeds: random effects, t intervals, a paired test's power, seeds
+                  needed, exact tests of paired differences, Holm's correction
+    compact       the sweeps' saved sufficient statistics, stored as only what the analysis reads (stats.npz)
 """
