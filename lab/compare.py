@@ -12,9 +12,11 @@ This file holds what happens around those runs:
   no run reached it, gradient norms) and ``compare.png`` (success against tokens sampled and against
   steps, the gradient norm), which is also redrawn as each configuration finishes, so a long
   comparison can be watched. summary.md, and the screen, end with what one seed can say
-  (``conclusion``): the first configuration's final success minus each other's, paired by step over
-  the last 10 steps with a 95% t interval, which differences that interval resolves and which it
-  does not, and where the answer over seeds is (docs/reproduction.md, docs/stability.md).
+  (``conclusion``): the first configuration's final success minus each other's with a 95% interval
+  (paired by step over the last 10 steps; where a token budget ends the runs at different steps, over
+  the last quarter of the budget, as the equal-token endpoint below), which intervals exclude 0, and
+  that these intervals are about these runs, not the methods, whose answer over seeds is in
+  docs/reproduction.md and docs/stability.md.
 - With ``--seeds 0,1,2 --token-budget B`` (``run_seeds``), the equal-token comparison of
   docs/equal_tokens_protocol.md over paired seeds: every configuration on every seed
   (``<folder>/seed<s>/``), each run ending where its sampled response tokens reach B. Per run,
@@ -201,7 +203,7 @@ def write_summary(out, cfg, histories):
                                                       machine=machine.fingerprint(), provenance=machine.provenance()),
                                                  indent=1))  # machine and code: its numbers depend on both
     (out / "summary.md").write_text(summary_text(rows, {name: h for name, (_, h) in histories.items()},
-                                                 cfg.target_success))
+                                                 cfg.target_success, cfg.token_budget))
     return rows
 
 
@@ -213,13 +215,14 @@ def rewrite_summary(folder):
     folder = Path(folder)
     saved = json.loads((folder / "summary.json").read_text())
     histories = {r["run"]: runs.read_jsonl(folder / r["run"] / "metrics.jsonl") for r in saved["runs"]}
-    (folder / "summary.md").write_text(summary_text(saved["runs"], histories, saved["config"]["target_success"]))
+    (folder / "summary.md").write_text(summary_text(saved["runs"], histories, saved["config"]["target_success"],
+                                                    saved["config"].get("token_budget")))
 
 
-def summary_text(rows, histories, target):
+def summary_text(rows, histories, target, budget=None):
     """summary.md of one seed's comparison: the table (``rows``, one per run; tokens_to_target only where
     some run reached ``target``), what its columns mean, and the conclusion (``conclusion``) from the
-    runs' per-step successes (``histories``: {run name: its metrics rows})."""
+    runs' per-step successes (``histories``: {run name: its metrics rows}) and the token budget, if any."""
     cell = lambda x: "-" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))  # noqa: E731
     reached = any(r["tokens_to_target"] is not None for r in rows)
     cols = [c for c in rows[0] if c not in ("estimator", "group_size", "steps")  # run, tokens, ..., seconds
@@ -231,65 +234,78 @@ def summary_text(rows, histories, target):
             f"No run's 10-step moving average of success reached the target {target}, so the table has no "
             "tokens_to_target column.")
     return ("\n".join(lines) + f"\n\nsuccess: mean over the first / last {FINAL} steps. {note}\n\n"
-            + " ".join(conclusion([r["run"] for r in rows], histories)) + "\n")
+            + " ".join(conclusion([r["run"] for r in rows], histories, budget=budget)) + "\n")
 
 
 FINAL = 10  # final_success is the mean over the last FINAL steps; the conclusion pairs those steps
 
 
 def final_difference(a, b, k=FINAL):
-    """a's final success minus b's, each the mean over the run's own last k steps (final_success's window):
-    the difference, its 95% t interval, the steps it rests on, and whether they are paired. Runs that end
-    at the same step are paired by step (the same prompts at a step: both are functions of (seed, step)),
-    a t interval over the k differences; runs that end at different steps (a token budget ends N = 16
-    sooner) are not, and get Welch's interval of two independent means."""
-    fa, fb = a[-k:], b[-k:]
-    if [r["step"] for r in fa] == [r["step"] for r in fb]:
-        mean, lo, hi = stats.mean_interval([x["success"] - y["success"] for x, y in zip(fa, fb)])
-        return dict(mean=mean, lo=lo, hi=hi, steps=len(fa), paired=True)
-    mean, lo, hi = stats.welch_interval([r["success"] for r in fa], [r["success"] for r in fb])
-    return dict(mean=mean, lo=lo, hi=hi, steps=min(len(fa), len(fb)), paired=False)
+    """a's final success minus b's over their last k steps (final_success's window), for runs that end at
+    the same step: paired by step (the same prompts at a step: both are functions of (seed, step)), the
+    mean of the k differences and its 95% t interval, and the steps it rests on."""
+    d = [x["success"] - y["success"] for x, y in zip(a[-k:], b[-k:])]
+    mean, lo, hi = stats.mean_interval(d)
+    return dict(mean=mean, lo=lo, hi=hi, steps=len(d))
 
 
-def conclusion(names, histories, k=FINAL):
-    """Two or three sentences: the first run's final success minus each other's over their last k steps
-    (``final_difference``: paired by step where the runs end together), which of these differences this
-    one seed resolves (its 95% t interval excludes 0) and which it does not, and where the answer over
-    seeds is. The interval treats the k steps as independent draws: it holds the noise of sampling
-    prompts and responses in these runs, not the spread between seeds (another seed's warm-up and prompts)."""
+def budget_difference(a, b, budget):
+    """a's success minus b's over the last quarter of the token budget B, for runs that the budget ends
+    at different steps (N = 16 takes a quarter of N = 4's steps, so each run's own last 10 steps would
+    cover about a third of B for one and a twelfth for the other): the equal-token protocol's endpoint
+    (``endpoints``), success over the steps whose cumulative tokens lie in (0.75 B, B], each weighted by
+    its tokens; the steps of two such runs see different prompts, so the interval is Welch's for two
+    independent weighted means. The steps: the fewer of the two runs' steps in that quarter."""
+    last = [[(d, s) for c, d, s in within_budget(h, budget) if c > 0.75 * budget] for h in (a, b)]
+    mean, lo, hi = stats.welch_interval([s for _, s in last[0]], [s for _, s in last[1]],
+                                        wx=[d for d, _ in last[0]], wy=[d for d, _ in last[1]])
+    return dict(mean=mean, lo=lo, hi=hi, steps=min(len(x) for x in last))
+
+
+def conclusion(names, histories, k=FINAL, budget=None):
+    """Two or three sentences: the first run's final success minus each other's, which of these
+    differences have a 95% interval that excludes 0, and that such an interval is about these runs, not
+    about the methods, with where the answer over seeds is. Runs that end at the same step are compared
+    over their last k steps, paired by step (``final_difference``); where they end at different steps
+    (a token budget) they are compared on equal shares of it, the last quarter (``budget_difference``;
+    without a budget, B is the fewest tokens any run sampled). The interval treats the steps as
+    independent draws: it holds the noise of sampling prompts and responses in these runs, not the
+    spread between seeds (another seed's warm-up and prompts)."""
     ref = names[0]
     if len(names) < 2:
         return [f"One configuration ({ref}): nothing to compare."]
-    d = {n: final_difference(histories[ref], histories[n], k) for n in names[1:]}
+    seeds_answer = ("docs/reproduction.md (equal sampled tokens) and docs/stability.md (collapse), over "
+                    "paired seeds.")
+    together = len({histories[n][-1]["step"] for n in names}) == 1
+    B = None if together else budget or min(histories[n][-1]["tokens"] for n in names)
+    d = {n: final_difference(histories[ref], histories[n], k) if together else
+         budget_difference(histories[ref], histories[n], B) for n in names[1:]}
     if min(x["steps"] for x in d.values()) < 2:
         return [f"Success of {ref} minus each other run at their last step: "
                 + "; ".join(f"{n} {d[n]['mean']:+.3f}" for n in d) + ".",
-                "One step gives no interval, so this run resolves none of these differences; the paired "
-                "multi-seed comparisons are in docs/reproduction.md (equal sampled tokens) and docs/stability.md "
-                "(collapse)."]
+                "One step gives no interval; how the methods compare is answered in " + seeds_answer]
     shown = lambda n: f"{n} {d[n]['mean']:+.3f} [{d[n]['lo']:+.3f}, {d[n]['hi']:+.3f}]"  # noqa: E731
     resolved = [n for n in d if stats.verdict(d[n]["lo"], d[n]["hi"], 0.0) != "covers"]
     unresolved = [n for n in d if n not in resolved]
-    steps = min(x["steps"] for x in d.values())
-    if all(x["paired"] for x in d.values()):
-        first = (f"Final success of {ref} minus each other run, paired by step over the last {steps} steps (the "
-                 f"same prompts at each step; mean and 95% t interval over the steps): "
-                 + "; ".join(shown(n) for n in d) + ".")
-    else:  # some run ended at another step: its last steps saw other prompts
-        first = (f"Final success of {ref} minus each other run, each over its own last {steps} steps (95% t "
-                 f"interval; paired by step where the two runs ended together, Welch's two-sample interval where "
-                 f"they did not): " + "; ".join(shown(n) + ("" if d[n]["paired"] else " (not paired)") for n in d)
-                 + ".")
+    if together:
+        first = (f"Final success of {ref} minus each other run, paired by step over the last "
+                 f"{min(x['steps'] for x in d.values())} steps (the same prompts at each step; mean and 95% t "
+                 f"interval over the steps): " + "; ".join(shown(n) for n in d) + ".")
+    else:  # a token budget ended the runs at different steps: their last steps saw other prompts
+        first = (f"Success of {ref} minus each other run over the last quarter of the token budget B = {B:,} "
+                 "(the steps whose cumulative sampled tokens lie in (0.75 B, B], each weighted by its tokens, "
+                 "as in the equal-token protocol; the runs ended at different steps, so not paired: Welch's "
+                 "95% interval): " + "; ".join(shown(n) for n in d) + ".")
     if resolved and unresolved:
-        second = (f"This seed resolves the difference from {', '.join(resolved)} (its interval excludes 0) and not "
-                  f"from {', '.join(unresolved)} (the interval contains 0).")
+        second = (f"In these runs the interval excludes 0 for {', '.join(resolved)} and contains 0 for "
+                  f"{', '.join(unresolved)}.")
     elif resolved:
-        second = "This seed resolves every one of these differences (each interval excludes 0)."
+        second = "In these runs every interval excludes 0."
     else:
-        second = "This seed resolves none of these differences: every interval contains 0."
-    third = ("The interval holds only the noise of sampling within these runs, not the spread between seeds, so "
-             "even a resolved difference may not repeat on another seed; the paired multi-seed comparisons are "
-             "in docs/reproduction.md (equal sampled tokens) and docs/stability.md (collapse).")
+        second = "In these runs every interval contains 0."
+    third = ("Each interval is about these runs, not about the methods: it holds only the noise of sampling "
+             "prompts and responses within them, not the spread between seeds, so whether it excludes 0 does "
+             "not say how the methods compare on another seed; that is answered in " + seeds_answer)
     return [first, second, third]
 
 

@@ -1,6 +1,6 @@
 """A short comparison of train.py (tiny model, 4 steps) ends, in summary.md and on the screen, with
 sentences computed from its runs: each one's final success against the first configuration's, paired
-by step, and whether this seed resolves it. The numbers are recomputed here from the runs'
+by step, whether its interval excludes 0, and that this is about these runs, not the methods. The numbers are recomputed here from the runs'
 metrics.jsonl with the interval written out (tests/test_exact_compare.py holds the hand-made cases,
 one difference resolved and one not)."""
 import json
@@ -30,10 +30,12 @@ def test_a_short_comparison_ends_with_what_its_runs_show(out, capsys):
     assert last.startswith("Final success of otb-n2 minus each other run, paired by step over the last 4 steps")
     assert "; ".join(shown) + "." in last
     if not any(resolved):
-        assert "This seed resolves none of these differences: every interval contains 0." in last
+        assert "In these runs every interval contains 0." in last
     elif all(resolved):
-        assert "This seed resolves every one of these differences" in last
+        assert "In these runs every interval excludes 0." in last
     else:
-        assert f"This seed resolves the difference from {names[1 + resolved.index(True)]}" in last
-    assert last.endswith("in docs/reproduction.md (equal sampled tokens) and docs/stability.md (collapse).")
+        assert f"In these runs the interval excludes 0 for {names[1 + resolved.index(True)]}" in last
+    assert "Each interval is about these runs, not about the methods" in last
+    assert last.endswith("in docs/reproduction.md (equal sampled tokens) and docs/stability.md (collapse), over "
+                         "paired seeds.")
     assert printed.rstrip("\n").endswith(last)  # the screen ends with the same sentences

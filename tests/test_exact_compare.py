@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lab import compare
+from lab.analysis import stats
 from saved import same_text
 import train
 
@@ -75,34 +76,47 @@ def test_the_conclusion_names_the_resolved_and_the_unresolved_difference():
                      "prompts at each step; mean and 95% t interval over the steps): "
                      f"b {db[0]:+.3f} [{db[1]:+.3f}, {db[2]:+.3f}]; c {dc[0]:+.3f} [{dc[1]:+.3f}, {dc[2]:+.3f}].")
     assert "b +0.200 [+0.162, +0.238]; c +0.000 [-0.075, +0.075]" in first  # the same, as printed
-    assert second == ("This seed resolves the difference from b (its interval excludes 0) and not from c (the "
-                      "interval contains 0).")
+    assert second == "In these runs the interval excludes 0 for b and contains 0 for c."
+    assert third.startswith("Each interval is about these runs, not about the methods:")
     assert "docs/reproduction.md" in third and "docs/stability.md" in third and "not the spread between seeds" in third
     only_c = compare.conclusion(["a", "c"], {"a": steps(a), "c": steps(c)})
-    assert only_c[1] == "This seed resolves none of these differences: every interval contains 0."
+    assert only_c[1] == "In these runs every interval contains 0."
     only_b = compare.conclusion(["a", "b"], {"a": steps(a), "b": steps(b)})
-    assert only_b[1] == "This seed resolves every one of these differences (each interval excludes 0)."
+    assert only_b[1] == "In these runs every interval excludes 0."
 
 
-def test_runs_that_end_at_different_steps_are_compared_by_their_own_final_steps_unpaired():
-    """A token budget ends one run sooner (N = 16 at a quarter of N = 4's steps): each run's final success
-    is its own last 10 steps, as in the table, and with no step in common to pair by, the interval is
-    Welch's. Here a is 0.5 at every step and b's last 10 are 0.4 x 6 and 0.3 x 4: +0.14, and with no spread
-    in a, Welch's interval is the one-sample t interval of b's 10 values (df 9)."""
-    a = steps([0.5] * 12)
-    b = steps([0.9] * 3 + [0.4] * 6 + [0.3] * 4)  # 13 steps; its last 10 are steps 4-13, a's are 3-12
-    got = compare.final_difference(a, b)
-    want = interval([0.5 - x for x in [0.4] * 6 + [0.3] * 4], T9)
-    assert not got["paired"] and got["steps"] == 10
-    assert (got["mean"], got["lo"], got["hi"]) == pytest.approx(want)
-    first = compare.conclusion(["a", "b"], {"a": a, "b": b})[0]
-    assert first.startswith("Final success of a minus each other run, each over its own last 10 steps")
-    assert f"b {want[0]:+.3f} [{want[1]:+.3f}, {want[2]:+.3f}] (not paired)" in first
-    same_end = compare.final_difference(steps([0.5] * 12), steps([0.4] * 12))  # ended together: paired
-    assert same_end["paired"] and same_end["mean"] == pytest.approx(0.1)
+def budget_steps(tokens, successes):
+    """A history whose steps sample the given tokens, with the given successes."""
+    total = [sum(tokens[:i + 1]) for i in range(len(tokens))]
+    return [dict(step=i + 1, tokens=c, success=x) for i, (c, x) in enumerate(zip(total, successes))]
+
+
+def test_runs_a_budget_ends_at_different_steps_are_compared_on_the_last_quarter_of_the_budget():
+    """B = 400 tokens. a samples 20 tokens a step, then 10, 30, 20, 40: 19 steps, its last quarter (300, 400]
+    holds 4 steps of weights 10, 30, 20, 40; b samples 50 a step, then 40, 60, 50: 8 steps, 2 in the last
+    quarter (weights 60, 50). The difference is the equal-token endpoint's (compare.endpoints' primary) and
+    its interval Welch's for the two token-weighted means: b's earlier steps, which its own last 10 steps
+    would include, do not count."""
+    B = 400
+    a = budget_steps([20] * 15 + [10, 30, 20, 40], [0.9] * 15 + [0.5, 0.6, 0.55, 0.7])
+    b = budget_steps([50] * 5 + [40, 60, 50], [0.0] * 6 + [0.3, 0.45])
+    got = compare.budget_difference(a, b, B)
+    ends = [compare.endpoints(h, budget=B, window=40, target=1.0)["primary"] for h in (a, b)]
+    assert got["mean"] == pytest.approx(ends[0] - ends[1], rel=1e-12) and got["steps"] == 2
+    assert ends[1] == pytest.approx((60 * 0.3 + 50 * 0.45) / 110)  # by hand: the token-weighted last quarter
+    want = stats.welch_interval([0.5, 0.6, 0.55, 0.7], [0.3, 0.45], wx=[10, 30, 20, 40], wy=[60, 50])
+    assert (got["mean"], got["lo"], got["hi"]) == pytest.approx(want, rel=1e-12)
+    b_early = budget_steps([50] * 5 + [40, 60, 50], [0.8] * 6 + [0.3, 0.45])  # steps before 0.75 B changed
+    assert compare.budget_difference(a, b_early, B) == pytest.approx(got)
+    first, second, third = compare.conclusion(["a", "b"], {"a": a, "b": b}, budget=B)
+    assert first.startswith("Success of a minus each other run over the last quarter of the token budget B = 400 ")
+    assert f"b {want[0]:+.3f} [{want[1]:+.3f}, {want[2]:+.3f}]." in first and "Welch" in first
+    assert compare.conclusion(["a", "b"], {"a": a, "b": b}) == [first, second, third]  # B: the fewest tokens
+    same_end = compare.final_difference(steps([0.5] * 12), steps([0.4] * 12))  # ended together: paired by step
+    assert same_end["mean"] == pytest.approx(0.1) and same_end["steps"] == 10
     assert compare.conclusion(["a"], {"a": a}) == ["One configuration (a): nothing to compare."]
-    one = compare.conclusion(["a", "b"], {"a": a[:1], "b": b[:1]})  # one step: no interval to read
-    assert one[0] == "Success of a minus each other run at their last step: b -0.400." and "none" in one[1]
+    one = compare.conclusion(["a", "b"], {"a": steps([0.5]), "b": steps([0.9])})  # one step: no interval
+    assert one[0] == "Success of a minus each other run at their last step: b -0.400." and "seeds" in one[1]
 
 
 def rows_of(*reached):

@@ -62,8 +62,9 @@ def test_mean_interval_covers_95_percent_of_gaussian_means():
 
 
 def test_welch_interval_uses_the_fractional_welch_satterthwaite_degrees_of_freedom():
-    """scipy's ttest_ind with equal_var=False; its degrees of freedom are Welch-Satterthwaite's, by hand
-    here, not rounded down (6.998 would give 6) and not the pooled test's na + nb - 2."""
+    """statsmodels' CompareMeans with usevar="unequal", the interval of scipy's ttest_ind with
+    equal_var=False; its degrees of freedom are Welch-Satterthwaite's, by hand here, not rounded down
+    (6.998 would give 6) and not the pooled test's na + nb - 2."""
     x, y = [1.0, 2.0, 4.0, 7.0], [0.0, 3.0, 5.0, 6.0, 9.0]
     d, lo, hi = stats.welch_interval(x, y)
     ci = sps.ttest_ind(x, y, equal_var=False).confidence_interval(0.95)
@@ -74,6 +75,26 @@ def test_welch_interval_uses_the_fractional_welch_satterthwaite_degrees_of_freed
     assert hi - d == pytest.approx(sps.t.ppf(0.975, df) * math.sqrt(va + vb), rel=1e-12)
     for wrong in (6, 7):  # rounded down, and the pooled test's degrees of freedom
         assert abs(hi - d - sps.t.ppf(0.975, wrong) * math.sqrt(va + vb)) > 1e-4
+
+
+def test_weighted_welch_interval_is_the_weighted_means_with_the_values_degrees_of_freedom():
+    """Weights set each value's share of its mean (the token-weighted success of a run's steps) but not the
+    degrees of freedom: weights scaled by any factor give the same interval, equal weights give the
+    unweighted one, and the weighted variance (statsmodels' DescrStatsW) enters Welch's formula as
+    sum w_i (x_i - xbar_w)^2 / (n - 1), w summing to n."""
+    x, wx = [0.5, 0.4, 0.7, 0.6], [100, 120, 90, 110]
+    y, wy = [0.3, 0.35, 0.2, 0.4, 0.5, 0.1], [400, 420, 380, 450, 500, 390]
+    d, lo, hi = stats.welch_interval(x, y, wx=wx, wy=wy)
+    assert d == pytest.approx(np.average(x, weights=wx) - np.average(y, weights=wy), rel=1e-12)
+    assert (d, lo, hi) == pytest.approx(stats.welch_interval(x, y, wx=[3 * w for w in wx], wy=wy), rel=1e-12)
+    assert stats.welch_interval(x, y, wx=[2] * 4, wy=[5] * 6) == pytest.approx(stats.welch_interval(x, y), rel=1e-12)
+    se2 = []
+    for v, w in ((x, wx), (y, wy)):
+        w = np.array(w) * len(v) / sum(w)
+        m = np.average(v, weights=w)
+        se2.append(np.sum(w * (np.array(v) - m) ** 2) / (len(v) - 1) / len(v))
+    df = sum(se2) ** 2 / (se2[0] ** 2 / 3 + se2[1] ** 2 / 5)
+    assert hi - d == pytest.approx(sps.t.ppf(0.975, df) * math.sqrt(sum(se2)), rel=1e-9)
 
 
 def test_welch_interval_reduces_to_the_known_intervals_and_covers():

@@ -46,7 +46,8 @@ A difference measured once per seed (k paired seeds) gets the t interval of its 
     xbar +- t_{k-1} s / sqrt(k),   s^2 = sum_s (x_s - xbar)^2 / (k - 1)                      (7)
 
 (``mean_interval``, ``scipy.stats.ttest_1samp``); two independent samples get Welch's interval with its
-fractional Welch-Satterthwaite degrees of freedom (``welch_interval``, ``scipy.stats.ttest_ind``).
+fractional Welch-Satterthwaite degrees of freedom (``welch_interval``, statsmodels' ``CompareMeans``,
+which also takes weighted means).
 ``verdict`` says on which side of a null value such an interval (or any set) lies; ``geometric_mean``
 is exp of (7) on the logs of positive ratios, for studies whose unit is the run itself.
 
@@ -93,6 +94,7 @@ from scipy import stats as sps
 from statsmodels.stats.meta_analysis import combine_effects
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
+from statsmodels.stats.weightstats import CompareMeans, DescrStatsW
 
 
 # =====================================================================================
@@ -185,19 +187,24 @@ def mean_interval(xs, level=0.95):
     return float(np.mean(xs)), float(ci.low), float(ci.high)
 
 
-def welch_interval(xs, ys, level=0.95):
+def welch_interval(xs, ys, level=0.95, wx=None, wy=None):
     """(mean(xs) - mean(ys), lo, hi): Welch's t interval for a difference of two independent means, with
-    the (fractional) Welch-Satterthwaite degrees of freedom (``scipy.stats.ttest_ind``, ``equal_var=False``);
-    nan bounds with fewer than 2 values on a side, or with no spread on either."""
+    the (fractional) Welch-Satterthwaite degrees of freedom (statsmodels' ``CompareMeans`` of two
+    ``DescrStatsW``, ``usevar="unequal"``). Weights wx, wy (default equal) make each mean a weighted one
+    (a run's steps weighted by their tokens); statsmodels counts weights as frequencies, so each side's
+    are rescaled to sum to its number of values: they set each value's share of its mean, and the degrees
+    of freedom stay the values'. nan bounds with fewer than 2 values on a side, or with no spread on either."""
     xs, ys = [float(x) for x in xs], [float(y) for y in ys]
     if not xs or not ys:
         return math.nan, math.nan, math.nan
-    d = float(np.mean(xs) - np.mean(ys))
+    a, b = (DescrStatsW(np.array(v), weights=w * len(v) / w.sum())
+            for v, w in ((xs, np.ones(len(xs)) if wx is None else np.asarray(wx, dtype=float)),
+                         (ys, np.ones(len(ys)) if wy is None else np.asarray(wy, dtype=float))))
+    d = float(a.mean - b.mean)
     if len(xs) < 2 or len(ys) < 2 or (np.var(xs) == 0 and np.var(ys) == 0):
         return d, math.nan, math.nan
-    with quiet_constant():
-        ci = sps.ttest_ind(xs, ys, equal_var=False).confidence_interval(level)
-    return d, float(ci.low), float(ci.high)
+    lo, hi = CompareMeans(a, b).tconfint_diff(alpha=1 - level, usevar="unequal")
+    return d, float(lo), float(hi)
 
 
 def verdict(lo, hi, null=1.0):
