@@ -144,3 +144,25 @@ def test_train_command_carries_every_schedule_number():
     assert float(pairs["--lr-warmup-window"]) == 7 and float(pairs["--lr-surge-ratio"]) == 2.5
     assert float(pairs["--lr"]) == 3e-4 and cmd[-2:] == ["--group-size", "8"]
     assert exp.train_command(args, "constant", "otb", 2)[2:] != cmd[2:]
+
+
+@pytest.mark.saved_results
+def test_the_docs_count_distinct_runs_and_quote_the_exact_mcnemar_p():
+    """The saved study has 24 run rows, 14 of them distinct (a length-schedule run that never fired repeats
+    its constant-LR twin); under the constant LR, OTB and group_mean collapsed on discordant seeds 2 to 0,
+    exact McNemar P (scipy's binomial test, stats.sign_test) 0.50: docs/lr_schedule.md and the README
+    say so."""
+    from lab.analysis import stats
+    configs = json.loads((ROOT / "benchmarks" / "results" / "lr_schedule" / "summary.json").read_text())["configs"]
+    rows = [(cfg.split("/")[1], seed, json.dumps(r, sort_keys=True)) for cfg, c in configs.items()
+            for seed, r in c["runs"].items()]
+    distinct = len(set(rows))
+    otb, gm = (configs[f"constant/{e}"]["runs"] for e in ("otb", "group_mean"))
+    b = sum(otb[s]["collapsed"] and not gm[s]["collapsed"] for s in otb)
+    c = sum(gm[s]["collapsed"] and not otb[s]["collapsed"] for s in otb)
+    p = stats.sign_test(b, c)
+    doc = " ".join((ROOT / "docs" / "lr_schedule.md").read_text().split())
+    assert (len(rows), distinct, b, c) == (24, 14, 2, 0)
+    assert f"{distinct} of them distinct" in doc and f"{distinct} distinct runs" in doc
+    assert f"discordant seeds split {b} to {c}, exact McNemar P = {p:.2f}" in doc and "no difference shown" in doc
+    assert f"({distinct} distinct runs)" in (ROOT / "README.md").read_text()
