@@ -81,10 +81,10 @@ def test_saved_statistics_round_trip_and_reproduce_the_analysis(tmp_path):
     assert set(back[(64, 0)][("group_mean", 4)]) == {"V", "ref_gram"}  # its gram and cross are never read
     for key in cell:
         assert torch.equal(back[(64, 0)][key]["V"], cell[key]["V"])
-        for k, M in back[(64, 0)][key].items():
+        for k, M in ((k, M) for k, M in back[(64, 0)][key].items() if k != "V"):
             want = (cell[key][k] + cell[key][k].T) / 2  # the symmetric part
             assert (M - want).abs().max() <= 2 ** -11 * want.abs().max(), (key, k)
-            assert (M - want).abs().max() > 0 or k == "V"  # rounded, so the tolerance is what is tested
+            assert (M - want).abs().max() > 0  # rounded, so the tolerance is what is tested
     rows, summary, _ = hs.analyse(back, replicates=200)
     again, _, _ = hs.analyse(hs.load_grams(tmp_path / "stats.npz"), replicates=200)
     assert rows == again  # the same draws from the same saved statistics
