@@ -47,8 +47,16 @@ expectation), so a prompt keeps k numbers per estimator and N instead of 135M; p
     python benchmarks/horizon_sweep.py --model smollm2 --task count --horizons 10,30,70 --seeds 0 \
         --estimators reinforce,group_mean,rloo,otb --project 4096 --out runs/smollm2_variance
 
+A long sweep survives a stop: each prompt's statistics are written to OUT/prompts/ as it finishes (and a
+progress record to OUT/sweep.json), ``--resume`` continues from them with the same pools, groups and
+projection as a run straight through, ``--from-saved OUT --out DIR`` analyses the prompts done so far, and
+``--stop-after SECONDS`` stops by itself after the prompt that passes the limit. Each finished cell goes into
+stats.npz (lab/analysis/compact.py: only what the analysis reads) and its prompts' files are removed.
+
 Writes runs/horizon_sweep/ by default; ``--out benchmarks/results/horizon_sweep`` updates the
-committed results (results.json, stats.npz, table.md, gain_vs_horizon.png).
+committed results (results.json, stats.npz, table.md, summary.md, gain_vs_horizon.png). summary.md answers
+docs/smollm2_variance_protocol.md's two questions for OTB: is its gain over the group mean above 1 at every
+N, and does it grow with n (``horizon_contrasts``: the ratio of the gains, prompts resampled jointly).
 """
 import argparse
 import json
