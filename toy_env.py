@@ -334,7 +334,9 @@ def martingale_sides(en):
 
 
 def proxy_correlation(en):
-    """pi-weighted Pearson correlation of the proxy with the exact ||s_t||^2 over valid tokens."""
+    """pi-weighted Pearson correlation of the proxy with the exact ||s_t||^2 over valid tokens: an exact
+    expectation under pi over the enumerated responses, not a statistic of a sample, so it is written in
+    torch like the file's other exact quantities rather than taken from a statistics library."""
     wt = en.pi[:, None] * en.mask  # weight of each (response, position), (M, T)
     wt = wt / wt.sum()
     x, y = en.w_proxy, en.w_exact
