@@ -159,6 +159,8 @@ def parse_args(argv=None):
         if not holds_sweep(folder):
             p.error(f"--from-saved {folder}: no results.json and stats.npz there, nor sweep.json "
                     "(a sweep saved by this script)")
+    if args.stop_after < 0:
+        p.error(f"--stop-after {args.stop_after:g}: seconds must be 0 (no limit) or more")
     if not 0 < args.warmup_target < 1:
         p.error(f"--warmup-target {args.warmup_target} must be in (0, 1)")
     return args
