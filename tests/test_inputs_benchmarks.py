@@ -36,6 +36,10 @@ CASES = [
     ("stability", ["--seeds", "0,x"], "--seeds: must be comma-separated integers >= 0, got '0,x'"),
     ("stability", ["--lrs", "1e-3,-1"], "--lrs: must be comma-separated numbers > 0, got '1e-3,-1'"),
     ("stability", ["--lrs", "inf"], "--lrs: must be comma-separated numbers > 0"),
+    ("horizon_sweep", ["--stop-after", "-5"], "--stop-after -5: seconds must be 0 (no limit) or more"),
+    ("horizon_sweep", ["--decode", "fast"], "--decode: invalid choice: 'fast'"),
+    ("bench_sweep_cost", ["--pool", "2"], "--pool: must be an integer >= 4"),
+    ("gpu_variance", ["--budget", "10", "--out", "x"], "--budget: must be an integer >= 60"),
 ]
 
 if not torch.cuda.is_available():  # asking for a GPU that is not there is a bad option too
