@@ -358,7 +358,9 @@ _unstable_argsort, _sort_descending = slips.unstable_argsort, slips.sort_descend
 
 
 def _ids(g, B):
-    return otb.group_ids(g, B)[0].tolist()
+    """Group ids 0..n-1 in order of first appearance, written here: the answers below call nothing of otb.py."""
+    first = {}
+    return [first.setdefault(x, len(first)) for x in (g.tolist() if isinstance(g, torch.Tensor) else list(g))]
 
 
 def _naive_answers():
@@ -433,10 +435,49 @@ def test_the_project_functions_pass_but_only_when_calling_the_reference_is_allow
     for fn, answer, kw in answers:  # the reference itself is a right answer, but handing it in is not
         ok, out = _verdict(capsys, fn, answer, **kw)
         assert not ok and "the project's reference" in out, out
-    watch = check._Watch
-    monkeypatch.setattr(check, "_Watch", lambda references: watch({}))
+    monkeypatch.setattr(check._Watch, "_hook", lambda self, frame, event, arg: None)  # nothing watched
     for fn, answer, kw in answers:
         assert _verdict(capsys, fn, answer, **kw)[0]
+
+
+def _loo_by_the_project(r, m, g, lp, s, leave_one_out=False, eps=1e-8):
+    """A right 3d whose leave-one-out baseline is otb.py's private helper."""
+    m = m.float()
+    G = (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t, (B, T)
+    W = (otb.token_energy(lp, s) * m).cumsum(-1) * m  # W_t, (B, T)
+    gid, n_groups = otb.group_ids(g, len(m))
+    return ((G - otb._leave_one_out_baseline(G, W, m, gid, n_groups, eps)) * m).float()
+
+
+def test_every_project_function_an_answer_calls_is_watched_but_the_helpers_handed_out(capsys, monkeypatch):
+    """The rule is where a function lives (otb.py, toy_harness.py, check.py, tests/, benchmarks/) or that it
+    is bound in otb's namespace, not a list: private helpers and a function added later are caught too,
+    however they are reached; the helpers in check.ALLOWED pass."""
+    wrong = [(check.ex1a_sum_pi_squared, lambda z: otb.squares_of_softmax(z.reshape(-1, z.shape[-1]).double())
+              .reshape(z.shape[:-1]).to(torch.float64 if z.dtype == torch.float64 else torch.float32), {},
+              "otb.squares_of_softmax"),
+             (check.ex3d_leave_one_out, _loo_by_the_project, {}, "otb._leave_one_out_baseline"),
+             (check.ex5a_action_index, check._naive_action_index, {}, "check._naive_action_index"),
+             (check.ex5a_action_index, lambda m: check._naive_action_index(m), {}, "check._naive_action_index")]
+    later = "def brand_new(z):\n    return z.float().softmax(-1).pow(2).sum(-1) if z.dtype != torch.float64 else " \
+            "z.softmax(-1).pow(2).sum(-1)\n"
+    space = {"torch": torch}
+    exec(compile(later, otb.__file__, "exec"), space)  # a function written into otb.py later, not yet bound
+    monkeypatch.setattr(otb, "bound_later", lambda z: space["brand_new"](z) + 0, raising=False)  # bound, from here
+    wrong += [(check.ex1a_sum_pi_squared, space["brand_new"], {}, "otb.brand_new"),
+              (check.ex1a_sum_pi_squared, lambda z: otb.bound_later(z), {}, "otb.bound_later")]
+    for fn, answer, kw, called in wrong:
+        ok, out = _verdict(capsys, fn, answer, **kw)
+        assert not ok and f"calls {called}," in out and "prove nothing" in out, out
+    monkeypatch.setattr(check._Watch, "_hook", lambda self, frame, event, arg: None)  # unwatched, they are right
+    for fn, answer, kw, called in wrong:
+        ok, out = _verdict(capsys, fn, answer, **kw)
+        assert ok, (called, out)
+    assert set(check.ALLOWED) <= set(check.TITLES)
+    for names in check.ALLOWED.values():  # each allowed name exists
+        for name in names:
+            module, attr = name.split(".")
+            assert callable(getattr(check._module(module), attr)), name
 
 
 @pytest.mark.parametrize("idx_fn", [_unstable_argsort, _sort_descending], ids=["argsort_unstable", "sort_descending"])
@@ -536,6 +577,8 @@ def test_the_students_otb_trains_like_the_reference_and_a_wrong_one_is_caught_at
     reference = otb.ESTIMATORS["otb"]
     ok, text = _verdict(capsys, check.ex3e_trains, _otb_plain(), steps=3)
     assert ok, text
-    ok, text = _verdict(capsys, check.ex3e_trains, lambda r, m, g, lp, s: otb.group_mean(r, m, g)[0], steps=3)
+    ok, text = _verdict(capsys, check.ex3e_trains, lambda r, m, g, lp, s: _group_estimator("mean")(r, m, g), steps=3)
     assert not ok and "at training step 1 your run's adv_mean" in text, text
+    ok, text = _verdict(capsys, check.ex3e_trains, lambda *a: otb.optimal_token_baseline(*a)[0], steps=3)
+    assert not ok and "calls otb.optimal_token_baseline" in text, text
     assert otb.ESTIMATORS["otb"] is reference
