@@ -121,7 +121,7 @@ def test_every_exercise_cell_has_a_graded_check_after_it(name):
     assert blanks
     for k, end in zip(blanks, blanks[1:] + [len(cells)]):
         assert any(c in graded for c in cells[k + 1:end]), f"no graded check after the blank of {cells[k].source[:80]}"
-    titles = {_exercise(grade._title(c)) for c in graded}
+    titles = {_exercise(check.TITLES[grade._call_of(c.source)[0]]) for c in graded}
     assert titles == _headings(_built(name)[0]), titles
 
 
@@ -131,6 +131,17 @@ def test_every_check_in_check_py_is_graded_in_a_notebook():
     called = {m for name in NAMES for c in _built(name)[1].cells if "check" in c.metadata.get("tags", [])
               for m in re.findall(r"\bcheck\.(ex\w+)\(", c.source)}
     assert defined == set(check.TITLES) == called, (defined, called)
+
+
+def test_the_graders_check_cells_are_the_notebooks():
+    """check.NOTEBOOKS (what grade.py runs) holds each built notebook's check cells, in order, and grade.py
+    recognises each notebook by its content."""
+    assert list(check.NOTEBOOKS) == [Path(n).stem for n in NAMES]
+    for name in NAMES:
+        for nb in _built(name):
+            assert [c.source for c in nb.cells if "check" in c.metadata.get("tags", [])] == \
+                check.NOTEBOOKS[Path(name).stem]
+            assert grade.kind_of(nb) == Path(name).stem
 
 
 def test_builder_replaces_blocks_and_keeps_indentation():
@@ -269,37 +280,71 @@ def test_grading_reports_a_loop_that_never_ends_and_a_file_that_is_not_a_noteboo
         tmp_path, capsys):
     """A cell past the time limit is interrupted and reported on its exercise's line, the cells after it
     still run; a kernel that dies leaves the checks after it "did not run"; a file that is not a notebook
-    is one line, and the notebook after it is still graded. (The check cells here stand in for check.py's,
-    so that the kernel needs no torch and the test is fast.)"""
+    is one line, and the notebook after it is still graded."""
     from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
     loop = new_notebook(cells=[
         new_markdown_cell("## 1a. stand-in"),
+        new_code_cell("import torch"),
         new_code_cell("def sum_pi_squared(logits):\n    while True:  # a loop that never ends\n        pass"),
-        new_code_cell("check = type('check', (), {'ex1a_sum_pi_squared': staticmethod(lambda f: f(None)),\n"
-                      "                          'ex1b_token_energy': staticmethod(lambda f: print(\n"
-                      "                              'Exercise 1b (the Logit-Gradient Proxy w_t): CORRECT. ok'))})"),
         new_code_cell("ok_1a = check.ex1a_sum_pi_squared(sum_pi_squared)", metadata={"tags": ["check"]}),
-        new_code_cell("ok_1b = check.ex1b_token_energy(None)", metadata={"tags": ["check"]}),
+        new_code_cell("def token_energy(log_probs, sum_pi_sq):\n    return (1 - 2 * log_probs.exp() + sum_pi_sq).clamp(0, 2)"),
         new_code_cell("import os\nos._exit(1)  # the kernel dies"),
-        new_code_cell("ok_2a = check.ex2a_sequence_scores(None)", metadata={"tags": ["check"]})])
+        new_code_cell("ok_1b = check.ex1b_token_energy(token_energy)", metadata={"tags": ["check"]})])
     (tmp_path / "b_loop.ipynb").write_text(nbformat.writes(loop))
     (tmp_path / "a_cut.ipynb").write_text('{"cells": [{"cell_type": "code", "sou')  # a copy cut short
     (tmp_path / "a_list.ipynb").write_text("[1, 2]")  # JSON, but not a notebook
     paths = [str(tmp_path / n) for n in ("a_cut.ipynb", "a_list.ipynb", "b_loop.ipynb")]
-    assert grade.main(paths + ["--timeout", "3"]) == 1
+    assert grade.main(paths + ["--timeout", "10"]) == 1
     lines = capsys.readouterr().out.splitlines()
     for name, why in (("a_cut.ipynb", "not valid JSON"), ("a_list.ipynb", "not a Jupyter notebook")):
         mine = [line for line in lines if name in line]
         assert len(mine) == 1 and why in mine[0] and "cannot be read" in mine[0], lines
     k = lines.index("b_loop.ipynb")
-    assert lines[k:k + 4] == ["b_loop.ipynb",
-                              f"  NOT YET   {check.TITLES['ex1a_sum_pi_squared']}: timed out after 3 s (a loop "
+    assert lines[k:k + 3] == ["b_loop.ipynb",
+                              f"  NOT YET   {check.TITLES['ex1a_sum_pi_squared']}: timed out after 10 s (a loop "
                               f"that never ends?)",
-                              f"  CORRECT   {check.TITLES['ex1b_token_energy']}",
-                              f"  NOT YET   {check.TITLES['ex2a_sequence_scores']}"], lines
-    assert lines[k + 4].startswith("            this check cell did not run: the run stopped (DeadKernelError"), lines
-    assert lines[-1] == "1 of 5 checks correct in 3 notebook(s)"
+                              f"  NOT YET   {check.TITLES['ex1b_token_energy']}"], lines
+    assert lines[k + 3].startswith("            this check cell did not run: the run stopped (DeadKernelError"), lines
+    assert lines[-1] == "0 of 4 checks correct in 3 notebook(s)"
     assert grade.TIMEOUT <= 60  # the default: a class of 30 with one such loop each waits minutes, not hours
+
+
+def _cells(nb, text):
+    """The index of the first cell whose source contains ``text``."""
+    return next(k for k, c in enumerate(nb.cells) if text in c.source)
+
+
+def test_the_grader_decides_not_the_notebook(tmp_path, capsys):
+    """Only the grader's own runs of the check cells count (check.NOTEBOOKS, never the notebook's text): a
+    check cell deleted, edited, forged (a line printing CORRECT) or moved above its answer is NOT YET with
+    one line saying so, and never exit status 0; a patched check module does not count either. A check cell
+    with a comment added or its spacing changed is unchanged. The files are named as no notebook is."""
+    forged = _built(NAMES[0])[1]  # the blank: wrong answers
+    forged.cells.insert(2, nbformat.v4.new_code_cell(
+        "import check\ncheck.ex1b_token_energy = lambda f: print('Exercise 1b (the Logit-Gradient Proxy w_t): "
+        "CORRECT.') or True"))
+    forged.cells[_cells(forged, "check.ex1a_")].source = 'print("Exercise 1a (sum_k pi_k^2 from logits): CORRECT.")'
+    moved = _built(NAMES[0])[0]  # the solution: right answers
+    cell = moved.cells.pop(_cells(moved, "check.ex1a_"))
+    moved.cells.insert(_cells(moved, "def sum_pi_squared"), cell)  # above its answer
+    moved.cells[_cells(moved, "check.ex1b_")].source = "ok_1b = check.ex1b_token_energy(otb.token_energy)"
+    deleted = _built(NAMES[1])[0]  # the solution, two check cells deleted, one with a comment and new spacing
+    deleted.cells = [c for c in deleted.cells if not re.search(r"check\.ex2[bc]_", c.source)]
+    deleted.cells[_cells(deleted, "check.ex2a_")].source = \
+        "# my check\nok_2a = check.ex2a_sequence_scores( sequence_scores )  # as handed out"
+    for name, nb in (("x.ipynb", forged), ("y.ipynb", moved), ("z.ipynb", deleted)):
+        (tmp_path / name).write_text(build._dumps(nb))
+    assert grade.main([str(tmp_path / n) for n in ("x.ipynb", "y.ipynb", "z.ipynb")]) == 1
+    out = capsys.readouterr().out
+    blocks = dict(zip(("x", "y", "z"), out.split(".ipynb\n")[1:]))
+    assert "CORRECT   " not in blocks["x"] and "NOT YET   Exercise 1a" in blocks["x"], out
+    assert "its check cell is missing" in blocks["x"] and "returned None" in blocks["x"], out  # 1b: the real check
+    assert "NOT YET   Exercise 1a" in blocks["y"] and "comes before the cell that defines `sum_pi_squared`" in out
+    assert "NOT YET   Exercise 1b" in blocks["y"] and "its check cell was edited" in blocks["y"], out
+    assert "CORRECT   Exercise 2a" in blocks["z"] and blocks["z"].count("its check cell is missing") == 2, out
+    assert "1 of 7 checks correct in 3 notebook(s)" in out, out
+    for line in out.splitlines():
+        assert len(line) <= 300, line
 
 
 # =====================================================================================

@@ -64,6 +64,32 @@ TITLES = {
     "ex5c_action_aligned_otb": "Exercise 5c (OTB aligned by action)",
 }
 
+# The check cells of each exercise notebook, in order, as they are handed out: grade.py runs these
+# itself (never the notebook's text), and reports a check cell that is missing, edited or placed above
+# the answer it checks as NOT YET.
+NOTEBOOKS = {
+    "01_sum_pi_squared": ["ok_1a = check.ex1a_sum_pi_squared(sum_pi_squared)",
+                          "ok_1b = check.ex1b_token_energy(token_energy)"],
+    "02_group_baselines": ["ok_2a = check.ex2a_sequence_scores(sequence_scores)",
+                           "ok_2b = check.ex2b_group_mean(group_mean_advantages)",
+                           "ok_2c = check.ex2c_rloo(rloo_advantages)"],
+    "03_optimal_token_baseline": [
+        "ok_3a = check.ex3a_reward_to_go(reward_to_go)",
+        "ok_3b = check.ex3b_realized_energy(realized_energy)",
+        "ok_3c = check.ex3c_optimal_token_baseline(optimal_token_baseline, reward_to_go=reward_to_go,\n"
+        "                                         realized_energy=realized_energy)",
+        "ok_3d = check.ex3d_leave_one_out(optimal_token_baseline, reward_to_go=reward_to_go,\n"
+        "                                 realized_energy=realized_energy)",
+        "ok_3e = check.ex3e_trains(optimal_token_baseline)"],
+    "04_bias_variance_toy": ["ok_4a = check.ex4a_batch_gradients(batch_gradients, en)",
+                             "ok_4b = check.ex4b_bias_and_variance(bias_and_variance)",
+                             "ok_4c = check.ex4c_measure(measure, en, batch_gradients=batch_gradients, "
+                             "bias_and_variance=bias_and_variance)"],
+    "05_align_by_action": ["ok_5a = check.ex5a_action_index(action_index)",
+                           "ok_5b = check.ex5b_compaction(to_actions, from_actions)",
+                           "ok_5c = check.ex5c_action_aligned_otb(action_aligned_otb)"],
+}
+
 
 def H(text):
     """A hint the checks can print (see the module docstring): returned unchanged."""

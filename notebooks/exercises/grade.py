@@ -11,10 +11,17 @@ raises does not stop the run: the next cells still run, as they would for a stud
 A cell that runs longer than the time limit (60 s by default: every cell of the exercises takes a few
 seconds, so only a loop that never ends gets there) is interrupted, reported, and the run goes on.
 
-For every check cell (tagged ``check``, or any cell that calls one of check.py's checks: an editor
-may drop the tags) it prints one line, CORRECT or NOT YET, titled by its exercise, with the check's
-problem and hint under a NOT YET, and an error of the notebook's own cells (a syntax error in an
-answer, say) where there is one:
+The grader decides, not the notebook. It knows each notebook's check cells from check.py
+(``check.NOTEBOOKS``, the cells as they are handed out) and recognises the notebook by them and by the
+functions it defines, whatever its file is called. Each check cell found unchanged (compared as code:
+spacing and comments do not matter) is run in its place by the grader's own code: a fresh copy of
+check.py, the verdict passed back under a random token, so nothing the notebook prints or patches
+counts. A check cell that is missing (deleted, or replaced by a line printing CORRECT), edited, or
+placed above the cell that defines the function it checks is NOT YET with one line saying so.
+
+For every check of the notebook it prints one line, CORRECT or NOT YET, titled by its exercise, with
+the check's problem and hint under a NOT YET, and an error of the notebook's own cells (a syntax error
+in an answer, say) where there is one:
 
     01_sum_pi_squared.ipynb
       CORRECT   Exercise 1a (sum_k pi_k^2 from logits)
@@ -31,9 +38,11 @@ Exit status: 0 if every check of every notebook is CORRECT, 1 if any is not (so 
 use it), 2 for bad usage (a path that is not a notebook).
 """
 import argparse
+import ast
 import json
 import os
 import re
+import secrets
 import sys
 from pathlib import Path
 
@@ -46,11 +55,12 @@ for _path in (ROOT, HERE):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from check import TITLES, H  # noqa: E402  (the title of every exercise; the marker of what a student reads)
+from check import NOTEBOOKS, TITLES, H  # noqa: E402  (the check cells; the title of every exercise; the marker of
+#                                                  what a student reads)
 
 TIMEOUT = 60  # seconds a cell may run: each exercise cell takes a few, so only a loop that never ends gets here
 _VERDICT = re.compile(r"^(?P<title>Exercise .*?): (?P<verdict>CORRECT|NOT YET CORRECT)\b")
-_CHECK_CALL = re.compile(r"\bcheck\.(?P<name>ex\w+)\(")
+_CHECK_NAME = re.compile(r"\b(ex\d[a-z]_\w+)\b")  # a check named anywhere (an edited cell may rename `check`)
 _TIMED_OUT = "OTBCellTimeout"  # the error name of a cell interrupted at the time limit (never a student's)
 
 
@@ -77,13 +87,90 @@ def read(path):
     return nb
 
 
+def _code(source):
+    """The cell's code as a tree dump (spacing and comments left out); None if it is not Python."""
+    try:
+        return ast.dump(ast.parse(source))
+    except (SyntaxError, ValueError):
+        return None
+
+
+_EXPECTED = {_code(src): (kind, src) for kind, cells in NOTEBOOKS.items() for src in cells}
+
+
+def _call_of(source):
+    """(check function, assigned name or None, argument source) of a check cell as handed out."""
+    stmt = ast.parse(source).body[0]
+    call = stmt.value
+    target = stmt.targets[0].id if isinstance(stmt, ast.Assign) else None
+    args = ", ".join([ast.unparse(a) for a in call.args] + [f"{k.arg}={ast.unparse(k.value)}" for k in call.keywords])
+    return call.func.attr, target, args
+
+
+def _names(source):
+    """The argument names of a check cell as handed out (the functions and objects it checks)."""
+    call = ast.parse(source).body[0].value
+    return [a.id for a in call.args if isinstance(a, ast.Name)] + \
+        [k.value.id for k in call.keywords if isinstance(k.value, ast.Name)]
+
+
+_DEFINES = re.compile(r"^(?:async\s+)?def\s+(?P<def>\w+)|^(?P<name>\w+)\s*(?::[^=\n]*)?=(?!=)", re.MULTILINE)
+
+
+def kind_of(nb):
+    """The exercise notebook (a key of check.NOTEBOOKS) that ``nb`` is a copy of, by the check cells it
+    calls and the functions it defines; None if it resembles none."""
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    calls = set(_CHECK_NAME.findall(text))
+    defined = {m.group("def") or m.group("name") for m in _DEFINES.finditer(text)}
+    score = {kind: sum(_call_of(src)[0] in calls for src in cells) +
+             sum(name in defined for src in cells for name in _names(src)[:1])
+             for kind, cells in NOTEBOOKS.items()}
+    best = max(score, key=score.get)
+    return best if score[best] else None
+
+
+def _grader_cell(source, token, check_path):
+    """The code the grader runs in place of the check cell ``source``: the same check from a fresh copy of
+    check.py, its printed verdict captured and passed back on one line that starts with ``token``."""
+    name, target, args = _call_of(source)
+    module = f"_otb_grade_{token}"
+    return (f"def {module}():\n"
+            f"    import contextlib, importlib.util, io, json, sys\n"
+            f"    mod = sys.modules.get({module!r})\n"
+            f"    if mod is None:\n"
+            f"        sys.path[:0] = [p for p in ({str(ROOT)!r}, {str(HERE)!r}) if p not in sys.path]\n"
+            f"        spec = importlib.util.spec_from_file_location({module!r}, {str(check_path)!r})\n"
+            f"        mod = sys.modules[{module!r}] = importlib.util.module_from_spec(spec)\n"
+            f"        spec.loader.exec_module(mod)\n"
+            f"    out, ok, error = io.StringIO(), False, None\n"
+            f"    try:\n"
+            f"        with contextlib.redirect_stdout(out):\n"
+            f"            ok = mod.{name}({args})\n"
+            f"    except Exception as e:\n"
+            f"        error = f'{{type(e).__name__}}: {{e}}'\n"
+            f"    print({token!r}, json.dumps({{'ok': ok is True, 'out': out.getvalue(), 'error': error}}))\n"
+            f"    return ok\n"
+            f"{target + ' = ' if target else ''}{module}()\n"
+            f"del {module}\n")
+
+
 def run_copy(path, timeout=TIMEOUT):
     """The notebook at ``path``, executed in memory (the file is only read); returns the executed copy.
 
-    A cell interrupted at ``timeout`` seconds gets ``metadata.timed_out`` (in the copy only); if the run
-    stops early (the kernel died), the copy's ``metadata.run_stopped`` says why. Unreadable if the file
-    is not a notebook."""
+    Each check cell of check.NOTEBOOKS found unchanged is run as the grader's own cell (``_grader_cell``)
+    and marked ``metadata.otb_check``; the copy's ``metadata.otb_grading`` holds which notebook it is and
+    the token of the grader's lines. A cell interrupted at ``timeout`` seconds gets
+    ``metadata.timed_out`` (in the copy only); if the run stops early (the kernel died), the copy's
+    ``metadata.run_stopped`` says why. Unreadable if the file is not a notebook."""
     nb = read(path)
+    kind, token = kind_of(nb), secrets.token_hex(8)
+    nb.metadata["otb_grading"] = {"kind": kind, "token": token}
+    for cell in nb.cells:
+        expected = _EXPECTED.get(_code(cell.source)) if cell.cell_type == "code" else None
+        if kind is not None and expected is not None and expected[0] == kind:
+            cell.metadata["otb_check"] = expected[1]
+            cell.source = _grader_cell(expected[1], token, HERE / "check.py")
 
     def mark(cell, execute_reply, **_):  # nbclient's hook, after each code cell
         if (execute_reply or {}).get("content", {}).get("ename") == _TIMED_OUT:
@@ -116,32 +203,60 @@ def _error(cell):
     return None
 
 
-def _title(cell):
-    """The exercise a check cell grades, from the check it calls (its source line if none is known)."""
-    call = _CHECK_CALL.search(cell.source)
-    name = call.group("name") if call else None
-    if name == "ex3c_optimal_token_baseline" and re.search(r"leave_one_out\s*=\s*True", cell.source):
-        name = "ex3d_leave_one_out"  # the form notebooks built before ex3d_leave_one_out existed use
-    return TITLES.get(name) or f"the check cell `{cell.source.strip().splitlines()[-1]}`"
-
-
 def _timed_out(seconds):
     return H(f"timed out after {seconds} s (a loop that never ends?)")
 
 
+def _verdict_of(cell, stopped, token):
+    """(ok, detail lines) of a check cell the grader ran (``run_copy``), from its line under ``token``."""
+    data = None
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "stream" and out.get("name") == "stdout":
+            for line in out.get("text", "").splitlines():
+                if line.startswith(token + " "):
+                    data = json.loads(line[len(token) + 1:])
+    error = data["error"] if data else _error(cell)
+    if error:
+        return False, [H(f"this check cell raised {error}")]
+    if data is None:
+        return False, [H(f"this check cell did not run: the run stopped ({stopped})") if stopped
+                       else H("this check cell printed no verdict")]
+    lines = data["out"].splitlines()
+    verdicts = [k for k, line in enumerate(lines) if _VERDICT.match(line)]
+    if data["ok"]:
+        return True, []
+    if not verdicts:
+        return False, [H("this check cell printed no verdict")]
+    return False, [line.strip() for line in lines[verdicts[-1] + 1:] if line.startswith("  ")]
+
+
+def _defined_at(nb, name):
+    """The index of the first code cell that defines ``name`` (a def or an assignment at the top); None."""
+    for k, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and "otb_check" not in cell.get("metadata", {}) and any(
+                (m.group("def") or m.group("name")) == name for m in _DEFINES.finditer(cell.source)):
+            return k
+    return None
+
+
 def results(nb):
-    """[(title, ok, detail lines)] for every check cell of an executed notebook, in order. A check cell
-    that timed out is one verdict whose title carries the reason."""
-    found, earlier, number = [], [], 0  # earlier: problems of non-check cells since the last check
+    """[(title, ok, detail lines)] for every check of the executed notebook's exercises (check.NOTEBOOKS),
+    in order. Only the grader's own runs of the check cells count; a check cell that is missing, edited,
+    above its answer or timed out is NOT YET with one line saying so."""
+    grading = nb.metadata.get("otb_grading", {})
+    kind, token = grading.get("kind"), grading.get("token", "")
+    if kind is None:
+        return []
     stopped = nb.metadata.get("run_stopped")
-    for cell in nb.cells:
+    graded, earlier, number = {}, [], 0  # earlier: problems of other cells since the last check cell
+    for k, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
         number += 1  # code cells counted from 1, as a student counts them; markdown cells not counted
-        tags = cell.get("metadata", {}).get("tags", [])
         error = _error(cell)
         timed_out = cell.get("metadata", {}).get("timed_out")
-        if "check" not in tags and not _CHECK_CALL.search(cell.source):
+        source = cell.get("metadata", {}).get("otb_check")
+        if source is None:
             where = f"code cell {number} (`{cell.source.strip().splitlines()[0][:60]}`)" if cell.source.strip() \
                 else f"code cell {number}"
             if timed_out:
@@ -149,25 +264,29 @@ def results(nb):
             elif error:
                 earlier.append(H(f"{where} raised {error}"))
             continue
-        title = _title(cell)
-        if timed_out:
-            found.append((f"{title}: {_timed_out(timed_out)}", False, earlier))
-            earlier = []
-            continue
-        text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream"
-                       and o.get("name") == "stdout")
-        lines = text.splitlines()
-        verdicts = [(k, _VERDICT.match(line)) for k, line in enumerate(lines) if _VERDICT.match(line)]
-        if not verdicts:
-            detail = [H(f"this check cell raised {error}") if error else
-                      H(f"this check cell did not run: the run stopped ({stopped})") if stopped and not cell.outputs
-                      else H("this check cell printed no verdict")]
-            found.append((title, False, earlier + detail))
-        for k, match in verdicts:
-            ok = match.group("verdict") == "CORRECT"
-            detail = [] if ok else [line.strip() for line in lines[k + 1:] if line.startswith("  ")]
-            found.append((match.group("title"), ok, [] if ok else earlier + detail))
+        title = TITLES[_call_of(source)[0]]
+        late = [name for name in _names(source) if (_defined_at(nb, name) or -1) > k]
+        if late:
+            graded[source] = (title, False, earlier + [H(
+                f"this check cell comes before the cell that defines `{late[0]}`: move it back below your answer "
+                f"(Run All runs the cells from the top)")])
+        elif timed_out:
+            graded[source] = (f"{title}: {_timed_out(timed_out)}", False, earlier)
+        else:
+            ok, detail = _verdict_of(cell, stopped, token)
+            graded[source] = (title, ok, [] if ok else earlier + detail)
         earlier = []
+    found = []
+    for source in NOTEBOOKS[kind]:
+        if source in graded:
+            found.append(graded[source])
+            continue
+        name = _call_of(source)[0]
+        edited = any(c.cell_type == "code" and name in c.source for c in nb.cells)
+        cell = " ".join(source.split())
+        found.append((TITLES[name], False, [
+            H(f"its check cell was edited: the grader runs only the check cell as handed out, `{cell}`") if edited
+            else H(f"its check cell is missing: put it back below your answer, `{cell}` (printed text never counts)")]))
     return found
 
 
