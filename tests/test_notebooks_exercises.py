@@ -616,6 +616,86 @@ def test_toy_checks_diagnose_sum_instead_of_mean_biased_statistics_and_the_refer
     assert not ok and "calls toy_harness.measure" in out
 
 
+def _typed(dtype, f):
+    """f computed in ``dtype``: its float tensor inputs cast to it, and its float tensor results."""
+    def cast(x):
+        return x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+    def g(*args, **kwargs):
+        out = f(*map(cast, args), **{k: cast(v) for k, v in kwargs.items()})
+        return tuple(map(cast, out)) if isinstance(out, tuple) else cast(out)
+    return g
+
+
+def _right_answers(dtype):
+    """{label: (check, right answer computed in dtype, check arguments after the answer)}; the answers
+    lean on otb.py (the test turns the watch off), Exercise 4's on the toy's float64 tensors cast to dtype."""
+    def g_hat(en, A, rows, N):
+        return _typed(dtype, _my_batch_gradients)(en, A, rows, N) if dtype == torch.float64 else \
+            _typed(dtype, lambda A, s: torch.einsum("bt,btp->bp", A, s))(A, en.scores[rows]).reshape(
+                -1, N, en.scores.shape[-1]).mean(1)
+
+    def measure(en, name, N, groups, seed):
+        rows, gid = toy_harness.sample_groups(en, N, groups, torch.Generator().manual_seed(seed))
+        A = otb.ESTIMATORS[name](**en.batch(rows), group_index=gid)[0]
+        return _typed(dtype, _my_bias_and_variance)(g_hat(en, A, rows, N), en.grad_J)
+    otb_A = _typed(dtype, lambda *a, **k: otb.optimal_token_baseline(*a, **k)[0])
+    import toy_harness
+    return {
+        "1a": (check.ex1a_sum_pi_squared, _typed(dtype, otb.sum_pi_squared), ()),
+        "1b": (check.ex1b_token_energy, _typed(dtype, otb.token_energy), ()),
+        "2a": (check.ex2a_sequence_scores, _typed(dtype, lambda r, m: (r * m).sum(-1)), ()),
+        "2b": (check.ex2b_group_mean, _typed(dtype, _group(otb.group_mean)), ()),
+        "2c": (check.ex2c_rloo, _typed(dtype, _group(otb.rloo)), ()),
+        "3a": (check.ex3a_reward_to_go, _typed(dtype, lambda r, m: (r * m).flip(-1).cumsum(-1).flip(-1) * m), ()),
+        "3b": (check.ex3b_realized_energy, _typed(dtype, lambda lp, s, m: (otb.token_energy(lp, s) * m).cumsum(-1) * m),
+               ()),
+        "3c": (check.ex3c_optimal_token_baseline, otb_A, ()),
+        "3d": (check.ex3d_leave_one_out, otb_A, ()),
+        "3e": (functools.partial(check.ex3e_trains, steps=2), otb_A, ()),
+        "4a": (check.ex4a_batch_gradients, g_hat, ("toy",)),
+        "4b": (check.ex4b_bias_and_variance, _typed(dtype, _my_bias_and_variance), ()),
+        "4c": (functools.partial(check.ex4c_measure, Ns=(2, 4), groups=500), measure, ("toy",)),
+        "5a": (check.ex5a_action_index,
+               lambda m: torch.where(m.bool(), m.to(dtype).cumsum(-1) - 1, -1).long(), ()),
+        "5b": (check.ex5b_compaction, _typed(dtype, _to_actions(_stable_idx)), (_typed(dtype, _from_actions(_stable_idx)),)),
+        "5c": (check.ex5c_action_aligned_otb, _typed(dtype, lambda *a, **k: otb.action_aligned_otb(*a, **k)[0]), ()),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("label", sorted(_right_answers(torch.float32)))
+def test_a_right_answer_in_either_float_type_passes_every_exercise(label, dtype, capsys, monkeypatch, toy):
+    """A right answer computed in float32 or float64 passes every check, and no check fails on a dtype; in
+    Exercise 1a, which is about precision, the dtype asked for is part of the answer: a result in the other
+    type gets one hint line naming both dtypes."""
+    monkeypatch.setattr(check._Watch, "_hook", lambda self, frame, event, arg: None)  # the answers lean on otb.py
+    fn, answer, rest = _right_answers(dtype)[label]
+    ok, out = _verdict(capsys, fn, answer, *(toy if r == "toy" else r for r in rest))
+    assert "unexpectedly" not in out, out
+    if label == "1a":
+        problem, hint = (line.strip() for line in out.splitlines()[1:3])
+        assert not ok and f"dtype {dtype}" in problem and "float32" in hint and "float64" in hint, out
+        assert len(out.splitlines()) == 3, out
+    else:
+        assert ok, out
+
+
+def test_the_otb_scaffold_takes_a_float64_reward_to_go_and_energy(tmp_path):
+    """A right 3a and 3b in float64 pass their checks, and the notebook's own 3c line takes them (its B is
+    float32): the whole of Exercise 3 is CORRECT."""
+    nb = _built(NAMES[2])[0]
+    for name in ("def reward_to_go", "def realized_energy"):
+        cell = nb.cells[_cells(nb, name)]
+        lines = cell.source.splitlines()
+        k = max(i for i, line in enumerate(lines) if line.lstrip().startswith("return "))
+        lines[k] = lines[k].split("  #")[0].replace("return ", "return (", 1) + ").double()"
+        cell.source = "\n".join(lines)
+    (tmp_path / "mine.ipynb").write_text(build._dumps(nb))
+    found = grade.results(grade.run_copy(tmp_path / "mine.ipynb", timeout=120))
+    assert len(found) == 5 and all(ok for _, ok, _ in found), found
+
+
 def test_the_students_otb_trains_like_the_reference_and_a_wrong_one_is_caught_at_its_first_step(capsys):
     """3e: a plain loop implementation of OTB gives train.py the same run as otb.py's (identical weights,
     prompts and draws); the group mean in its place is caught at step 1, and otb.ESTIMATORS is left as it was."""

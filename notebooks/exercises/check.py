@@ -14,7 +14,7 @@ and returns True or False. A check never raises, whatever the student's code doe
 exception inside it, or a blank that still returns None, is reported as "not yet correct"),
 so a half-finished notebook still runs top to bottom.
 
-Three rules keep the verdicts honest:
+Four rules keep the verdicts honest:
 
 * every random draw comes from a ``torch.Generator`` seeded here, never from the global one, so the
   numbers a check prints are the same on every run and every student's screen;
@@ -24,7 +24,9 @@ Three rules keep the verdicts honest:
   would then prove nothing. The rule goes by where a function lives, so a function added there later
   is watched too; the only exceptions are the few helpers the blanks hand to students (``ALLOWED``,
   named with the reason for each);
-* an error raised inside the project's code names its file and the student's line that called it.
+* an error raised inside the project's code names its file and the student's line that called it;
+* a right answer computed in float32 or float64 passes (``_like`` casts it for torch's comparisons, and
+  the tolerances allow float32's 24 bits); only Exercise 1a, which is about precision, asks for a dtype.
 
 Every hint a check can print is written ``H("...")``: ``ta_table.py`` reads them all from this file
 for the teaching assistants' table, so a hint that is not wrapped is missing from it.
@@ -282,6 +284,14 @@ def _call(fn, case, *args, allowed=(), **kwargs):
                      H("replace the `return None` line with your code (the markdown above the cell says what "
                        "to compute)"))
     return out
+
+
+def _like(got, want):
+    """``got`` in ``want``'s float type, for comparing the two: a right answer may be computed in float32 or
+    float64, and torch compares two tensors only in one dtype. Anything else is returned unchanged."""
+    if isinstance(got, torch.Tensor) and got.is_floating_point() and want.is_floating_point():
+        return got.to(want.dtype)
+    return got
 
 
 def _show(x):
@@ -657,8 +667,8 @@ def _check_group_estimator(title, student_fn, reference, name):
         for k, (case, lengths, gi, opts, hint) in enumerate(_GROUP_CASES):
             b = _batch(lengths, seed=10 + k, **opts)
             want = reference(b["token_rewards"], b["response_mask"], gi)[0]
-            got = _call(student_fn, case, b["token_rewards"].clone(), b["response_mask"].clone(), gi,
-                        allowed="ex2b_group_mean" if name == "group_mean" else "ex2c_rloo")
+            got = _like(_call(student_fn, case, b["token_rewards"].clone(), b["response_mask"].clone(), gi,
+                        allowed="ex2b_group_mean" if name == "group_mean" else "ex2c_rloo"), want)
             if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.allclose(got, want, atol=1e-5):
                 if torch.allclose(got, -want, atol=1e-5):
                     raise NotYet(f"on the case '{case}' your advantages have the opposite sign",
@@ -914,8 +924,9 @@ def ex3c_optimal_token_baseline(student_fn, leave_one_out=False, reward_to_go=No
             b = _batch(lengths, seed=30 + k, **opts)
             args = (b["token_rewards"], b["response_mask"], gi, b["log_probs"], b["sum_pi_sq"])
             want = otb.optimal_token_baseline(*args, **extra)[0]
-            got = _call(student_fn, case, *(a.clone() if isinstance(a, torch.Tensor) else a for a in args),
-                        allowed="ex3d_leave_one_out" if leave_one_out else "ex3c_optimal_token_baseline", **extra)
+            got = _like(_call(student_fn, case, *(a.clone() if isinstance(a, torch.Tensor) else a for a in args),
+                              allowed="ex3d_leave_one_out" if leave_one_out else "ex3c_optimal_token_baseline",
+                              **extra), want)
             if isinstance(got, torch.Tensor) and got.shape == want.shape and \
                     not torch.allclose(got, want, atol=1e-4, rtol=1e-4):
                 m = b["response_mask"]
@@ -1067,31 +1078,36 @@ def ex4a_batch_gradients(student_fn, en):
             rows, A = _toy_rows_and_advantages(en, N, groups, seed=N)
             want = toy_harness.batch_gradients(en, A, rows, N)  # (groups, P), the mean over each group
             got = _call(student_fn, case, en, A.clone(), rows.clone(), N, allowed="ex4a_batch_gradients")
+            # float64 answers are compared to 1e-8; float32 ones to float32's precision (24 bits)
+            tol = dict(rtol=1e-5, atol=1e-6 * want.abs().max().item()) if \
+                isinstance(got, torch.Tensor) and got.dtype == torch.float32 else dict(rtol=1e-8, atol=1e-10)
+            got = _like(got, want)
             if isinstance(got, torch.Tensor) and got.shape == want.shape and N > 1 and \
-                    want.abs().max() > 0 and torch.allclose(got, N * want, rtol=1e-9, atol=1e-12):
+                    want.abs().max() > 0 and torch.allclose(got, N * want, **tol):
                 raise NotYet(f"on the case '{case}' your gradients are N = {N} times too large",
                              H("g_hat is the *mean* over the N responses of a group, not the sum"))
             if isinstance(got, torch.Tensor) and got.shape == want.shape and N > 1 and groups > 1:
                 g = torch.einsum("bt,btp->bp", A, en.scores[rows])  # (G*N, P)
-                if torch.allclose(got, g.reshape(N, groups, -1).mean(0), rtol=1e-9, atol=1e-12):
+                if torch.allclose(got, g.reshape(N, groups, -1).mean(0), **tol):
                     raise NotYet(f"on the case '{case}' you averaged rows that belong to different groups",
                                  H("rows are stored group after group (rows 0..N-1 are the first group): "
                                    "reshape(groups, N, P) and average over dim 1, not reshape(N, groups, P)"))
             if isinstance(got, torch.Tensor) and got.shape == want.shape and want.abs().max() > 0 and \
-                    not torch.allclose(got, want, rtol=1e-8, atol=1e-10):
-                _batch_gradient_slips(got, want, en, A, rows, N, case)
+                    not torch.allclose(got, want, **tol):
+                _batch_gradient_slips(got, want, en, A, rows, N, case, tol)
             _compare(got, want, case, H("g(tau_i) = sum_t A_t^i s_t^i with s_t^i = en.scores[rows] (G*N, T, P); "
                                         "then reshape to (groups, N, P) and average over the N responses of each "
                                         "group"),
-                     atol=1e-10, rtol=1e-8, shape_hint=H("g_hat has one row per group: shape (groups, P), with "
-                                                         "groups = len(rows) // N"))
+                     **tol, shape_hint=H("g_hat has one row per group: shape (groups, P), with groups = "
+                                         "len(rows) // N"))
         return "Matches toy_harness.batch_gradients."
     return _verdict(TITLES["ex4a_batch_gradients"], body)
 
 
-def _batch_gradient_slips(got, want, en, A, rows, N, case):
+def _batch_gradient_slips(got, want, en, A, rows, N, case, tol):
     """Raise NotYet naming the slip if ``got`` is what a usual slip of 4a gives (a mean over positions, a
-    product of sums, the scores of other responses), zeros, or the right answer times a constant."""
+    product of sums, the scores of other responses), zeros, or the right answer times a constant; ``tol``:
+    torch.allclose's rtol and atol for the answer's float type."""
     s = en.scores[rows]  # s_t^i, (G*N, T, P)
     L = en.mask[rows].sum(-1, keepdim=True)  # each response's number of valid tokens, (G*N, 1)
     per_group = lambda g: g.reshape(-1, N, g.shape[-1]).mean(1)  # noqa: E731  (G*N, P) -> (G, P)
@@ -1111,7 +1127,7 @@ def _batch_gradient_slips(got, want, en, A, rows, N, case):
             H("rows holds the indices of the sampled responses: their scores are en.scores[rows], (G*N, T, P)")),
     }
     for what, (value, hint) in slips.items():
-        if torch.allclose(got, value, rtol=1e-8, atol=1e-10):
+        if torch.allclose(got, value, **tol):
             raise NotYet(f"on the case '{case}' you computed {what}", hint)
     if not got.abs().max() > 0:
         raise NotYet(f"on the case '{case}' your g_hat is 0 everywhere",
@@ -1119,7 +1135,7 @@ def _batch_gradient_slips(got, want, en, A, rows, N, case):
                        "s = en.scores[rows], then the mean over the N responses of each group"))
     k = int(want.abs().argmax())
     c = (got.flatten()[k] / want.flatten()[k]).item()
-    if c != 0 and torch.allclose(got, c * want, rtol=1e-8, atol=1e-10):
+    if c != 0 and torch.allclose(got, c * want, **tol):
         raise NotYet(f"on the case '{case}' your gradients are {c:.6g} times the expected ones",
                      H("a constant factor: sum over the positions t (not a mean), and average over the N "
                        "responses of each group (not a sum, not a division by the number of groups)"))
@@ -1134,8 +1150,10 @@ def _pair(got, case):
     return tuple(float(x) for x in got)
 
 
-def _same(x, y):
-    return math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-15)
+def _same(x, y, scale):
+    """x equals y to float32's precision (24 bits) of numbers of size ``scale``: a right answer may be computed
+    in float32 or float64, and every slip 4b names moves a number by far more."""
+    return math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-6 * abs(scale))
 
 
 def ex4b_bias_and_variance(student_fn):
@@ -1158,26 +1176,27 @@ def ex4b_bias_and_variance(student_fn):
             G = gh.shape[0]
             dev_sq = ((gh - gh.mean(0)) ** 2).sum().item()
             naive_bias2 = ((gh.mean(0) - gj) ** 2).sum().item()
-            if _same(bias2, want["variance"]) and _same(variance, want["bias2"]):
+            scale = want["variance"]  # the size of both numbers (bias2 is a difference of numbers this size)
+            if _same(bias2, want["variance"], scale) and _same(variance, want["bias2"], scale):
                 raise NotYet(f"on the case '{case}' you returned (variance, bias2)",
                              H("return the pair in the order (bias2, variance)"))
-            if _same(variance, dev_sq / G):
+            if _same(variance, dev_sq / G, scale):
                 raise NotYet(f"on the case '{case}' your variance {variance:.6g} divides by G = {G}, expected "
                              f"{want['variance']:.6g}",
                              H("the unbiased estimate of tr Cov divides the sum of squared deviations by G - 1"))
-            if _same(variance, want["variance"] / gh.shape[1]):
+            if _same(variance, want["variance"] / gh.shape[1], scale):
                 raise NotYet(f"on the case '{case}' your variance {variance:.6g} is the mean over the coordinates, "
                              f"expected {want['variance']:.6g}",
                              H("variance = tr Cov: *sum* the sample variances over the P coordinates"))
-            if not _same(variance, want["variance"]):
+            if not _same(variance, want["variance"], scale):
                 raise NotYet(f"on the case '{case}' your variance is {variance:.6g}, expected {want['variance']:.6g}",
                              H("variance = tr Cov(g_hat) = sum over coordinates of the sample variance over groups"))
-            if _same(bias2, naive_bias2):
+            if _same(bias2, naive_bias2, scale):
                 raise NotYet(f"on the case '{case}' your bias2 {bias2:.6g} is ||mean g_hat - grad J||^2 itself, "
                              f"expected {want['bias2']:.6g}",
                              H("even an unbiased estimator gives ||mean - grad J||^2 > 0 with finite G: its "
                                "expectation is ||bias||^2 + variance / G, so subtract variance / G"))
-            if _same(bias2, naive_bias2 - variance):
+            if _same(bias2, naive_bias2 - variance, scale):
                 raise NotYet(f"on the case '{case}' your bias2 {bias2:.6g} subtracts the whole variance, expected "
                              f"{want['bias2']:.6g}",
                              H("the mean of G estimates has variance tr Cov / G: subtract variance / G"))
@@ -1186,7 +1205,7 @@ def ex4b_bias_and_variance(student_fn):
                              H("do not clip bias2 at 0: the formula is an unbiased estimate of a square, and when "
                                "the true bias is 0 it comes out negative about half the time; clipping makes it "
                                "biased (always too large on average)"))
-            if not _same(bias2, want["bias2"]):
+            if not _same(bias2, want["bias2"], scale):
                 raise NotYet(f"on the case '{case}' your bias2 is {bias2:.6g}, expected {want['bias2']:.6g}",
                              H("bias2 = ||mean over groups of g_hat - grad J||^2 - variance / G"))
         return ("Matches toy_harness.raw_stats (bias^2 with the Monte Carlo excess removed, negative values kept; "
@@ -1231,7 +1250,9 @@ def ex4c_measure(student_fn, en, Ns=(2, 4, 8), groups=4000, seed=0, batch_gradie
                 got[name] = tuple(float(x) for x in out)
                 ref[name] = toy_harness.measure(en, Ns=(N,), groups=groups, seed=seed, names=[name])[0]
                 for k, key in enumerate(("bias2", "variance")):
-                    if not math.isclose(got[name][k], ref[name][key], rel_tol=1e-6, abs_tol=1e-12):
+                    # to float32's precision of numbers the size of the variance (bias2 is a difference of two)
+                    if not math.isclose(got[name][k], ref[name][key], rel_tol=1e-6,
+                                        abs_tol=1e-6 * ref[name]["variance"]):
                         _earlier_parts([("4a", "batch_gradients", ex4a_batch_gradients, batch_gradients, (en,)),
                                         ("4b", "bias_and_variance", ex4b_bias_and_variance, bias_and_variance, ())])
                         if name == "rloo" and all(math.isclose(got[name][j], got["group_mean"][j], rel_tol=1e-9)
@@ -1424,7 +1445,7 @@ def ex5b_compaction(to_actions, from_actions):
             for i in range(len(x)):
                 want[i][m[i].bool()] = y_k[i, :int(n[i])]
             case = f"scattering values over k back to the positions t ({case})"
-            got = _call(from_actions, case, y_k.clone(), m.clone(), allowed="ex5b_compaction")
+            got = _like(_call(from_actions, case, y_k.clone(), m.clone(), allowed="ex5b_compaction"), want)
             if isinstance(got, torch.Tensor) and got.shape == want.shape and torch.equal(got * m, want) and \
                     not torch.equal(got, want):
                 bad = tuple((got != want).nonzero()[0].tolist())
@@ -1457,8 +1478,8 @@ def ex5c_action_aligned_otb(student_fn):
             b = _tool_batch(masks, seed=60 + k)
             args = (b["token_rewards"], b["response_mask"], gi, b["log_probs"], b["sum_pi_sq"])
             want = otb.action_aligned_otb(*args, **extra)[0]
-            got = _call(student_fn, case, *(a.clone() if isinstance(a, torch.Tensor) else a for a in args),
-                        allowed="ex5c_action_aligned_otb", **extra)
+            got = _like(_call(student_fn, case, *(a.clone() if isinstance(a, torch.Tensor) else a for a in args),
+                              allowed="ex5c_action_aligned_otb", **extra), want)
             by_position = otb.optimal_token_baseline(*args, **extra)[0]
             if isinstance(got, torch.Tensor) and got.shape == want.shape and \
                     not torch.allclose(by_position, want) and torch.allclose(got, by_position, atol=1e-5):
