@@ -264,28 +264,41 @@ def record_path(records, p):
 
 def save_prompt(path, units, ref, R, R_ref, length, seconds):
     """One prompt's statistics, all that the analysis needs of it: per (estimator, N) its mean group
-    gradient m_p (float32, as the analysis takes it), tr Var V_p and the number of groups K; its reference
-    gradient r_p; the rewards of its pool and of its reference pool; the pool's mean response length and
-    the seconds it took. Written to a temporary file and then renamed, so a stop while writing leaves
-    no half-written record."""
-    arrays = {f"{e}/N{N}/{k}": np.asarray(v) for (e, N), (mean, var, K) in units.items()
-              for k, v in (("mean", mean.numpy()), ("var", var), ("K", K))}
+    gradient m_p, tr Var V_p and the number of groups K; its reference gradient r_p; the rewards of its
+    pool and of its reference pool; the pool's mean response length and the seconds it took. The vectors
+    m_p and r_p are stored as lab/analysis/compact.py stores a matrix, divided by their largest entry and
+    rounded to float16 (within 2^-11 of it; a run straight through reads them back the same way, so a
+    resumed run gives the same statistics). Written to a temporary file and then renamed, so a stop while
+    writing leaves no half-written record."""
+    arrays = {}
+
+    def vector(key, v):
+        scale = float(v.abs().max()) or 1.0
+        arrays[key], arrays[key + ".scale"] = (v.double() / scale).numpy().astype(np.float16), np.float64(scale)
+    for (e, N), (mean, var, K) in units.items():
+        vector(f"{e}/N{N}/mean", mean)
+        arrays[f"{e}/N{N}/var"], arrays[f"{e}/N{N}/K"] = np.float64(var), np.int64(K)
+    vector("ref", ref)
     tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, ref=ref.numpy(), R=R.numpy(), R_ref=R_ref.numpy(), length=np.float64(length),
-             seconds=np.float64(seconds), **arrays)
+    np.savez(tmp, R=R.numpy(), R_ref=R_ref.numpy(), length=np.float64(length), seconds=np.float64(seconds), **arrays)
     tmp.replace(path)
 
 
 def load_prompt(path):
-    """The inverse of save_prompt: dict(units={(e, N): (mean, var, K)}, ref, R, R_ref, length, seconds)."""
+    """The inverse of save_prompt: dict(units={(e, N): (mean, var, K)}, ref, R, R_ref, length, seconds), the
+    vectors in float32 (a record written without scales holds them in float32 as they are)."""
     with np.load(path) as data:
-        out = dict(units={}, **{k: torch.from_numpy(data[k]) for k in ("ref", "R", "R_ref")},
+        def vector(key):
+            if key + ".scale" not in data.files:
+                return torch.from_numpy(data[key])
+            return torch.from_numpy(data[key].astype(np.float64) * float(data[key + ".scale"])).float()
+        out = dict(units={}, ref=vector("ref"), **{k: torch.from_numpy(data[k]) for k in ("R", "R_ref")},
                    length=float(data["length"]), seconds=float(data["seconds"]))
         for key in data.files:
-            if key.count("/") == 2:
+            if key.count("/") == 2 and not key.endswith(".scale"):
                 e, N, k = key.split("/")
-                out["units"].setdefault((e, int(N[1:])), {})[k] = data[key]
-    out["units"] = {key: (torch.from_numpy(u["mean"]), float(u["var"]), int(u["K"])) for key, u in out["units"].items()}
+                out["units"].setdefault((e, int(N[1:])), {})[k] = vector(key) if k == "mean" else data[key]
+    out["units"] = {key: (u["mean"], float(u["var"]), int(u["K"])) for key, u in out["units"].items()}
     return out
 
 

@@ -341,3 +341,26 @@ def test_the_horizon_contrast_resamples_prompts_jointly_across_n():
     fewer = {(16, 0): {k: scale_free.gram_stats(torch.eye(5, 3, dtype=torch.float64), torch.ones(5),
                                                 torch.ones(5, 3, dtype=torch.float64)) for k in hi}, (64, 0): hi}
     assert hs.horizon_contrasts(fewer, replicates=100) == []
+
+
+def test_a_prompt_record_keeps_what_the_analysis_needs(tmp_path):
+    # save_prompt stores m_p and r_p scaled to float16 (each entry within 2^-11 of the vector's largest),
+    # V_p, K and the rewards exactly; a record written with float32 vectors and no scales reads as it is.
+    import numpy as np
+    gen = torch.Generator().manual_seed(0)
+    units = {(e, N): (torch.randn(50, generator=gen) * 1e5, float(torch.rand(1, generator=gen)), 8 // N)
+             for e in ("otb", "reinforce") for N in (2, 4)}
+    ref, R = torch.randn(50, generator=gen), torch.tensor([0.0, 1.0, 1.0, 0.0])
+    hs.save_prompt(tmp_path / "p0000.npz", units, ref, R, 1 - R, 12.5, 3.0)
+    back = hs.load_prompt(tmp_path / "p0000.npz")
+    for key, (mean, var, K) in units.items():
+        got = back["units"][key]
+        assert (got[0] - mean).abs().max() <= 2 ** -11 * mean.abs().max() and (got[0] - mean).abs().max() > 0
+        assert got[1:] == (var, K)
+    assert (back["ref"] - ref).abs().max() <= 2 ** -11 * ref.abs().max()
+    assert torch.equal(back["R"], R) and torch.equal(back["R_ref"], 1 - R) and back["length"] == 12.5
+    np.savez(tmp_path / "p0001.npz", ref=ref.numpy(), R=R.numpy(), R_ref=R.numpy(), length=1.0, seconds=1.0,
+             **{f"{e}/N{N}/{k}": np.asarray(v) for (e, N), (m, var, K) in units.items()
+                for k, v in (("mean", m.numpy()), ("var", var), ("K", K))})
+    old = hs.load_prompt(tmp_path / "p0001.npz")
+    assert torch.equal(old["ref"], ref) and all(torch.equal(old["units"][k][0], units[k][0]) for k in units)

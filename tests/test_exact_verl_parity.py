@@ -1,11 +1,12 @@
 """Parity with the reference vectors computed with the widely used (verl) formulas.
 
-``tests/data/verl_reference_vectors.json`` holds five cases (outcome rewards, interleaved groups of
+``tests/data/verl_reference_vectors.json.gz`` (the shared reference file, gzipped byte for byte) holds five cases (outcome rewards, interleaved groups of
 sizes 1 to 8, sparse process rewards, importance weights, a larger batch). Each case stores the
 inputs and, computed independently in float64, the expected OTB advantages/returns (zero tail off
 and on), the GRPO / Dr.GRPO (group mean) / RLOO advantages and sum_k pi_k^2 from the stored logits.
 Every (case, estimator) pair is its own test, so a failure names both.
 """
+import gzip
 import json
 from collections import Counter
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 
 import otb
 
-DATA = json.loads((Path(__file__).parent / "data" / "verl_reference_vectors.json").read_text())
+DATA = json.loads(gzip.decompress((Path(__file__).parent / "data" / "verl_reference_vectors.json.gz").read_bytes()))
 CASES = DATA["cases"]
 TOL = 1e-6
 
