@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -219,7 +220,7 @@ def no_ipywidgets(tmp_path, monkeypatch):
 def test_solution_notebook_passes_every_check(name, no_ipywidgets):
     """Every exercise of the notebook gets a verdict titled by it (3e included), all CORRECT, and nothing
     prints a warning (3e runs train.py, whose bars are tqdm.auto's)."""
-    nb = grade.run_copy(EXERCISES / "solutions" / name, timeout=120)
+    nb = grade.run_copy(EXERCISES / "solutions" / name, budget=240)
     found = grade.results(nb)
     assert len(found) >= 2, "each exercise has at least two checks"
     assert all(ok for _, ok, _ in found), found
@@ -233,7 +234,7 @@ def test_solution_notebook_passes_every_check(name, no_ipywidgets):
 def test_blank_notebook_runs_and_fails_its_checks_helpfully(tmp_path, name):
     path = tmp_path / name  # outside the project: grade.py finds it through OTB_ROOT
     path.write_text(build._dumps(_built(name)[1]))
-    nb = grade.run_copy(path, timeout=120)
+    nb = grade.run_copy(path, budget=240)
     errors = [grade._error(c) for c in nb.cells if c.cell_type == "code" and grade._error(c)]
     assert not errors, errors  # a blank runs top to bottom
     found = grade.results(nb)
@@ -276,11 +277,12 @@ def test_grading_reports_a_cell_that_raises(tmp_path, capsys):
     assert "this check cell raised NameError" in out and "`ok_1a" not in out
 
 
-def test_grading_reports_a_loop_that_never_ends_and_a_file_that_is_not_a_notebook_in_one_line_each(
+def test_one_loop_that_never_ends_costs_one_budget_and_a_file_that_is_not_a_notebook_is_one_line(
         tmp_path, capsys):
-    """A cell past the time limit is interrupted and reported on its exercise's line, the cells after it
-    still run; a kernel that dies leaves the checks after it "did not run"; a file that is not a notebook
-    is one line, and the notebook after it is still graded."""
+    """The cell running when the notebook's budget runs out is interrupted and reported on its exercise's
+    line; the cells after it are not run (a second call of the looping function costs nothing), so their
+    checks "did not run". A file that is not a notebook is one line, and the notebook after it is still
+    graded; nbclient's log and the kernel's stderr (an interrupt's traceback) stay off the terminal."""
     from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
     loop = new_notebook(cells=[
         new_markdown_cell("## 1a. stand-in"),
@@ -288,25 +290,72 @@ def test_grading_reports_a_loop_that_never_ends_and_a_file_that_is_not_a_noteboo
         new_code_cell("def sum_pi_squared(logits):\n    while True:  # a loop that never ends\n        pass"),
         new_code_cell("ok_1a = check.ex1a_sum_pi_squared(sum_pi_squared)", metadata={"tags": ["check"]}),
         new_code_cell("def token_energy(log_probs, sum_pi_sq):\n    return (1 - 2 * log_probs.exp() + sum_pi_sq).clamp(0, 2)"),
-        new_code_cell("import os\nos._exit(1)  # the kernel dies"),
+        new_code_cell("sum_pi_squared(torch.zeros(3))  # the loop again"),
         new_code_cell("ok_1b = check.ex1b_token_energy(token_energy)", metadata={"tags": ["check"]})])
     (tmp_path / "b_loop.ipynb").write_text(nbformat.writes(loop))
     (tmp_path / "a_cut.ipynb").write_text('{"cells": [{"cell_type": "code", "sou')  # a copy cut short
     (tmp_path / "a_list.ipynb").write_text("[1, 2]")  # JSON, but not a notebook
     paths = [str(tmp_path / n) for n in ("a_cut.ipynb", "a_list.ipynb", "b_loop.ipynb")]
-    assert grade.main(paths + ["--timeout", "10"]) == 1
-    lines = capsys.readouterr().out.splitlines()
+    start = time.monotonic()
+    assert grade.main(paths + ["--budget", "15"]) == 1
+    assert time.monotonic() - start < 2 * 15  # one budget, not one for each cell that calls the loop
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
     for name, why in (("a_cut.ipynb", "not valid JSON"), ("a_list.ipynb", "not a Jupyter notebook")):
         mine = [line for line in lines if name in line]
         assert len(mine) == 1 and why in mine[0] and "cannot be read" in mine[0], lines
     k = lines.index("b_loop.ipynb")
-    assert lines[k:k + 3] == ["b_loop.ipynb",
-                              f"  NOT YET   {check.TITLES['ex1a_sum_pi_squared']}: timed out after 10 s (a loop "
-                              f"that never ends?)",
-                              f"  NOT YET   {check.TITLES['ex1b_token_energy']}"], lines
-    assert lines[k + 3].startswith("            this check cell did not run: the run stopped (DeadKernelError"), lines
+    assert lines[k:k + 4] == ["b_loop.ipynb",
+                              f"  NOT YET   {check.TITLES['ex1a_sum_pi_squared']}: the notebook's time budget of 15 s "
+                              f"ran out in this cell (a loop that never ends?)",
+                              f"  NOT YET   {check.TITLES['ex1b_token_energy']}",
+                              "            this check cell did not run: the notebook's time budget ran out in an "
+                              "earlier cell"], lines
     assert lines[-1] == "0 of 4 checks correct in 3 notebook(s)"
-    assert grade.TIMEOUT <= 60  # the default: a class of 30 with one such loop each waits minutes, not hours
+    assert "Traceback" not in err and "Timeout" not in err and "Interrupt" not in err, err
+    assert grade.BUDGET <= 60  # the default: a class of 30 with one such loop each waits minutes, not hours
+
+
+def test_a_kernel_that_dies_leaves_the_checks_after_it_not_run(tmp_path):
+    from nbformat.v4 import new_code_cell, new_notebook
+    nb = new_notebook(cells=[
+        new_code_cell("import torch"),
+        new_code_cell("def sum_pi_squared(logits):\n    return logits.float().softmax(-1).pow(2).sum(-1)"),
+        new_code_cell("import os\nos._exit(1)  # the kernel dies"),
+        new_code_cell("ok_1a = check.ex1a_sum_pi_squared(sum_pi_squared)")])
+    (tmp_path / "dies.ipynb").write_text(nbformat.writes(nb))
+    found = grade.results(grade.run_copy(tmp_path / "dies.ipynb", budget=60))
+    assert not found[0][1] and found[0][2][0].startswith("this check cell did not run: the run stopped (DeadKernel")
+
+
+def test_a_cell_that_raises_or_times_out_is_reported_even_when_every_check_passes(tmp_path, capsys):
+    """A top-level loop after a right answer, or an error in a cell of its own, is a PROBLEM line and the
+    notebook is not 'all done' (exit status 1), though both checks are CORRECT."""
+    nb = _built(NAMES[0])[0]
+    nb.cells.append(nbformat.v4.new_code_cell("while True:  # a top-level loop after the answers\n    pass"))
+    nb.cells.insert(1, nbformat.v4.new_code_cell("1 / 0"))
+    (tmp_path / "mine.ipynb").write_text(build._dumps(nb))
+    assert grade.main([str(tmp_path / "mine.ipynb"), "--budget", "40"]) == 1
+    out = capsys.readouterr().out
+    number = len([c for c in nb.cells if c.cell_type == "code"])
+    assert "  PROBLEM   code cell 1 (`1 / 0`) raised ZeroDivisionError: division by zero" in out, out
+    assert f"  PROBLEM   code cell {number} (`while True:  # a top-level loop after the answers`): the notebook's " \
+           f"time budget of 40 s ran out in this cell" in out, out
+    assert "CORRECT   Exercise 1a" in out and "CORRECT   Exercise 1b" in out, out
+    assert out.splitlines()[-1] == "2 of 2 checks correct in 1 notebook(s); 2 other cell(s) raised an error or timed out"
+
+
+def test_no_printed_line_is_longer_than_the_width_and_the_full_text_is_in_a_file(tmp_path):
+    """A problem of any length is cut to grade.WIDTH characters, naming the file that holds it whole."""
+    import io
+    out, log = io.StringIO(), tmp_path / "full.txt"
+    long = "problem: " + "x" * 25_000
+    bad = grade.report("mine.ipynb", [("Exercise 3e (title)", False, [long, "hint:    short"])], out=out,
+                       cells=["code cell 2 (`f()`) raised ValueError: " + "y" * 1000], log=log, stderr="Traceback ...")
+    lines = out.getvalue().splitlines()
+    assert bad == 2 and max(map(len, lines)) <= grade.WIDTH, [len(line) for line in lines]
+    assert f"the full text is in {log}" in lines[1] and lines[-1] == "            hint:    short", lines
+    assert long in log.read_text() and "Traceback ..." in log.read_text()
 
 
 def _cells(nb, text):
@@ -692,7 +741,7 @@ def test_the_otb_scaffold_takes_a_float64_reward_to_go_and_energy(tmp_path):
         lines[k] = lines[k].split("  #")[0].replace("return ", "return (", 1) + ").double()"
         cell.source = "\n".join(lines)
     (tmp_path / "mine.ipynb").write_text(build._dumps(nb))
-    found = grade.results(grade.run_copy(tmp_path / "mine.ipynb", timeout=120))
+    found = grade.results(grade.run_copy(tmp_path / "mine.ipynb", budget=240))
     assert len(found) == 5 and all(ok for _, ok, _ in found), found
 
 
@@ -707,3 +756,11 @@ def test_the_students_otb_trains_like_the_reference_and_a_wrong_one_is_caught_at
     ok, text = _verdict(capsys, check.ex3e_trains, lambda *a: otb.optimal_token_baseline(*a)[0], steps=3)
     assert not ok and "calls otb.optimal_token_baseline" in text, text
     assert otb.ESTIMATORS["otb"] is reference
+
+
+def test_nan_advantages_in_3e_name_the_division_by_zero(capsys):
+    """An OTB without eps gives 0 / 0 where no row of a group has a token; 3e says so in one line instead of
+    failing unexpectedly inside train.py."""
+    assert not check.ex3e_trains(slips.otb_plain(eps=0.0), steps=2)
+    out = capsys.readouterr().out
+    assert "NaN or inf advantages" in out and "sum W_t + eps" in out and "unexpectedly" not in out, out

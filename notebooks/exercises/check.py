@@ -1029,6 +1029,10 @@ def ex3e_trains(student_fn, steps=6):
             got = f"a tensor of shape {tuple(A.shape)}" if isinstance(A, torch.Tensor) else repr(type(A).__name__)
             raise NotYet(f"train.py got {got} from your function, not a (B, T) tensor",
                          H("return the advantages A_t, one per token: the same shape as token_rewards"))
+        if not torch.isfinite(A).all():
+            raise NotYet("your function returned NaN or inf advantages on a batch of train.py",
+                         H("a position where no row of a group has a valid token gives 0 / 0 in sum G_t W_t / "
+                           "sum W_t: divide by (sum W_t + eps) and set B_t to 0 where the group has no valid token"))
         return A.to(inputs["response_mask"].dtype), None
 
     def body():

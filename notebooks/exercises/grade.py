@@ -2,7 +2,7 @@
 
     python notebooks/exercises/grade.py                        # the five notebooks in this folder
     python notebooks/exercises/grade.py ~/my_01.ipynb ...      # any exercise notebooks, anywhere
-    python notebooks/exercises/grade.py --timeout 120 ...      # allow a cell 120 s (default 60)
+    python notebooks/exercises/grade.py --budget 300 ...       # allow a notebook 300 s (default BUDGET)
 
 Each notebook is read from disk once and run *in memory*, top to bottom, as Jupyter's "Run All"
 would (its own folder as the working directory, the project found through ``OTB_ROOT``, which this
@@ -29,21 +29,28 @@ in an answer, say) where there is one:
                 problem: ...
                 hint:    ...
     02_group_baselines.ipynb
-      NOT YET   Exercise 2b (group-mean baseline): timed out after 60 s (a loop that never ends?)
+      PROBLEM   code cell 4 (`print(1 / 0)`) raised ZeroDivisionError: division by zero
+      NOT YET   Exercise 2b (group-mean baseline): the notebook's time budget of 60 s ran out in this cell (a loop that never ends?)
+      NOT YET   Exercise 2c (GRPO and RLOO)
+                this check cell did not run: the notebook's time budget ran out in an earlier cell
     03_mine.ipynb: cannot be read as a notebook (not valid JSON: ...); open it in Jupyter and save it again
 
 A notebook that cannot be read is one line, and the notebooks after it are still graded.
 
-Exit status: 0 if every check of every notebook is CORRECT, 1 if any is not (so an autograder can
-use it), 2 for bad usage (a path that is not a notebook).
+Exit status: 0 if every check of every notebook is CORRECT and no cell raised or timed out, 1 if not
+(so an autograder can use it), 2 for bad usage (a path that is not a notebook).
 """
 import argparse
 import ast
 import json
+import logging
+import math
 import os
 import re
 import secrets
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import nbformat
@@ -58,10 +65,12 @@ for _path in (ROOT, HERE):
 from check import NOTEBOOKS, TITLES, H  # noqa: E402  (the check cells; the title of every exercise; the marker of
 #                                                  what a student reads)
 
-TIMEOUT = 60  # seconds a cell may run: each exercise cell takes a few, so only a loop that never ends gets here
+BUDGET = 60  # seconds a notebook may run: 4x the slowest solution notebooks (03 and 04, 15 s each on a busy 2-core CPU)
+WIDTH = 300  # characters a problem line may have; the full text goes to a file (LOGS)
+LOGS = Path(tempfile.gettempdir()) / "otb_grade"  # the full problem lines and the kernel's stderr, one file a notebook
 _VERDICT = re.compile(r"^(?P<title>Exercise .*?): (?P<verdict>CORRECT|NOT YET CORRECT)\b")
 _CHECK_NAME = re.compile(r"\b(ex\d[a-z]_\w+)\b")  # a check named anywhere (an edited cell may rename `check`)
-_TIMED_OUT = "OTBCellTimeout"  # the error name of a cell interrupted at the time limit (never a student's)
+_TIMED_OUT = "OTBCellTimeout"  # the error name of a cell interrupted at the budget's end (never a student's)
 
 
 class Unreadable(Exception):
@@ -155,37 +164,61 @@ def _grader_cell(source, token, check_path):
             f"del {module}\n")
 
 
-def run_copy(path, timeout=TIMEOUT):
+class _Budgeted(NotebookClient):
+    """nbclient's runner with one time budget for the whole notebook: each cell may run for what is left
+    of it; once a cell has been interrupted at the budget's end, the code cells after it are not run."""
+
+    def __init__(self, nb, budget, **kwargs):
+        self.deadline, self.spent = time.monotonic() + budget, False
+        super().__init__(nb, timeout_func=lambda cell: max(1, math.ceil(self.deadline - time.monotonic())),
+                         interrupt_on_timeout=True, on_cell_executed=self._mark,
+                         error_on_timeout={"ename": _TIMED_OUT, "evalue": f"{budget} s", "traceback": []}, **kwargs)
+
+    def _mark(self, cell, execute_reply, **_):  # nbclient's hook, after each code cell
+        if (execute_reply or {}).get("content", {}).get("ename") == _TIMED_OUT:
+            cell.metadata["timed_out"], self.spent = True, True
+
+    async def async_execute_cell(self, cell, cell_index, *args, **kwargs):
+        if cell.cell_type == "code" and self.spent:
+            cell.metadata["not_run"] = True
+            return cell
+        return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
+
+
+def run_copy(path, budget=BUDGET):
     """The notebook at ``path``, executed in memory (the file is only read); returns the executed copy.
 
     Each check cell of check.NOTEBOOKS found unchanged is run as the grader's own cell (``_grader_cell``)
-    and marked ``metadata.otb_check``; the copy's ``metadata.otb_grading`` holds which notebook it is and
-    the token of the grader's lines. A cell interrupted at ``timeout`` seconds gets
-    ``metadata.timed_out`` (in the copy only); if the run stops early (the kernel died), the copy's
-    ``metadata.run_stopped`` says why. Unreadable if the file is not a notebook."""
+    and marked ``metadata.otb_check``; the copy's ``metadata.otb_grading`` holds which notebook it is, the
+    token of the grader's lines, the budget and the kernel's stderr. The cell running when the ``budget``
+    seconds run out gets ``metadata.timed_out``, the code cells after it ``metadata.not_run`` (in the copy
+    only); if the run stops early (the kernel died), the copy's ``metadata.run_stopped`` says why.
+    Unreadable if the file is not a notebook."""
     nb = read(path)
     kind, token = kind_of(nb), secrets.token_hex(8)
-    nb.metadata["otb_grading"] = {"kind": kind, "token": token}
+    nb.metadata["otb_grading"] = {"kind": kind, "token": token, "budget": budget}
     for cell in nb.cells:
         expected = _EXPECTED.get(_code(cell.source)) if cell.cell_type == "code" else None
         if kind is not None and expected is not None and expected[0] == kind:
             cell.metadata["otb_check"] = expected[1]
             cell.source = _grader_cell(expected[1], token, HERE / "check.py")
 
-    def mark(cell, execute_reply, **_):  # nbclient's hook, after each code cell
-        if (execute_reply or {}).get("content", {}).get("ename") == _TIMED_OUT:
-            cell.metadata["timed_out"] = timeout
     saved = {k: os.environ.get(k) for k in ("OTB_ROOT", "OTB_GRADING")}
     os.environ["OTB_ROOT"] = saved["OTB_ROOT"] or str(ROOT)  # the kernel inherits it: notebooks anywhere work
     os.environ["OTB_GRADING"] = "1"  # a cell that runs the grader (colab_grade.py) skips itself in here
+    quiet = logging.getLogger("otb_grade.nbclient")  # nbclient's "Timeout waiting ..." lines: not for the screen
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
     try:
-        NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
-                       error_on_timeout={"ename": _TIMED_OUT, "evalue": f"{timeout} s", "traceback": []},
-                       on_cell_executed=mark,
-                       extra_arguments=["--IPKernelApp.log_level=ERROR"],  # no kernel chatter on the screen
-                       resources={"metadata": {"path": str(Path(path).resolve().parent)}}).execute()
-    except Exception as e:  # the kernel died (os._exit, out of memory): grade what ran
-        nb.metadata["run_stopped"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip(": ")
+        with tempfile.TemporaryFile("w+") as stderr:  # the kernel's stderr (an interrupt's traceback)
+            try:
+                _Budgeted(nb, budget, kernel_name="python3", allow_errors=True, log=quiet,
+                          extra_arguments=["--IPKernelApp.log_level=ERROR"],  # no kernel chatter on the screen
+                          resources={"metadata": {"path": str(Path(path).resolve().parent)}}).execute(stderr=stderr)
+            except Exception as e:  # the kernel died (os._exit, out of memory): grade what ran
+                nb.metadata["run_stopped"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip(": ")
+            stderr.seek(0)
+            nb.metadata["otb_grading"]["stderr"] = stderr.read()
     finally:
         for key, value in saved.items():
             if value is None:
@@ -203,8 +236,8 @@ def _error(cell):
     return None
 
 
-def _timed_out(seconds):
-    return H(f"timed out after {seconds} s (a loop that never ends?)")
+def _timed_out(budget):
+    return H(f"the notebook's time budget of {budget} s ran out in this cell (a loop that never ends?)")
 
 
 def _verdict_of(cell, stopped, token):
@@ -239,43 +272,60 @@ def _defined_at(nb, name):
     return None
 
 
-def results(nb):
-    """[(title, ok, detail lines)] for every check of the executed notebook's exercises (check.NOTEBOOKS),
-    in order. Only the grader's own runs of the check cells count; a check cell that is missing, edited,
-    above its answer or timed out is NOT YET with one line saying so."""
-    grading = nb.metadata.get("otb_grading", {})
-    kind, token = grading.get("kind"), grading.get("token", "")
-    if kind is None:
-        return []
-    stopped = nb.metadata.get("run_stopped")
-    graded, earlier, number = {}, [], 0  # earlier: problems of other cells since the last check cell
-    for k, cell in enumerate(nb.cells):
+def _where(number, cell):
+    """How a student finds a code cell: its number among the code cells and its first line."""
+    first = cell.source.strip().splitlines()[0][:60] if cell.source.strip() else ""
+    return f"code cell {number} (`{first}`)" if first else f"code cell {number}"
+
+
+def problems(nb):
+    """[line] for every cell of the executed notebook that is not a check cell and raised or timed out, in
+    order; each is reported whatever the checks after it say."""
+    found, number = [], 0
+    budget = nb.metadata.get("otb_grading", {}).get("budget")
+    for cell in nb.cells:
         if cell.cell_type != "code":
             continue
         number += 1  # code cells counted from 1, as a student counts them; markdown cells not counted
-        error = _error(cell)
-        timed_out = cell.get("metadata", {}).get("timed_out")
+        if "otb_check" in cell.get("metadata", {}):
+            continue
+        where, error = _where(number, cell), _error(cell)
+        if cell.get("metadata", {}).get("timed_out"):
+            found.append(f"{where}: {_timed_out(budget)}")
+        elif error:
+            found.append(H(f"{where} raised {error}"))
+    return found
+
+
+def results(nb):
+    """[(title, ok, detail lines)] for every check of the executed notebook's exercises (check.NOTEBOOKS),
+    in order. Only the grader's own runs of the check cells count; a check cell that is missing, edited,
+    above its answer, timed out or not run (the budget ran out before it) is NOT YET with one line saying
+    so. The other cells' errors are ``problems(nb)``."""
+    grading = nb.metadata.get("otb_grading", {})
+    kind, token, budget = grading.get("kind"), grading.get("token", ""), grading.get("budget")
+    if kind is None:
+        return []
+    stopped = nb.metadata.get("run_stopped")
+    graded = {}
+    for k, cell in enumerate(nb.cells):
         source = cell.get("metadata", {}).get("otb_check")
-        if source is None:
-            where = f"code cell {number} (`{cell.source.strip().splitlines()[0][:60]}`)" if cell.source.strip() \
-                else f"code cell {number}"
-            if timed_out:
-                earlier.append(f"{where} {_timed_out(timed_out)}")
-            elif error:
-                earlier.append(H(f"{where} raised {error}"))
+        if cell.cell_type != "code" or source is None:
             continue
         title = TITLES[_call_of(source)[0]]
         late = [name for name in _names(source) if (_defined_at(nb, name) or -1) > k]
         if late:
-            graded[source] = (title, False, earlier + [H(
+            graded[source] = (title, False, [H(
                 f"this check cell comes before the cell that defines `{late[0]}`: move it back below your answer "
                 f"(Run All runs the cells from the top)")])
-        elif timed_out:
-            graded[source] = (f"{title}: {_timed_out(timed_out)}", False, earlier)
+        elif cell.metadata.get("timed_out"):
+            graded[source] = (f"{title}: {_timed_out(budget)}", False, [])
+        elif cell.metadata.get("not_run"):
+            graded[source] = (title, False, [H(
+                "this check cell did not run: the notebook's time budget ran out in an earlier cell")])
         else:
             ok, detail = _verdict_of(cell, stopped, token)
-            graded[source] = (title, ok, [] if ok else earlier + detail)
-        earlier = []
+            graded[source] = (title, ok, [] if ok else detail)
     found = []
     for source in NOTEBOOKS[kind]:
         if source in graded:
@@ -290,18 +340,34 @@ def results(nb):
     return found
 
 
-def report(path, found, out=None):
-    """Print one notebook's verdicts; returns the number of checks that are not CORRECT."""
+def _clip(line, log):
+    """``line`` if it has at most WIDTH characters; else its start and the file ``log`` that holds it all."""
+    if len(line) <= WIDTH:
+        return line
+    tail = f" ... (cut at {WIDTH} characters; the full text is in {log})"
+    return line[:max(WIDTH - len(tail), 40)] + tail
+
+
+def report(path, found, out=None, cells=(), log=None, stderr=""):
+    """Print one notebook's verdicts (``found``, from ``results``) and the problems of its other cells
+    (``cells``, from ``problems``), each line at most WIDTH characters (the full text in ``log``, with the
+    kernel's ``stderr``);
+    returns the number of checks that are not CORRECT plus the number of those problems."""
     out = out or sys.stdout
+    log = Path(log or LOGS / f"{Path(path).stem}.txt")
     print(Path(path).name, file=out)
+    lines = [f"  PROBLEM   {line}" for line in cells]
     if not found:
-        print(f"  NOT YET   {H('no check cells found (is this an exercise notebook?)')}", file=out)
-        return 1
+        lines.append(f"  NOT YET   {H('no check cells found (is this an exercise notebook?)')}")
     for title, ok, detail in found:
-        print(f"  {'CORRECT' if ok else 'NOT YET':9s} {title}", file=out)
-        for line in detail:
-            print(f"            {line}", file=out)
-    return sum(not ok for _, ok, _ in found)
+        lines.append(f"  {'CORRECT' if ok else 'NOT YET':9s} {title}")
+        lines += [f"            {line}" for line in detail]
+    if any(len(line) > WIDTH for line in lines):
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("\n".join(lines) + "\n" + (f"\nthe kernel's stderr:\n{stderr}" if stderr else ""))
+    for line in lines:
+        print(_clip(line, log), file=out)
+    return sum(not ok for _, ok, _ in found) + len(cells) + (not found)
 
 
 def main(argv=None):
@@ -310,30 +376,35 @@ def main(argv=None):
                                      epilog="The notebooks are never modified: they are run in memory.")
     parser.add_argument("notebooks", nargs="*", type=Path,
                         help="exercise notebooks to grade (default: the five in notebooks/exercises/)")
-    parser.add_argument("--timeout", type=int, default=TIMEOUT,
-                        help=f"seconds one cell may run before it is interrupted and reported as timed out "
-                             f"(default {TIMEOUT}: every exercise cell takes seconds, so a class of 30 with a loop "
-                             f"that never ends each costs minutes, not hours)")
+    parser.add_argument("--budget", type=int, default=BUDGET,
+                        help=f"seconds one notebook may run, all its cells together; the cell running when they run "
+                             f"out is interrupted and the cells after it are not run (default {BUDGET}: four times "
+                             f"the slowest solution notebook, so a class of 30 with a loop that never ends in each "
+                             f"notebook costs one budget a notebook)")
     args = parser.parse_args(argv)
     paths = args.notebooks or sorted(HERE.glob("0*.ipynb"))
     for path in paths:
         if path.suffix != ".ipynb" or not path.is_file():
             parser.error(f"{path}: not a notebook file (expected an existing .ipynb)")
-    if args.timeout < 1:
-        parser.error(f"--timeout must be at least 1 second, got {args.timeout}")
-    bad = total = 0
+    if args.budget < 1:
+        parser.error(f"--budget must be at least 1 second, got {args.budget}")
+    bad = total = broken = 0
     for path in paths:
         try:
-            found = results(run_copy(path, args.timeout))
+            nb = run_copy(path, args.budget)
         except Unreadable as why:
             print(f"{path.name}: {H(f'cannot be read as a notebook ({why}); open it in Jupyter and save it again')}")
             bad, total = bad + 1, total + 1
             continue
-        bad += report(path, found)
+        found, cells = results(nb), problems(nb)
+        report(path, found, cells=cells, stderr=nb.metadata["otb_grading"].get("stderr", ""))
+        bad += sum(not ok for _, ok, _ in found) or not found
         total += max(len(found), 1)
+        broken += len(cells)
     print(f"{total - bad} of {total} checks correct in {len(paths)} notebook(s)"
-          + ("" if bad else ": all done"))
-    return 1 if bad else 0
+          + (f"; {broken} other cell(s) raised an error or timed out" if broken else "")
+          + ("" if bad or broken else ": all done"))
+    return 1 if bad or broken else 0
 
 
 if __name__ == "__main__":
