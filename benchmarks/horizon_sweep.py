@@ -254,7 +254,7 @@ def measure_checkpoint(model, tok, task, cfg, args, seed, records, saved=lambda:
                     time.time() - started)
         saved()
     done = [load_prompt(record_path(records, p)) for p in range(args.prompts)]
-    return grams_of(done, args), info_of(done)
+    return grams_of(done), info_of(done)
 
 
 def record_path(records, p):
@@ -302,7 +302,7 @@ def load_prompt(path):
     return out
 
 
-def grams_of(done, args=None):
+def grams_of(done):
     """{(estimator, N): scale_free.gram_stats} over the recorded prompts ``done`` (load_prompt's, in order)."""
     refs = torch.stack([d["ref"] for d in done]).float()  # r_p, (P, D)
     return {key: scale_free.gram_stats(torch.stack([d["units"][key][0] for d in done]),
