@@ -50,6 +50,19 @@ def test_the_catalogue_covers_every_exercise_and_the_slips_named_in_the_issue():
     assert review >= {"1a", "1b", "2b", "2c", "3d", "4a", "4c", "5a", "5b"}, review
 
 
+@pytest.mark.parametrize("what, misleading", [
+    ("one advantage per row of shape (B, 1), not broadcast over the tokens", "which dimension you reduce over"),
+    ("groups taken as consecutive pairs (reshape(-1, 2))", "only valid tokens count"),
+    ("B = ... in the loop over groups (one group's baseline in every row)", "sum over the rows with the same id")])
+def test_the_three_hints_a_lecturer_found_misleading_name_their_slips(what, misleading):
+    """2c's (B, 1) advantage got the generic shape hint, 2b's pairs the padding case's hint, 3c's rebound B
+    the interleaved case's hint; each now gets a hint naming the slip."""
+    slip = next(s for s in slips.SLIPS if s.what == what)
+    assert slip.named_in == "#58"
+    ok, out = slips.run(slip)
+    assert not ok and misleading not in out and all(w in out for w in slip.words), out
+
+
 # The hint a check prints when no slip it knows explains the difference: restating the formula or the
 # recipe, it names no slip, so a slip of the catalogue should never land there.
 _FALLBACKS = {"1b": "d log softmax(z)_y / dz_k = 1[k=y] - pi_k; square and sum over k",

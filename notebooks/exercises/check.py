@@ -641,6 +641,15 @@ def _group_slips(b, gi, name):
                         "valid tokens (sum of R_j m_t divided by the number of valid tokens) weights long "
                         "responses more")),
     }
+    for k in range(2, len(R)):  # groups taken as consecutive blocks of k rows (R.reshape(-1, k))
+        if len(R) % k == 0:
+            block = R.reshape(-1, k).sum(1).repeat_interleave(k)  # the sum over row i's block, (B,)
+            b_k = block / k if name == "group_mean" else (block - R) / (k - 1)
+            slips[f"blocks_{k}"] = (
+                adv(b_k), f"a baseline over consecutive blocks of {k} rows (a reshape(-1, {k}))",
+                H(f"a group is the rows with the same group_index, wherever they stand and however many: "
+                  f"reshape(-1, {k}) takes blocks of {k} neighbouring rows, which is right only when the groups "
+                  f"happen to be such blocks (use otb.group_ids and a mask per group)"))
     if name == "group_mean":  # one group's baseline written into every row (baseline[:] = ... in the loop)
         for g in range(n_groups):
             if (gid == g).sum() > 1:
@@ -655,10 +664,14 @@ def _group_slips(b, gi, name):
 
 
 def _per_row_hint(got, want):
-    """The hint for an advantage of shape (B,) where (B, T) is expected, or None for any other shape."""
+    """The hint for an advantage of shape (B,) or (B, 1) where (B, T) is expected, or None for any other
+    shape: both are one advantage per row that was never written on the row's tokens."""
     if isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(want.shape[:1]):
         return H("you return one advantage per row, shape (B,): write it on every valid token of the row, "
                  "A[:, None] * response_mask, shape (B, T)")
+    if isinstance(got, torch.Tensor) and tuple(got.shape) == (want.shape[0], 1) and want.shape[1] != 1:
+        return H("your advantage has shape (B, 1), one per row, not yet broadcast over the tokens: multiply it "
+                 "by response_mask, A[:, None] * response_mask, shape (B, T)")
     return None
 
 
@@ -878,6 +891,24 @@ def _otb_slips(b, gi, leave_one_out):
     return slips
 
 
+def _one_group_in_every_row(got, b, gi, case):
+    """NotYet if ``got`` gives every row the baseline of one group: ``B = ...`` inside the loop over groups
+    rebinds B (B, T) to that group's B_t (T,), which (G - B) then broadcasts over all rows."""
+    m = b["response_mask"]
+    G = (b["token_rewards"] * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t, (B, T)
+    W = (otb.token_energy(b["log_probs"], b["sum_pi_sq"]) * m).cumsum(-1) * m  # W_t, (B, T)
+    gid, n_groups = otb.group_ids(gi, len(G))
+    for g in range(n_groups):
+        rows = gid == g
+        if rows.sum() > 1 and rows.sum() < len(G):
+            B_g = (G[rows] * W[rows]).sum(0) / (W[rows].sum(0) + 1e-8)  # group g's B_t, (T,)
+            if torch.allclose(got.double(), ((G - B_g) * m).double(), atol=1e-4, rtol=1e-4):
+                raise NotYet(f"on the case '{case}' every row got the baseline B_t of one group (group {g})",
+                             H("in the loop over groups, write only that group's rows, B[rows] = ...: B = ... "
+                               "replaces the whole (B, T) tensor by one group's (T,) baseline, which (G - B) then "
+                               "gives to every row"))
+
+
 def _quietly(check_fn, *args, **kwargs):
     """Run another check without printing; returns (ok, the first 'problem:' line it would print)."""
     buf = io.StringIO()
@@ -941,6 +972,8 @@ def ex3c_optimal_token_baseline(student_fn, leave_one_out=False, reward_to_go=No
                     raise NotYet(f"on the case '{case}' your advantages are right on valid tokens but not 0 on "
                                  f"padding", H("multiply A_t = G_t - B_t by response_mask: B_t is shared by the "
                                                "group and is not 0 where this row has ended"))
+                if not leave_one_out:
+                    _one_group_in_every_row(got, b, gi, case)
                 if k == 0:
                     for A, what, slip_hint in _otb_slips(b, gi, leave_one_out).values():
                         if torch.allclose(got, A, atol=1e-4, rtol=1e-4):

@@ -123,6 +123,25 @@ def naive_group_mean(r, m, g):
     return (R - R.reshape(n, -1).mean(1).repeat_interleave(len(R) // n))[:, None] * m
 
 
+def paired_group_mean(r, m, g):
+    """Group mean with the rows taken as consecutive pairs (reshape(-1, 2)), padding handled correctly."""
+    R = (r * m).sum(-1)  # R_i, (B,)
+    return (R - R.reshape(-1, 2).mean(1).repeat_interleave(2))[:, None] * m
+
+
+def otb_rebinding_B(r, m, g, lp, s, leave_one_out=False, eps=1e-8):
+    """The notebook's loop over groups with ``B = ...`` instead of ``B[rows] = ...`` (3c)."""
+    m = m.float()
+    G, W = reward_to_go()(r, m), realized_energy()(lp, s, m) * m  # G_t, W_t, (B, T)
+    gid, n_groups = otb.group_ids(g, m.shape[0])
+    B = torch.zeros_like(m)
+    for k in range(n_groups):
+        rows = gid == k
+        if rows.sum() > 1:
+            B = (G[rows] * W[rows]).sum(0) / (W[rows].sum(0) + eps)  # (T,): one group's B_t
+    return (G - B) * m
+
+
 def mean_including_singletons(r, m, g):
     R = (r * m).sum(-1)
     gid, n = otb.group_ids(g, len(R))
@@ -414,6 +433,8 @@ SLIPS = [
          ["mean over the group's tokens", "*responses*"], named_in="#51"),
     Slip("2b", "baseline[:] = ... in the loop over groups (every row overwritten)", "ex2b_group_mean",
          overwritten_group_mean, ["one group's baseline in every row", "baseline[rows] = ..."], named_in="#51"),
+    Slip("2b", "groups taken as consecutive pairs (reshape(-1, 2))", "ex2b_group_mean", paired_group_mean,
+         ["consecutive blocks of 2 rows", "same group_index"], named_in="#58"),
     Slip("2b", "no baseline (A = R)", "ex2b_group_mean", lambda r, m, g: (r * m).sum(-1)[:, None] * m,
          ["no baseline subtracted"]),
     # ---- 2c: RLOO
@@ -431,6 +452,9 @@ SLIPS = [
          ["whole batch"]),
     Slip("2c", "one advantage per row, not broadcast over the tokens", "ex2c_rloo", group_estimator("loo_per_row"),
          ["shape (B,)", "A[:, None] * response_mask"], named_in="#51"),
+    Slip("2c", "one advantage per row of shape (B, 1), not broadcast over the tokens", "ex2c_rloo",
+         lambda r, m, g: group_estimator("loo_per_row")(r, m, g)[:, None], ["shape (B, 1)", "response_mask"],
+         named_in="#58"),
     Slip("2c", "a length-weighted (token-level) leave-one-out mean", "ex2c_rloo", group_estimator("loo_by_tokens"),
          ["mean over the group's tokens", "*responses*"]),
     # ---- 3a: reward-to-go
@@ -455,6 +479,8 @@ SLIPS = [
     # ---- 3c: the baseline
     Slip("3c", "no eps (0 / 0 on certain tokens)", "ex3c_optimal_token_baseline", otb_plain(eps=0.0),
          ["certain", "eps"]),
+    Slip("3c", "B = ... in the loop over groups (one group's baseline in every row)", "ex3c_optimal_token_baseline",
+         otb_rebinding_B, ["one group", "B[rows] = ..."], named_in="#58"),
     Slip("3c", "the mask ignored", "ex3c_optimal_token_baseline", otb_plain(ignore_mask=True), ["padding", "active"]),
     Slip("3c", "every row its own group", "ex3c_optimal_token_baseline", otb_plain(singletons=True),
          ["one group of 4"]),
