@@ -298,6 +298,21 @@ def _show(x):
     return str(x.detach().double().numpy().round(4).tolist()) if x.numel() <= 24 else f"<{tuple(x.shape)} tensor>"
 
 
+def _factor_hint(got, want, hint, atol, rtol):
+    """``hint``, led by what a result that is ``want`` times one number c (c != 1) shows: the opposite sign
+    (c = -1, a subtraction the wrong way round) or a constant factor (a mean for a sum, a missing 2, a
+    division by n). Only where want has at least two non-zero values, so that c means something."""
+    if (want != 0).sum() < 2:
+        return hint
+    c = float((got * want).sum() / (want * want).sum())  # the least-squares factor of got on want
+    if abs(c - 1) < 1e-3 or abs(c) < 1e-6 or not torch.allclose(got, c * want, atol=atol, rtol=rtol):
+        return hint
+    if abs(c + 1) < 1e-3:
+        return H(f"your values have the opposite sign everywhere: a subtraction the wrong way round; {hint}")
+    return H(f"every value of yours is {c:.4g} times the expected one, a constant factor (a mean where a sum "
+             f"is meant, a factor 2 too many or too few, a division by n or n - 1): {hint}")
+
+
 def _compare(got, want, case, hint, *, atol=1e-5, rtol=1e-5, dtype=None, shape_hint=None):
     """got must be a tensor with want's shape (and dtype if given) and close values. ``shape_hint``: the
     hint for a result of the wrong shape, if the check knows better than the generic one."""
@@ -318,6 +333,7 @@ def _compare(got, want, case, hint, *, atol=1e-5, rtol=1e-5, dtype=None, shape_h
     err = (got_d - want_d).abs()
     tol = atol + rtol * want_d.abs()
     if (err > tol).any():
+        hint = _factor_hint(got_d, want_d, hint, atol, rtol)
         flat = int((err - tol).flatten().argmax())
         idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), err.shape))
         msg = (f"on the case '{case}' your values differ, worst at index {idx}: yours "
