@@ -298,6 +298,19 @@ def _show(x):
     return str(x.detach().double().numpy().round(4).tolist()) if x.numel() <= 24 else f"<{tuple(x.shape)} tensor>"
 
 
+def _shape_hint(got, want):
+    """The hint for a result of shape ``got`` where ``want`` is expected: a reduced dimension kept with size
+    1 (keepdim=True), a transposed result, or else which dimension was reduced."""
+    kept = [j for j in range(len(got)) if got[j] == 1 and got[:j] + got[j + 1:] == want]
+    if kept:
+        return H(f"you kept a reduced dimension with size 1 (keepdim=True, or an index [:, None]) at dim {kept[0]}: "
+                 f"drop it (keepdim=False), the expected shape is {want}")
+    if len(got) == 2 and got == want[::-1] and got != want:
+        return H(f"your result is transposed: the expected shape {want} has the rows first (drop the .T, or "
+                 f"swap the arguments of the reshape)")
+    return H("check which dimension you reduce over (dim=-1) and whether you kept or dropped it")
+
+
 def _factor_hint(got, want, hint, atol, rtol):
     """``hint``, led by what a result that is ``want`` times one number c (c != 1) shows: the opposite sign
     (c = -1, a subtraction the wrong way round) or a constant factor (a mean for a sum, a missing 2, a
@@ -321,8 +334,7 @@ def _compare(got, want, case, hint, *, atol=1e-5, rtol=1e-5, dtype=None, shape_h
                      H("return a torch.Tensor"))
     if tuple(got.shape) != tuple(want.shape):
         raise NotYet(f"on the case '{case}' your result has shape {tuple(got.shape)}, expected "
-                     f"{tuple(want.shape)}", shape_hint or H("check which dimension you reduce over (dim=-1) and "
-                                                             "whether you kept or dropped it"))
+                     f"{tuple(want.shape)}", shape_hint or _shape_hint(tuple(got.shape), tuple(want.shape)))
     if dtype is not None and got.dtype != dtype:
         raise NotYet(f"on the case '{case}' your result has dtype {got.dtype}, expected {dtype}", hint)
     got_d, want_d = got.detach().double(), want.detach().double()
@@ -481,7 +493,8 @@ def ex1a_sum_pi_squared(student_fn):
                                      f"arithmetic (largest value: yours {got.double().max().item():.6g}, expected "
                                      f"{want.double().max().item():.6g})",
                                      _precision_hint(half, "sum_k pi_k^2"))
-            _compare(got, want, case, hint, atol=atol, dtype=want.dtype)
+            _compare(got, want, case, hint, atol=atol, dtype=want.dtype,
+                     shape_hint=hint if want.dim() > 1 else None)  # the batched case's hint is about shape
         return ("Matches otb.sum_pi_squared on small, huge, moderately and very confident bf16, float64 and "
                 "batched logits.")
     return _verdict(TITLES["ex1a_sum_pi_squared"], body)
@@ -702,8 +715,14 @@ def _check_group_estimator(title, student_fn, reference, name):
                 if torch.allclose(got, -want, atol=1e-5):
                     raise NotYet(f"on the case '{case}' your advantages have the opposite sign",
                                  H("the advantage is the score minus the baseline: A = R - b, not b - R"))
-                for A, what, slip_hint in _group_slips(b, gi, name).values():
+                for key, (A, what, slip_hint) in _group_slips(b, gi, name).items():
                     if torch.allclose(got, A, atol=1e-4, rtol=1e-3):
+                        if key == "no_baseline" and k > 0:
+                            # A = R after the first case passed: not a missing baseline, rows not found as a group
+                            why = ("the elements of a tensor are distinct objects, so set(), dict keys or `in` do "
+                                   "not find equal ids") if isinstance(gi, torch.Tensor) else \
+                                "rows with the same id were not grouped"
+                            raise NotYet(f"on the case '{case}' every row was its own group (A = R): {why}", hint)
                         raise NotYet(f"on the case '{case}' you computed {what}", slip_hint)
             _compare(got, want, case, hint or _FIRST_HINT[name], shape_hint=_per_row_hint(got, want))
         return (f"Matches otb.{name} with padding, interleaved groups, unequal sizes, singletons and "

@@ -142,6 +142,20 @@ def otb_rebinding_B(r, m, g, lp, s, leave_one_out=False, eps=1e-8):
     return (G - B) * m
 
 
+def group_mean_by_objects(r, m, g):
+    """Group mean with the ids used as dict keys: right for a list, but a tensor's elements are distinct
+    objects, so with a tensor every row is its own group."""
+    R = (r * m).sum(-1)  # R_i, (B,)
+    rows = {}
+    for i, x in enumerate(g):
+        rows.setdefault(x, []).append(i)
+    b = torch.zeros_like(R)
+    for idx in rows.values():
+        if len(idx) > 1:
+            b[idx] = R[idx].mean()
+    return (R - b)[:, None] * m
+
+
 def mean_including_singletons(r, m, g):
     R = (r * m).sum(-1)
     gid, n = otb.group_ids(g, len(R))
@@ -355,8 +369,11 @@ SLIPS = [
     Slip("1a", "logsumexp(2z) - logsumexp(z) (the factor 2 forgotten)", "ex1a_sum_pi_squared", _sum_pi_sq("one_lse"),
          ["factor 2 in front of logsumexp(z)"]),
     Slip("1a", "reduces over dim 0", "ex1a_sum_pi_squared", _sum_pi_sq("dim0"), ["shape", "dim=-1"]),
+    Slip("1a", "reduces over dim 1, right only for 2-d logits", "ex1a_sum_pi_squared",
+         lambda z: ((z.float() if z.dtype in (torch.bfloat16, torch.float16) else z).softmax(1) ** 2).sum(1),
+         ["batched logits", "whatever the number of leading dimensions"], named_in="#58"),
     Slip("1a", "keeps the reduced dimension (keepdim=True)", "ex1a_sum_pi_squared", _sum_pi_sq("keepdim"),
-         ["shape", "kept or dropped"]),
+         ["shape", "keepdim=True"]),
     Slip("1a", "returns sum pi (always 1)", "ex1a_sum_pi_squared", lambda z: z.float().softmax(-1).sum(-1),
          ["differ", "logsumexp(2z) - 2 logsumexp(z)"]),
     Slip("1a", "returns a Python float", "ex1a_sum_pi_squared", lambda z: 0.5, ["not a tensor"]),
@@ -447,6 +464,8 @@ SLIPS = [
     Slip("2b", "the advantage divided by the group size, (R - b) / n", "ex2b_group_mean",
          lambda r, m, g: group_estimator("mean")(r, m, g) / torch.bincount(otb.group_ids(g, len(r))[0])[
              otb.group_ids(g, len(r))[0]][:, None], ["0.25 times the expected", "constant factor"], named_in="#58"),
+    Slip("2b", "the ids used as dict keys (a tensor's elements never equal as keys)", "ex2b_group_mean",
+         group_mean_by_objects, ["its own group", "group_index may be a tensor"], named_in="#58"),
     Slip("2b", "no baseline (A = R)", "ex2b_group_mean", lambda r, m, g: (r * m).sum(-1)[:, None] * m,
          ["no baseline subtracted"]),
     # ---- 2c: RLOO
@@ -483,6 +502,9 @@ SLIPS = [
     # ---- 3b: realized energy
     Slip("3b", "w_t, not its running sum", "ex3b_realized_energy", realized_energy("w"),
          ["w_t itself", "w.cumsum(-1)"]),
+    Slip("3b", "transposed to cumsum over dim 0, not transposed back", "ex3b_realized_energy",
+         lambda lp, s, m: ((1 - 2 * lp.exp() + s).clamp(0, 2) * m).T.cumsum(0), ["transposed", "rows first"],
+         named_in="#58"),
     Slip("3b", "a running sum from the end", "ex3b_realized_energy", realized_energy("reverse"),
          ["from the end", "*up to* t"]),
     Slip("3b", "cumulative sum over rows", "ex3b_realized_energy", realized_energy("rows"), ["over the rows"]),
