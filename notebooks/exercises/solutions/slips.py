@@ -156,6 +156,26 @@ def group_mean_by_objects(r, m, g):
     return (R - b)[:, None] * m
 
 
+def sorted_reshape_group_mean(r, m, g):
+    """Group mean with the rows sorted by id, then reshape(n_groups, -1): right only for equal group sizes."""
+    R = (r * m).sum(-1)  # R_i, (B,)
+    gid, n_groups = otb.group_ids(g, len(R))
+    order = torch.argsort(gid, stable=True)
+    b = torch.empty_like(R)
+    b[order] = R[order].reshape(n_groups, -1).mean(1).repeat_interleave(len(R) // n_groups)
+    return (R - b)[:, None] * m
+
+
+def loo_of_the_mean(r, m, g):
+    """RLOO with the group's mean where its sum is meant: b_i = (mean of the group - R_i) / (n - 1)."""
+    R = (r * m).sum(-1)  # R_i, (B,)
+    A = torch.zeros_like(R)
+    for i, same in enumerate(groups(g, len(R))):
+        n = int(same.sum())
+        A[i] = R[i] - ((R[same].mean() - R[i]) / (n - 1) if n > 1 else 0.0)
+    return A[:, None] * m
+
+
 def mean_including_singletons(r, m, g):
     R = (r * m).sum(-1)
     gid, n = otb.group_ids(g, len(R))
@@ -466,6 +486,8 @@ SLIPS = [
              otb.group_ids(g, len(r))[0]][:, None], ["0.25 times the expected", "constant factor"], named_in="#58"),
     Slip("2b", "the ids used as dict keys (a tensor's elements never equal as keys)", "ex2b_group_mean",
          group_mean_by_objects, ["its own group", "group_index may be a tensor"], named_in="#58"),
+    Slip("2b", "rows sorted by id, then reshape(n_groups, -1)", "ex2b_group_mean", sorted_reshape_group_mean,
+         ["sizes 3 and 5", "different sizes"], named_in="#58"),
     Slip("2b", "no baseline (A = R)", "ex2b_group_mean", lambda r, m, g: (r * m).sum(-1)[:, None] * m,
          ["no baseline subtracted"]),
     # ---- 2c: RLOO
@@ -486,6 +508,8 @@ SLIPS = [
     Slip("2c", "one advantage per row of shape (B, 1), not broadcast over the tokens", "ex2c_rloo",
          lambda r, m, g: group_estimator("loo_per_row")(r, m, g)[:, None], ["shape (B, 1)", "response_mask"],
          named_in="#58"),
+    Slip("2c", "the group's mean where its sum is meant, (mean - R_i) / (n - 1)", "ex2c_rloo", loo_of_the_mean,
+         ["*other* rows", "(sum of the group - R_i) / (n - 1)"], named_in="#58"),
     Slip("2c", "a length-weighted (token-level) leave-one-out mean", "ex2c_rloo", group_estimator("loo_by_tokens"),
          ["mean over the group's tokens", "*responses*"]),
     # ---- 3a: reward-to-go
@@ -505,6 +529,9 @@ SLIPS = [
     Slip("3b", "transposed to cumsum over dim 0, not transposed back", "ex3b_realized_energy",
          lambda lp, s, m: ((1 - 2 * lp.exp() + s).clamp(0, 2) * m).T.cumsum(0), ["transposed", "rows first"],
          named_in="#58"),
+    Slip("3b", "a running mean of w_t, not a running sum", "ex3b_realized_energy",
+         lambda lp, s, m: ((1 - 2 * lp.exp() + s).clamp(0, 2) * m).cumsum(-1) / torch.arange(1, m.shape[-1] + 1),
+         ["w_0 + ... + w_t", "cumulative sum"], named_in="#58"),
     Slip("3b", "a running sum from the end", "ex3b_realized_energy", realized_energy("reverse"),
          ["from the end", "*up to* t"]),
     Slip("3b", "cumulative sum over rows", "ex3b_realized_energy", realized_energy("rows"), ["over the rows"]),
