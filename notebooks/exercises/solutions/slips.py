@@ -317,7 +317,7 @@ def measure(kind="right", bg=None, bv=None):
         estimator = otb.ESTIMATORS["group_mean" if kind == "ignore_name" else name]
         A = estimator(**en.batch(rows), group_index=rows if kind == "rows_as_groups" else gid)[kind == "returns"]
         out = bv(bg(en, A, rows, N), en.grad_J)
-        return out[::-1] if kind == "swapped" else out
+        return out[::-1] if kind == "swapped" else out[1] if kind == "variance_only" else out
     return f
 
 
@@ -630,6 +630,8 @@ SLIPS = [
     Slip("4c", "different groups than asked for (seed + 1)", "ex4c_measure", measure("seed"),
          ["other groups", "seeded with seed itself"],
          kwargs={"Ns": (2,), "groups": 500}, toy=True),
+    Slip("4c", "returns the variance only, not the pair", "ex4c_measure", measure("variance_only"),
+         ["returned", "the pair (bias2, variance)"], kwargs={"Ns": (2,), "groups": 500}, toy=True, named_in="#58"),
     Slip("4c", "calls toy_harness.measure", "ex4c_measure", _harness_measure, ["calls toy_harness.measure"],
          kwargs={"Ns": (2,), "groups": 500}, toy=True),
     Slip("4c", "a generator that was never seeded", "ex4c_measure", measure("unseeded"),
