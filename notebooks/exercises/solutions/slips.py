@@ -255,14 +255,14 @@ def from_actions(idx_fn, mask=True):
     return lambda y, m: torch.zeros_like(y).scatter(-1, idx_fn(m), y) * (m if mask else 1)
 
 
-def aligned(pass_loo=True, mask_k=True, scatter=True, groups_as=None, gather_lp=True):
+def aligned(pass_loo=True, mask_k=True, scatter=True, groups_as=None, gather_lp=True, always_loo=False):
     to, back = to_actions(stable_idx), from_actions(stable_idx)
 
     def f(r, m, g, lp, s, leave_one_out=False):
         (r_k, m_k), (s_k, _) = to(r, m), to(s, m)
         lp_k = to(lp, m)[0] if gather_lp else lp
         A_k = otb.optimal_token_baseline(r_k, m_k if mask_k else m, groups_as(g) if groups_as else g, lp_k, s_k,
-                                         leave_one_out=leave_one_out and pass_loo)[0]
+                                         leave_one_out=always_loo or (leave_one_out and pass_loo))[0]
         return back(A_k, m) if scatter else A_k
     return f
 
@@ -685,6 +685,8 @@ SLIPS = [
     Slip("5b", "returns x_k only", "ex5b_compaction",
          (lambda x, m: x.gather(-1, stable_idx(m)), from_actions(stable_idx)), ["not a pair"]),
     # ---- 5c: OTB aligned by action
+    Slip("5c", "leave_one_out=True whatever the flag says", "ex5c_action_aligned_otb", aligned(always_loo=True),
+         ["no holes", "otb.optimal_token_baseline exactly"], named_in="#58"),
     Slip("5c", "aligned by position", "ex5c_action_aligned_otb", lambda *a, **k: otb.optimal_token_baseline(*a, **k)[0],
          ["by position", "to_actions"]),
     Slip("5c", "leave_one_out not passed on", "ex5c_action_aligned_otb", aligned(pass_loo=False), ["leave_one_out"]),
