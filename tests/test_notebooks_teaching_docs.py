@@ -192,6 +192,18 @@ def test_teaching_md_states_the_graders_time_budget_its_measured_cost_and_how_to
     assert "never returns" in text and grade.BUDGET <= seconds <= grade.BUDGET + 15 * n
 
 
+def test_the_two_hour_plan_fills_120_minutes_with_the_quiz_in_it():
+    """The plan's steps follow each other from 0 to 120 minutes, and the ten-minute quiz is one of them."""
+    plan = TEACHING[TEACHING.index("## A two-hour"):TEACHING.index("## A short quiz")]
+    steps = [(int(a), int(b), part.strip()) for a, b, part in
+             re.findall(r"^\| \d+ \| (\d+)-(\d+) \| ([^|]*) \|", plan, re.MULTILINE)]
+    assert steps[0][0] == 0 and steps[-1][1] == 120
+    assert all(a[1] == b[0] for a, b in zip(steps, steps[1:])), steps
+    quiz = [(start, end) for start, end, part in steps if "quiz" in part]
+    assert len(quiz) == 1 and quiz[0][1] - quiz[0][0] == 10, steps
+    assert "A short quiz (10 minutes" in TEACHING
+
+
 def test_teaching_md_has_a_quiz_with_answers_an_answer_key_policy_and_the_ta_table():
     quiz = TEACHING[TEACHING.index("## A short quiz"):]
     questions = re.findall(r"^(\d)\. .*\?$", quiz[:quiz.index("<!-- BEGIN ANSWERS -->")], re.MULTILINE)
