@@ -314,6 +314,22 @@ def test_the_setup_cell_says_in_one_line_when_the_clone_fails(tmp_path, monkeypa
     assert "set OTB_REPO" in error.evalue and not (tmp_path / "home" / "otb").exists()
 
 
+def test_the_setup_cell_says_in_one_line_which_torch_and_transformers_pip_will_install(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """A torch or transformers older than requirements.txt allows (Colab's may be) is named with the
+    version it will get, on one line, before pip runs (here without an index, so it then fails in one line)."""
+    (tmp_path / "otb.py").write_text("")
+    (tmp_path / "requirements.txt").write_text("torch>=99  # newer than any\ntransformers>=1.0\nnumpy>=1.0\n")
+    monkeypatch.setenv("OTB_ROOT", str(tmp_path))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    with pytest.raises(Exception, match="pip could not install"):
+        exec(compile((EXERCISES / "colab_setup.py").read_text(), "colab_setup.py", "exec"), {"__name__": "cell"})
+    out = capsys.readouterr().out.splitlines()
+    import torch
+    assert out == [f"pip will install torch {torch.__version__} -> torch>=99 (requirements.txt; a new torch takes "
+                   f"minutes), then the rest"], out
+
+
 def test_a_colab_student_grades_a_notebook_of_the_class_copy_pushed_to_git(class_copy, tmp_path, monkeypatch):
     """The recipe of teaching.md: the class copy pushed to a git repository (here a local one), the setup
     cell at the top of a student's notebook (correct answers to Exercise 1), the grade cell at its end.
@@ -343,7 +359,8 @@ def test_a_colab_student_grades_a_notebook_of_the_class_copy_pushed_to_git(class
     monkeypatch.setenv("FAKE_COLAB_NOTEBOOK", str(notebook))
     NotebookClient(sol, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
     printed = ["".join(o.get("text", "") for o in c.outputs) for c in sol.cells if c.cell_type == "code"]
-    assert printed[0].startswith(f"the OTB project is in {tmp_path / 'home' / 'otb'}"), printed[0]
+    assert printed[0].splitlines()[0].endswith("meet requirements.txt; pip installs only the rest of it"), printed[0]
+    assert printed[0].splitlines()[-1].startswith(f"the OTB project is in {tmp_path / 'home' / 'otb'}"), printed[0]
     graded = printed[-1]
     for name in ("ex1a_sum_pi_squared", "ex1b_token_energy"):
         assert f"CORRECT   {check.TITLES[name]}" in graded, graded
@@ -392,5 +409,6 @@ def test_the_setup_cell_runs_a_tutorial_from_a_copy_outside_the_project(tmp_path
     NotebookClient(nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
     out = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "the OTB project is in" in out and str(tmp_path / "home" / "otb") in out
+    assert "meet requirements.txt; pip installs only the rest of it" in out
     assert "255 responses" in out and "max |autograd grad J - E[R S]|" in out
     assert (tmp_path / "home" / "otb" / "otb.py").is_file()
