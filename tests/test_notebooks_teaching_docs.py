@@ -341,12 +341,12 @@ def test_a_colab_student_grades_a_notebook_of_the_class_copy_pushed_to_git(class
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "the class copy"]):
         subprocess.run(git + args, check=True, capture_output=True)
     work = _colab(tmp_path, monkeypatch, repo)
+    monkeypatch.delenv("OTB_REPO")  # the setup cell clones the URL that handout.py wrote into it
     sol = build.clean(nbformat.read(str(EXERCISES / "solutions" / "01_sum_pi_squared.ipynb"), as_version=4))
-    first = next(i for i, c in enumerate(sol.cells) if c.cell_type == "code")
-    sol.cells.insert(first, nbformat.v4.new_code_cell((EXERCISES / "colab_setup.py").read_text()))
-    sol.cells.append(nbformat.v4.new_code_cell((EXERCISES / "colab_grade.py").read_text()))
     notebook = work / "mine_01.ipynb"
     notebook.write_text(build._dumps(sol))
+    handout.add_colab_cells(notebook, str(repo))  # as handout.py --colab writes them into the class copy
+    sol = nbformat.read(str(notebook), as_version=4)
     fake = tmp_path / "fake_colab" / "google" / "colab"  # google stays a namespace package
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
@@ -369,6 +369,24 @@ def test_a_colab_student_grades_a_notebook_of_the_class_copy_pushed_to_git(class
     assert (clone / "notebooks" / "exercises" / "grade.py").is_file()
     assert not (clone / "notebooks" / "exercises" / "solutions").exists()
     assert not (clone / "tests" / "naive.py").exists()
+
+
+def test_handout_writes_the_colab_cells_into_each_exercise_notebook(tmp_path, capsys):
+    """With --colab URL, each exercise notebook of the copy has the setup cell (OTB_REPO = URL) before its
+    first code cell and the grade cell last; the grader still recognises it; the other notebooks are as
+    they are in the project."""
+    url = "https://example.org/our-class/otb.git"
+    assert handout.main([str(tmp_path / "copy"), "--colab", url]) == 0
+    assert f"cloning {url}" in capsys.readouterr().out
+    setup = (EXERCISES / "colab_setup.py").read_text().replace(handout._PLACEHOLDER, url)
+    for original in sorted(EXERCISES.glob("0*.ipynb")):
+        nb = nbformat.read(str(tmp_path / "copy" / "notebooks" / "exercises" / original.name), as_version=4)
+        code = [c.source for c in nb.cells if c.cell_type == "code"]
+        blank = [c.source for c in nbformat.read(str(original), as_version=4).cells if c.cell_type == "code"]
+        assert code == [setup] + blank + [(EXERCISES / "colab_grade.py").read_text()], original.name
+        assert grade.kind_of(nb) == original.stem
+    assert (tmp_path / "copy" / "notebooks" / "01_toy_bandit.ipynb").read_bytes() == \
+        (ROOT / "notebooks" / "01_toy_bandit.ipynb").read_bytes()
 
 
 def test_handout_refuses_a_folder_inside_the_project_or_one_that_is_not_empty(tmp_path):

@@ -2,6 +2,7 @@
 
     python notebooks/exercises/handout.py /tmp/otb-class          # then share /tmp/otb-class
     python notebooks/exercises/handout.py /tmp/otb-class --force  # replace an earlier copy
+    python notebooks/exercises/handout.py /tmp/otb-class --colab https://github.com/YOUR-ORG/otb-class.git
 
 The copy holds the project's files (those git tracks, plus new files it does not ignore; without git,
 every file except caches and runs) minus:
@@ -14,6 +15,10 @@ every file except caches and runs) minus:
   to Exercises 2, 3 and 5), and every test that imports it, directly or through another test,
 * in ``docs/teaching.md``, the text between ``<!-- BEGIN ANSWERS -->`` and ``<!-- END ANSWERS -->``
   (the answers to the quiz and to the discussion questions).
+
+With ``--colab URL`` (the git URL the copy will be pushed to), each exercise notebook of the copy gets
+the Colab cells itself: the setup cell (``colab_setup.py``, its ``OTB_REPO`` set to URL) before its first
+code cell and the grade cell (``colab_grade.py``) at its end, so the lecturer edits no notebook by hand.
 
 The blank notebooks, ``check.py`` and ``grade.py`` stay, so the copy grades: ``python
 notebooks/exercises/grade.py`` inside it works as in the full project. The project's own functions stay
@@ -34,6 +39,7 @@ LEFT_OUT = ("notebooks/exercises/solutions/", "notebooks/exercises/ta_table.md",
             "notebooks/exercises/backups/", "tests/test_notebooks_exercises.py", "tests/test_notebooks_teaching_")
 ANSWER_MODULES = ("naive",)  # modules of tests/ that compute the exercises' answers
 _ANSWERS = re.compile(r"<!-- BEGIN ANSWERS -->.*?<!-- END ANSWERS -->", re.DOTALL)
+_PLACEHOLDER = "https://github.com/YOUR-ORG/otb-class.git"  # the OTB_REPO that colab_setup.py ships with
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".ipynb_checkpoints", "runs", ".venv", "venv"}
 
 
@@ -88,8 +94,24 @@ def holds_answers(rel, root=ROOT, answers=None):
     return False
 
 
-def write(out, root=ROOT, force=False):
-    """Write the class copy into ``out``; returns the relative paths written."""
+def add_colab_cells(path, url, root=ROOT):
+    """Put the Colab setup cell (OTB_REPO = ``url``) before the first code cell of the notebook at ``path``
+    and the grade cell at its end, both from ``root``'s notebooks/exercises/ (the notebook is rewritten)."""
+    import nbformat
+    setup = (root / "notebooks" / "exercises" / "colab_setup.py").read_text(encoding="utf-8")
+    if _PLACEHOLDER not in setup:
+        raise SystemExit(f"handout.py: colab_setup.py no longer holds {_PLACEHOLDER} to replace with {url}")
+    nb = nbformat.read(str(path), as_version=4)
+    first = next(k for k, c in enumerate(nb.cells) if c.cell_type == "code")
+    nb.cells.insert(first, nbformat.v4.new_code_cell(setup.replace(_PLACEHOLDER, url)))
+    nb.cells.append(nbformat.v4.new_code_cell(
+        (root / "notebooks" / "exercises" / "colab_grade.py").read_text(encoding="utf-8")))
+    nbformat.write(nb, str(path))
+
+
+def write(out, root=ROOT, force=False, colab=None):
+    """Write the class copy into ``out``; returns the relative paths written. ``colab``: the git URL the
+    copy will be pushed to, to write the Colab cells into its exercise notebooks (add_colab_cells)."""
     out = Path(out).resolve()
     if out == root.resolve() or root.resolve() in out.parents:
         raise SystemExit(f"handout.py: {out} is inside the project; choose a folder outside it")
@@ -109,6 +131,8 @@ def write(out, root=ROOT, force=False):
                               encoding="utf-8")
         else:
             shutil.copy2(root / rel, target)
+        if colab and re.fullmatch(r"notebooks/exercises/0\w*\.ipynb", rel):
+            add_colab_cells(target, colab, root)
         written.append(rel)
     return written
 
@@ -117,11 +141,16 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path, help="the folder to write the class copy into (outside the project)")
     parser.add_argument("--force", action="store_true", help="replace the folder if it is not empty")
+    parser.add_argument("--colab", metavar="URL",
+                        help="the git URL the copy will be pushed to: write the Colab setup cell (cloning URL) and "
+                             "the grade cell into each exercise notebook of the copy")
     args = parser.parse_args(argv)
-    written = write(args.out, force=args.force)
+    written = write(args.out, force=args.force, colab=args.colab)
     print(f"wrote {len(written)} files to {args.out.resolve()}: no solutions, no tests that hold answers. "
-          f"Students grade with: python notebooks/exercises/grade.py. For Colab, push it to a git repository "
-          f"of the class and put that URL in the setup cell (docs/teaching.md)")
+          f"Students grade with: python notebooks/exercises/grade.py. "
+          + (f"The exercise notebooks hold the Colab cells, cloning {args.colab}: push the copy there"
+             if args.colab else "For Colab, write it again with --colab URL, the git repository of the class "
+                                "it will be pushed to (docs/teaching.md)"))
     return 0
 
 
