@@ -31,6 +31,7 @@ REGENERATED = {
     "factors_sweep/results.json": "test_exact_horizon_sweep.py",
     "factors_sweep_128/results.json": "test_exact_horizon_sweep.py",
     "factors_replication/results.json": "test_exact_horizon_sweep.py",
+    "smollm2_variance/results.json": "test_exact_horizon_sweep.py",
     "grad_variance/results.json": "test_naive_grad_variance.py",
     "default_run/summary.json": "test_e2e_default_run.py",
     "stability/results.json": "test_exact_stability.py",
