@@ -176,6 +176,15 @@ def loo_of_the_mean(r, m, g):
     return A[:, None] * m
 
 
+def token_mean_baseline(r, m, g):
+    """Group mean with b_i = the group's mean reward per valid token, sum r m / sum m, not its mean score."""
+    R = (r * m).sum(-1)  # R_i, (B,)
+    A = torch.zeros_like(R)
+    for i, same in enumerate(groups(g, len(R))):
+        A[i] = R[i] - ((r * m)[same].sum() / m[same].sum() if same.sum() > 1 else 0.0)
+    return A[:, None] * m
+
+
 def mean_including_singletons(r, m, g):
     R = (r * m).sum(-1)
     gid, n = otb.group_ids(g, len(R))
@@ -184,12 +193,15 @@ def mean_including_singletons(r, m, g):
 
 
 def reward_to_go(kind="right"):
+    """G_t, right or with a slip; 'never_masked': neither the rewards nor G_t multiplied by the mask."""
     def f(r, m):
-        rm = r if kind == "no_mask" else r * m
+        rm = r if kind in ("no_mask", "never_masked") else r * m
         G = {"right": lambda: rm.flip(-1).cumsum(-1).flip(-1), "no_mask": lambda: rm.flip(-1).cumsum(-1).flip(-1),
+             "never_masked": lambda: rm.flip(-1).cumsum(-1).flip(-1),
              "exclusive": lambda: rm.flip(-1).cumsum(-1).flip(-1) - rm, "forward": lambda: rm.cumsum(-1),
-             "no_flip_back": lambda: rm.flip(-1).cumsum(-1)}[kind]()
-        return G * m
+             "no_flip_back": lambda: rm.flip(-1).cumsum(-1),
+             "over_rows": lambda: rm.flip(0).cumsum(0).flip(0)}[kind]()  # dim=0: summed down the batch
+        return G if kind == "never_masked" else G * m
     return f
 
 
@@ -455,10 +467,14 @@ SLIPS = [
          lambda r, m: (r * m).sum(2), ["IndexError", "read the traceback"], named_in="#58"),
     Slip("2a", "keeps the position dimension", "ex2a_sequence_scores", lambda r, m: (r * m).sum(-1, keepdim=True),
          ["shape"]),
+    Slip("2a", "a sum over the rows (dim=0), not the positions", "ex2a_sequence_scores", lambda r, m: (r * m).sum(0),
+         ["outcome reward at the last valid token", "R_i = sum_t r_t m_t"], named_in="#58"),
     # ---- 2b: the group mean
     Slip("2b", "rewards not masked before the sum", "ex2b_group_mean", group_estimator("no_mask"),
          ["padding", "junk"]),
     Slip("2b", "groups assumed contiguous (reshape)", "ex2b_group_mean", naive_group_mean, ["interleaved"]),
+    Slip("2b", "the baseline is the group's mean reward per token (sum r m / sum m)", "ex2b_group_mean",
+         token_mean_baseline, ["one group of 4 rows", "the mean score of row i's group"], named_in="#58"),
     Slip("2b", "a singleton group's baseline is its own score", "ex2b_group_mean", mean_including_singletons,
          ["singleton"]),
     Slip("2b", "leave-one-out instead of the group mean", "ex2b_group_mean", group_estimator("loo"),
@@ -523,6 +539,10 @@ SLIPS = [
          ["without flipping back", "flip the result back"]),
     Slip("3a", "rewards not masked before the sum", "ex3a_reward_to_go", reward_to_go("no_mask"),
          ["junk", "*before* the cumulative sum"]),
+    Slip("3a", "the mask never used (rewards and G_t)", "ex3a_reward_to_go", reward_to_go("never_masked"),
+         ["junk", "mask the rewards before the cumulative sum"], named_in="#58"),
+    Slip("3a", "the reversed cumulative sum over the rows (dim=0)", "ex3a_reward_to_go", reward_to_go("over_rows"),
+         ["outcome reward only", "G_t = R at every valid position"], named_in="#58"),
     # ---- 3b: realized energy
     Slip("3b", "w_t, not its running sum", "ex3b_realized_energy", realized_energy("w"),
          ["w_t itself", "w.cumsum(-1)"]),
