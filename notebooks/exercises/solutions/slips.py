@@ -216,12 +216,14 @@ def realized_energy(kind="right"):
 
 
 def otb_plain(weight="W", own=(True, True), eps=1e-8, ignore_mask=False, singletons=False, guard=True,
-              G_fn=None, W_fn=None, mask_out=True, sign=1, batch=False, singleton_own=False, alone_own=False):
+              G_fn=None, W_fn=None, mask_out=True, sign=1, batch=False, singleton_own=False, alone_own=False,
+              own_by_w=False):
     """OTB row by row. weight: 'W' (right), '1', 'w', 'W2', '1/W'; own: whether leave-one-out removes the
     row's own term from (numerator, denominator); guard: B = 0 where no other row is active (3d);
     singletons: treat every row as its own group; batch: one group for the whole batch; singleton_own: a
     singleton group keeps its own return as baseline; alone_own: with leave-one-out, a row with no other active
-    row keeps its own return G_t as baseline (instead of 0); G_fn, W_fn: the 3a and 3b in use."""
+    row keeps its own return G_t as baseline (instead of 0); own_by_w: leave-one-out removes G_t w_t and w_t (the
+    token's energy, not W_t); G_fn, W_fn: the 3a and 3b in use."""
     G_fn, W_fn = G_fn or reward_to_go(), W_fn or realized_energy()
 
     def f(r, m, g, lp, s, leave_one_out=False):
@@ -237,7 +239,8 @@ def otb_plain(weight="W", own=(True, True), eps=1e-8, ignore_mask=False, singlet
             num, den = (G[same] * V[same]).sum(0), V[same].sum(0)
             if leave_one_out:
                 active = m[same].sum(0) - m[i] > 0
-                num, den = num - own[0] * G[i] * V[i], den - own[1] * V[i]
+                Vi = w[i] if own_by_w else V[i]  # the row's own weight
+                num, den = num - own[0] * G[i] * Vi, den - own[1] * Vi
                 alone = G[i] if alone_own else 0.0  # B_t where no other row of the group is active
                 B[i] = torch.where(active, num / (den.clamp(min=0) + eps), alone) if guard else num / (den + eps)
             elif same.sum() > 1 or singleton_own:
@@ -314,6 +317,10 @@ def bias_and_variance(kind="right"):
             var = dev_sq / G
         elif kind == "mean_coord":
             var = var / g_hat.shape[1]
+        elif kind == "over_coords":  # each group's variance over its P coordinates, summed over the groups
+            var = g_hat.var(1).sum()
+        elif kind == "mean_of_squares":  # the mean of ||g_hat - grad J||^2, not the square of the mean's distance
+            bias2 = ((g_hat - grad_J) ** 2).sum(1).mean() - var / G
         out = (bias2.item(), var.item())
         return out[::-1] if kind == "swapped" else out
     return f
@@ -591,6 +598,8 @@ SLIPS = [
     # ---- 3d: leave-one-out
     Slip("3d", "the row's own term left in both sums", "ex3c_optimal_token_baseline",
          lambda *a, **k: otb_plain()(*a[:5]), ["own term left in both sums", "leave row i out"], kwargs=LOO),
+    Slip("3d", "own term removed with w_t, not W_t", "ex3c_optimal_token_baseline", otb_plain(own_by_w=True),
+         ["one group of 4 rows", "row i's own term leaves both sums"], kwargs=LOO, named_in="#58"),
     Slip("3d", "own term removed from the numerator only", "ex3c_optimal_token_baseline", otb_plain(own=(True, False)),
          ["numerator only", "denominator as well"], kwargs=LOO),
     Slip("3d", "own term removed from the denominator only", "ex3c_optimal_token_baseline",
@@ -641,6 +650,12 @@ SLIPS = [
          ["negative", "do not clip"], named_in="#42"),
     Slip("4b", "the whole variance subtracted from bias^2", "ex4b_bias_and_variance", bias_and_variance("minus_var"),
          ["whole variance", "variance / G"]),
+    Slip("4b", "the variance over each group's coordinates (var(1)), summed over the groups",
+         "ex4b_bias_and_variance", bias_and_variance("over_coords"), ["your variance is", "sum over coordinates"],
+         named_in="#58"),
+    Slip("4b", "bias^2 from the mean of ||g_hat - grad J||^2, not ||mean g_hat - grad J||^2",
+         "ex4b_bias_and_variance", bias_and_variance("mean_of_squares"),
+         ["your bias2 is", "||mean over groups of g_hat - grad J||^2"], named_in="#58"),
     Slip("4b", "the variance averaged over coordinates", "ex4b_bias_and_variance", bias_and_variance("mean_coord"),
          ["mean over the coordinates", "*sum*"]),
     Slip("4b", "the pair in the wrong order", "ex4b_bias_and_variance", bias_and_variance("swapped"),
