@@ -137,6 +137,16 @@ def test_the_ta_table_is_what_the_checks_print(toy):
     assert any(h.startswith("the notebook's time budget of <budget> s ran out") for h in hints)  # grade.py's lines too
 
 
+def test_every_line_of_grade_py_says_when_it_is_printed():
+    """No slip reaches grade.py's own lines (a check cell deleted, a loop that never ends): each H(...) there
+    carries a '# when: ...' comment, and the table lists it in the row's last column."""
+    when = ta_table.situations()
+    own = [template for section, template in ta_table.hints() if section == "grade.py"]
+    assert len(own) == 11 and all(when.get(t) for t in own), [t for t in own if not when.get(t)]
+    table = (EXERCISES / "ta_table.md").read_text().splitlines()
+    assert all(any(line.startswith("| grade.py |") and f"when: {when[t][0]}" in line for line in table) for t in own)
+
+
 def test_a_hint_that_is_not_written_h_stops_the_table(monkeypatch, toy):
     """The table cannot silently miss a hint: a check printing one that is not written H(...) stops it."""
     monkeypatch.setattr(ta_table, "hints", lambda: [("Exercise 1", "expand ||e_y - pi||^2 = sum_k (1[k=y] - pi_k)^2 "

@@ -237,6 +237,7 @@ def _error(cell):
 
 
 def _timed_out(budget):
+    # when: a cell still running when the notebook's budget runs out (a `while True` in 3a, or at the top level)
     return H(f"the notebook's time budget of {budget} s ran out in this cell (a loop that never ends?)")
 
 
@@ -250,15 +251,20 @@ def _verdict_of(cell, stopped, token):
                     data = json.loads(line[len(token) + 1:])
     error = data["error"] if data else _error(cell)
     if error:
+        # when: the function the check is handed is not defined (its def renamed or its cell deleted: NameError)
         return False, [H(f"this check cell raised {error}")]
+    if data is None and stopped:
+        # when: the kernel died before this check cell ran (an os._exit(1) or out of memory in a cell above it)
+        return False, [H(f"this check cell did not run: the run stopped ({stopped})")]
     if data is None:
-        return False, [H(f"this check cell did not run: the run stopped ({stopped})") if stopped
-                       else H("this check cell printed no verdict")]
+        # when: the cell's output never reached the grader (a cell above that sets sys.stdout to something else)
+        return False, [H("this check cell printed no verdict")]
     lines = data["out"].splitlines()
     verdicts = [k for k, line in enumerate(lines) if _VERDICT.match(line)]
     if data["ok"]:
         return True, []
     if not verdicts:
+        # when: the check returned False without printing a verdict (check.py's checks always print one: a guard)
         return False, [H("this check cell printed no verdict")]
     return False, [line.strip() for line in lines[verdicts[-1] + 1:] if line.startswith("  ")]
 
@@ -293,6 +299,7 @@ def problems(nb):
         if cell.get("metadata", {}).get("timed_out"):
             found.append(f"{where}: {_timed_out(budget)}")
         elif error:
+            # when: a cell that is not a check raised (a `1 / 0` in a cell of its own), whatever the checks say
             found.append(H(f"{where} raised {error}"))
     return found
 
@@ -315,12 +322,14 @@ def results(nb):
         title = TITLES[_call_of(source)[0]]
         late = [name for name in _names(source) if (_defined_at(nb, name) or -1) > k]
         if late:
+            # when: a check cell moved above the cell that defines its answer
             graded[source] = (title, False, [H(
                 f"this check cell comes before the cell that defines `{late[0]}`: move it back below your answer "
                 f"(Run All runs the cells from the top)")])
         elif cell.metadata.get("timed_out"):
             graded[source] = (f"{title}: {_timed_out(budget)}", False, [])
         elif cell.metadata.get("not_run"):
+            # when: an earlier cell ran out the notebook's budget (a loop that never ends in 3a: 3c, 3d, 3e not run)
             graded[source] = (title, False, [H(
                 "this check cell did not run: the notebook's time budget ran out in an earlier cell")])
         else:
@@ -334,9 +343,13 @@ def results(nb):
         name = _call_of(source)[0]
         edited = any(c.cell_type == "code" and name in c.source for c in nb.cells)
         cell = " ".join(source.split())
-        found.append((TITLES[name], False, [
-            H(f"its check cell was edited: the grader runs only the check cell as handed out, `{cell}`") if edited
-            else H(f"its check cell is missing: put it back below your answer, `{cell}` (printed text never counts)")]))
+        if edited:
+            # when: a check cell edited (its call changed; a comment or new spacing is not an edit)
+            line = H(f"its check cell was edited: the grader runs only the check cell as handed out, `{cell}`")
+        else:
+            # when: a check cell deleted, or replaced by a printed `Exercise 1a (...): CORRECT.` line
+            line = H(f"its check cell is missing: put it back below your answer, `{cell}` (printed text never counts)")
+        found.append((TITLES[name], False, [line]))
     return found
 
 
@@ -358,6 +371,7 @@ def report(path, found, out=None, cells=(), log=None, stderr=""):
     print(Path(path).name, file=out)
     lines = [f"  PROBLEM   {line}" for line in cells]
     if not found:
+        # when: a notebook with none of the exercise notebooks' check calls or answers (a tutorial notebook)
         lines.append(f"  NOT YET   {H('no check cells found (is this an exercise notebook?)')}")
     for title, ok, detail in found:
         lines.append(f"  {'CORRECT' if ok else 'NOT YET':9s} {title}")
@@ -393,6 +407,7 @@ def main(argv=None):
         try:
             nb = run_copy(path, args.budget)
         except Unreadable as why:
+            # when: a file cut short, or JSON that is not a notebook
             print(f"{path.name}: {H(f'cannot be read as a notebook ({why}); open it in Jupyter and save it again')}")
             bad, total = bad + 1, total + 1
             continue
