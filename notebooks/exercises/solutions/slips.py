@@ -221,7 +221,7 @@ def otb_plain(weight="W", own=(True, True), eps=1e-8, ignore_mask=False, singlet
     """OTB row by row. weight: 'W' (right), '1', 'w', 'W2', '1/W'; own: whether leave-one-out removes the
     row's own term from (numerator, denominator); guard: B = 0 where no other row is active (3d);
     singletons: treat every row as its own group; batch: one group for the whole batch; singleton_own: a
-    singleton group keeps its own return as baseline; alone_own: with leave-one-out, a row with no other active
+    singleton group keeps its own return as baseline (with leave-one-out too: it is left out only in groups of 2+); alone_own: with leave-one-out, a row with no other active
     row keeps its own return G_t as baseline (instead of 0); own_by_w: leave-one-out removes G_t w_t and w_t (the
     token's energy, not W_t); G_fn, W_fn: the 3a and 3b in use."""
     G_fn, W_fn = G_fn or reward_to_go(), W_fn or realized_energy()
@@ -237,7 +237,7 @@ def otb_plain(weight="W", own=(True, True), eps=1e-8, ignore_mask=False, singlet
         ids = list(range(len(r))) if singletons else [0] * len(r) if batch else g
         for i, same in enumerate(groups(ids, len(r))):
             num, den = (G[same] * V[same]).sum(0), V[same].sum(0)
-            if leave_one_out:
+            if leave_one_out and not (singleton_own and same.sum() == 1):
                 active = m[same].sum(0) - m[i] > 0
                 Vi = w[i] if own_by_w else V[i]  # the row's own weight
                 num, den = num - own[0] * G[i] * Vi, den - own[1] * Vi
@@ -600,6 +600,9 @@ SLIPS = [
          lambda *a, **k: otb_plain()(*a[:5]), ["own term left in both sums", "leave row i out"], kwargs=LOO),
     Slip("3d", "own term removed with w_t, not W_t", "ex3c_optimal_token_baseline", otb_plain(own_by_w=True),
          ["one group of 4 rows", "row i's own term leaves both sums"], kwargs=LOO, named_in="#58"),
+    Slip("3d", "a singleton group keeps its own return as baseline (leave-one-out only in groups of 2+)",
+         "ex3c_optimal_token_baseline", otb_plain(singleton_own=True), ["a singleton group", "no other active row"],
+         kwargs=LOO, named_in="#58"),
     Slip("3d", "own term removed from the numerator only", "ex3c_optimal_token_baseline", otb_plain(own=(True, False)),
          ["numerator only", "denominator as well"], kwargs=LOO),
     Slip("3d", "own term removed from the denominator only", "ex3c_optimal_token_baseline",
@@ -623,6 +626,15 @@ SLIPS = [
          otb_plain(G_fn=reward_to_go("exclusive")), ["fix 3a first"],
          kwargs={**LOO, "reward_to_go": reward_to_go("exclusive"), "realized_energy": realized_energy()},
          named_in="#42"),
+    # ---- 3e: the OTB of 3c in train.py (each slip costs a training run or two)
+    Slip("3e", "returns (A, G), the pair otb.optimal_token_baseline returns", "ex3e_trains",
+         lambda *a: (otb_plain()(*a),) * 2, ["'tuple'", "the same shape as token_rewards"], named_in="#58"),
+    Slip("3e", "no eps (0 / 0 where a group has no valid token)", "ex3e_trains", otb_plain(eps=0.0),
+         ["NaN or inf", "divide by (sum W_t + eps)"], named_in="#58"),
+    Slip("3e", "uses a 3a that is still a blank (returns None)", "ex3e_trains", otb_plain(G_fn=lambda r, m: None),
+         ["raised TypeError", "run check.ex3c_optimal_token_baseline first"], named_in="#58"),
+    Slip("3e", "B_t - G_t instead of G_t - B_t", "ex3e_trains", otb_plain(sign=-1),
+         ["at training step 1", "your advantages differ"], named_in="#58"),
     # ---- 4a: one gradient per group
     Slip("4a", "the sum over the group, not the mean", "ex4a_batch_gradients", batch_gradients("sum"),
          ["times too large", "*mean*"], toy=True),
