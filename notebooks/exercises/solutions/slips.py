@@ -217,13 +217,13 @@ def realized_energy(kind="right"):
 
 def otb_plain(weight="W", own=(True, True), eps=1e-8, ignore_mask=False, singletons=False, guard=True,
               G_fn=None, W_fn=None, mask_out=True, sign=1, batch=False, singleton_own=False, alone_own=False,
-              own_by_w=False):
+              own_by_w=False, eps_num=False):
     """OTB row by row. weight: 'W' (right), '1', 'w', 'W2', '1/W'; own: whether leave-one-out removes the
     row's own term from (numerator, denominator); guard: B = 0 where no other row is active (3d);
     singletons: treat every row as its own group; batch: one group for the whole batch; singleton_own: a
     singleton group keeps its own return as baseline (with leave-one-out too: it is left out only in groups of 2+); alone_own: with leave-one-out, a row with no other active
     row keeps its own return G_t as baseline (instead of 0); own_by_w: leave-one-out removes G_t w_t and w_t (the
-    token's energy, not W_t); G_fn, W_fn: the 3a and 3b in use."""
+    token's energy, not W_t); eps_num: eps added to the numerator too; G_fn, W_fn: the 3a and 3b in use."""
     G_fn, W_fn = G_fn or reward_to_go(), W_fn or realized_energy()
 
     def f(r, m, g, lp, s, leave_one_out=False):
@@ -236,7 +236,7 @@ def otb_plain(weight="W", own=(True, True), eps=1e-8, ignore_mask=False, singlet
         B = torch.zeros_like(G)
         ids = list(range(len(r))) if singletons else [0] * len(r) if batch else g
         for i, same in enumerate(groups(ids, len(r))):
-            num, den = (G[same] * V[same]).sum(0), V[same].sum(0)
+            num, den = (G[same] * V[same]).sum(0) + (eps if eps_num else 0.0), V[same].sum(0)
             if leave_one_out and not (singleton_own and same.sum() == 1):
                 active = m[same].sum(0) - m[i] > 0
                 Vi = w[i] if own_by_w else V[i]  # the row's own weight
@@ -587,6 +587,8 @@ SLIPS = [
          ["not 0 on padding", "multiply A_t"]),
     Slip("3c", "a singleton group keeps its own return as baseline", "ex3c_optimal_token_baseline",
          otb_plain(singleton_own=True), ["singleton", "B_t = 0"]),
+    Slip("3c", "eps added to the numerator too: (num + eps) / (den + eps)", "ex3c_optimal_token_baseline",
+         otb_plain(eps_num=True), ["all certain", "sum_i W_t = 0"], named_in="#58"),
     Slip("3c", "one baseline over the whole batch", "ex3c_optimal_token_baseline", otb_plain(batch=True),
          ["interleaved", "same id"]),
     Slip("3c", "uses a 3a that is off by one", "ex3c_optimal_token_baseline",
@@ -603,6 +605,8 @@ SLIPS = [
     Slip("3d", "a singleton group keeps its own return as baseline (leave-one-out only in groups of 2+)",
          "ex3c_optimal_token_baseline", otb_plain(singleton_own=True), ["a singleton group", "no other active row"],
          kwargs=LOO, named_in="#58"),
+    Slip("3d", "eps added to the numerator too: (num + eps) / (den + eps)", "ex3c_optimal_token_baseline",
+         otb_plain(eps_num=True), ["all certain", "the other rows' sum of W_t is 0"], kwargs=LOO, named_in="#58"),
     Slip("3d", "own term removed from the numerator only", "ex3c_optimal_token_baseline", otb_plain(own=(True, False)),
          ["numerator only", "denominator as well"], kwargs=LOO),
     Slip("3d", "own term removed from the denominator only", "ex3c_optimal_token_baseline",
