@@ -890,16 +890,19 @@ def main(argv=None):
             shutil.rmtree(folder)
     t0 = time.time()
 
-    def record():  # after every prompt: what --resume continues from; then stop if --stop-after has passed
+    def record():  # what --resume continues from
         tmp = progress_file(out).with_suffix(".tmp")
         tmp.write_text(json.dumps(dict(command=command, args=vars(args), machine=machine.info(), provenance=provenance,
                                        seconds=before + time.time() - t0, checkpoints=checkpoints), indent=1))
         tmp.replace(progress_file(out))
+
+    def measured():  # after every prompt and cell: the record, then a stop if --stop-after has passed
+        record()
         if args.stop_after and time.time() - t0 > args.stop_after:
             raise OutOfTime
     record()
     try:
-        return measure_cells(out, command, args, grams_by_cell, checkpoints, before, t0, provenance, record)
+        return measure_cells(out, command, args, grams_by_cell, checkpoints, before, t0, provenance, measured)
     except OutOfTime:
         print(f"--stop-after {args.stop_after:g}: stopped after {time.time() - t0:.0f} s; every measured prompt is "
               f"recorded in {out}: continue with --resume, or analyse with --from-saved {out} --out DIR", flush=True)
