@@ -367,23 +367,30 @@ def test_a_prompt_record_keeps_what_the_analysis_needs(tmp_path):
 
 
 @pytest.mark.saved_results
-def test_the_smollm2_sweep_rebuilds_its_table_from_what_it_saved(tmp_path):
-    # benchmarks/results/smollm2_variance (docs/smollm2_variance_protocol.md), finished or still measuring:
-    # --from-saved analyses its finished cells (stats.npz) to the rows the run saved, up to another CPU's
-    # rounding, and a cell still measuring on the prompts recorded so far; its record names the commit of
-    # every process that measured it and the machine.
+@pytest.mark.parametrize("folder, card", [("smollm2_variance", None), ("smollm2_variance_gpu", "NVIDIA H200")])
+def test_the_smollm2_sweep_rebuilds_its_table_from_what_it_saved(folder, card, tmp_path):
+    # The SmolLM2 sweeps of docs/smollm2_variance_protocol.md (the CPU run, and the GPU window's replicate
+    # of its addendum), finished or still measuring: --from-saved analyses their finished cells (stats.npz)
+    # to the rows the run saved, up to another CPU's rounding, and a cell still measuring on the prompts
+    # recorded so far (to the interim analysis the run wrote when it stopped, where there is one); the
+    # record names the commit of every process that measured it and the machine.
     import json
-    folder = ROOT / "benchmarks" / "results" / "smollm2_variance"
+    folder = ROOT / "benchmarks" / "results" / folder
     record = json.loads(((folder / "sweep.json") if (folder / "sweep.json").is_file() else folder / "results.json")
                         .read_text())
     assert record["args"]["model"] == "smollm2" and record["args"]["prompts"] == 24 and record["machine"]["cpu"]
+    assert record["machine"].get("cuda") == card
     hs.main(["--from-saved", str(folder), "--out", str(tmp_path), "--replicates", "2000"])
     again = json.loads((tmp_path / "results.json").read_text())
     finished = {c["n"] for c in record["checkpoints"]}
     assert finished, "no finished horizon yet"
     saved = json.loads((folder / "results.json").read_text())
-    rows = lambda r: [x for x in r["rows"] if x["n"] in finished]  # noqa: E731
-    same_record(rows(again), rows(saved))
+    rows = lambda r, ns: [x for x in r["rows"] if x["n"] in ns]  # noqa: E731
+    same_record(rows(again, finished), rows(saved, finished))
     recorded = {int(f.name[1:].split("_")[0]): len(list(f.glob("p*.npz"))) for f in (folder / "prompts").glob("n*")}
-    assert {c["n"]: c["prompts"] for c in again["checkpoints"] if c.get("partial")} == \
-        {n: k for n, k in recorded.items() if k >= 2}
+    partial = {c["n"]: c["prompts"] for c in again["checkpoints"] if c.get("partial")}
+    assert partial == {n: k for n, k in recorded.items() if k >= 2}
+    if (folder / "interim" / "results.json").is_file():
+        interim = json.loads((folder / "interim" / "results.json").read_text())
+        assert rows(interim, set(partial))
+        same_record(rows(again, set(partial)), rows(interim, set(partial)))
