@@ -39,6 +39,7 @@ import train  # noqa: E402
 from lab import machine, options  # noqa: E402
 from lab.analysis import stats  # noqa: E402
 from benchmarks import horizon_sweep as hs  # noqa: E402
+from benchmarks import sweep_records as records  # noqa: E402
 from benchmarks.cli import at_least, device_option, int_list, out_folder, parser  # noqa: E402
 from benchmarks.common import draw_pool  # noqa: E402
 
@@ -116,7 +117,7 @@ def main(argv=None):
              "--seeds", "0", "--prompts", str(args.prompts), "--estimators", ESTIMATORS, "--device", device.type,
              "--decode", decode, "--stop-after", f"{left:.0f}", "--out", str(out / "sweep"), *args.sweep_args]
     finished = hs.main(sweep) is not None
-    saved = json.loads(((out / "sweep" / "results.json") if finished else hs.progress_file(out / "sweep")).read_text())
+    saved = json.loads(((out / "sweep" / "results.json") if finished else records.progress_file(out / "sweep")).read_text())
     recorded = {f.name: len(list(f.glob("p*.npz"))) for f in sorted((out / "sweep" / "prompts").glob("n*"))}
     save("sweep", dict(finished=finished, seconds=time.time() - started, arguments=sweep,
                        cells_finished=[[c["n"], c["success"], c["mean_length"]] for c in saved["checkpoints"]],

@@ -51,7 +51,9 @@ A long sweep survives a stop: each prompt's statistics are written to OUT/prompt
 progress record to OUT/sweep.json), ``--resume`` continues from them with the same pools, groups and
 projection as a run straight through, ``--from-saved OUT --out DIR`` analyses the prompts done so far, and
 ``--stop-after SECONDS`` stops by itself after the prompt that passes the limit. Each finished cell goes into
-stats.npz (lab/analysis/compact.py: only what the analysis reads) and its prompts' files are removed.
+stats.npz (lab/analysis/compact.py: only what the analysis reads) and its prompts' files are removed. What is
+saved and how it is read back: benchmarks/sweep_records.py; the tables and the figure:
+benchmarks/sweep_report.py.
 
 Writes runs/horizon_sweep/ by default; ``--out benchmarks/results/horizon_sweep`` updates the
 committed results (results.json, stats.npz, table.md, summary.md, gain_vs_horizon.png). summary.md answers
@@ -66,7 +68,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -74,14 +75,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import otb  # noqa: E402
 import rollout  # noqa: E402
-from lab.analysis import scale_free  # noqa: E402
-from lab.analysis import compact, resampling, stats  # noqa: E402
+from lab.analysis import resampling, scale_free, stats  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
 from lab import options  # noqa: E402
 from benchmarks.common import (draw_pool, flatten, group_gradients, group_ids_of,  # noqa: E402
                                per_response_scores, reference_gradient, sketch, subset)
 from benchmarks import cli  # noqa: E402
+from benchmarks.sweep_records import (grams_of, info_of, load_grams, load_prompt, progress_file,  # noqa: E402
+                                      read_saved, record_path, recorded_cells, resumed, save_grams, save_prompt,
+                                      settings)
+from benchmarks.sweep_report import (checkpoints_md, contrasts_md, head_to_head_md, model_note, plot,  # noqa: E402
+                                     summary_md, table_md, took)
 from lab import machine  # noqa: E402
 from lab.machine import kept_provenance, provenance as code_provenance  # noqa: E402
 
@@ -257,78 +262,6 @@ def measure_checkpoint(model, tok, task, cfg, args, seed, records, saved=lambda:
     return grams_of(done), info_of(done)
 
 
-def record_path(records, p):
-    """The file of prompt p's statistics in a cell's folder of records."""
-    return Path(records) / f"p{p:04d}.npz"
-
-
-def save_prompt(path, units, ref, R, R_ref, length, seconds):
-    """One prompt's statistics, all that the analysis needs of it: per (estimator, N) its mean group
-    gradient m_p, tr Var V_p and the number of groups K; its reference gradient r_p; the rewards of its
-    pool and of its reference pool; the pool's mean response length and the seconds it took. The vectors
-    m_p and r_p are stored as lab/analysis/compact.py stores a matrix, divided by their largest entry and
-    rounded to float16 (within 2^-11 of it; a run straight through reads them back the same way, so a
-    resumed run gives the same statistics). Written to a temporary file and then renamed, so a stop while
-    writing leaves no half-written record."""
-    arrays = {}
-
-    def vector(key, v):
-        scale = float(v.abs().max()) or 1.0
-        arrays[key], arrays[key + ".scale"] = (v.double() / scale).numpy().astype(np.float16), np.float64(scale)
-    for (e, N), (mean, var, K) in units.items():
-        vector(f"{e}/N{N}/mean", mean)
-        arrays[f"{e}/N{N}/var"], arrays[f"{e}/N{N}/K"] = np.float64(var), np.int64(K)
-    vector("ref", ref)
-    tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, R=R.numpy(), R_ref=R_ref.numpy(), length=np.float64(length), seconds=np.float64(seconds), **arrays)
-    tmp.replace(path)
-
-
-def load_prompt(path):
-    """The inverse of save_prompt: dict(units={(e, N): (mean, var, K)}, ref, R, R_ref, length, seconds), the
-    vectors in float32 (a record written without scales holds them in float32 as they are)."""
-    with np.load(path) as data:
-        def vector(key):
-            if key + ".scale" not in data.files:
-                return torch.from_numpy(data[key])
-            return torch.from_numpy(data[key].astype(np.float64) * float(data[key + ".scale"])).float()
-        out = dict(units={}, ref=vector("ref"), **{k: torch.from_numpy(data[k]) for k in ("R", "R_ref")},
-                   length=float(data["length"]), seconds=float(data["seconds"]))
-        for key in data.files:
-            if key.count("/") == 2 and not key.endswith(".scale"):
-                e, N, k = key.split("/")
-                out["units"].setdefault((e, int(N[1:])), {})[k] = vector(key) if k == "mean" else data[key]
-    out["units"] = {key: (u["mean"], float(u["var"]), int(u["K"])) for key, u in out["units"].items()}
-    return out
-
-
-def grams_of(done):
-    """{(estimator, N): scale_free.gram_stats} over the recorded prompts ``done`` (load_prompt's, in order)."""
-    refs = torch.stack([d["ref"] for d in done]).float()  # r_p, (P, D)
-    return {key: scale_free.gram_stats(torch.stack([d["units"][key][0] for d in done]),
-                                       [d["units"][key][1] for d in done], refs)
-            for key in done[0]["units"]}
-
-
-def info_of(done):
-    """A cell's pool success, reference-pool success and mean response length over its recorded prompts."""
-    return dict(success=torch.cat([d["R"] for d in done]).mean().item(),
-                ref_success=torch.cat([d["R_ref"] for d in done]).mean().item(),
-                mean_length=sum(d["length"] for d in done) / len(done))
-
-
-def recorded_cells(out, finished=()):
-    """The cells of ``out`` with prompts recorded but not yet in stats.npz (a sweep stopped mid-cell):
-    {(n, seed): [load_prompt records, in prompt order]}, those with at least 2 prompts."""
-    cells = {}
-    for folder in sorted((Path(out) / "prompts").glob("n*_seed*")):
-        n, seed = (int(x) for x in folder.name[1:].split("_seed"))
-        done = [load_prompt(f) for f in sorted(folder.glob("p[0-9][0-9][0-9][0-9].npz"))]
-        if (n, seed) not in finished and len(done) >= 2:
-            cells[(n, seed)] = done
-    return cells
-
-
 # =====================================================================================
 # What a sweep of a pretrained model would cost on one GPU (a projection, not a measurement)
 # =====================================================================================
@@ -377,23 +310,6 @@ def projection_line(g):
     return (f"projected on one GPU (not measured): {span} "
             f"({g['decode_steps']:,} decode steps and {g['passes']:,} backward passes at 19-35 ms of launches "
             f"per decode step, {g['flops'] / 1e12:,.0f} TFLOP at 30 TFLOP/s; docs/variance.md)")
-
-
-# =====================================================================================
-# Saved sufficient statistics: anyone can re-bootstrap from stats.npz
-# =====================================================================================
-
-def save_grams(path, grams_by_cell):
-    """{(n, seed): {(estimator, N): gram_stats}} -> one .npz in the compact form of lab/analysis/compact.py
-    (only what the analysis reads; matrices in scaled float16)."""
-    compact.save(path, grams_by_cell)
-
-
-def load_grams(path):
-    """The inverse of save_grams; a file saved in the full float64 format is read as it is."""
-    with np.load(path) as data:
-        full = "format" not in data.files
-    return compact.load_full(path) if full else compact.load(path)
 
 
 # =====================================================================================
@@ -538,54 +454,6 @@ def horizon_contrasts(grams_by_cell, replicates=2000, baseline="group_mean", boo
     return out
 
 
-VERDICT_WORDS = dict(above="grows with n", below="shrinks with n", covers="not shown to change with n",
-                     edge="at the Monte Carlo edge: not decided")
-
-
-def contrasts_md(contrasts):
-    """The horizon contrasts as a table: estimator, N, the pair of horizons, rho's 95% set and its verdict."""
-    lines = ["| estimator | N | gain(n_hi) / gain(n_lo) | rho [95% set] | the gain |", "|---|---|---|---|---|"]
-    return "\n".join(lines + [f"| {c['estimator']} | {c['N']} | n = {c['n_hi']} / n = {c['n_lo']} | "
-                              f"{gain_cell(c['ratio'], '', c['verdict'])} | {VERDICT_WORDS[c['verdict']]} |"
-                              for c in contrasts])
-
-
-def summary_md(summary, contrasts, checkpoints, sizes, command, estimator="otb", baseline="group_mean"):
-    """summary.md: the protocol's two questions answered from the analysis (docs/smollm2_variance_protocol.md):
-    per (N, n) whether ``estimator``'s gain over ``baseline`` lies above 1, and whether it grows with n.
-    sizes: {(n, seed): prompts}. '' without the estimator."""
-    gains = {(s["N"], s["n"]): s for s in summary if s["estimator"] == estimator and "gain" in s}
-    if not gains:
-        return ""
-    Ns, ns = sorted({N for N, _ in gains}), sorted({n for _, n in gains})
-    lines = [f"# {estimator} against {baseline}: the gain in normalised variance and its growth with n\n",
-             f"`{command}`\n", "| n | prompts | pool success | mean response tokens | " + " | ".join(
-                 f"gain at N = {N} [95% set]" for N in Ns) + " |", "|---" * (4 + len(Ns)) + "|"]
-    for n in ns:
-        mean = {k: [c[k] for c in checkpoints if c["n"] == n and k in c] for k in ("success", "mean_length")}
-        mean = {k: sum(v) / len(v) if v else math.nan for k, v in mean.items()}  # over the seeds
-        lines.append(f"| {n} | {sum(u for (m, _), u in sizes.items() if m == n)} | "
-                     f"{mean['success']:.2f} | {mean['mean_length']:.1f} | "
-                     + " | ".join(gain_cell(gains[(N, n)]["gain"], "x", gains[(N, n)]["verdict"]) for N in Ns) + " |")
-    lines.append("\n## Question 1: does the gain exceed 1?\n")
-    for n in ns:
-        above = all(gains[(N, n)]["verdict"] == "above" for N in Ns)
-        lines.append(f"- n = {n}: " + "; ".join(f"N = {N}: {VERDICT_WORDS_GAIN[gains[(N, n)]['verdict']]}"
-                                                  for N in Ns)
-                     + (f". {estimator} beats {baseline} at every N." if above else
-                        ". Not shown at every N (a claim at this n needs every N above 1)."))
-    mine = [c for c in contrasts if c["estimator"] == estimator]
-    if mine:
-        lines.append("\n## Question 2: does the gain grow with n?\n\nrho = gain(n_hi) / gain(n_lo), "
-                     "prompts resampled jointly across n (horizon_sweep.horizon_contrasts).\n")
-        lines.append(contrasts_md(mine))
-    return "\n".join(lines) + "\n"
-
-
-VERDICT_WORDS_GAIN = dict(above="above 1", below="below 1", covers="not shown to differ from 1",
-                          edge="at the Monte Carlo edge")
-
-
 def verdicts(summary, versus):
     """Every verdict the tables print: each gain (seeds pooled, and each seed's) above 1, below, around
     it, or at the Monte Carlo edge (resampling.replicate_verdict)."""
@@ -608,135 +476,6 @@ def all_verdicts(grams_by_cell, replicates=2000, boot_seed=0, baseline="group_me
         summary += [dict(estimator=e, N=N, n=n, **combined(evals, e, baseline, factors))
                     for e in evals[0][0] if e != baseline]
     return verdicts(summary, head_to_head(evaluations))
-
-
-def gain_cell(g, suffix="x", verdict=None):
-    """A gain's set; ' (edge)' where its verdict against 1 is within Monte Carlo error."""
-    return resampling.fmt_set(*g, low=0.0, suffix=suffix) + (" (edge)" if verdict == "edge" else "")
-
-
-def random_effects_cell(r):
-    """'gain [lo, hi]; Q = q (p), I2' of a cell's random-effects check, '-' where a seed has no log gain."""
-    re = r["random_effects"]
-    if re.get("exact"):
-        return "- (no sampling error)"
-    if math.isnan(re["gain"][0]):
-        return "- (a seed not resolved)"
-    return (f"{resampling.fmt(*re['gain'], suffix='x')}; Q = {re['Q']:.1f} (p {re['p']:.2f}), "
-            f"I\u00b2 {100 * re['I2']:.0f}%")
-
-
-def head_to_head_md(rows, a="otb_tir", b="otb"):
-    lines = [f"| n | N | nvar({b}) / nvar({a}), seeds pooled [95%] | random effects over seeds | "
-             "per seed [95%] |", "|---|---|---|---|---|"]
-    return "\n".join(lines + [f"| {r['n']} | {r['N']} | {gain_cell(r['gain'], 'x', r['verdict'])} | "
-                              f"{random_effects_cell(r)} | " + "; ".join(
-                                  gain_cell(g, "", v) for g, v in zip(r["per_seed"], r["per_seed_verdict"])) + " |"
-                              for r in rows])
-
-
-def table_md(summary):
-    """The table: the seeds pooled, the random-effects check, each seed, alpha, cosine, raw variance."""
-    lines = ["| n | N | estimator | gain over group_mean, seeds pooled [95%] | random effects over seeds | "
-             "per seed [95%] | alpha | cosine | raw tr Var / group_mean's |", "|---|---|---|---|---|---|---|---|---|"]
-    for s in summary:
-        if "gain" not in s:
-            continue
-        per_seed = "; ".join(gain_cell(g, "", v) for g, v in zip(s["per_seed"], s["per_seed_verdict"]))
-        lines.append(f"| {s['n']} | {s['N']} | {s['estimator']} | {gain_cell(s['gain'], 'x', s['verdict'])} | "
-                     f"{random_effects_cell(s)} | "
-                     f"{per_seed} | {scale_free.cell('alpha', s['alpha'], s['factor'])} | "
-                     f"{scale_free.cell('cosine', s['cosine'], s['factor'])} | {s['raw_var_ratio']:.2f} |")
-    return "\n".join(lines)
-
-
-TOOL_ROWS = ("reinforce", "rloo", "otb", "otb_tir")  # docs/tool_use.md's columns (--task calculator)
-
-
-def compact_md(summary, estimators=("otb", "otb_zero_tail", "otb_loo", "reinforce", "grpo")):
-    """The gains (seeds pooled) as one N x n table, one row per n (docs/variance.md shows it, tested)."""
-    lines = ["| N | n | " + " | ".join(estimators) + " |", "|---" * (len(estimators) + 2) + "|"]
-    cell = {(s["estimator"], s["N"], s["n"]): (s["gain"], s["verdict"]) for s in summary if "gain" in s}
-    for N in sorted({s["N"] for s in summary}):
-        for n in sorted({s["n"] for s in summary}):
-            lines.append(f"| {N} | {n} | " + " | ".join(gain_cell(*cell[(e, N, n)][:1], "x", cell[(e, N, n)][1])
-                                                    for e in estimators) + " |")
-    return "\n".join(lines)
-
-
-def checkpoints_md(checkpoints):
-    """Each checkpoint's warm-up success and its pool's (sweeps that saved the warm-up's only)."""
-    if not all("warmup_success" in c for c in checkpoints):
-        return ""
-    rows = [f"| {c['n']} | {c['seed']} | {c['warmup_success']:.3f} | {c['success']:.3f} | "
-            f"{c['mean_length']:.1f} |"
-            for c in sorted(checkpoints, key=lambda c: (c["n"], c["seed"]))]
-    return "\n".join(["\n## Checkpoints\n", "| n | seed | warm-up's last sampled success | pool success | "
-                      "mean actions |", "|---|---|---|---|---|", *rows, ""])
-
-
-def plot(summary, path=None, task="periodic"):
-    """Gain over group_mean against n, one panel per N: filled, the seeds pooled with their 95% set (an
-    arrow from the lower end where only that end is resolved); hollow, each seed's own gain where its
-    set is bounded. Returns the figure."""
-    import matplotlib.pyplot as plt
-    rows = [s for s in summary if "gain" in s]
-    Ns = sorted({s["N"] for s in rows})
-    fig, axes = plt.subplots(1, len(Ns), figsize=(5.2 * len(Ns), 4.2), squeeze=False)
-    style = {"otb": dict(lw=2.6, marker="o", zorder=5), "otb_zero_tail": dict(ls="--", marker="s"),
-             "otb_loo": dict(ls=":", marker="D"), "reinforce": dict(marker="^"), "rloo": dict(marker="v"),
-             "grpo": dict(marker="x"), "otb_tir": dict(lw=2.6, marker="*", ms=10, zorder=6)}
-    ns = sorted({s["n"] for s in rows})
-    for ax, N in zip(axes[0], Ns):
-        for i, (e, st) in enumerate(style.items()):
-            shift = 1.03 ** (i - 2.5)  # side by side, not on top of each other
-            cells = sorted((s["n"], *s["gain"]) for s in rows if s["estimator"] == e and s["N"] == N)
-            bounded = [(n * shift, g, lo, hi) for n, g, lo, hi in cells if 0 < lo and hi < math.inf]
-            lower = [(n * shift, lo) for n, g, lo, hi in cells if 0 < lo and hi == math.inf]
-            if bounded:
-                x, g, lo, hi = zip(*bounded)
-                ax.errorbar(x, g, yerr=[[a - b for a, b in zip(g, lo)], [b - a for a, b in zip(g, hi)]], capsize=3,
-                            label=e, color=f"C{i}", **st)
-            if lower:  # only a lower bound: an arrow up from it
-                x, lo = zip(*lower)
-                ax.errorbar(x, lo, yerr=[[0] * len(lo), [v * 0.5 for v in lo]], lolims=True, ls="none",
-                            color=f"C{i}", marker="_", label=None if bounded else f"{e} (lower bound)")
-            seeds = [(s["n"] * shift, g[0]) for s in rows if s["estimator"] == e and s["N"] == N
-                     for g in s["per_seed"] if 0 < g[1] and g[2] < math.inf]
-            if seeds:
-                ax.plot(*zip(*seeds), ls="none", marker=st["marker"], mfc="none", color=f"C{i}", alpha=0.6)
-        ax.axhline(1.0, color="k", lw=0.8, label="group_mean")
-        ax.set(xscale="log", yscale="log", xlabel=dict(periodic="answer length n (periodic copy)",
-                                                       count="n, numbers listed (count)").get(
-                   task, "k, numbers added with k - 1 calculator calls"),
-               ylabel="nvar(group_mean) / nvar(estimator)", title=f"N = {N}: gain over the group mean (> 1 is "
-               "better)\nfilled: seeds pooled, 95% set (arrow: lower bound only); hollow: one seed")
-        ax.title.set_fontsize(9)
-        ax.xaxis.set_minor_locator(plt.NullLocator())  # only the measured n are labelled
-        ax.set_xticks(ns)
-        ax.set_xticklabels([str(x) for x in ns])
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=110)
-    return fig
-
-
-def model_note(args):
-    """'' for the tiny model; else the model, its temperature and the projection (a sweep's table says it)."""
-    model, k = getattr(args, "model", "tiny"), getattr(args, "project", 0)
-    if model == "tiny" and not k:
-        return ""
-    return (f"; model {model}, temperature {args.temperature}, " + (f"gradients projected to k = {k} numbers "
-            "(common.sketch: inner products kept in expectation)" if k else "exact gradients"))
-
-
-def took(seconds):
-    """'3279 s', or for sweeps measured side by side '1200 s + 1300 s (side by side)'."""
-    if isinstance(seconds, list):
-        return " + ".join(f"{t:.0f} s" for t in seconds) + (" (side by side)" if len(seconds) > 1 else "")
-    return f"{seconds:.0f} s"
 
 
 def write(out, command, args, seconds, checkpoints, grams_by_cell, measured_on, provenance):
@@ -781,52 +520,6 @@ def write(out, command, args, seconds, checkpoints, grams_by_cell, measured_on, 
     print(text)
     print(f"wrote {out}/results.json, table.md, summary.md, gain_vs_horizon.png")
     return rows, summary
-
-
-SAME = ("prompts", "pool", "ref_pool", "group_sizes", "warmup_target", "task", "estimators", "model", "project",
-        "temperature")  # cells that mix
-
-
-def settings(saved, estimators):
-    """The settings of a saved sweep that its cells share with any cell analysed beside them."""
-    args = {"task": "periodic", "estimators": estimators, "model": "tiny", "project": 0, "temperature": 1.0,
-            **saved["args"]}  # older sweeps
-    return {k: args[k] for k in SAME}
-
-
-def progress_file(out):
-    """An unfinished sweep's record: results.json's fields (command, args, machine, provenance, seconds,
-    the finished cells' checkpoints), rewritten after every prompt; removed when the sweep is done."""
-    return Path(out) / "sweep.json"
-
-
-def read_saved(folder):
-    """A saved sweep: its record (sweep.json while it is unfinished, else results.json) and its cells, the
-    finished ones of stats.npz and every unfinished one with at least 2 prompts recorded (``recorded_cells``;
-    their checkpoints say ``prompts`` and ``partial``)."""
-    folder = Path(folder)
-    unfinished = progress_file(folder).is_file()
-    saved = json.loads((progress_file(folder) if unfinished else folder / "results.json").read_text())
-    grams = load_grams(folder / "stats.npz") if (folder / "stats.npz").is_file() else {}
-    for (n, seed), done in recorded_cells(folder, grams).items():
-        grams[(n, seed)] = grams_of(done)
-        saved["checkpoints"] = saved["checkpoints"] + [dict(n=n, seed=seed, model=saved["args"].get("model", "tiny"),
-                                                            prompts=len(done), partial=True, **info_of(done))]
-    return saved, grams
-
-
-def resumed(out, args):
-    """What an earlier run saved in ``out``: its finished cells (stats.npz), their checkpoints, the seconds
-    it measured for and the code it ran under (a list of provenances). Its prompts recorded in unfinished
-    cells stay where they are: measure_checkpoint reads them back."""
-    path = progress_file(out) if progress_file(out).is_file() else out / "results.json"
-    saved = json.loads(path.read_text())
-    if settings(saved, args.estimators) != {k: getattr(args, k) for k in SAME}:
-        raise SystemExit(f"--resume: {out} was measured with other settings "
-                         f"({settings(saved, args.estimators)}); use another --out")
-    grams = load_grams(out / "stats.npz") if (out / "stats.npz").is_file() else {}
-    earlier = kept_provenance(saved)
-    return grams, saved["checkpoints"], saved["seconds"], earlier if isinstance(earlier, list) else [earlier]
 
 
 def from_saved(folders, out, replicates, seeds=None):

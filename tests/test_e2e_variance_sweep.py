@@ -16,6 +16,7 @@ import rollout
 import tasks
 from benchmarks import common
 from benchmarks import horizon_sweep as hs
+from benchmarks import sweep_records as records
 from lab.analysis import compact
 from lab.models import char_tokenizer, warm_up
 
@@ -130,7 +131,7 @@ def test_count_sweep_on_a_smollm2_shaped_model_projected_and_exact(counting_mode
     for g in projected["gains"]:
         if g["estimator"] == "rloo":
             assert g["gain"][0] == pytest.approx(1.0, rel=1e-6)
-    P, E = hs.load_grams(tmp_path / "projected" / "stats.npz"), hs.load_grams(tmp_path / "exact" / "stats.npz")
+    P, E = records.load_grams(tmp_path / "projected" / "stats.npz"), records.load_grams(tmp_path / "exact" / "stats.npz")
     tol = 5 * math.sqrt(2 / k)
     for cell, by_estimator in E.items():
         for key, s in by_estimator.items():
@@ -157,7 +158,7 @@ def test_a_sweep_stopped_and_resumed_saves_what_a_run_straight_through_saves(cou
     draws the same pools, groups and projection for the rest. While it is stopped, --from-saved analyses
     the prompts recorded so far, and a new run into the same folder without --resume is refused."""
     straight = sweep(counting_model, tmp_path / "straight", 64)
-    real_save, budget = hs.save_prompt, {"left": 2}
+    real_save, budget = records.save_prompt, {"left": 2}
 
     def save_then_stop(*args, **kwargs):
         real_save(*args, **kwargs)
@@ -172,7 +173,7 @@ def test_a_sweep_stopped_and_resumed_saves_what_a_run_straight_through_saves(cou
     hs.main(["--from-saved", str(out), "--out", str(tmp_path / "interim"), "--replicates", "200"])
     interim = json.loads((tmp_path / "interim" / "results.json").read_text())
     assert [(c["n"], c["prompts"], c["partial"]) for c in interim["checkpoints"]] == [(2, 2, True)]
-    assert hs.load_grams(tmp_path / "interim" / "stats.npz")[(2, 0)][("otb", 2)]["V"].shape == (2,)
+    assert records.load_grams(tmp_path / "interim" / "stats.npz")[(2, 0)][("otb", 2)]["V"].shape == (2,)
     with pytest.raises(SystemExit):
         sweep(counting_model, out, 64)  # without --resume: refused, nothing recorded is lost
     assert len(list(out.glob("prompts/n2_seed0/p*.npz"))) == 2
@@ -183,7 +184,7 @@ def test_a_sweep_stopped_and_resumed_saves_what_a_run_straight_through_saves(cou
     budget["left"] = -1
     resumed = sweep(counting_model, out, 64, resume=True)
     assert not (out / "prompts").exists() and not (out / "sweep.json").exists()
-    got, want = hs.load_grams(out / "stats.npz"), hs.load_grams(tmp_path / "straight" / "stats.npz")
+    got, want = records.load_grams(out / "stats.npz"), records.load_grams(tmp_path / "straight" / "stats.npz")
     assert got.keys() == want.keys() == {(2, 0), (4, 0)}
     for cell in want:
         for key, stats in want[cell].items():
@@ -220,7 +221,7 @@ def test_the_gpu_window_command_runs_end_to_end_at_a_tiny_shape(counting_model, 
     arguments = parts["sweep"]["arguments"]
     limits = [i for i, a in enumerate(arguments) if a == "--stop-after"]
     hs.main([a for i, a in enumerate(arguments) if not any(i in (j, j + 1) for j in limits)] + ["--resume"])
-    got, want = (hs.load_grams(tmp_path / x / "sweep" / "stats.npz") for x in ("stopped", "full"))
+    got, want = (records.load_grams(tmp_path / x / "sweep" / "stats.npz") for x in ("stopped", "full"))
     assert all(torch.equal(got[c][k][m], want[c][k][m]) for c in want for k in want[c] for m in want[c][k])
 
 

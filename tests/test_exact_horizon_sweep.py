@@ -11,6 +11,7 @@ from lab.analysis import scale_free
 from lab.analysis import stats
 import tool_use
 from benchmarks import horizon_sweep as hs
+from benchmarks import sweep_records as records, sweep_report as report
 from saved import same_record, same_text
 
 
@@ -49,7 +50,7 @@ def test_seeds_are_pooled_as_strata_with_a_random_effects_check():
     assert r["random_effects"]["gain"] == pytest.approx([math.exp(re[k]) for k in ("mean", "lo", "hi")])
     assert r["random_effects"]["Q"] == pytest.approx(re["Q"])
     # no row pools across horizons, and the verdicts are those of the printed sets
-    assert {x["n"] for x in summary} == {64} and "pooled" not in hs.compact_md(summary, estimators=("otb", "reinforce"))
+    assert {x["n"] for x in summary} == {64} and "pooled" not in report.compact_md(summary, estimators=("otb", "reinforce"))
     assert hs.verdicts(summary, [])[("gain", "reinforce", 4, 64)] == r["verdict"]
 
 
@@ -58,7 +59,7 @@ def test_a_weak_signal_gives_a_one_sided_set_not_a_number():
              per_seed=[[2.0, 0.0, math.inf], [3.0, 1.1, 9.0], [4.0, 0.5, 8.0]],
              per_seed_verdict=["covers", "above", "covers"], random_effects=dict(gain=[math.nan] * 3),
              alpha=[0.5, 0.4, 0.6], cosine=[1.02, 0.9, 1.05], raw_var_ratio=0.5)
-    line = hs.table_md([g]).splitlines()[-1]
+    line = report.table_md([g]).splitlines()[-1]
     assert "| \u2265 1.40x |" in line and "unresolved; 3.00 [1.10, 9.00]; 4.00 [0.50, 8.00]" in line
     assert "- (a seed not resolved)" in line and "1.00* [0.90, 1.00*]" in line  # a clipped cosine is marked
 
@@ -75,8 +76,8 @@ def test_saved_statistics_round_trip_and_reproduce_the_analysis(tmp_path):
                                           torch.rand(6, generator=gen, dtype=torch.float64) + v, refs)
             for e, c, v in [("group_mean", 0.75, 3.0), ("reinforce", 1.0, 1.0), ("otb", 0.6, 0.5)]}
     grams = {(64, 0): cell, (64, 1): cell}
-    hs.save_grams(tmp_path / "stats.npz", grams)
-    back = hs.load_grams(tmp_path / "stats.npz")
+    records.save_grams(tmp_path / "stats.npz", grams)
+    back = records.load_grams(tmp_path / "stats.npz")
     assert set(back) == set(grams)
     assert set(back[(64, 0)][("group_mean", 4)]) == {"V", "ref_gram"}  # its gram and cross are never read
     for key in cell:
@@ -86,7 +87,7 @@ def test_saved_statistics_round_trip_and_reproduce_the_analysis(tmp_path):
             assert (M - want).abs().max() <= 2 ** -11 * want.abs().max(), (key, k)
             assert (M - want).abs().max() > 0  # rounded, so the tolerance is what is tested
     rows, summary, _ = hs.analyse(back, replicates=200)
-    again, _, _ = hs.analyse(hs.load_grams(tmp_path / "stats.npz"), replicates=200)
+    again, _, _ = hs.analyse(records.load_grams(tmp_path / "stats.npz"), replicates=200)
     assert rows == again  # the same draws from the same saved statistics
     full, _, _ = hs.analyse(grams, replicates=200)
     for r, f in zip(rows, full):
@@ -102,23 +103,23 @@ def test_saved_statistics_round_trip_and_reproduce_the_analysis(tmp_path):
     import numpy as np
     np.savez(tmp_path / "full.npz", **{f"n64_seed0/{e}/N{N}/{k}": v.numpy() for (e, N), s in cell.items()
                                        for k, v in s.items()})
-    old = hs.load_grams(tmp_path / "full.npz")
+    old = records.load_grams(tmp_path / "full.npz")
     assert all(torch.equal(old[(64, 0)][key][k], cell[key][k]) for key in cell for k in cell[key])
 
 
 def test_resume_keeps_saved_cells_only_with_the_same_settings(tmp_path):
     import json
     cell = {("group_mean", 4): scale_free.gram_stats(torch.eye(3), [1.0, 2.0, 3.0], torch.ones(3))}
-    hs.save_grams(tmp_path / "stats.npz", {(16, 0): cell})
+    records.save_grams(tmp_path / "stats.npz", {(16, 0): cell})
     args = hs.parse_args(["--out", str(tmp_path), "--prompts", "3", "--pool", "8", "--group-sizes", "2,4"])
     (tmp_path / "results.json").write_text(json.dumps(dict(args=vars(args), checkpoints=[dict(n=16, seed=0)],
                                                            seconds=100.0)))
-    grams, checkpoints, seconds, provenance = hs.resumed(tmp_path, args)
+    grams, checkpoints, seconds, provenance = records.resumed(tmp_path, args)
     assert set(grams) == {(16, 0)} and checkpoints == [dict(n=16, seed=0)] and seconds == 100.0
     assert provenance == [{"commit": "not recorded", "code_changes": None}]
     other = hs.parse_args(["--out", str(tmp_path), "--prompts", "4", "--pool", "8", "--group-sizes", "2,4"])
     with pytest.raises(SystemExit, match="other settings"):
-        hs.resumed(tmp_path, other)
+        records.resumed(tmp_path, other)
 
 
 def test_sweeps_measured_side_by_side_are_analysed_as_one(tmp_path):
@@ -127,12 +128,12 @@ def test_sweeps_measured_side_by_side_are_analysed_as_one(tmp_path):
     import json
     args = hs.parse_args(["--horizons", "64", "--prompts", "6", "--pool", "8", "--group-sizes", "4",
                           "--estimators", "reinforce,group_mean,otb"])
-    hs.save_grams(tmp_path / "saved.npz", two_seeds())
-    grams = hs.load_grams(tmp_path / "saved.npz")  # the statistics as saved (lab/analysis/compact.py)
+    records.save_grams(tmp_path / "saved.npz", two_seeds())
+    grams = records.load_grams(tmp_path / "saved.npz")  # the statistics as saved (lab/analysis/compact.py)
     for seed in (0, 1):
         folder = tmp_path / f"s{seed}"
         folder.mkdir()
-        hs.save_grams(folder / "stats.npz", {(64, seed): grams[(64, seed)]})
+        records.save_grams(folder / "stats.npz", {(64, seed): grams[(64, seed)]})
         folder.joinpath("results.json").write_text(json.dumps(dict(
             command=f"sweep --seeds {seed}", args={**vars(args), "seeds": [seed]}, seconds=100.0 + seed,
             checkpoints=[dict(n=64, seed=seed)], machine=dict(logical_cpus=2))))
@@ -143,7 +144,7 @@ def test_sweeps_measured_side_by_side_are_analysed_as_one(tmp_path):
     assert both["rows"] == json.loads(json.dumps(rows)) and both["args"]["seeds"] == [0, 1]
     assert both["seconds"] == [100.0, 101.0] and both["checkpoints"] == [dict(n=64, seed=0), dict(n=64, seed=1)]
     assert "measured in 100 s + 101 s (side by side)" in (tmp_path / "both" / "table.md").read_text()
-    assert set(hs.load_grams(tmp_path / "both" / "stats.npz")) == {(64, 0), (64, 1)}
+    assert set(records.load_grams(tmp_path / "both" / "stats.npz")) == {(64, 0), (64, 1)}
     # --seeds with --from-saved: only those seeds' cells, as if only they had been measured
     hs.main(["--from-saved", str(tmp_path / "both"), "--seeds", "1", "--out", str(tmp_path / "one"),
              "--replicates", "200"])
@@ -171,8 +172,8 @@ def test_sweeps_measured_side_by_side_are_analysed_as_one(tmp_path):
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = [("horizon_sweep", "variance.md", ("otb", "otb_zero_tail", "otb_loo", "reinforce", "grpo")),
-          ("calculator_sweep", "tool_use.md", hs.TOOL_ROWS), ("factors_sweep", "tool_use.md", hs.TOOL_ROWS),
-          ("factors_sweep_128", "tool_use.md", hs.TOOL_ROWS), ("factors_replication", "tool_use.md", hs.TOOL_ROWS)]
+          ("calculator_sweep", "tool_use.md", report.TOOL_ROWS), ("factors_sweep", "tool_use.md", report.TOOL_ROWS),
+          ("factors_sweep_128", "tool_use.md", report.TOOL_ROWS), ("factors_replication", "tool_use.md", report.TOOL_ROWS)]
 
 
 @pytest.mark.saved_results
@@ -188,7 +189,7 @@ def test_committed_sweep_is_its_statistics_reanalysed(folder, doc, columns, tmp_
     same_record(json.loads((tmp_path / "results.json").read_text()), json.loads((saved / "results.json").read_text()))
     record = json.loads((saved / "results.json").read_text())
     assert record["machine"]["logical_cpus"] == 2  # the machine that measured, not the one that re-analysed
-    assert hs.compact_md(record["gains"], estimators=columns) in (ROOT / "docs" / doc).read_text()
+    assert report.compact_md(record["gains"], estimators=columns) in (ROOT / "docs" / doc).read_text()
 
 
 @pytest.mark.parametrize("folder", [s[0] for s in SWEEPS])
@@ -200,7 +201,7 @@ def test_verdicts_do_not_turn_with_the_bootstrap_seed(folder):
     # Monte Carlo error, which a last bit does not change.
     import json
     saved = ROOT / "benchmarks" / "results" / folder
-    grams = hs.load_grams(saved / "stats.npz")
+    grams = records.load_grams(saved / "stats.npz")
     seen = {tuple(v[:-1]): {v[-1]} for v in json.loads((saved / "results.json").read_text())["verdicts"]}
     for boot_seed in range(1, 10):
         drawn = hs.all_verdicts(grams, boot_seed=boot_seed)
@@ -271,7 +272,7 @@ def test_committed_factors_sweep_shows_its_paired_otb_otb_tir_table_in_docs_tool
     import json
     saved = json.loads((ROOT / "benchmarks" / "results" / "factors_sweep" / "results.json").read_text())
     assert saved["args"]["task"] == "factors" and saved["args"]["seeds"] == [0, 1, 2]
-    assert hs.head_to_head_md(saved["otb_tir_over_otb"]) in (ROOT / "docs" / "tool_use.md").read_text()
+    assert report.head_to_head_md(saved["otb_tir_over_otb"]) in (ROOT / "docs" / "tool_use.md").read_text()
 
 
 @pytest.mark.saved_results
@@ -284,10 +285,10 @@ def test_factors_sweep_at_128_prompts_and_its_seed_subsets_are_the_tables_in_doc
     assert saved["args"]["task"] == "factors" and saved["args"]["seeds"] == [0, 1, 2, 3, 4, 5]
     assert saved["args"]["prompts"] == 128
     doc = (ROOT / "docs" / "tool_use.md").read_text()
-    assert hs.head_to_head_md(saved["otb_tir_over_otb"]) in doc
+    assert report.head_to_head_md(saved["otb_tir_over_otb"]) in doc
     hs.main(["--from-saved", str(folder), "--seeds", "0,1,2", "--out", str(tmp_path)])
     secondary = json.loads((tmp_path / "results.json").read_text())
-    assert hs.head_to_head_md(secondary["otb_tir_over_otb"]) in doc
+    assert report.head_to_head_md(secondary["otb_tir_over_otb"]) in doc
 
 
 @pytest.mark.saved_results
@@ -298,12 +299,12 @@ def test_factors_replication_and_all_twelve_seeds_are_the_tables_in_docs_tool_us
     rep = json.loads((results / "factors_replication" / "results.json").read_text())
     assert rep["args"]["seeds"] == [6, 7, 8, 9, 10, 11] and rep["args"]["prompts"] == 128
     doc = (ROOT / "docs" / "tool_use.md").read_text()
-    assert hs.head_to_head_md(rep["otb_tir_over_otb"]) in doc
+    assert report.head_to_head_md(rep["otb_tir_over_otb"]) in doc
     hs.main(["--from-saved", f"{results / 'factors_sweep_128'},{results / 'factors_replication'}",
              "--out", str(tmp_path)])
     twelve = json.loads((tmp_path / "results.json").read_text())
     assert twelve["args"]["seeds"] == list(range(12))
-    assert hs.head_to_head_md(twelve["otb_tir_over_otb"]) in doc
+    assert report.head_to_head_md(twelve["otb_tir_over_otb"]) in doc
 
 
 def test_same_record_allows_the_last_bits_of_a_float_and_nothing_else():
@@ -335,7 +336,7 @@ def test_the_horizon_contrast_resamples_prompts_jointly_across_n():
     _, summary, _ = hs.analyse(grams, replicates=300)
     gains = {s["n"]: s["gain"][0] for s in summary if s["estimator"] == "otb"}
     assert gains[64] / gains[16] == pytest.approx(2.0, rel=1e-9)  # the point value is the ratio of the gains
-    text = hs.summary_md(summary, contrasts, [dict(n=n, seed=0, success=0.5, mean_length=10.0) for n in (16, 64)],
+    text = report.summary_md(summary, contrasts, [dict(n=n, seed=0, success=0.5, mean_length=10.0) for n in (16, 64)],
                          {(16, 0): 6, (64, 0): 6}, "cmd")
     assert "| otb | 4 | n = 64 / n = 16 | 2.00 [2.00, 2.00] | grows with n |" in text
     fewer = {(16, 0): {k: scale_free.gram_stats(torch.eye(5, 3, dtype=torch.float64), torch.ones(5),
@@ -351,8 +352,8 @@ def test_a_prompt_record_keeps_what_the_analysis_needs(tmp_path):
     units = {(e, N): (torch.randn(50, generator=gen) * 1e5, float(torch.rand(1, generator=gen)), 8 // N)
              for e in ("otb", "reinforce") for N in (2, 4)}
     ref, R = torch.randn(50, generator=gen), torch.tensor([0.0, 1.0, 1.0, 0.0])
-    hs.save_prompt(tmp_path / "p0000.npz", units, ref, R, 1 - R, 12.5, 3.0)
-    back = hs.load_prompt(tmp_path / "p0000.npz")
+    records.save_prompt(tmp_path / "p0000.npz", units, ref, R, 1 - R, 12.5, 3.0)
+    back = records.load_prompt(tmp_path / "p0000.npz")
     for key, (mean, var, K) in units.items():
         got = back["units"][key]
         assert (got[0] - mean).abs().max() <= 2 ** -11 * mean.abs().max() and (got[0] - mean).abs().max() > 0
@@ -362,7 +363,7 @@ def test_a_prompt_record_keeps_what_the_analysis_needs(tmp_path):
     np.savez(tmp_path / "p0001.npz", ref=ref.numpy(), R=R.numpy(), R_ref=R.numpy(), length=1.0, seconds=1.0,
              **{f"{e}/N{N}/{k}": np.asarray(v) for (e, N), (m, var, K) in units.items()
                 for k, v in (("mean", m.numpy()), ("var", var), ("K", K))})
-    old = hs.load_prompt(tmp_path / "p0001.npz")
+    old = records.load_prompt(tmp_path / "p0001.npz")
     assert torch.equal(old["ref"], ref) and all(torch.equal(old["units"][k][0], units[k][0]) for k in units)
 
 

@@ -38,21 +38,32 @@ def needs_signal(estimator):
     return estimator not in scale_free.FACTORS or estimator == "reinforce"
 
 
+def scaled(x):
+    """Numbers -> (them divided by their largest absolute value, in float16; that value in float64): each
+    kept within 2^-11 of the largest (the scale is 0 for all zeros, which are kept as they are)."""
+    x = torch.as_tensor(x, dtype=torch.float64)
+    scale = x.abs().max().item()
+    return (x / scale if scale > 0 else x).numpy().astype(np.float16), np.float64(scale)
+
+
+def unscaled(values, scale):
+    """The inverse of scaled, in float64."""
+    return torch.from_numpy(np.asarray(values, dtype=np.float64)) * float(scale)
+
+
 def pack(M):
     """A matrix (U, U) -> (its symmetric part's upper triangle as scaled float16 (U (U + 1) / 2,), scale)."""
     M = torch.as_tensor(M, dtype=torch.float64)
     S = (M + M.T) / 2  # the part that pair sums read
     i, j = torch.triu_indices(len(S), len(S))
-    scale = S.abs().max().item()
-    values = (S[i, j] / scale if scale > 0 else S[i, j]).numpy().astype(np.float16)
-    return values, np.float64(scale)
+    return scaled(S[i, j])
 
 
 def unpack(values, scale, U):
     """The inverse of pack: a symmetric (U, U) float64 matrix."""
     i, j = torch.triu_indices(U, U)
     M = torch.zeros(U, U, dtype=torch.float64)
-    v = torch.from_numpy(np.asarray(values, dtype=np.float64)) * float(scale)
+    v = unscaled(values, scale)
     M[i, j] = v
     M[j, i] = v
     return M
