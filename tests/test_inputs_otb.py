@@ -171,7 +171,7 @@ def test_log_probs_a_rounding_error_above_zero_are_accepted():
     assert torch.isfinite(adv).all()
 
 
-# ------------------------------------------------------------------------------ empty batch, chunk_size
+# ------------------------------------------------------------------------------ empty batch
 
 
 def test_empty_batch_otb():
@@ -187,12 +187,6 @@ def test_empty_batch_sequence_estimators(name):
     with pytest.raises(ValueError, match=r"(?i)empty|no rows|batch"):
         call_seq(name, token_rewards=kw["token_rewards"][:0], response_mask=kw["response_mask"][:0],
                  group_index=[])
-
-
-@pytest.mark.parametrize("chunk_size", [0, -1, -100])
-def test_chunk_size_below_one(chunk_size):
-    with raises("chunk_size", r">= ?1|positive|at least|< ?1"):
-        otb.sum_pi_squared(torch.randn(3, 4, 5), chunk_size=chunk_size)
 
 
 # ------------------------------------------------------------------------------ accepted inputs
@@ -302,14 +296,13 @@ def test_ragged_list_names_the_argument():
 # sum_pi_squared
 
 
-@pytest.mark.parametrize("chunk_size", [None, 2])
 @pytest.mark.parametrize("bad", [math.nan, math.inf], ids=["nan", "+inf"])
-def test_sum_pi_squared_non_finite_logits(bad, chunk_size):
+def test_sum_pi_squared_non_finite_logits(bad):
     z = torch.randn(2, 3, 5)
     z[1, 2, 4] = bad
     with raises("logits", r"finite") as info:
-        otb.sum_pi_squared(z, chunk_size=chunk_size)
-    assert "(1, 2)" in str(info.value)  # the index of the offending logit vector, in chunks too
+        otb.sum_pi_squared(z)
+    assert "(1, 2)" in str(info.value)  # the index of the offending logit vector
 
 
 def test_sum_pi_squared_row_of_only_minus_inf():
