@@ -346,11 +346,11 @@ LIMITS = {  # name: (lowest, highest, rule) allowed at valid positions; every va
 
 def _checked_inputs(token_rewards, response_mask, group_index, eps=0.0, **per_token):
     """Every estimator's first line: its inputs checked (the rules: ``optimal_token_baseline``'s
-    docstring) and given back for the caller to name: (r, m, gid, n_groups, *per_token), the per-token
-    tensors in the order given. r and those: (B, T) tensors (None stays None) with padding out of
-    range set to 0, so the maths can mask by multiplying; m: the 0/1 mask in the working dtype (float64
-    if token_rewards is, else float32); gid, n_groups: ``group_ids``. On valid input the cost is one
-    min/max reduction per tensor; the helpers that name a culprit run only on bad input."""
+    docstring) and given back for the caller to name, (r, m, gid, n_groups, *per_token). The per-token
+    tensors come in the order given; they and r are (B, T) tensors (None stays None) with padding out
+    of range set to 0, so the maths can mask by multiplying. m: the 0/1 mask in the working dtype
+    (float64 if token_rewards is, else float32); gid, n_groups: ``group_ids``. On valid input the cost
+    is one min/max reduction per tensor; the helpers that name a culprit run only on bad input."""
     x = {"token_rewards": token_rewards, "response_mask": response_mask, **per_token}
     x = {name: None if v is None else _as_tensor(name, v) for name, v in x.items()}
     if not (isinstance(eps, numbers.Real) and 0.0 <= eps < math.inf):
