@@ -61,11 +61,13 @@ docstring, tool output inside a response in ``action_aligned_otb``'s (eq. 8), an
 inputs in both: ``help(otb.optimal_token_baseline)`` shows them. The forward-only variance
 diagnostics built on (7) are in ``lab/diagnostics.py``.
 
-Input checks: always on, one code path. Every estimator's first line hands its inputs to
-``_checked_inputs`` (at the end of the file), which raises a ValueError naming the argument on bad
-input and otherwise returns them as tensors, padding out of range set to 0. On valid input that is
-one min/max reduction per tensor and the group ids' ``torch.unique``, nothing a training step can
-feel (docs/cost.md, "The estimator itself", has the measurement); a switch to skip them would save
+Input checks: always on, one code path. Every public function begins by handing its inputs to a
+checker (``_checked_inputs`` for the estimators; the checkers are at the end of the file), which raises
+a ValueError naming the argument on bad input and otherwise gives them back as tensors, padding out of
+range set to 0, for the caller to name. Inside the file nothing is checked twice: an estimator
+calls the unchecked ``_token_energy``, not ``token_energy``. On valid input the checks are one
+min/max reduction per tensor and the group ids' ``torch.unique``, nothing a training step can feel
+(docs/cost.md, "The estimator itself", has the measurement); a switch to skip them would save
 nothing and would give every estimator a second path to read and test.
 """
 import math
@@ -78,37 +80,36 @@ import torch
 # The Logit-Gradient Proxy, eq. (7)
 # =====================================================================================
 
-def sum_pi_squared(logits, chunk_size=None):
+def sum_pi_squared(logits):
     """sum_k softmax(z)_k^2 over the last dimension, (..., V) -> (...), in float32 (float64 stays float64).
 
     Computed as sum_k e_k^2 / (sum_k e_k)^2 with e_k = exp(z_k - max z), which equals
     exp(logsumexp(2z) - 2 logsumexp(z)): every e_k lies in [0, 1] and both sums in [1, V], so nothing
     overflows and no two large logsumexps are subtracted (LM logits often sit around +40).
-    ``chunk_size``: logit vectors per chunk, bounding the temporaries by one chunk (None: all at once).
 
     A logit of -inf (a token masked out) is fine. NaN, +inf or only -inf in a vector is a ValueError,
     found on the result (one reduction over (...), not over (..., V)); so is an input without a
     vocabulary dimension. Plain (nested) lists are accepted.
     """
-    z = _checked_logits(logits, chunk_size)  # a tensor with a non-empty last dimension
-    rows = z.reshape(-1, z.shape[-1]).to(_working_dtype(z))  # one logit vector per row, (N, V)
-    chunks = rows.split(chunk_size or max(len(rows), 1))  # one chunk without chunk_size: a loop over memory only
-    spp = torch.cat([squares_of_softmax(chunk) for chunk in chunks]).reshape(z.shape[:-1])  # sum_k pi_k^2, (...)
+    logits = _checked_logits(logits)  # a tensor with a non-empty last (vocabulary) dimension
+    z = logits.to(_working_dtype(logits))  # z, (..., V)
+    e = (z - z.amax(dim=-1, keepdim=True)).exp()  # e_k = exp(z_k - max z), (..., V)
+    spp = (e * e).sum(dim=-1) / e.sum(dim=-1) ** 2  # sum_k pi_k^2, (...)
     if not torch.isfinite(spp).all():
         raise _not_finite(spp)
     return spp
-
-
-def squares_of_softmax(z):
-    """sum_k softmax(z)_k^2 of each row of z (N, V) -> (N,), the arithmetic of sum_pi_squared."""
-    e = (z - z.amax(dim=-1, keepdim=True)).exp()  # e_k = exp(z_k - max z), (N, V)
-    return (e * e).sum(dim=-1) / e.sum(dim=-1) ** 2
 
 
 def token_energy(log_probs, sum_pi_sq):
     """w_t = 1 - 2 pi(y_t) + sum_k pi_k^2, eq. (7), clamped to [0, 2]. Both inputs the same shape
     (tensors or plain lists; a ValueError otherwise)."""
     log_probs, sum_pi_sq = _checked_pair(log_probs, sum_pi_sq)  # tensors of one shape
+    return _token_energy(log_probs, sum_pi_sq)
+
+
+def _token_energy(log_probs, sum_pi_sq):
+    """w_t of eq. (7), clamped to [0, 2], from two tensors of one shape, in float64 if either is, else
+    in float32. Unchecked: ``token_energy`` checks first, and the estimators have checked already."""
     if torch.float64 in (log_probs.dtype, sum_pi_sq.dtype):
         dtype = torch.float64
     else:
@@ -148,25 +149,30 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     the batch's. Padded positions may hold anything (they are set to 0 first). Plain (nested)
     lists are accepted wherever a tensor is.
     """
-    x, m, gid, n_groups = _checked_inputs(token_rewards, response_mask, group_index, eps=eps,
-                                          log_probs=log_probs, sum_pi_sq=sum_pi_sq, is_weights=is_weights)
-    r, isw = x["token_rewards"], x["is_weights"]  # (B, T) each
-    w = token_energy(x["log_probs"], x["sum_pi_sq"]).to(m.dtype)  # w_t, eq. (2) through (7), (B, T)
-    if isw is not None:
-        w = w * isw.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
+    r, m, gid, n_groups, log_probs, sum_pi_sq, is_weights = _checked_inputs(
+        token_rewards, response_mask, group_index, eps=eps, log_probs=log_probs, sum_pi_sq=sum_pi_sq,
+        is_weights=is_weights)  # r_t, m_t, log pi(y_t), sum pi^2, rho_t: (B, T) tensors; gid (B,)
+    w = _token_energy(log_probs, sum_pi_sq).to(m.dtype)  # w_t, eq. (2) through (7), (B, T)
+    if is_weights is not None:
+        w = w * is_weights.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
     G = (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, eq. (1): reverse cumulative sum, (B, T)
     W = (w * m).cumsum(-1) * m  # W_t m_t, eq. (3): cumulative sum, (B, T)
-    if leave_one_out:
-        B = _leave_one_out_baseline(G, W, m, gid, n_groups, eps)  # eq. (6) over the rows j != i, (B, T)
-    else:  # eq. (6) over all rows of the group: one B_t per group, (groups, T)
-        num = _group_sum(G * W, gid, n_groups)  # sum_i G_t W_t m_t, (groups, T)
-        den = _group_sum(W, gid, n_groups)  # sum_i W_t m_t, (groups, T)
-        keep = (torch.bincount(gid, minlength=n_groups) > 1)[:, None]  # singleton groups: B = 0
-        if zero_tail:
-            keep = keep & (_group_sum(m, gid, n_groups) > 1)  # one row left at t (sum_i m_t = 1): B = 0
-        B = torch.where(keep, num / (den + eps), 0.0)[gid]  # each row gets its group's B_t, (B, T)
-    A = (G - B.to(m.dtype)) * m  # A_t, eq. (5), 0 on padding
+    B = _token_baseline(G, W, m, gid, n_groups, leave_one_out, zero_tail, eps)  # B_t, eq. (6), (B, T)
+    A = (G - B) * m  # A_t, eq. (5), 0 on padding
     return A, G
+
+
+def _token_baseline(G, W, m, gid, n_groups, leave_one_out, zero_tail, eps):
+    """B_t, eq. (6), for every row from G_t m_t and W_t m_t, (B, T) each: one B_t per group and position
+    over the group's rows active there (with ``leave_one_out``, over the rows j != i), in m's dtype."""
+    if leave_one_out:
+        return _leave_one_out_baseline(G, W, m, gid, n_groups, eps).to(m.dtype)  # eq. (6) over j != i
+    num = _group_sum(G * W, gid, n_groups)  # sum_i G_t W_t m_t, (groups, T)
+    den = _group_sum(W, gid, n_groups)  # sum_i W_t m_t, (groups, T)
+    keep = (torch.bincount(gid, minlength=n_groups) > 1)[:, None]  # singleton groups: B = 0
+    if zero_tail:
+        keep = keep & (_group_sum(m, gid, n_groups) > 1)  # one row left at t (sum_i m_t = 1): B = 0
+    return torch.where(keep, num / (den + eps), 0.0)[gid]  # each row gets its group's B_t, (B, T)
 
 
 def _leave_one_out_baseline(G, W, m, gid, n_groups, eps):
@@ -187,8 +193,8 @@ def _leave_one_out_baseline(G, W, m, gid, n_groups, eps):
 def _sequence_setup(token_rewards, response_mask, group_index):
     """R(tau) per row (B,), the mask m (B, T), group ids (B,), their count, and group sizes. The inputs
     are checked as ``optimal_token_baseline``'s are."""
-    x, m, gid, n_groups = _checked_inputs(token_rewards, response_mask, group_index)
-    score = (x["token_rewards"] * m).sum(-1)  # R(tau) = sum of r_t m_t, (B,)
+    r, m, gid, n_groups = _checked_inputs(token_rewards, response_mask, group_index)  # (B, T), (B, T), (B,)
+    score = (r * m).sum(-1)  # R(tau) = sum of r_t m_t, (B,)
     size = torch.bincount(gid, minlength=n_groups).to(m.dtype)  # rows per group, (G,)
     return score, m, gid, n_groups, size
 
@@ -238,8 +244,8 @@ def rloo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=No
 # =====================================================================================
 
 def action_aligned_otb(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, *,
-                       is_weights=None, **options):
-    """OTB over k, the index of each token among its row's actions, eq. (8); scattered back to t.
+                       is_weights=None, leave_one_out=False, zero_tail=False, eps=1e-8):
+    """OTB with the baseline pooled over k, the index of each token among its row's actions, eq. (8).
 
     Tool output that the environment inserts into a response has m_t = 0 inside the row (holes).
     This estimator (``ESTIMATORS["otb_tir"]``) pools a group's rows by the policy's own tokens
@@ -247,25 +253,29 @@ def action_aligned_otb(token_rewards, response_mask, group_index, log_probs, sum
 
         k_t = sum_{j<=t} m_j - 1                    (8) the index of token t among the row's actions
 
-    applying (1)-(6) over k and giving token t the advantage A_{k_t}. Why, an example, and how it
-    matches verl's multi-turn estimator: docs/tool_use.md.
+    applying (1)-(6) over k and giving token t the advantage A_{k_t}. A row's own sums G and W
+    are the same over k as over t (a hole adds 0 to them), so only the pooling, eq. (6), moves: the
+    rows' G_t and W_t are gathered to their k-th actions, B_k is computed there and scattered back.
+    Why, an example, and how it matches verl's multi-turn estimator: docs/tool_use.md.
 
     The same inputs, options (leave_one_out, zero_tail, eps), input checks and outputs as
     optimal_token_baseline; response_mask may have holes (0 on tool output inside a response).
     Returns (advantages, returns), both (B, T), 0 at masked positions. Without holes it is
     optimal_token_baseline.
     """
-    x, m, gid, _ = _checked_inputs(token_rewards, response_mask, group_index,
-                                   log_probs=log_probs, sum_pi_sq=sum_pi_sq, is_weights=is_weights)
+    r, m, gid, n_groups, log_probs, sum_pi_sq, is_weights = _checked_inputs(
+        token_rewards, response_mask, group_index, eps=eps, log_probs=log_probs, sum_pi_sq=sum_pi_sq,
+        is_weights=is_weights)  # r_t, m_t, log pi(y_t), sum pi^2, rho_t: (B, T) tensors; gid (B,)
+    w = _token_energy(log_probs, sum_pi_sq).to(m.dtype)  # w_t, as in optimal_token_baseline, (B, T)
+    if is_weights is not None:
+        w = w * is_weights.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
+    G = (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, eq. (1), (B, T)
+    W = (w * m).cumsum(-1) * m  # W_t m_t, eq. (3), (B, T)
     t_k = torch.argsort(m == 0, dim=-1, stable=True)  # t_k: where the k-th action sits, then the rest, (B, T)
-    at_k = {}  # the inputs over k, (B, T) each
-    for name, v in x.items():
-        at_k[name] = None if v is None else v.gather(-1, t_k)
-    A_k, G_k = optimal_token_baseline(at_k["token_rewards"], m.gather(-1, t_k), gid, at_k["log_probs"],
-                                      at_k["sum_pi_sq"], is_weights=at_k["is_weights"],
-                                      **options)  # eqs. (1)-(6) over k, (B, T) each
-    A = torch.zeros_like(A_k).scatter_(-1, t_k, A_k)  # A_t = A_{k_t}, 0 on masked positions, (B, T)
-    G = torch.zeros_like(G_k).scatter_(-1, t_k, G_k)  # G_t = G_{k_t}
+    G_k, W_k, m_k = (v.gather(-1, t_k) for v in (G, W, m))  # over k, right-padded, (B, T) each
+    B_k = _token_baseline(G_k, W_k, m_k, gid, n_groups, leave_one_out, zero_tail, eps)  # eq. (6) over k
+    B = torch.zeros_like(B_k).scatter_(-1, t_k, B_k)  # B_t = B_{k_t}, (B, T)
+    A = (G - B) * m  # A_t, eq. (5), 0 on masked positions
     return A, G
 
 
@@ -284,7 +294,7 @@ ESTIMATORS = {
 
 
 # =====================================================================================
-# Group ids, group sums, and the input checks
+# Group ids and group sums
 # =====================================================================================
 
 def group_ids(group_index, batch):
@@ -321,6 +331,10 @@ def _working_dtype(x):  # float64 stays float64; any other dtype is computed in 
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+# =====================================================================================
+# The input checks: the first line of every public function
+# =====================================================================================
+
 ROUNDING = 1e-4  # log-probs a hair above 0, or sum pi^2 a hair above 1, are float rounding
 LIMITS = {  # name: (lowest, highest, rule) allowed at valid positions; every value must be finite
     "token_rewards": (-math.inf, math.inf, "finite"),
@@ -332,10 +346,11 @@ LIMITS = {  # name: (lowest, highest, rule) allowed at valid positions; every va
 
 def _checked_inputs(token_rewards, response_mask, group_index, eps=0.0, **per_token):
     """Every estimator's first line: its inputs checked (the rules: ``optimal_token_baseline``'s
-    docstring) -> (x, m, gid, n_groups). x: the (B, T) tensors by name (None stays None; padding out
-    of range set to 0, so the maths can mask by multiplying); m: the 0/1 mask in the working dtype
-    (float64 if token_rewards is, else float32); gid, n_groups: ``group_ids``. On valid input the
-    cost is one min/max reduction per tensor; the helpers that name a culprit run only on bad input."""
+    docstring) and given back for the caller to name, (r, m, gid, n_groups, *per_token). The per-token
+    tensors come in the order given; they and r are (B, T) tensors (None stays None) with padding out
+    of range set to 0, so the maths can mask by multiplying. m: the 0/1 mask in the working dtype
+    (float64 if token_rewards is, else float32); gid, n_groups: ``group_ids``. On valid input the cost
+    is one min/max reduction per tensor; the helpers that name a culprit run only on bad input."""
     x = {"token_rewards": token_rewards, "response_mask": response_mask, **per_token}
     x = {name: None if v is None else _as_tensor(name, v) for name, v in x.items()}
     if not (isinstance(eps, numbers.Real) and 0.0 <= eps < math.inf):
@@ -351,14 +366,12 @@ def _checked_inputs(token_rewards, response_mask, group_index, eps=0.0, **per_to
         if x.get(name) is not None and not _in_range(x[name], lowest, highest):
             x[name] = _zero_padding(name, x[name], m, lowest, highest, rule)  # or the error
     gid, n_groups = group_ids(group_index, len(m))
-    return x, m, gid.to(m.device), n_groups
+    r = x.pop("token_rewards")  # r_t, (B, T); x now holds the per-token tensors, in the order given
+    return (r, m, gid.to(m.device), n_groups, *x.values())
 
 
-def _checked_logits(logits, chunk_size):
-    """sum_pi_squared's input as a tensor with a non-empty last (vocabulary) dimension, and its
-    chunk_size a positive integer or None; a ValueError otherwise."""
-    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+def _checked_logits(logits):
+    """sum_pi_squared's input as a tensor with a non-empty last (vocabulary) dimension, or the ValueError."""
     z = _as_tensor("logits", logits)
     if z.dim() == 0 or z.shape[-1] == 0:
         raise ValueError(f"logits must have a non-empty last (vocabulary) dimension, got {tuple(z.shape)}")

@@ -27,7 +27,10 @@ and add up
 The number is a report, not a target: a change that lengthens the path shows in the guide's diff,
 where a reviewer sees it. The guide lists the path in reading order (the order in which each function
 is first entered), with the first sentence of each docstring (of a short function without one, the
-comment on its def line), so a reader can follow the step with the guide beside them.
+comment on its def line), so a reader can follow the step with the guide beside them. The input
+checks come last, in a section of their own: a checker (a function whose name begins with ``_check``,
+such as otb.py's ``_checked_inputs``) and every function the step enters only while a checker runs.
+They are on the path and counted; the section only lets the mathematics be read first.
 """
 import argparse
 import ast
@@ -72,14 +75,29 @@ def project_classes(value):
     return [(rel, cls.__qualname__) for cls in type(value).__mro__ if (rel := class_file(cls)) is not None]
 
 
+def is_checker(code):
+    """Whether a code object is one of the project's input checkers (its name begins with ``_check``)."""
+    return code.co_name.startswith("_check") and project_file(code.co_filename) is not None
+
+
+def in_a_check(frame):
+    """Whether ``frame`` runs a checker or runs inside one (a checker further up its stack)."""
+    while frame is not None:
+        if is_checker(frame.f_code):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def trace_step(argv=TRACE_ARGS):
-    """(entered, classes, fields_read) of one train_step: entered, [(file, first line, name)] of every
-    project function entered, in the order each was first entered; classes, {(file, qualname): own}
+    """(entered, classes, fields_read) of one train_step: entered, [(file, first line, name, check)] of
+    every project function entered, in the order each was first entered, check True for one entered only
+    while a checker ran (``in_a_check``); classes, {(file, qualname): own}
     of every project class the step builds or reads (own: the class of such an instance, not only a
     base of it); fields_read, the names of the configuration's fields the step reads."""
     import train
 
-    entered, seen, classes, reads = [], set(), {}, set()
+    entered, outside, classes, reads = [], {}, {}, set()  # outside: key -> entered outside a checker
 
     def note(value):
         for i, key in enumerate(project_classes(value)):
@@ -92,9 +110,9 @@ def trace_step(argv=TRACE_ARGS):
             return
         if event == "call":
             key = (rel, code.co_firstlineno)
-            if key not in seen:
-                seen.add(key)
+            if key not in outside:
                 entered.append((rel, code.co_firstlineno, code.co_qualname))
+            outside[key] = outside.get(key, False) or not in_a_check(frame)
             for value in list(frame.f_locals.values()):  # the arguments, at the call
                 note(value)
         elif event == "return":
@@ -126,7 +144,7 @@ def trace_step(argv=TRACE_ARGS):
     finally:
         train.train_step = step
     classes = {(rel, name): own for (rel, name), own in classes.items() if not name.endswith("Spy")}
-    return entered, classes, reads
+    return [(rel, first, name, not outside[(rel, first)]) for rel, first, name in entered], classes, reads
 
 
 def spans(rel):
@@ -191,8 +209,9 @@ def class_lines(node, own, entered_firsts, fields_read):
 
 
 def measure(entered, classes=None, fields_read=()):
-    """(total lines, per-file lines, path, class rows): the path is [(file, name, first, last, summary)]
-    of the functions, the class rows [(file, name, lines counted, summary)]."""
+    """(total lines, per-file lines, path, class rows): the path is [(file, name, first, last, check,
+    summary)] of the functions (``entered``'s items: (file, first line, name[, check])), the class rows
+    [(file, name, lines counted, summary)]."""
     lines, path, parsed, rows = {}, [], {}, []
 
     def parse(rel):
@@ -201,7 +220,7 @@ def measure(entered, classes=None, fields_read=()):
             lines[rel] = docstring_lines(parsed[rel][1])
         return parsed[rel]
 
-    for rel, first, name in entered:
+    for rel, first, name, *check in entered:
         found, _, source = parse(rel)
         if first not in found:  # a module body or class body: not a function on the path
             continue
@@ -215,9 +234,9 @@ def measure(entered, classes=None, fields_read=()):
             summary = first_sentence(node)
             if not summary:  # a short function without a docstring says what it does in a comment on its def line
                 summary = source[node.lineno - 1].partition("  # ")[2].strip()
-        path.append((rel, name, first, last, summary))
+        path.append((rel, name, first, last, bool(check and check[0]), summary))
     firsts = {}
-    for rel, first, _ in entered:
+    for rel, first, *_ in entered:
         firsts.setdefault(rel, set()).add(first)
     for (rel, name), own in sorted((classes or {}).items(), key=lambda kv: (not kv[1], str(kv[0][0]), kv[0][1])):
         node = find_class(ast.parse((ROOT / rel).read_text()), name)
@@ -235,7 +254,7 @@ def split(per_file, path, rows):
     """(module docstrings, other docstrings): how many of the counted lines are docstrings."""
     modules = sum(len(docstring_lines(ast.parse((ROOT / f).read_text()))) for f in per_file)
     found = {rel: spans(rel)[0] for rel in {p[0] for p in path}}  # each file parsed once
-    functions = sum(len(docstring_lines(found[rel][first][1])) for rel, _, first, _, _ in path)
+    functions = sum(len(docstring_lines(found[rel][first][1])) for rel, _, first, *_ in path)
     class_docs = sum(len(docstring_lines(find_class(ast.parse((ROOT / rel).read_text()), name)))
                      for rel, name, *_ in rows)
     return modules, functions + class_docs
@@ -248,7 +267,8 @@ def render(total, per_file, path, rows):
            "Written by `python benchmarks/reading_guide.py` from a trace of one default `train.train_step`",
            "(`--estimator otb`, the tiny model, the reversal task, plain decoding): every function of the",
            "project entered while the step runs, in the order it is first entered, and the classes the step",
-           "builds or reads. Read them in this order; nothing else in the project is on the path.",
+           "builds or reads. Read them in this order; nothing else in the project is on the path. The input",
+           "checks the step runs are on the path too, listed last in a section of their own.",
            "`tests/test_e2e_layout.py` keeps this page equal to a fresh trace, so a change that lengthens the",
            "path shows in this page's diff.", "",
            f"**{total} lines in {len(per_file)} files**, counted as anchors such as tiny-grpo are counted: the",
@@ -259,8 +279,16 @@ def render(total, per_file, path, rows):
            f"{total - modules - docs} are code and its comments.", "",
            "| file | lines |", "|---|---|"]
     out += [f"| {f} | {n} |" for f, n in per_file.items()]
-    out += ["", "| # | file | function | lines | what it does |", "|---|---|---|---|---|"]
-    for i, (rel, name, first, last, summary) in enumerate(path, 1):
+    steps = [p for p in path if not p[4]] + [p for p in path if p[4]]  # the checks last
+    checks = sum(last - first + 1 for _, _, first, last, check, _ in path if check)
+    table = ["| # | file | function | lines | what it does |", "|---|---|---|---|---|"]
+    out += ["", *table]
+    for i, (rel, name, first, last, check, summary) in enumerate(steps, 1):
+        if check and (i == 1 or not steps[i - 2][4]):  # the first check
+            out += ["", "### The input checks", "",
+                    "Every public function of otb.py begins by checking its inputs (always on, one code path). These",
+                    "are the checkers the step runs (the functions named `_check...`) and the functions it enters",
+                    f"only inside them, in the order first entered: {checks} of the {total} lines.", "", *table]
         out.append(f"| {i} | {rel} | `{name}` | {last - first + 1} | {summary.replace('|', '/')} |")
     out += ["", "The classes the step builds or reads (lines counted: an own class's body less the methods the",
             "step does not enter; a base class's header, docstring and the fields read from it):", "",

@@ -253,23 +253,22 @@ def test_sum_pi_squared_float32_accuracy_does_not_degrade_with_logit_offset(offs
     assert err <= 1e-6, f"offset {offset}: float32 sum pi^2 off by {err:.2e}"
 
 
-@pytest.mark.parametrize("chunk_size", [1, 2, 3, 5, 64])
-def test_chunked_sum_pi_squared_equals_unchunked(chunk_size):
+def test_sum_pi_squared_takes_each_logit_vector_on_its_own():
+    """(..., V) -> (...): any leading shape, each vector's value that of the vector alone."""
     g = torch.Generator().manual_seed(3)
-    for shape in [(5, 7, 11), (5, 11), (1, 3, 4)]:
+    for shape in [(5, 7, 11), (5, 11), (1, 3, 4), (11,)]:
         z = torch.randn(*shape, generator=g) * 4
-        full = otb.sum_pi_squared(z)
-        chunked = otb.sum_pi_squared(z, chunk_size=chunk_size)
-        assert chunked.shape == full.shape == shape[:-1] and chunked.dtype == full.dtype
-        torch.testing.assert_close(chunked, full, rtol=0, atol=1e-7)
+        spp = otb.sum_pi_squared(z)
+        assert spp.shape == shape[:-1]
+        one_by_one = torch.stack([otb.sum_pi_squared(v) for v in z.reshape(-1, shape[-1])])
+        torch.testing.assert_close(spp.reshape(-1), one_by_one, rtol=0, atol=1e-7)
 
 
 @pytest.mark.parametrize("dtype,expected", [(torch.float64, torch.float64), (torch.float32, torch.float32),
                                             (torch.bfloat16, torch.float32), (torch.float16, torch.float32)])
-@pytest.mark.parametrize("chunk_size", [None, 2])
-def test_sum_pi_squared_output_dtype(dtype, expected, chunk_size):
+def test_sum_pi_squared_output_dtype(dtype, expected):
     z = torch.randn(4, 3, 9).to(dtype)
-    assert otb.sum_pi_squared(z, chunk_size=chunk_size).dtype == expected
+    assert otb.sum_pi_squared(z).dtype == expected
 
 
 def _confident_bf16_logits(n=4096, V=64, seed=4):

@@ -171,7 +171,7 @@ def test_log_probs_a_rounding_error_above_zero_are_accepted():
     assert torch.isfinite(adv).all()
 
 
-# ------------------------------------------------------------------------------ empty batch, chunk_size
+# ------------------------------------------------------------------------------ empty batch
 
 
 def test_empty_batch_otb():
@@ -187,12 +187,6 @@ def test_empty_batch_sequence_estimators(name):
     with pytest.raises(ValueError, match=r"(?i)empty|no rows|batch"):
         call_seq(name, token_rewards=kw["token_rewards"][:0], response_mask=kw["response_mask"][:0],
                  group_index=[])
-
-
-@pytest.mark.parametrize("chunk_size", [0, -1, -100])
-def test_chunk_size_below_one(chunk_size):
-    with raises("chunk_size", r">= ?1|positive|at least|< ?1"):
-        otb.sum_pi_squared(torch.randn(3, 4, 5), chunk_size=chunk_size)
 
 
 # ------------------------------------------------------------------------------ accepted inputs
@@ -302,14 +296,13 @@ def test_ragged_list_names_the_argument():
 # sum_pi_squared
 
 
-@pytest.mark.parametrize("chunk_size", [None, 2])
 @pytest.mark.parametrize("bad", [math.nan, math.inf], ids=["nan", "+inf"])
-def test_sum_pi_squared_non_finite_logits(bad, chunk_size):
+def test_sum_pi_squared_non_finite_logits(bad):
     z = torch.randn(2, 3, 5)
     z[1, 2, 4] = bad
     with raises("logits", r"finite") as info:
-        otb.sum_pi_squared(z, chunk_size=chunk_size)
-    assert "(1, 2)" in str(info.value)  # the index of the offending logit vector, in chunks too
+        otb.sum_pi_squared(z)
+    assert "(1, 2)" in str(info.value)  # the index of the offending logit vector
 
 
 def test_sum_pi_squared_row_of_only_minus_inf():
@@ -352,3 +345,54 @@ def test_token_energy_accepts_lists():
     lp, spp = [[-0.1, -2.0], [-0.7, -5.0]], [[0.9, 0.3], [0.5, 0.2]]
     w = otb.token_energy(lp, spp)
     torch.testing.assert_close(w, (1 - 2 * torch.tensor(lp).exp() + torch.tensor(spp)).clamp(0, 2))
+
+
+# ------------------------------------------------------------------------------ each input checked once
+
+CHECKERS = ("_checked_inputs", "_checked_logits", "_checked_pair")
+
+
+def count_checks(monkeypatch, recording=lambda: True):
+    """[(checker, the tensors handed to it)] of the calls of otb.py's checkers from here on, while
+    ``recording()``. The tensors are kept, so two tensors checked are two objects (no id reused)."""
+    calls = []
+    for name in CHECKERS:
+        def counted(*args, _real=getattr(otb, name), _name=name, **kwargs):
+            if recording():
+                calls.append((_name, [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(otb, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("name", list(otb.ESTIMATORS))
+def test_every_estimator_checks_its_inputs_once(name, monkeypatch):
+    calls = count_checks(monkeypatch)
+    kw = good()
+    otb.ESTIMATORS[name](**{k: kw[k] for k in ("token_rewards", "response_mask", "group_index", "log_probs",
+                                               "sum_pi_sq")})
+    assert [c for c, _ in calls] == ["_checked_inputs"]
+
+
+def test_one_training_step_checks_each_input_once(out, monkeypatch):
+    """One default train_step (otb): the estimator's inputs pass its checker once, and nothing the step
+    checks is checked again (otb's internal calls are unchecked). sum_pi_squared checks each logit
+    block the scoring pass hands it, one call per block."""
+    import train
+    from tiny_runs import run
+
+    inside, step = [], train.train_step
+    calls = count_checks(monkeypatch, recording=lambda: inside)  # not the warm-up's, not the logging's
+
+    def one_step(*args, **kwargs):
+        inside.append(True)
+        try:
+            return step(*args, **kwargs)
+        finally:
+            inside.clear()
+    monkeypatch.setattr(train, "train_step", one_step)
+    run(out, "checks", "--estimator", "otb", "--steps", "1")
+    names = [name for name, _ in calls]
+    assert names.count("_checked_inputs") == 1 and set(names) == {"_checked_inputs", "_checked_logits"}, names
+    tensors = [t for _, ts in calls for t in ts]
+    assert len({id(t) for t in tensors}) == len(tensors)  # no tensor handed to a checker twice

@@ -547,9 +547,8 @@ def test_every_project_function_an_answer_calls_is_watched_but_the_helpers_hande
     """The rule is where a function lives (otb.py, toy_harness.py, check.py, tests/, benchmarks/) or that it
     is bound in otb's namespace, not a list: private helpers and a function added later are caught too,
     however they are reached; the helpers in check.ALLOWED pass."""
-    wrong = [(check.ex1a_sum_pi_squared, lambda z: otb.squares_of_softmax(z.reshape(-1, z.shape[-1]).double())
-              .reshape(z.shape[:-1]).to(torch.float64 if z.dtype == torch.float64 else torch.float32), {},
-              "otb.squares_of_softmax"),
+    wrong = [(check.ex1a_sum_pi_squared, lambda z: z.to(otb._working_dtype(z)).softmax(-1).pow(2).sum(-1), {},
+              "otb._working_dtype"),
              (check.ex3d_leave_one_out, _loo_by_the_project, {}, "otb._leave_one_out_baseline"),
              (check.ex5a_action_index, check._naive_action_index, {}, "check._naive_action_index"),
              (check.ex5a_action_index, lambda m: check._naive_action_index(m), {}, "check._naive_action_index")]
