@@ -288,8 +288,10 @@ def _call(fn, case, *args, allowed=(), **kwargs):
 
 def _like(got, want):
     """``got`` in ``want``'s float type, for comparing the two: a right answer may be computed in float32 or
-    float64, and torch compares two tensors only in one dtype. Anything else is returned unchanged."""
-    if isinstance(got, torch.Tensor) and got.is_floating_point() and want.is_floating_point():
+    float64, and torch compares two tensors only in one dtype. An integer or bool result is cast too, and
+    then differs by its values (an integer tensor truncates what is written into it), not by a crash.
+    Anything else is returned unchanged."""
+    if isinstance(got, torch.Tensor) and not got.is_complex() and want.is_floating_point():
         return got.to(want.dtype)
     return got
 
@@ -1214,11 +1216,19 @@ def _batch_gradient_slips(got, want, en, A, rows, N, case, tol):
 
 
 def _pair(got, case):
-    """The (bias2, variance) pair a student's function returned, as floats; NotYet if it is not a pair."""
+    """The (bias2, variance) pair a student's function returned, as floats; NotYet if it is not a pair of
+    numbers (a tensor of one value counts as a number)."""
+    pair = H("return a pair of numbers: (bias2, variance)")
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise NotYet(f"on the case '{case}' your function returned {type(got).__name__} "
-                     f"{got if not isinstance(got, torch.Tensor) else tuple(got.shape)}",
-                     H("return a pair of numbers: (bias2, variance)"))
+                     f"{got if not isinstance(got, torch.Tensor) else tuple(got.shape)}", pair)
+    for name, x in zip(("bias2", "variance"), got):
+        if isinstance(x, torch.Tensor) and x.numel() != 1:
+            raise NotYet(f"on the case '{case}' your {name} is a tensor of shape {tuple(x.shape)}, not one number",
+                         H("bias2 and variance are one number each: ||mean - grad J||^2 and tr Cov both add up one "
+                           "term per coordinate, so sum over the P coordinates too (.sum(), not .sum(0))"))
+        if not isinstance(x, (int, float, torch.Tensor)) and not hasattr(x, "__float__"):
+            raise NotYet(f"on the case '{case}' your {name} is {type(x).__name__}, not a number", pair)
     return tuple(float(x) for x in got)
 
 
@@ -1319,7 +1329,11 @@ def ex4c_measure(student_fn, en, Ns=(2, 4, 8), groups=4000, seed=0, batch_gradie
                 if not (isinstance(out, (tuple, list)) and len(out) == 2):
                     raise NotYet(f"on the case '{case}' your function returned {out!r:.80}",
                                  H("return the pair (bias2, variance) from your bias_and_variance"))
-                got[name] = tuple(float(x) for x in out)
+                try:
+                    got[name] = _pair(out, case)
+                except NotYet:  # numbers that are not numbers come from 4b, if its check fails
+                    _earlier_parts([("4b", "bias_and_variance", ex4b_bias_and_variance, bias_and_variance, ())])
+                    raise
                 ref[name] = toy_harness.measure(en, Ns=(N,), groups=groups, seed=seed, names=[name])[0]
                 for k, key in enumerate(("bias2", "variance")):
                     # to float32's precision of numbers the size of the variance (bias2 is a difference of two)

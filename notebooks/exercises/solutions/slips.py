@@ -321,6 +321,9 @@ def bias_and_variance(kind="right"):
             var = g_hat.var(1).sum()
         elif kind == "mean_of_squares":  # the mean of ||g_hat - grad J||^2, not the square of the mean's distance
             bias2 = ((g_hat - grad_J) ** 2).sum(1).mean() - var / G
+        elif kind == "per_coordinate":  # summed over the groups only: one variance per coordinate, (P,)
+            var = ((g_hat - g_hat.mean(0)) ** 2).sum(0) / (G - 1)
+            return naive - var / G, var  # tensors of P values each (a .item() would raise)
         out = (bias2.item(), var.item())
         return out[::-1] if kind == "swapped" else out
     return f
@@ -677,6 +680,9 @@ SLIPS = [
     Slip("4b", "the pair in the wrong order", "ex4b_bias_and_variance", bias_and_variance("swapped"),
          ["(variance, bias2)", "order"]),
     Slip("4b", "returns one number", "ex4b_bias_and_variance", lambda g, j: 0.0, ["pair"]),
+    Slip("4b", "the squared deviations summed over the groups only (.sum(0)): one variance per coordinate",
+         "ex4b_bias_and_variance", bias_and_variance("per_coordinate"), ["a tensor of shape (6,)", "not .sum(0)"],
+         named_in="#58"),
     # ---- 4c: measure two estimators (small runs: N = 2, 500 groups)
     Slip("4c", "different groups than asked for (seed + 1)", "ex4c_measure", measure("seed"),
          ["other groups", "seeded with seed itself"],
