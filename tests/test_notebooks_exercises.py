@@ -729,6 +729,21 @@ def test_a_right_answer_in_either_float_type_passes_every_exercise(label, dtype,
         assert ok, out
 
 
+@pytest.mark.parametrize("label", ["2b", "2c", "3c", "3d", "4a", "5c"])
+def test_an_integer_or_bool_result_is_not_yet_by_its_values_not_a_failed_check(label, capsys, monkeypatch, toy):
+    """A result in an integer or bool dtype (built on torch.zeros_like of the group ids, say) is compared by
+    its values like any other, never 'the check failed unexpectedly'; so is a pair of 4b that holds None."""
+    monkeypatch.setattr(check._Watch, "_hook", lambda self, frame, event, arg: None)  # the answers lean on otb.py
+    fn, answer, rest = _right_answers(torch.float32)[label]
+    for dtype in (torch.long, torch.bool):
+        def cast(*args, **kwargs):
+            return answer(*args, **kwargs).to(dtype)
+        ok, out = _verdict(capsys, fn, cast, *(toy if r == "toy" else r for r in rest))
+        assert not ok and check.NOT_YET in out and "unexpectedly" not in out, out
+    ok, out = _verdict(capsys, check.ex4b_bias_and_variance, lambda g_hat, grad_J: (0.0, None))
+    assert not ok and "your variance is NoneType" in out and "unexpectedly" not in out, out
+
+
 def test_the_otb_scaffold_takes_a_float64_reward_to_go_and_energy(tmp_path):
     """A right 3a and 3b in float64 pass their checks, and the notebook's own 3c line takes them (its B is
     float32): the whole of Exercise 3 is CORRECT."""

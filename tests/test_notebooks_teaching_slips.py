@@ -1,6 +1,7 @@
 """Every slip in notebooks/exercises/solutions/slips.py gets NOT YET and the hint that names it (none gets
 the generic fallback of its check), and the teaching assistants' table (notebooks/exercises/ta_table.md)
-lists every hint the grader can print, with the slips whose verdict prints it.
+lists every hint the grader can print, with the slips whose verdict prints it or, for a hint that no slip
+reaches by design, what prints it ('when:'); ta_table.py --check fails on a row that lists neither.
 
 Each slip is a right answer with one change (written in slips.py from the formulas, not copied from
 otb.py); its expected words were chosen for the slip, so a check that stops naming it fails here.
@@ -135,6 +136,30 @@ def test_the_ta_table_is_what_the_checks_print(toy):
     assert len(hints) == len(set(hints)) and all(h in hints for h in _FALLBACKS.values() if h.endswith("over k"))
     assert sum(len(found) for _, _, found in table) == len(slips.SLIPS)
     assert any(h.startswith("the notebook's time budget of <budget> s ran out") for h in hints)  # grade.py's lines too
+    assert not ta_table.unlisted(table), ta_table.unlisted(table)  # every row lists a slip or a 'when:'
+    # A check's fallback and the guards on the project's code are marked '# when:' because no slip should
+    # reach them: a slip of the catalogue that lands on one is a slip the check should name.
+    when = ta_table.situations()
+    landed = [(template, found) for section, template, found in table if section != "grade.py" and when.get(template)
+              and found]
+    assert not landed, landed
+
+
+def test_the_table_check_fails_naming_a_row_that_lists_no_slip(monkeypatch, tmp_path, capsys):
+    """ta_table.py --check exits 1 and names the hint when a row lists neither a slip nor a 'when:' (here a
+    hint of Exercise 1 whose slip is taken away), even with the stored table up to date."""
+    row = ("Exercise 1", "the 1 of the expansion is missing", [])
+    table = [row, ("Exercise 1", "a hint with a slip", [("1b", "a slip", "a case")])]
+    monkeypatch.setattr(ta_table, "rows", lambda: table)
+    monkeypatch.setattr(ta_table, "TABLE", tmp_path / "ta_table.md")
+    ta_table.TABLE.write_text(ta_table.render(table))
+    assert ta_table.main(["--check"]) == 1
+    out = capsys.readouterr().out
+    assert "ta_table.md is up to date" in out, out  # it fails for the row alone
+    assert "rows that list no slip and no 'when:' (1)" in out and f"\n  {row[1]}\n" in out, out
+    row[2].append(("1b", "the 1 left out", "a case"))  # the same row with a slip: the check passes
+    ta_table.TABLE.write_text(ta_table.render(table))
+    assert ta_table.main(["--check"]) == 0, capsys.readouterr().out
 
 
 def test_every_line_of_grade_py_says_when_it_is_printed():

@@ -29,7 +29,10 @@ Four rules keep the verdicts honest:
   the tolerances allow float32's 24 bits); only Exercise 1a, which is about precision, asks for a dtype.
 
 Every hint a check can print is written ``H("...")``: ``ta_table.py`` reads them all from this file
-for the teaching assistants' table, so a hint that is not wrapped is missing from it.
+for the teaching assistants' table, so a hint that is not wrapped is missing from it. The table lists,
+next to each hint, the slips of solutions/slips.py that print it; a hint that no slip should reach (the
+fallback of a check, for a result none of its named slips explains, and the guards on the project's own
+code) carries a comment ``# when: ...`` saying what prints it instead.
 """
 import contextlib
 import io
@@ -115,6 +118,7 @@ def _verdict(title, body):
         return False
     except Exception as e:  # a bug in the check itself must still not crash the notebook
         print(f"{title}: {NOT_YET}\n  problem: the check failed unexpectedly ({type(e).__name__}: {e})\n"
+              # when: the check itself raised on a result it did not foresee (a fault in check.py, to report)
               f"  hint:    {H('run your function on the example inputs above and look at what it returns')}")
         return False
     print(f"{title}: {CORRECT}. {summary}")
@@ -288,8 +292,10 @@ def _call(fn, case, *args, allowed=(), **kwargs):
 
 def _like(got, want):
     """``got`` in ``want``'s float type, for comparing the two: a right answer may be computed in float32 or
-    float64, and torch compares two tensors only in one dtype. Anything else is returned unchanged."""
-    if isinstance(got, torch.Tensor) and got.is_floating_point() and want.is_floating_point():
+    float64, and torch compares two tensors only in one dtype. An integer or bool result is cast too, and
+    then differs by its values (an integer tensor truncates what is written into it), not by a crash.
+    Anything else is returned unchanged."""
+    if isinstance(got, torch.Tensor) and not got.is_complex() and want.is_floating_point():
         return got.to(want.dtype)
     return got
 
@@ -448,20 +454,19 @@ def ex1a_sum_pi_squared(student_fn):
     # two rows are the notebook's own table; the nearly certain rows above hide it (all values ~ 1).
     moderate = torch.cat([torch.tensor([[5.0, 1.0, 0.3, -1.0], [5.0, 2.0, 0.3, -1.0]]),
                           1.5 * torch.randn(6, 4, generator=g) + torch.tensor([3.0, 0.0, 0.0, 0.0])])
+    # Both bf16 cases give the same hint: bf16 rounding that shows on the confident rows shows on the
+    # moderate rows, which come first, already.
+    upcast_first = H("upcast the bf16 logits to float32 *before* any arithmetic (z = logits.float()): a softmax, "
+                     "logsumexp or sum done in bf16 and upcast afterwards keeps bf16's rounding (8 significant "
+                     "bits, 7 stored + 1 implicit: 0.9375 instead of 0.9432 on the table's first row)")
     cases = [
         ("small float32 logits, shape (3, 5)", torch.randn(3, 5, generator=g),
          H("sum_k pi_k^2 = sum_k exp(2 z_k) / (sum_k exp(z_k))^2 = exp(logsumexp(2z) - 2 logsumexp(z))")),
         ("huge float32 logits (|z| ~ 1000)", 1000.0 * torch.randn(4, 7, generator=g),
          H("exp(1000) overflows to inf; never exponentiate raw logits, work with torch.logsumexp "
            "(which subtracts the max for you)")),
-        ("moderately confident bf16 logits (the rows of the table below)", moderate.bfloat16(),
-         H("upcast the bf16 logits to float32 *before* any arithmetic (z = logits.float()): a softmax, "
-           "logsumexp or sum done in bf16 and upcast afterwards keeps bf16's rounding (8 significant bits, 7 "
-           "stored + 1 implicit: 0.9375 instead of 0.9432 on the table's first row)")),
-        ("confident bf16 logits", confident.bfloat16(),
-         H("compute and return float32 for bf16/fp16 input (upcast the logits first, e.g. z.float()): bf16 "
-           "keeps 8 significant bits (7 stored + 1 implicit), far too few for 1 - 2 pi(y) + sum pi^2 when "
-           "pi(y) ~ 1")),
+        ("moderately confident bf16 logits (the rows of the table below)", moderate.bfloat16(), upcast_first),
+        ("confident bf16 logits", confident.bfloat16(), upcast_first),
         ("float64 logits", torch.randn(5, 9, generator=g, dtype=torch.float64),
          H("float64 input should stay float64 (upcast half precision to float32, but do not downcast "
            "float64)")),
@@ -530,7 +535,8 @@ def ex1b_token_energy(student_fn):
             1 - 2 * lp + s, H("log_probs holds log pi(y): pi(y) = log_probs.exp()")),
         "1 - 2 exp(-log_probs) + sum pi^2 (exp(-log_probs) = 1 / pi(y), not pi(y))": (
             1 - 2 * (-lp).exp() + s, H("pi(y) = log_probs.exp(), without a minus sign: exp(-log_probs) is 1 / pi(y) "
-                                      ">= 1, which makes 1 - 2 pi(y) + sum pi^2 negative and the clamp then gives 0")),
+                                      ">= 1, which makes 1 - 2 pi(y) + sum pi^2 negative (and a clamp to [0, 2] "
+                                      "turns it into 0)")),
         "pi(y) from a softmax of the log-probs over the positions of the row": (
             1 - 2 * lp.softmax(-1) + s, H("log_probs holds one log-probability per position, not a row of logits: "
                                           "pi(y_t) = log_probs.exp(), element by element (a softmax over dim=-1 "
@@ -555,6 +561,12 @@ def ex1b_token_energy(student_fn):
         case = "random tokens, compared with autograd"
         got = _call(student_fn, case, lp.clone(), s.clone(), allowed="ex1b_token_energy")
         if isinstance(got, torch.Tensor) and got.shape == lp.shape:
+            if bool((got == 0).all()):  # first: exp(-log_probs) clamped to [0, 2] is 0 everywhere too
+                raise NotYet(f"on the case '{case}' your w_t is 0 at every position",
+                             H("a w_t of 0 everywhere is a placeholder still returned (torch.zeros_like(log_probs)), "
+                               "or the clamp at work: with a value >= 1 in place of pi(y), such as exp(-log_probs) = "
+                               "1 / pi(y), 1 - 2 pi(y) + sum pi^2 is below 0 everywhere. pi(y) = log_probs.exp(), "
+                               "without a minus sign"))
             for name, (w, slip_hint) in wrong.items():  # with or without the clamp to [0, 2]
                 if any(torch.allclose(got.double(), v.double(), atol=1e-5) for v in (w, w.clamp(0, 2))):
                     raise NotYet(f"on the case '{case}' you computed {name}", slip_hint)
@@ -566,12 +578,9 @@ def ex1b_token_energy(student_fn):
                 if half is not None:
                     raise NotYet(f"on the case '{case}' your values carry the rounding of {str(half)[6:]} arithmetic",
                                  _precision_hint(half, "w_t = 1 - 2 pi(y) + sum pi^2"))
-                if not got.double().abs().max() > 0:
-                    raise NotYet(f"on the case '{case}' your w_t is 0 at every position",
-                                 H("pi(y) = log_probs.exp() lies in (0, 1]; with exp(-log_probs) = 1 / pi(y) or "
-                                   "another value >= 1 in its place, 1 - 2 pi(y) + sum pi^2 is below 0 and the "
-                                   "clamp gives 0"))
-        err = _compare(got, exact, case, H("d log softmax(z)_y / dz_k = 1[k=y] - pi_k; square and sum over k"),
+        err = _compare(got, exact, case,
+                       # when: a result that none of the slips this check names explains
+                       H("d log softmax(z)_y / dz_k = 1[k=y] - pi_k; square and sum over k"),
                        atol=1e-5, shape_hint=same_shape)
         case = "confident tokens where rounding gives 1 - 2 pi(y) + sum pi^2 < 0"
         _compare(_call(student_fn, case, lp_c.clone(), s_c.clone(), allowed="ex1b_token_energy"),
@@ -593,7 +602,8 @@ _GROUP_CASES = [  # (case, lengths, group_index, batch options, hint; None: the 
      {"junk": 7.0, "outcome": [1, 1, 0, 1]},  # non-zero scores: an advantage left unmasked shows on padding
      H("only valid tokens count: multiply the rewards by response_mask before summing, and multiply the "
        "advantage by response_mask so padded positions are exactly 0")),
-    ("two interleaved groups with string ids", [4, 4, 4, 4, 4, 4], ["a", "b", "a", "b", "a", "b"], {},
+    ("two interleaved groups with string ids", [4, 4, 4, 4, 4, 4], ["a", "b", "a", "b", "a", "b"],
+     {"outcome": [1, 0, 0, 0, 1, 1]},  # group means 2/3 and 1/3: one group's mean over every row is not A = R
      H("group by id, not by position: rows of a group need not be next to each other (otb.group_ids maps "
        "ids to 0..n-1)")),
     ("groups of sizes 3 and 5", [3, 4, 5, 3, 4, 5, 3, 4], [0, 1, 0, 1, 1, 0, 1, 1], {},
@@ -687,8 +697,10 @@ def _group_slips(b, gi, name):
                     H("every row got the baseline of one group: in the loop over groups, write only that "
                       "group's rows (baseline[rows] = ...), not baseline[:] = ... or baseline = ..."))
     # Last: where one group's mean is 0, a baseline written over every row looks like no baseline at all.
-    slips["no_baseline"] = (R[:, None] * m, "A = R, with no baseline subtracted",
-                            H("subtract the baseline: A = R - b_i, with b_i from the rows of row i's group"))
+    slips["no_baseline"] = (R[:, None] * m, "A = R: no baseline subtracted, or one that is 0 in every row",
+                            H("subtract the baseline: A = R - b_i, with b_i from the rows of row i's group. If you "
+                              "did, it came out 0: a baseline written into an integer tensor (torch.zeros_like(gid) "
+                              "is torch.long) truncates the group means; start from torch.zeros_like(R)"))
     return {k: v for k, v in slips.items() if k != name}
 
 
@@ -858,13 +870,13 @@ _OTB_CASES = [  # (case, lengths, group_index, batch options, hint)
      H("when sum_i W_t = 0 the eps = 1e-8 in the denominator keeps B_t = 0 / 1e-8 = 0; do not drop it")),
 ]
 
+_ALONE_HINT = H("with leave-one-out, a row whose group has no other active row at t gets B_t = 0 (a singleton "
+                "group, or the tail of the group's longest row): there is nothing to average")
 _OTB_LOO_CASES = [(_OTB_CASES[0][:4] + (
     H("B_t^(-i) = (sum_j G_t W_t m_t - G_t^i W_t^i m_t^i) / (sum_j W_t m_t - W_t^i m_t^i + eps): row i's own "
       "term leaves both sums"),))] + _OTB_CASES[1:3] + [
-    ("a singleton group", [4, 3, 4], ["solo", "x", "x"], {"dense": True},
-     H("with leave-one-out, a row whose group has no other active row at t gets B_t = 0")),
-    ("tail of the longest row (no other row active)", [6, 2, 3], [0, 0, 0], {"dense": True},
-     H("at positions where no other row of the group is active, B_t = 0 (there is nothing to average)")),
+    ("a singleton group", [4, 3, 4], ["solo", "x", "x"], {"dense": True}, _ALONE_HINT),
+    ("tail of the longest row (no other row active)", [6, 2, 3], [0, 0, 0], {"dense": True}, _ALONE_HINT),
     ("a group whose tokens are all certain (w_t = 0)", [3, 3, 3], [0, 0, 0], {"certain": True},
      H("when the other rows' sum of W_t is 0 the eps = 1e-8 in the denominator keeps B_t = 0 / 1e-8 = 0; do not "
        "drop it")),
@@ -1167,9 +1179,10 @@ def ex4a_batch_gradients(student_fn, en):
             if isinstance(got, torch.Tensor) and got.shape == want.shape and want.abs().max() > 0 and \
                     not torch.allclose(got, want, **tol):
                 _batch_gradient_slips(got, want, en, A, rows, N, case, tol)
-            _compare(got, want, case, H("g(tau_i) = sum_t A_t^i s_t^i with s_t^i = en.scores[rows] (G*N, T, P); "
-                                        "then reshape to (groups, N, P) and average over the N responses of each "
-                                        "group"),
+            _compare(got, want, case,
+                     # when: a result that none of the slips this check names explains
+                     H("g(tau_i) = sum_t A_t^i s_t^i with s_t^i = en.scores[rows] (G*N, T, P); then reshape to "
+                       "(groups, N, P) and average over the N responses of each group"),
                      **tol, shape_hint=H("g_hat has one row per group: shape (groups, P), with groups = "
                                          "len(rows) // N"))
         return "Matches toy_harness.batch_gradients."
@@ -1214,11 +1227,19 @@ def _batch_gradient_slips(got, want, en, A, rows, N, case, tol):
 
 
 def _pair(got, case):
-    """The (bias2, variance) pair a student's function returned, as floats; NotYet if it is not a pair."""
+    """The (bias2, variance) pair a student's function returned, as floats; NotYet if it is not a pair of
+    numbers (a tensor of one value counts as a number)."""
+    pair = H("return a pair of numbers: (bias2, variance)")
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise NotYet(f"on the case '{case}' your function returned {type(got).__name__} "
-                     f"{got if not isinstance(got, torch.Tensor) else tuple(got.shape)}",
-                     H("return a pair of numbers: (bias2, variance)"))
+                     f"{got if not isinstance(got, torch.Tensor) else tuple(got.shape)}", pair)
+    for name, x in zip(("bias2", "variance"), got):
+        if isinstance(x, torch.Tensor) and x.numel() != 1:
+            raise NotYet(f"on the case '{case}' your {name} is a tensor of shape {tuple(x.shape)}, not one number",
+                         H("bias2 and variance are one number each: ||mean - grad J||^2 and tr Cov both add up one "
+                           "term per coordinate, so sum over the P coordinates too (.sum(), not .sum(0))"))
+        if not isinstance(x, (int, float, torch.Tensor)) and not hasattr(x, "__float__"):
+            raise NotYet(f"on the case '{case}' your {name} is {type(x).__name__}, not a number", pair)
     return tuple(float(x) for x in got)
 
 
@@ -1319,7 +1340,11 @@ def ex4c_measure(student_fn, en, Ns=(2, 4, 8), groups=4000, seed=0, batch_gradie
                 if not (isinstance(out, (tuple, list)) and len(out) == 2):
                     raise NotYet(f"on the case '{case}' your function returned {out!r:.80}",
                                  H("return the pair (bias2, variance) from your bias_and_variance"))
-                got[name] = tuple(float(x) for x in out)
+                try:
+                    got[name] = _pair(out, case)
+                except NotYet:  # numbers that are not numbers come from 4b, if its check fails
+                    _earlier_parts([("4b", "bias_and_variance", ex4b_bias_and_variance, bias_and_variance, ())])
+                    raise
                 ref[name] = toy_harness.measure(en, Ns=(N,), groups=groups, seed=seed, names=[name])[0]
                 for k, key in enumerate(("bias2", "variance")):
                     # to float32's precision of numbers the size of the variance (bias2 is a difference of two)
@@ -1336,20 +1361,26 @@ def ex4c_measure(student_fn, en, Ns=(2, 4, 8), groups=4000, seed=0, batch_gradie
                         raise NotYet(f"on the case '{case}' your {key} is {yours}, toy_harness.measure gives "
                                      f"{theirs} on the same groups (relative difference "
                                      f"{abs(got[name][k] / ref[name][key] - 1) if ref[name][key] else math.inf:.1e})",
+                                     # when: a result that none of the slips this check names explains
                                      H("sample with toy_harness.sample_groups(en, N, groups, "
                                        "torch.Generator().manual_seed(seed)), get advantages from "
                                        "otb.ESTIMATORS[name](**en.batch(rows), group_index=gid)[0], then use "
                                        "your batch_gradients and bias_and_variance"))
+            # The exact facts of Exercise 2, on numbers that equal toy_harness.measure's by now: no answer
+            # fails here, so these two hints are guards on the project's code, not on the student's.
             ratio = got["group_mean"][1] / got["rloo"][1]
             if not math.isclose(ratio, ((N - 1) / N) ** 2, rel_tol=1e-6):
                 raise NotYet(f"at N = {N} the variance ratio group_mean / rloo is {ratio:.6g}, but "
                              f"((N-1)/N)^2 = {((N - 1) / N) ** 2:.6g} exactly",
+                             # when: toy_harness.measure's two variances are not in the ratio ((N-1)/N)^2
                              H("measure both estimators on the same groups (same seed)"))
             for name, exact in (("group_mean", grad_sq / N ** 2), ("rloo", 0.0)):
                 se = ref[name]["bias2_se"]
                 if abs(got[name][0] - exact) > 4 * se:
                     raise NotYet(f"at N = {N}, {name}'s bias^2 {got[name][0]:.3g} is more than 4 standard "
-                                 f"errors ({se:.2g}) from the exact {exact:.3g}", H("use more groups"))
+                                 f"errors ({se:.2g}) from the exact {exact:.3g}",
+                                 # when: toy_harness.measure's bias^2 is 4 standard errors off the exact one
+                                 H("use more groups"))
             table.append((N, got, grad_sq / N ** 2))
         print(f"{'N':>3} {'estimator':>11} {'bias^2':>10} {'exact bias^2':>13} {'variance':>9} {'MSE':>9}")
         for N, got, exact in table:
@@ -1561,14 +1592,21 @@ def ex5c_action_aligned_otb(student_fn):
             if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.allclose(got, want, atol=1e-5):
                 m = b["response_mask"]
                 idx = torch.argsort(m == 0, dim=-1, stable=True)  # t_k, (B, T)
-                over_k = otb.optimal_token_baseline(*(x.gather(-1, idx) for x in args[:2]), gi,
-                                                    *(x.gather(-1, idx) for x in args[3:]), **extra)[0]  # A_k
-                if torch.allclose(got, over_k, atol=1e-5):
+                r_k, m_k, lp_k, s_k = (x.gather(-1, idx) for x in (args[0], m, args[3], args[4]))  # over k
+                if torch.allclose(got, otb.optimal_token_baseline(r_k, m_k, gi, lp_k, s_k, **extra)[0], atol=1e-5):
                     raise NotYet(f"on the case '{case}' your advantages are indexed by action k, not by position t",
                                  H("scatter them back to the positions of the actions with from_actions(A_k, "
                                    "response_mask): tool output and padding get 0"))
-            _compare(got, want, case, hint or H("to_actions on token_rewards, log_probs and sum_pi_sq (same "
-                     "idx), otb.optimal_token_baseline on (x_k, m_k), then from_actions on its advantages"),
-                     atol=1e-5, rtol=1e-5)
+                A_k = otb.optimal_token_baseline(args[0], m_k, gi, lp_k, s_k, **extra)[0]  # rewards left over t
+                if torch.allclose(got, torch.zeros_like(A_k).scatter(-1, idx, A_k) * m, atol=1e-5):
+                    raise NotYet(f"on the case '{case}' you gave OTB the rewards at their positions t and the other "
+                                 f"inputs over the actions k",
+                                 H("gather token_rewards with to_actions too (the same idx): every input of "
+                                   "otb.optimal_token_baseline is indexed by action k, or a reward lands on "
+                                   "another action"))
+            _compare(got, want, case, hint or (
+                # when: a result that none of the slips this check names explains
+                H("to_actions on token_rewards, log_probs and sum_pi_sq (same idx), otb.optimal_token_baseline on "
+                  "(x_k, m_k), then from_actions on its advantages")), atol=1e-5, rtol=1e-5)
         return "Matches otb.action_aligned_otb (otb_tir) with holes, junk in them, groups and leave-one-out."
     return _verdict(TITLES["ex5c_action_aligned_otb"], body)

@@ -185,6 +185,36 @@ def token_mean_baseline(r, m, g):
     return A[:, None] * m
 
 
+def runs_of_ids(kind):
+    """2b ('mean') or 2c ('loo') with a group taken as a run of equal neighbouring ids, a new group whenever
+    the id changes (itertools.groupby): right only where each group's rows stand together."""
+    import itertools
+
+    def f(r, m, g):
+        R = (r * m).sum(-1)  # R_i, (B,)
+        b, start = torch.zeros_like(R), 0
+        for _, run in itertools.groupby(g.tolist() if isinstance(g, torch.Tensor) else g):
+            rows = slice(start, start + len(list(run)))
+            n, start = rows.stop - rows.start, rows.stop
+            if n > 1:
+                b[rows] = R[rows].mean() if kind == "mean" else (R[rows].sum() - R[rows]) / (n - 1)
+        return (R - b)[:, None] * m
+    return f
+
+
+def integer_baseline_group_mean(r, m, g):
+    """The solution's loop with the baseline started from torch.zeros_like(gid): a long tensor, so every
+    group mean written into it is truncated toward 0, silently."""
+    R = (r * m).sum(-1)  # R_i, (B,)
+    gid, n_groups = otb.group_ids(g, len(R))
+    baseline = torch.zeros_like(gid)  # torch.long, like gid
+    for k in range(n_groups):
+        rows = gid == k
+        if rows.sum() > 1:
+            baseline[rows] = R[rows].mean()
+    return (R - baseline)[:, None] * m
+
+
 def mean_including_singletons(r, m, g):
     R = (r * m).sum(-1)
     gid, n = otb.group_ids(g, len(R))
@@ -270,11 +300,13 @@ def from_actions(idx_fn, mask=True):
     return lambda y, m: torch.zeros_like(y).scatter(-1, idx_fn(m), y) * (m if mask else 1)
 
 
-def aligned(pass_loo=True, mask_k=True, scatter=True, groups_as=None, gather_lp=True, always_loo=False):
+def aligned(pass_loo=True, mask_k=True, scatter=True, groups_as=None, gather_lp=True, always_loo=False,
+            gather_r=True):
     to, back = to_actions(stable_idx), from_actions(stable_idx)
 
     def f(r, m, g, lp, s, leave_one_out=False):
         (r_k, m_k), (s_k, _) = to(r, m), to(s, m)
+        r_k = r_k if gather_r else r
         lp_k = to(lp, m)[0] if gather_lp else lp
         A_k = otb.optimal_token_baseline(r_k, m_k if mask_k else m, groups_as(g) if groups_as else g, lp_k, s_k,
                                          leave_one_out=always_loo or (leave_one_out and pass_loo))[0]
@@ -321,6 +353,9 @@ def bias_and_variance(kind="right"):
             var = g_hat.var(1).sum()
         elif kind == "mean_of_squares":  # the mean of ||g_hat - grad J||^2, not the square of the mean's distance
             bias2 = ((g_hat - grad_J) ** 2).sum(1).mean() - var / G
+        elif kind == "per_coordinate":  # summed over the groups only: one variance per coordinate, (P,)
+            var = ((g_hat - g_hat.mean(0)) ** 2).sum(0) / (G - 1)
+            return naive - var / G, var  # tensors of P values each (a .item() would raise)
         out = (bias2.item(), var.item())
         return out[::-1] if kind == "swapped" else out
     return f
@@ -444,6 +479,11 @@ SLIPS = [
          ["rounding of float16", "not .half()"], named_in="#51"),
     Slip("1b", "pi(y) = exp(-log_probs)", "ex1b_token_energy", lambda lp, s: (1 - 2 * (-lp).exp() + s).clamp(0, 2),
          ["exp(-log_probs)", "without a minus sign"], named_in="#51"),
+    Slip("1b", "pi(y) = exp(-log_probs), without the clamp", "ex1b_token_energy",
+         lambda lp, s: 1 - 2 * (-lp).exp() + s, ["exp(-log_probs)", "without a minus sign", "negative"],
+         named_in="#58"),
+    Slip("1b", "returns torch.zeros_like(log_probs) (a placeholder left in)", "ex1b_token_energy",
+         lambda lp, s: torch.zeros_like(lp), ["0 at every position", "placeholder"], named_in="#58"),
     Slip("1b", "pi(y) from a softmax of the log-probs", "ex1b_token_energy",
          lambda lp, s: (1 - 2 * lp.softmax(-1) + s).clamp(0, 2), ["softmax of the log-probs", "element by element"],
          named_in="#51"),
@@ -513,6 +553,14 @@ SLIPS = [
          ["sizes 3 and 5", "different sizes"], named_in="#58"),
     Slip("2b", "no baseline (A = R)", "ex2b_group_mean", lambda r, m, g: (r * m).sum(-1)[:, None] * m,
          ["no baseline subtracted"]),
+    Slip("2b", "groups as runs of equal neighbouring ids (itertools.groupby)", "ex2b_group_mean", runs_of_ids("mean"),
+         ["interleaved", "its own group", "group by id, not by position"], named_in="#58"),
+    Slip("2b", "the mask never used (rewards and advantage)", "ex2b_group_mean",
+         lambda r, m, g: group_estimator("mean")(r, torch.ones_like(m), g), ["junk", "only valid tokens count"],
+         named_in="#58"),
+    Slip("2b", "the baseline started from torch.zeros_like(gid), a long tensor (the means truncated)",
+         "ex2b_group_mean", integer_baseline_group_mean, ["or one that is 0 in every row", "integer tensor"],
+         named_in="#58"),
     # ---- 2c: RLOO
     Slip("2c", "the group mean (own score left in)", "ex2c_rloo", group_estimator("mean"),
          ["own score", "leave row i out", "n - 1"]),
@@ -535,6 +583,11 @@ SLIPS = [
          ["*other* rows", "(sum of the group - R_i) / (n - 1)"], named_in="#58"),
     Slip("2c", "a length-weighted (token-level) leave-one-out mean", "ex2c_rloo", group_estimator("loo_by_tokens"),
          ["mean over the group's tokens", "*responses*"]),
+    Slip("2c", "groups as runs of equal neighbouring ids (itertools.groupby)", "ex2c_rloo", runs_of_ids("loo"),
+         ["interleaved", "its own group", "group by id, not by position"], named_in="#58"),
+    Slip("2c", "the mask never used (rewards and advantage)", "ex2c_rloo",
+         lambda r, m, g: group_estimator("loo")(r, torch.ones_like(m), g), ["junk", "only valid tokens count"],
+         named_in="#58"),
     # ---- 3a: reward-to-go
     Slip("3a", "one score for the whole row", "ex3a_reward_to_go", lambda r, m: (r * m).sum(-1, keepdim=True) * m,
          ["dense", "reversed cumulative"]),
@@ -677,6 +730,9 @@ SLIPS = [
     Slip("4b", "the pair in the wrong order", "ex4b_bias_and_variance", bias_and_variance("swapped"),
          ["(variance, bias2)", "order"]),
     Slip("4b", "returns one number", "ex4b_bias_and_variance", lambda g, j: 0.0, ["pair"]),
+    Slip("4b", "the squared deviations summed over the groups only (.sum(0)): one variance per coordinate",
+         "ex4b_bias_and_variance", bias_and_variance("per_coordinate"), ["a tensor of shape (6,)", "not .sum(0)"],
+         named_in="#58"),
     # ---- 4c: measure two estimators (small runs: N = 2, 500 groups)
     Slip("4c", "different groups than asked for (seed + 1)", "ex4c_measure", measure("seed"),
          ["other groups", "seeded with seed itself"],
@@ -752,4 +808,6 @@ SLIPS = [
          ["interleaved", "group_index"]),
     Slip("5c", "log-probs not gathered", "ex5c_action_aligned_otb", aligned(gather_lp=False),
          ["log_probs must be finite", "otb.py rejected the arguments"]),
+    Slip("5c", "token_rewards not gathered (left at their positions t)", "ex5c_action_aligned_otb",
+         aligned(gather_r=False), ["rewards at their positions t", "gather token_rewards"], named_in="#58"),
 ]
