@@ -51,7 +51,7 @@ class Config(options.Options):
         None, "advantage estimator of a single run; without it train.py runs a comparison (--compare)")
     zero_tail: bool = arg(
         False, "otb and otb_tir: baseline 0 where one row of the group is left (verl 0.9.1 always has it on)")
-    task: Optional[Literal[tuple(tasks.TASKS)]] = arg(
+    task: Optional[Literal[tuple(options.TASKS)]] = arg(
         None, "reverse, periodic (long horizon), calculator and factors (with a tool); for a chat model: "
         "arithmetic, count, chat_calculator (tasks.py, tool_use.py); default: reverse for the tiny model, "
         "arithmetic otherwise")
@@ -242,7 +242,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
     resume: from run_dir's checkpoint. Ctrl-C finishes the step, saves and raises runs.Stopped.
     keep_optimizer=False: the final checkpoint keeps the weights only (a comparison's). bar: makes the
     progress bar from (cfg, first step) (default progress.Bar)."""
-    task = tasks.make_task(cfg)
+    task = options.make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
     if cfg.activation_checkpointing:
         checkpoint_layers(model)  # main() did for its model; a comparison's next seed loads a fresh one

@@ -60,7 +60,6 @@ from tqdm.auto import tqdm
 from lab import machine
 from lab import progress
 from lab.analysis import stats
-import tasks
 from lab import options
 from lab import runs
 from lab.logbook import moving_average, summarize  # a run's curve and its row of the table
@@ -311,8 +310,8 @@ def conclusion(names, histories, k=FINAL, budget=None):
 
 def title(cfg):
     """'tiny model, task reverse (horizon 8)': the model and the task as train.py's options name them."""
-    task = tasks.make_task(cfg)
-    name = next(k for k, v in tasks.TASKS.items() if type(task) is v)
+    task = options.make_task(cfg)
+    name = next(k for k, v in options.TASKS.items() if type(task) is v)
     return f"{cfg.model} model, task {name} (horizon {task.horizon})"
 
 

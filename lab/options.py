@@ -29,6 +29,7 @@ from lab.lr_schedule import SCHEDULES  # the choices of the Options field that s
 from lab import models
 import otb
 import tasks
+import tool_use
 from toy_env import arg  # a dataclass field with its --help text, as the toy's config declares its own
 
 DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
@@ -203,6 +204,19 @@ def applied(cfg):
     return {k: v for k, v in asdict(cfg).items() if k not in (COMPARISON_ONLY if cfg.estimator else RUN_ONLY)}
 
 
+# --task: the tasks by name (tasks.py's single-turn ones, tool_use.py's with a tool)
+TASKS = {"reverse": tasks.ReverseTask, "periodic": tasks.PeriodicTask, "arithmetic": tasks.ArithmeticTask,
+         "calculator": tool_use.CalculatorTask, "factors": tool_use.FactorsTask, "count": tasks.CountTask,
+         "chat_calculator": tool_use.ChatCalculatorTask}
+
+
+def make_task(cfg):
+    """The task of a train.py Config: --task (default reverse for the tiny model, arithmetic
+    otherwise) at --horizon (default: the task's own)."""
+    name = cfg.task or ("reverse" if cfg.model == "tiny" else "arithmetic")
+    return TASKS[name]() if cfg.horizon is None else TASKS[name](horizon=cfg.horizon)
+
+
 def estimator_name(est, zero_tail=False):
     """The estimator that runs: --zero-tail turns otb and otb_tir into otb_zero_tail and
     otb_tir_zero_tail (verl's); every other estimator is itself."""
@@ -298,7 +312,7 @@ def check_device(cfg, device):
 
 def load(cfg, device):
     """(model, tokenizer, source) for cfg; a problem the user can fix is a UsageError."""
-    task = tasks.make_task(cfg)
+    task = make_task(cfg)
     tiny = dict(tiny_settings(cfg), progress=not cfg.no_progress)
     check_device(cfg, device)
     if cfg.preset in GPU_PRESETS and device.type != "cuda":

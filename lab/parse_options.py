@@ -31,7 +31,7 @@ from pathlib import Path
 from transformers import HfArgumentParser
 
 from lab import lr_schedule
-from lab.options import (RESUMABLE, UsageError, checkpoint_step, flag, pilot_rates, runs_of, schedule_kwargs,
+from lab.options import (RESUMABLE, UsageError, checkpoint_step, flag, make_task, pilot_rates, runs_of, schedule_kwargs,
                          seed_list)
 import otb
 import tasks
@@ -216,7 +216,7 @@ def check(cfg):
     except ValueError as e:  # e.g. "floor=2.0 is invalid: ..." -> --lr-floor
         raise UsageError(f"{flag('lr_' + str(e).split('=')[0])}: {e}") from None
     try:
-        limit = tasks.response_limit(cfg, tasks.make_task(cfg))
+        limit = tasks.response_limit(cfg, make_task(cfg))
     except ValueError as e:  # a horizon the task cannot draw
         raise UsageError(f"--horizon {cfg.horizon}: {e}") from None
     if cfg.model == "tiny" and limit > 480:

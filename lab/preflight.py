@@ -145,7 +145,7 @@ def run(cfg, model, tok, folder, train_step, learn, make_estimator):
     memory_limit = cfg.memory_limit * GB if cfg.memory_limit else device_memory(device)  # before we allocate
     est, n = largest(cfg)
     sub = replace(cfg, estimator=est, group_size=n, compare=None, seeds=None)
-    task = tasks.make_task(cfg)
+    task = options.make_task(cfg)
     init = compare.weights(model)  # restored at the end
     limit = tasks.response_limit(cfg, task)
     rows = cfg.prompts_per_step * n

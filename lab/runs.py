@@ -36,8 +36,8 @@ from lab import machine, models, progress
 from lab.models import DiskFull
 import tasks
 from lab.parse_options import given_options, parse
-from lab.options import (LOG_COLUMNS, PRESETS, UsageError, applied, check_device, checkpoint_step, for_device, load,
-                         pick_device, plain_loop_attention, read_checkpoint, run_name, runs_of, seed_list,
+from lab.options import (LOG_COLUMNS, PRESETS, TASKS, UsageError, applied, check_device, checkpoint_step, for_device, load,
+                         make_task, pick_device, plain_loop_attention, read_checkpoint, run_name, runs_of, seed_list,
                          tiny_settings)
 
 # Signals that stop a run as Ctrl-C does: SIGTERM (`timeout`, a cluster's preemption) and SIGHUP (the
@@ -370,8 +370,8 @@ def header(cfg, folder, command, device):
     """What a run or comparison is about to do, printed before anything slow: the command, the output
     folder, the model (and whether its warm-up comes from the cache), the task, the runs, the steps, the
     learning rate and the device."""
-    task = tasks.make_task(cfg)
-    task_name = next(k for k, v in tasks.TASKS.items() if type(task) is v)
+    task = make_task(cfg)
+    task_name = next(k for k, v in TASKS.items() if type(task) is v)
     runs = ", ".join(f"{est} N={n}" for est, n in runs_of(cfg))
     if cfg.seeds:
         runs += f", on seeds {cfg.seeds} (token budget {cfg.token_budget:,} each)"
@@ -413,7 +413,7 @@ def tiny_cache_folder(cfg):
     """Where the tiny model of cfg is cached (models.tiny_cache); None for a pretrained model."""
     if cfg.model != "tiny":
         return None
-    task = tasks.make_task(cfg)
+    task = make_task(cfg)
     return models.tiny_cache(Path(cfg.out) / "_cache", task, max_new=tasks.response_limit(cfg, task),
                              **tiny_settings(cfg))[0]
 

@@ -36,7 +36,7 @@ def setup(*extra):
     model = models.tiny_model(TOK, hidden=32, layers=1, seed=0).eval()
     train.checkpoint_layers(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    return cfg, model, opt, tasks.make_task(cfg), train.make_estimator(cfg.estimator, cfg.zero_tail)
+    return cfg, model, opt, options.make_task(cfg), train.make_estimator(cfg.estimator, cfg.zero_tail)
 
 
 def hooks(model):

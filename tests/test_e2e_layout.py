@@ -88,22 +88,17 @@ def test_the_project_imports_have_no_cycle_and_concepts_never_import_lab():
     assert not any(m in COMMANDS for n, deps in g.items() if n.startswith("lab.") for m in deps)
 
 
-def test_the_tool_tasks_offer_what_every_task_offers():
-    """tasks.py imports tool_use.py (TASKS lists the tool tasks), so tool_use.py cannot import tasks.py
-    and its tasks cannot inherit tasks.Task: ToolTask writes Task's shared lines again. They stay the
-    same: the same names, warm-up defaults and method code (tool: every tool task has its own)."""
+def test_every_task_is_a_task_and_tasks_names_none():
+    """One Task interface: every task of --task inherits tasks.Task (the tool tasks add their tool), and
+    tasks.py names no task but its own: lab/options.py's TASKS lists them all, so tool_use.py can import
+    tasks.py without a cycle."""
     import tasks
     import tool_use
-    shared = {name for name in vars(tasks.Task) if not name.startswith("__")} - {"tool"}
-    assert shared == {name for name in vars(tool_use.ToolTask) if not name.startswith("__")}
-    for name in shared:
-        a, b = getattr(tasks.Task, name), getattr(tool_use.ToolTask, name)
-        if callable(a):
-            assert (a.__code__.co_code, a.__code__.co_names) == (b.__code__.co_code, b.__code__.co_names), name
-        else:
-            assert a == b, name
+    from lab import options
+    assert all(issubclass(task, tasks.Task) for task in options.TASKS.values())
     for task in (tool_use.CalculatorTask, tool_use.FactorsTask, tool_use.ChatCalculatorTask):
-        assert issubclass(task, tool_use.ToolTask) and task.tool is not tasks.Task.tool
+        assert task.tool is not tasks.Task.tool
+    assert "tool_use" not in graph()["tasks"] and not hasattr(tasks, "TASKS")
 
 
 def test_the_cycle_finder_finds_a_cycle():
