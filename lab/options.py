@@ -19,7 +19,7 @@ The run folder itself (config.json, checkpoints, Ctrl-C, bars) is lab/runs.py.
 """
 import copy
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -30,7 +30,6 @@ from lab import models
 import otb
 import tasks
 import tool_use
-from toy_env import arg  # a dataclass field with its --help text, as the toy's config declares its own
 
 DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
 RUN_ONLY = ("estimator", "group_size")  # a comparison takes these from --compare
@@ -38,6 +37,11 @@ COMPARISON_ONLY = ("compare", "seeds", "results_dir", "keep_weights", "lr_pilot"
                    "lr_pilot_budget")  # a single run (--estimator) has none of these
 RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device", "show_samples", "no_progress",
              "report_to")  # the options a resume may change (--help and the error name these)
+
+
+def arg(default, help):
+    """A dataclass field with its --help text (HfArgumentParser reads ``help`` from its metadata)."""
+    return field(default=default, metadata={"help": help})
 
 
 def flag(name):

@@ -101,6 +101,16 @@ def test_every_task_is_a_task_and_tasks_names_none():
     assert "tool_use" not in graph()["tasks"] and not hasattr(tasks, "TASKS")
 
 
+def test_importing_train_leaves_the_toy_out():
+    """train.py's step, options and apparatus do not need the toy bandit: ``import train`` (in a fresh
+    process) does not import toy_env.py."""
+    import subprocess
+    import sys
+    code = "import sys, train; assert 'toy_env' not in sys.modules, 'import train imported toy_env'"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_the_cycle_finder_finds_a_cycle():
     """The check above can fail: a graph with a cycle two modules long is reported."""
     assert cycle({"a": {"b"}, "b": {"a"}, "c": set()}) == ["a", "b", "a"]
