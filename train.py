@@ -212,24 +212,6 @@ def autocast(device):
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
 
-def checkpoint_layers(model):
-    """--activation-checkpointing, enabled once per model: in train mode (the update) each layer's
-    activations are recomputed in the backward instead of kept; eval mode (the rollout) is unchanged.
-    A model that has it already is left as it is (enabling again would retrace a compiled decode step)."""
-    kwargs = {"use_reentrant": False}  # the reentrant variant drops the gradients of inputs needing none
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers' newer name for it
-        if model.is_activation_checkpointing:
-            return
-        model.activation_checkpointing_enable(kwargs)
-    else:
-        if model.is_gradient_checkpointing:
-            return
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    # Enabling also hooks the input embeddings so that their output requires grad, which only reentrant
-    # checkpointing needs; the hook stops torch 2.11's dynamo tracing the compiled decode step. Removed.
-    model.disable_input_require_grads()
-
-
 def make_estimator(name, zero_tail):
     """otb.ESTIMATORS[name]; --zero-tail turns otb and otb_tir into their zero-tail variants (verl's)."""
     return otb.ESTIMATORS[options.estimator_name(name, zero_tail)]
@@ -244,8 +226,6 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
     progress bar from (cfg, first step) (default progress.Bar)."""
     task = options.make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
-    if cfg.activation_checkpointing:
-        checkpoint_layers(model)  # main() did for its model; a comparison's next seed loads a fresh one
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sampler = options.sampler(cfg, model)  # the model, or its copy in --rollout-dtype
     start, tokens, lengths, history = runs.load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])
@@ -284,8 +264,6 @@ def main(argv=None):
     """Parse, load the model, then one run (--estimator) or a comparison (lab/compare.py)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     cfg, model, tok, folder, command, source = runs.start(argv, Config)  # checked; the header printed
-    if cfg.activation_checkpointing:
-        checkpoint_layers(model)  # once, before any rollout: a compiled decode step is traced once
     gpu_comparison = cfg.preset != "cpu" and not cfg.estimator and not cfg.resume  # a GPU preset checks first
     if cfg.preflight or gpu_comparison:
         with runs.errors_exit():  # over the memory limit: one line naming the options, exit status 2

@@ -44,7 +44,7 @@ import rollout  # noqa: E402
 import train  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.common import smollm2_shaped  # noqa: E402
-from lab import machine  # noqa: E402
+from lab import machine, models  # noqa: E402
 
 SHAPE = dict(vocab=49152, hidden=576, layers=30, heads=9, kv_heads=3, mlp=1536)
 PROMPT, RESPONSE, ROWS, GROUP = 45, 327, 128, 16  # the preset's group_mean:16 step
@@ -66,7 +66,7 @@ def one_update(rows, micro, chunk):
     """Child process: build, then one update as train_step makes it; returns the measurements."""
     before = preflight.resident()
     model = smollm2_shaped(layers=SHAPE["layers"])
-    train.checkpoint_layers(model)  # --activation-checkpointing, as train.py's setup enables it
+    models.checkpoint_layers(model)  # --activation-checkpointing, as options.load enables it
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     cfg = replace(train.Config(), chunk_size=chunk, activation_checkpointing=True, micro_batch_rows=micro,
                   temperature=0.7)

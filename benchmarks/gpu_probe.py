@@ -6,15 +6,15 @@
     python benchmarks/gpu_probe.py --tiny --device cpu --prompts-per-step 2 --group-sizes 2,4 \\
         --max-new-tokens 8 --prompts 8 --rounds 1 --repeats 1  # a check of the probe itself on a CPU
 
-It runs the preset's own code (train.py's checkpoint_layers, train_step and score_rows, lab/fast_decode.py's
-sample, rollout.sample) with the settings of ``python train.py --preset gpu --estimator otb``: the count task,
-8 prompts a step, tau 0.7, the float32 head in chunks of 32, activation checkpointing, micro-batches of 32
-rows, the compiled decode step, bf16 autocast on CUDA. It prints each part as it ends and writes one JSON
+It runs the preset's own code (lab/models.py's checkpoint_layers, train.py's train_step and score_rows,
+lab/fast_decode.py's sample, rollout.sample) with the settings of ``python train.py --preset gpu --estimator
+otb``: the count task, 8 prompts a step, tau 0.7, the float32 head in chunks of 32, activation checkpointing,
+micro-batches of 32 rows, the compiled decode step, bf16 autocast on CUDA. It prints each part as it ends and writes one JSON
 file, gpu_probe-<UTC time>.json, rewritten after every part so that a window that closes early keeps what
 was done:
 
 1. the versions and the card (lab/machine.info; torch's CUDA and cuDNN);
-2. forward hooks on the input embeddings before and after train.checkpoint_layers, and at the end (0
+2. forward hooks on the input embeddings before and after models.checkpoint_layers, and at the end (0
    after: torch 2.11's dynamo cannot trace the hook that enabling checkpointing adds);
 3. per batch size (prompts x N for each N of --group-sizes; the preset's 32 and 128 rows): the first
    compiled rollout's seconds less a steady one's (compiling, and on CUDA recording the graph), cold or
@@ -372,7 +372,7 @@ def probe(args, argv, device, t_start, fresh):
     emb = model.get_input_embeddings()
     hooks = lambda: len(emb._forward_hooks) + len(emb._forward_pre_hooks)  # noqa: E731
     record["hooks_on_embeddings"] = dict(before=hooks())
-    train.checkpoint_layers(model)  # as train.main, before any rollout
+    models.checkpoint_layers(model)  # as options.load enables it, before any rollout
     record["hooks_on_embeddings"]["after_checkpointing"] = hooks()
     save(f"2. hooks on the embeddings: {record['hooks_on_embeddings']}")
     record["compile"] = compiling(model, tok, cfg, task, sizes, args.repeats, device)  # 3

@@ -315,7 +315,8 @@ def check_device(cfg, device):
 
 
 def load(cfg, device):
-    """(model, tokenizer, source) for cfg; a problem the user can fix is a UsageError."""
+    """(model, tokenizer, source) for cfg, its layers checkpointed with --activation-checkpointing (every
+    model a run or comparison trains is loaded here); a problem the user can fix is a UsageError."""
     task = make_task(cfg)
     tiny = dict(tiny_settings(cfg), progress=not cfg.no_progress)
     check_device(cfg, device)
@@ -325,7 +326,8 @@ def load(cfg, device):
               file=sys.stderr, flush=True)
     try:
         return models.load_model(cfg.model, task, device, max_new=tasks.response_limit(cfg, task),
-                                 cache_dir=Path(cfg.out) / "_cache", tiny=tiny)
+                                 cache_dir=Path(cfg.out) / "_cache", tiny=tiny,
+                                 activation_checkpointing=cfg.activation_checkpointing)
     except models.ModelError as e:
         raise UsageError(str(e)) from None
 

@@ -49,7 +49,7 @@ def fabricated_batch(V, B=6, P=4, T=9, seed=0):
 def checkpointing(model, on):
     """Activation checkpointing on (as train.py's setup enables it) or off."""
     if on:
-        train.checkpoint_layers(model)
+        models.checkpoint_layers(model)
     else:
         model.activation_checkpointing_disable()
 
