@@ -40,7 +40,7 @@ import torch
 import otb
 import rollout
 import tasks
-from lab import compare, fast_decode, logbook, lr_schedule, preflight, progress, runs, options
+from lab import compare, fast_decode, logbook, lr_schedule, options, parse_options, preflight, progress, runs
 from lab.options import arg
 
 
@@ -263,7 +263,7 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
 def main(argv=None):
     """Parse, load the model, then one run (--estimator) or a comparison (lab/compare.py)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    cfg, model, tok, folder, command, source = runs.start(argv, Config)  # checked; the header printed
+    cfg, model, tok, folder, command, source = parse_options.start(argv, Config)  # checked; the header printed
     gpu_comparison = cfg.preset != "cpu" and not cfg.estimator and not cfg.resume  # a GPU preset checks first
     if cfg.preflight or gpu_comparison:
         with runs.errors_exit():  # over the memory limit: one line naming the options, exit status 2

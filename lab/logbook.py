@@ -13,7 +13,7 @@ import math
 import torch
 from tqdm.auto import tqdm
 
-from lab import diagnostics, options
+from lab import diagnostics, options, runs
 import tasks
 
 TIME_KEYS = ("t_rollout", "t_score", "t_update", "t_log")  # wall-clock metrics: never identical twice
@@ -126,7 +126,7 @@ def summarize(cfg, history, k=10):
     reached = [r["tokens"] for r, s in zip(history, smooth) if s >= cfg.target_success]
     norms = [r["grad_norm"] for r in history]
     seconds = sum(v for r in history for key, v in r.items() if key.startswith("t_"))  # TIME_KEYS
-    return dict(run=options.run_name(cfg.estimator, cfg.group_size, cfg.zero_tail), estimator=cfg.estimator,
+    return dict(run=runs.run_name(cfg.estimator, cfg.group_size, cfg.zero_tail), estimator=cfg.estimator,
                 group_size=cfg.group_size, steps=len(history), tokens=history[-1]["tokens"],
                 initial_success=sum(success[:k]) / len(success[:k]),
                 final_success=sum(success[-k:]) / len(success[-k:]),

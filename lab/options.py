@@ -9,17 +9,17 @@ run folder), each field with its help string, which HfArgumentParser turns into 
     cfg = parse_options.parse(argv, Config, PRESETS)    # the options, checked; --resume: the stored ones
     model, tok, source = options.load(cfg, device)
 
-The rest: what options mean where train.py needs them (the settings a run or a comparison applies,
-the configurations of a comparison, their run names, the seeds, the pilot's rates, the schedule's
-arguments), the model and the device they name (``pick_device``; on CUDA, the plain decode loop's
-attention kernel, ``plain_loop_attention``), and reading a checkpoint's step for --resume. A value
-the user can fix is a ``UsageError``, which lab/runs.py's ``errors_exit`` prints as one line with
-exit status 2 (benchmarks/cli.py uses it too).
-The run folder itself (config.json, checkpoints, Ctrl-C, bars) is lab/runs.py.
+The rest: what options mean where train.py needs them (the task of --task, ``TASKS`` and
+``make_task``; the estimator of --zero-tail; the pilot's rates, the schedule's arguments), and the
+model and the device they name (``load``, ``pick_device``; on CUDA, the plain decode loop's attention
+kernel, ``plain_loop_attention``). A value the user can fix is a ``UsageError``, which lab/runs.py's
+``errors_exit`` prints as one line with exit status 2 (benchmarks/cli.py uses it too). The runs a
+command makes (a comparison's configurations, the seeds, run names, the settings a run applies, its
+checkpoints) are lab/runs.py's.
 """
 import copy
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -202,12 +202,6 @@ def plain_loop_attention(cfg, device):
 # What the options mean
 # =====================================================================================
 
-def applied(cfg):
-    """The settings a run or a comparison uses (config.json, summary.json): a comparison has no
-    estimator or group size of its own (--compare gives them), a run no comparison options."""
-    return {k: v for k, v in asdict(cfg).items() if k not in (COMPARISON_ONLY if cfg.estimator else RUN_ONLY)}
-
-
 # --task: the tasks by name (tasks.py's single-turn ones, tool_use.py's with a tool)
 TASKS = {"reverse": tasks.ReverseTask, "periodic": tasks.PeriodicTask, "arithmetic": tasks.ArithmeticTask,
          "calculator": tool_use.CalculatorTask, "factors": tool_use.FactorsTask, "count": tasks.CountTask,
@@ -225,35 +219,6 @@ def estimator_name(est, zero_tail=False):
     """The estimator that runs: --zero-tail turns otb and otb_tir into otb_zero_tail and
     otb_tir_zero_tail (verl's); every other estimator is itself."""
     return f"{est}_zero_tail" if zero_tail and f"{est}_zero_tail" in otb.ESTIMATORS else est
-
-
-def run_name(est, n, zero_tail=False):
-    """A run's folder and label, '<estimator>-n<N>', named by the estimator that runs."""
-    return f"{estimator_name(est, zero_tail)}-n{n}"
-
-
-def runs_of(cfg):
-    """[(estimator, group size)]: one run, or the configurations of the comparison."""
-    if cfg.estimator:
-        return [(cfg.estimator, cfg.group_size)]
-    runs = []
-    for item in (cfg.compare or DEFAULT_COMPARE).split(","):
-        est, _, n = item.strip().partition(":")
-        if est not in otb.ESTIMATORS or not n.isdigit():
-            raise UsageError(f"--compare: bad entry {item!r}, expected estimator:group_size with "
-                             f"estimator in {sorted(otb.ESTIMATORS)}")
-        runs.append((est, int(n)))
-    if len(set(runs)) < len(runs):
-        raise UsageError(f"--compare: duplicate entries in {cfg.compare!r}")
-    return runs
-
-
-def seed_list(cfg):
-    """The seeds of a --seeds comparison, as ints."""
-    items = [x.strip() for x in cfg.seeds.split(",")]
-    if not all(x.lstrip("-").isdigit() for x in items) or len(set(items)) < len(items):
-        raise UsageError(f"--seeds {cfg.seeds!r}: expected distinct integers separated by commas, e.g. 0,1,2")
-    return [int(x) for x in items]
 
 
 def pilot_rates(cfg):
@@ -330,22 +295,3 @@ def load(cfg, device):
                                  activation_checkpointing=cfg.activation_checkpointing)
     except models.ModelError as e:
         raise UsageError(str(e)) from None
-
-
-# =====================================================================================
-# Reading a checkpoint: its step for --resume, its contents for lab/runs.py (which saves it)
-# =====================================================================================
-
-def checkpoint_step(path, single=False):
-    """The step a checkpoint was saved after (memory-mapped: its tensors are not read)."""
-    return read_checkpoint(path, single, mmap=True)["step"]
-
-
-def read_checkpoint(path, single=False, mmap=False):
-    """torch.load of checkpoint.pt; a truncated or damaged file is a UsageError saying what to do."""
-    try:
-        return torch.load(path, weights_only=True, mmap=mmap)
-    except Exception:  # a truncated zip, a damaged pickle...: which one does not change the remedy
-        remedy = (f"start the run again (its command is in {Path(path).parent / 'config.json'})" if single
-                  else f"delete {path} to restart this configuration")
-        raise UsageError(f"checkpoint unreadable: {remedy}") from None

@@ -63,7 +63,7 @@ import torch
 
 import rollout
 import tasks
-from lab import compare, fast_decode, options
+from lab import compare, fast_decode, options, runs
 from lab.analysis import stats
 
 GB = 1e9
@@ -71,7 +71,7 @@ GB = 1e9
 
 def largest(cfg):
     """(estimator, group size) of the configuration with the most rows per step."""
-    return max(options.runs_of(cfg), key=lambda run: run[1])
+    return max(runs.runs_of(cfg), key=lambda run: run[1])
 
 
 def reset_peak(device):
@@ -128,12 +128,12 @@ def full_length_batch(prompts, group_size, length, vocab, pad_id, device):
 def batch_sizes(cfg):
     """{group size N: estimator} of every batch size (prompts x N) the run samples, the pilot's included,
     each with the first configuration of that size (the one whose step the preflight times)."""
-    runs = options.runs_of(cfg)
+    configs = runs.runs_of(cfg)
     if cfg.lr_pilot:
         e, _, g = cfg.lr_pilot_run.partition(":")
-        runs = [(e, int(g))] + runs
+        configs = [(e, int(g))] + configs
     sizes = {}
-    for e, g in runs:
+    for e, g in configs:
         sizes.setdefault(g, e)
     return sizes
 
@@ -293,7 +293,7 @@ def project(cfg, est, n, rows, limit, prompts, measured, peaks, t_full, save, n_
     if measured is None or oom:  # out of memory: nothing to project from
         return report
     t_save, size = save
-    seeds = len(options.seed_list(cfg)) if cfg.seeds else 1
+    seeds = len(runs.seed_list(cfg)) if cfg.seeds else 1
 
     def planned(name, g, budget, copies):
         m = measured[g]  # the real step of this configuration's batch size
@@ -302,7 +302,7 @@ def project(cfg, est, n, rows, limit, prompts, measured, peaks, t_full, save, n_
         seconds = m["seconds_rollout"] + m["seconds_score_update"]
         return dict(run=name, runs=copies, group_size=g, steps=steps, seconds_per_step=seconds,
                     saves=checkpoint_saves(steps, seconds, cfg.checkpoint_minutes))
-    plan = [planned(f"{e}:{g}", g, cfg.token_budget, seeds) for e, g in options.runs_of(cfg)]
+    plan = [planned(f"{e}:{g}", g, cfg.token_budget, seeds) for e, g in runs.runs_of(cfg)]
     if cfg.lr_pilot:  # the pilot's runs come first: one per rate
         e, _, g = cfg.lr_pilot_run.partition(":")
         plan.insert(0, planned(f"pilot {e}:{g}", int(g), cfg.lr_pilot_budget or max(1, cfg.token_budget // 4),

@@ -348,7 +348,7 @@ def test_the_saved_table_summarises_the_saved_metrics():
     """Every cell of summary.md (initial_success: the mean success of the first 10 saved steps, ...)
     recomputed from the saved metrics.jsonl of its run."""
     table = saved_table()
-    assert list(table) == [f"{e}-n{n}" for e, n in options.runs_of(train.Config())]
+    assert list(table) == [f"{e}-n{n}" for e, n in runs.runs_of(train.Config())]
     for name, cells in table.items():
         rows = metrics(DEFAULT_RUN / name)
         est, n = name.rsplit("-n", 1)

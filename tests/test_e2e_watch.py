@@ -18,6 +18,7 @@ import torch
 import tasks
 import train
 from lab import compare, models, progress, options
+from lab import runs as lab_runs
 from tiny_runs import TINY, interrupt_at, metrics, run, without_times
 
 ROOT = Path(train.__file__).resolve().parent
@@ -77,7 +78,7 @@ def test_the_time_estimate_is_the_measured_rates_times_the_work():
     16 prompts x (4 + 4 + 4 + 4 + 16) responses x 100 steps x 18 positions = 921,600 positions: 10 + 25 +
     110.6 = 146 s to 10 + 100 + 331.8 = 442 s, shown as 2-7 min; cached, 121-342 s, 2-6 min."""
     cfg = train.Config()
-    runs = options.runs_of(cfg)
+    runs = lab_runs.runs_of(cfg)
     assert progress.estimate(cfg, runs, 18, warm_up_runs=True).startswith("about 2-7 min on a 2-core CPU (warm-up")
     assert progress.estimate(cfg, runs, 18, warm_up_runs=False) == (
         "about 2-6 min on a 2-core CPU (warm-up cached; 500 steps)")
