@@ -88,11 +88,10 @@ class Config(options.Options):
 # ===== One training step: rollout -> score -> estimate -> update ============================================
 
 def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
-    """One step. Everything but ``estimator`` is identical for every configuration, and the prompts
-    and the sampler's draws depend on (seed, step) only. ``sampler``: the model, or its lower-precision
-    copy (--rollout-dtype). Returns its StepResult."""
+    """One step: rollout -> score -> estimate -> update. Everything but ``estimator`` is identical for
+    every configuration, and the prompts and the sampler's draws depend on (seed, step) only.
+    ``sampler``: the model, or its lower-precision copy (--rollout-dtype). Returns its StepResult."""
     device = next(model.parameters()).device
-    t0 = time.perf_counter()
     # ---- rollout: N responses to each prompt, and their rewards
     prompts, answers = tasks.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
     seed = tasks.step_seed(cfg.seed, step)
@@ -108,35 +107,39 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
                     tool=task.tool(tok),  # None: a single-turn task
                     stop=task.stop_rule(tok, answers, cfg.group_size))  # None: a row ends at EOS
     R, token_rewards, _ = tasks.rewards(task, tok, ro, answers, cfg.group_size)  # R (B,), r_t (B, T)
-    t_rollout = time.perf_counter() - t0
-    return score_estimate_update(cfg, model, opt, ro, R, token_rewards.to(device), estimator, gen, t_rollout)
-
-
-def score_estimate_update(cfg, model, opt, ro, R, token_rewards, estimator, gen, t_rollout=0.0):
-    """The rest of the step on a sampled batch ``ro``: score -> estimate -> update (the preflight also
-    runs it on a batch of its own). Returns its StepResult."""
-    device, m = next(model.parameters()).device, ro.response_mask  # (B, T)
-    t1 = time.perf_counter()
-    model.train()  # the update begins: its forward is the scoring pass (layers checkpointed in train mode)
     # ---- score: the training forward pass, a micro-batch at a time (one block by default).
     # One forward pass per step: when one optimizer step takes the whole batch in one block (the default), the
     # scoring pass keeps its graph and the update's loss is built on it (a step with a second forward is
     # slower: docs/cost.md); otherwise the scoring pass keeps no graph and the update runs its own.
-    one_pass = one_update_per_batch(cfg, len(m))
-    with torch.set_grad_enabled(one_pass):
-        blocks = torch.arange(len(m), device=device).split(cfg.micro_batch_rows or len(m))  # row indices
-        parts = [score_rows(model, cfg, ro, rows) for rows in blocks]
-    logp, sum_pi_sq, entropy = (torch.cat(x) for x in zip(*parts))  # (B, T) each
+    model.train()  # the update begins: its forward is the scoring pass (layers checkpointed in train mode)
+    one_pass = one_update_per_batch(cfg, len(ro.response_mask))
+    logp, sum_pi_sq, entropy = score_batch(model, cfg, ro, keep_graph=one_pass)  # (B, T) each
     old_logp = logp.detach()  # log pi_old(y_t), (B, T)
     # ---- estimate: the one line that differs between configurations
-    adv, _ = estimator(token_rewards=token_rewards, response_mask=m, group_index=ro.group_index,
-                       log_probs=old_logp, sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
-    t2 = time.perf_counter()
+    adv, _ = estimator(token_rewards=token_rewards.to(device), response_mask=ro.response_mask,
+                       group_index=ro.group_index, log_probs=old_logp, sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
     # ---- update
     norms, clip_frac, loss = policy_update(model, opt, cfg, ro, old_logp, adv, gen,
                                            logp=logp if one_pass else None)
-    seconds = (t_rollout, t2 - t1, time.perf_counter() - t2)  # rollout, score + estimate, update
-    return StepResult(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss, seconds)
+    return StepResult(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss)
+
+
+def score_batch(model, cfg, ro, keep_graph):
+    """The scoring pass over the whole batch, ``micro_batch_rows`` rows at a time (one block by default):
+    (logp, sum_pi_sq, entropy), (B, T) each. ``keep_graph``: logp keeps its graph (the update's forward)."""
+    B = len(ro.response_mask)
+    with torch.set_grad_enabled(keep_graph):
+        blocks = torch.arange(B, device=ro.response.device).split(cfg.micro_batch_rows or B)  # row indices
+        parts = [score_rows(model, cfg, ro, rows) for rows in blocks]
+    return tuple(torch.cat(x) for x in zip(*parts))  # (B, T) each
+
+
+def score_rows(model, cfg, ro, rows):
+    """rollout.score of the batch's rows ``rows`` in the step's precision (``autocast``):
+    (logp, sum_pi_sq, entropy), (b, T) each."""
+    with autocast(ro.response.device):
+        return rollout.score(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response[rows],
+                             ro.response_mask[rows], cfg.temperature, cfg.chunk_size)
 
 
 def policy_update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
@@ -189,15 +192,6 @@ class StepResult:
     norms: list  # gradient norm (before clipping) of each optimizer step
     clip_frac: float  # fraction of tokens whose PPO ratio was clipped
     loss: float
-    seconds: tuple  # (rollout, score + estimate, update) wall-clock seconds
-
-
-def score_rows(model, cfg, ro, rows):
-    """rollout.score of the batch's rows ``rows`` in the step's precision (``autocast``):
-    (logp, sum_pi_sq, entropy), (b, T) each."""
-    with autocast(ro.response.device):
-        return rollout.score(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response[rows],
-                             ro.response_mask[rows], cfg.temperature, cfg.chunk_size)
 
 
 def one_update_per_batch(cfg, batch):
@@ -237,13 +231,14 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
             lr = cfg.lr * lr_schedule.lr_factor(cfg.lr_schedule, lengths, cfg.steps, **schedule)
             for group in opt.param_groups:
                 group["lr"] = lr  # a function of the earlier steps' mean lengths only
+            t0 = time.perf_counter()
             s = train_step(cfg, model, sampler, opt, task, tok, estimator, step)  # rollout -> update
             opt.zero_grad(set_to_none=True)  # the gradients are not held through the next rollout
-            t_log = time.perf_counter()
+            t1 = time.perf_counter()
             lengths.append(s.ro.response_mask.sum(-1).mean().item())  # L_i, the mean response length
             tokens += int(s.ro.response_mask.sum().item())
             row = logbook.step_metrics(step, s, tokens, lr)
-            row["t_log"] = time.perf_counter() - t_log  # the diagnostics above (they must stay cheap)
+            row.update(t_step=t1 - t0, t_log=time.perf_counter() - t1)  # seconds: the step, the diagnostics above
             history.append(row)
             logbook.log(run_dir, cfg, bar, row, s, tok)  # metrics.jsonl, the bar, a line every --log-every
             last = step + 1 == cfg.steps or tokens >= (cfg.token_budget or math.inf)
@@ -267,7 +262,7 @@ def main(argv=None):
     gpu_comparison = cfg.preset != "cpu" and not cfg.estimator and not cfg.resume  # a GPU preset checks first
     if cfg.preflight or gpu_comparison:
         with runs.errors_exit():  # over the memory limit: one line naming the options, exit status 2
-            report = preflight.run(cfg, model, tok, folder, train_step, score_estimate_update, make_estimator)
+            report = preflight.run(cfg, model, tok, folder, sys.modules[__name__])  # this file's step, measured
         if cfg.preflight:
             return report
     if cfg.estimator:  # a single run

@@ -77,8 +77,8 @@ def one_update(rows, micro, chunk):
     R = (torch.rand(rows, generator=torch.Generator().manual_seed(1)) < 0.3).float()
     token_rewards = torch.zeros_like(ro.response_mask)
     token_rewards[:, -1] = R  # the outcome reward at the last token
-    train.score_estimate_update(cfg, model, opt, ro, R, token_rewards, otb.ESTIMATORS["group_mean"], torch.Generator())  # score,
-    # estimate, update: train_step after its rollout
+    preflight.score_estimate_update(train, cfg, model, opt, ro, token_rewards, otb.ESTIMATORS["group_mean"])  # score,
+    # estimate, update: train_step after its rollout, as the preflight measures it
     return dict(rows=rows, micro_batch_rows=micro, chunk_size=chunk, rss_before_model=before, rss_built=built,
                 peak_rss=preflight.resident("VmHWM"), seconds=round(time.time() - t0, 1),
                 params=sum(p.numel() for p in model.parameters()))

@@ -228,19 +228,20 @@ def alternating(model, tok, cfg, task, sizes, rounds, device):
     before, steps, dtypes = fast_decode.compile_counts(), [], None
     for r in range(rounds):
         for g in sizes:
-            peaks = {}
+            peaks, ends = {}, {}
 
-            def rollout_done():  # train_step is entering learn: the rollout's peak is complete
-                peaks["rollout"] = preflight.peak(device)
+            def rollout_done():  # train_step's rollout has ended (it calls score_batch): its time and peak
+                ends["rollout"], peaks["rollout"] = time.perf_counter(), preflight.peak(device)
                 preflight.reset_peak(device)
             preflight.reset_peak(device)
-            with preflight.calls_first(train.train_step, train.score_estimate_update, rollout_done):
+            t0 = time.perf_counter()
+            with preflight.calls_first(train.train_step, train.score_batch, rollout_done):
                 s = train.train_step(replace(cfg, group_size=g), model, model, opt, task, tok, estimator, r)
-            peaks["learn"] = preflight.peak(device)
+            t_learn, peaks["learn"] = time.perf_counter() - ends["rollout"], preflight.peak(device)
             opt.zero_grad(set_to_none=True)  # as train.train: no gradients held through the next rollout
             m = s.ro.response_mask  # (B, T)
-            steps.append(dict(round=r, group_size=g, rows=len(m), seconds_rollout=s.seconds[0],
-                              decode_steps=s.ro.response.shape[1], seconds_learn=s.seconds[1] + s.seconds[2],
+            steps.append(dict(round=r, group_size=g, rows=len(m), seconds_rollout=ends["rollout"] - t0,
+                              decode_steps=s.ro.response.shape[1], seconds_learn=t_learn,
                               peak_bytes_rollout=peaks["rollout"], peak_bytes_learn=peaks["learn"],
                               success=(s.R >= 1).float().mean().item(), mean_response_length=m.sum(-1).mean().item()))
             dtypes = dict(log_pi=str(s.old_logp.dtype), sum_pi_sq=str(s.sum_pi_sq.dtype), advantage=str(s.adv.dtype))

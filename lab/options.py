@@ -54,7 +54,7 @@ LOG_COLUMNS = """columns of the log line, [estimator N=group size] step k, then:
   adv      mean ± std of the advantages A_t over valid tokens
   H        mean entropy per token (nats)                     power   total_power, proxy of mean ||g||^2
   mism     mean |log pi_train - log pi_rollout| per token    lr      learning rate of the step
-  s        seconds spent in rollout / score / update / logging diagnostics (metrics.jsonl: every metric)
+  s        seconds spent in the step (rollout to update) / logging diagnostics (metrics.jsonl: every metric)
   tool     (a task with a tool) calls / error replies per response / fraction with a reply cut off
   sample   (--show-samples) the step's first response: "prompt" -> "response" R=its reward"""
 

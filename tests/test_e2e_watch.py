@@ -216,7 +216,7 @@ def test_report_to_tensorboard_logs_every_step_and_a_resume_replaces_the_steps_i
     run(out, "tb", *args)
     rows = metrics(out / "tb")
     assert scalars(out / "tb", "train/success") == [(r["step"], pytest.approx(r["success"])) for r in rows]
-    assert [s for s, _ in scalars(out / "tb", "time/t_rollout")] == [1, 2, 3, 4]
+    assert [s for s, _ in scalars(out / "tb", "time/t_step")] == [1, 2, 3, 4]
     # stopped at once in step 3 (the checkpoint of step 1 is kept), then resumed: steps 2-4 once each
     real_save = models.save_atomic
     monkeypatch.setattr(models, "save_atomic", lambda state, path: state.get("step") == 1 and real_save(state, path))
