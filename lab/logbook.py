@@ -3,9 +3,10 @@
 ``step_metrics`` turns the ``train.StepResult`` of one step into its row: success and reward, response
 length and tokens sampled, the loss and gradient norm, the advantage's mean and spread, the entropy,
 the forward-only noise diagnostics (lab/diagnostics.py) and the sampler / trainer mismatch (train.py's
-loop adds the step's wall clock, ``TIME_KEYS``); ``log`` appends the row and prints the line whose columns train.py's ``--help``
-explains (options.LOG_COLUMNS), with one sampled response and its reward (``sample``, with
---show-samples), and with --report-to tensorboard also writes the row to TensorBoard (``Board``).
+loop adds the step's wall clock, ``TIME_KEYS``); ``log`` appends the row and prints the line whose
+columns train.py's ``--help`` explains (options.LOG_COLUMNS), with one sampled response and its reward
+(``sample``, with --show-samples), and with --report-to tensorboard also writes the row to TensorBoard
+(``Board``).
 """
 import json
 import math

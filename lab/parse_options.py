@@ -349,7 +349,8 @@ def check_lr_pilot(cfg):
         raise UsageError(f"--lr-pilot-run {cfg.lr_pilot_run!r}: expected estimator:group_size (a group baseline "
                          f"with group size >= 2), estimator in {sorted(otb.ESTIMATORS)}")
     if not (cfg.lr_pilot_budget or cfg.token_budget):
-        raise UsageError("--lr-pilot needs --lr-pilot-budget or --token-budget (the pilot's default is a quarter of it)")
+        raise UsageError("--lr-pilot needs --lr-pilot-budget or --token-budget (the pilot's default is a "
+                         "quarter of it)")
     if cfg.seeds and cfg.lr_pilot_seed in seed_list(cfg):
         raise UsageError(f"--lr-pilot-seed {cfg.lr_pilot_seed} is one of --seeds {cfg.seeds}: the rate would be "
                          "chosen on a seed the comparison then reports")
