@@ -4,7 +4,9 @@ in lab/, imports that run one way, a traced reading path that the guide reports,
 - the root holds at most 8 modules: the concepts (otb, toy_env, rollout, tasks, tool_use) and the
   commands (train, toy_harness, otb_trl); everything else that is imported lives in lab/;
 - the project's own imports (read with ast, not by running them) have no cycle, and no concept
-  module imports lab/ (a command may);
+  module imports lab/ (a command may); every task inherits tasks.Task; ``import train`` leaves the toy
+  (toy_env.py) out;
+- no line of a root file is over 120 characters, and train.py's are at most 100 but for its help strings;
 - docs/reading_guide.md is what ``python benchmarks/reading_guide.py`` writes from a trace of one default
   training step, with a sentence for every function and class on the path; its total is a report, not a
   ceiling (a longer path shows in the guide's diff);
