@@ -243,8 +243,8 @@ def reverse_dataset(task, tok, n, seed):
 
 
 def task_reward(task, eos_id):
-    """A TRL reward function for one of tasks.TASKS: the task's own 0/1 reward of the text, with
-    "finished" meaning the completion ended in EOS."""
+    """A TRL reward function for one of train.py's tasks (lab/options.py's TASKS): the task's own 0/1
+    reward of the text, with "finished" meaning the completion ended in EOS."""
     def reward(completions, answer, completion_ids, **_):
         return [task.reward(text, a, len(ids) > 0 and ids[-1] == eos_id)
                 for text, a, ids in zip(completions, answer, completion_ids)]
@@ -259,7 +259,7 @@ def tiny_setup(cache="runs"):
     from lab import options
     cfg = train.Config(out=cache)
     model, tok, _ = options.load(cfg, torch.device("cpu"))
-    return model, tok, tasks.make_task(cfg), cfg
+    return model, tok, options.make_task(cfg), cfg
 
 
 def grpo_config(out, cfg, steps, prompts_per_step, max_new_tokens=18, **overrides):

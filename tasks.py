@@ -11,19 +11,18 @@ the model's random numbers, so every configuration of a comparison sees the same
 outcome reward R of a response is placed on its last valid token: r_t = R at that t, else 0.
 
 Seven tasks, each owning its defaults (``horizon``, and ``max_new_tokens()``, the response limit;
-``train.py --task NAME --horizon H``); ``TASKS`` names them all. This file holds the single-turn
-ones: ``ReverseTask`` (the default, for the tiny model), ``PeriodicTask`` (the long horizon),
-``ArithmeticTask`` and ``CountTask`` (for a pretrained chat model; counting ends a row with a stop
-rule). The three tasks with a tool (``calculator``, ``factors``, ``chat_calculator``) are in
-tool_use.py, with the tool, the sampler's turns and eq. (8).
+``train.py --task NAME --horizon H``, named in lab/options.py's ``TASKS``). This file holds what
+they share, ``Task``, and the single-turn ones: ``ReverseTask`` (the default, for the tiny model),
+``PeriodicTask`` (the long horizon), ``ArithmeticTask`` and ``CountTask`` (for a pretrained chat
+model; counting ends a row with a stop rule). The three tasks with a tool (``calculator``,
+``factors``, ``chat_calculator``) inherit ``Task`` in tool_use.py, with the tool, the sampler's
+turns and eq. (8).
 """
 import random
 import re
 from dataclasses import dataclass
 
 import torch
-
-import tool_use
 
 
 # =====================================================================================
@@ -198,12 +197,6 @@ class CountTask(Task):
         return len(", ".join(map(str, range(a, a + self.horizon)))) + 1 + 48
 
 
-# The tasks by name (the tasks with a tool: tool_use.py)
-TASKS = {"reverse": ReverseTask, "periodic": PeriodicTask, "arithmetic": ArithmeticTask,
-         "calculator": tool_use.CalculatorTask, "factors": tool_use.FactorsTask, "count": CountTask,
-         "chat_calculator": tool_use.ChatCalculatorTask}
-
-
 def step_seed(seed, step):
     """The seed of training step ``step`` of a run with ``seed``: the prompts (``prompt_batch``) and
     the sampler's generator (train.py) come from it, so every configuration of a comparison sees
@@ -284,13 +277,6 @@ def graded_stop_rule(task, tokenizer, answers, group_size):
                 lo = mid + 1
         return lo
     return stop
-
-
-def make_task(cfg):
-    """The task of a train.py Config: --task (default reverse for the tiny model, arithmetic
-    otherwise) at --horizon (default: the task's own)."""
-    name = cfg.task or ("reverse" if cfg.model == "tiny" else "arithmetic")
-    return TASKS[name]() if cfg.horizon is None else TASKS[name](horizon=cfg.horizon)
 
 
 def response_limit(cfg, task):

@@ -33,16 +33,16 @@ the tokens after them. Who makes such responses, and who reads them:
 The tasks with a tool: ``CalculatorTask`` (the tiny model adds k numbers with a calculator that adds
 two), ``FactorsTask`` (the same calculator replying with the sum's prime factors, so replies vary in
 length: where ``otb_tir`` and ``otb`` pool different tokens) and ``ChatCalculatorTask`` (a pretrained
-chat model calls the calculator through its chat template). tasks.py lists them in ``TASKS``
-beside the single-turn tasks, and imports this file for it; so this file imports nothing of the
-project, and its tasks implement the small interface of a task themselves (``ToolTask``: tasks.Task's
-few shared lines, written again here, since importing tasks.py would make the two import each other).
+chat model calls the calculator through its chat template). They are tasks like tasks.py's: each
+inherits ``tasks.Task`` and adds its ``tool``.
 """
 import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+
+import tasks
 
 
 # =====================================================================================
@@ -175,28 +175,8 @@ def action_mask(tool, response):
 # The tasks with a tool
 # =====================================================================================
 
-class ToolTask:
-    """What a task of tasks.TASKS offers besides its own ``draw``, ``prompt_text``, ``reward``,
-    ``max_new_tokens`` and ``tool``, as tasks.Task gives it: a batch of prompts is n independent draws,
-    the warm-up's target is the answer itself, and no stop rule (a response ends at EOS)."""
-    warmup_lr = 3e-3  # the tiny model's supervised warm-up: AdamW's rate (models.warm_up), as tasks.Task's
-    warmup_ceiling = None  # a check above it is replayed step by step (models.warm_up); None: never
-
-    def sample(self, rng, n):
-        """n (question, answer) pairs drawn from ``rng`` (a random.Random), one ``draw`` each."""
-        return [self.draw(rng) for _ in range(n)]
-
-    def target_text(self, answer):
-        """The supervised target for the warm-up (the tokenizer appends nothing; EOS is added)."""
-        return answer
-
-    def stop_rule(self, tokenizer, answers, group_size):
-        """The sampler's stop rule for this batch; None: a response ends at EOS only."""
-        return None
-
-
 @dataclass
-class CalculatorTask(ToolTask):
+class CalculatorTask(tasks.Task):
     """Add ``horizon`` = k numbers of ``digits`` digits with a calculator that adds two numbers.
 
     The multi-turn task, for the tiny character-level model. A correct transcript for k = 3::
@@ -302,7 +282,7 @@ class FactorsTask(CalculatorTask):
 
 
 @dataclass
-class ChatCalculatorTask(ToolTask):
+class ChatCalculatorTask(tasks.Task):
     """Add ``horizon`` = k numbers of ``digits`` digits with a calculator called through the chat
     template; the calculator adds two numbers, so k numbers take k - 1 calls.
 

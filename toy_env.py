@@ -70,7 +70,7 @@ MAX_RESPONSES = 200_000  # enumeration (and per-response scores) must fit in mem
 
 
 def arg(default, help):
-    """A dataclass field with its --help text (ToyConfig's here; train.py's options use it too)."""
+    """A dataclass field with its --help text (toy_harness.py's options)."""
     return field(default=default, metadata={"help": help})
 
 

@@ -350,9 +350,11 @@ def run(argv=None):
     print(f"toy: {asdict(cfg)}")
     print(f"exact: {ex['responses']} responses, {ex['parameters']} parameters, E[L] = {ex['mean_length']:.2f}, "
           f"J = {ex['J']:.4f}, ||grad J||^2 = {grad_sq:.4g}")
-    print(f"exact: max_t |E||S_<=t||^2 - E[W_t]| = {ex['martingale_max_gap']:.1e}, while max_t E| ||S_<=t||^2 - W_t | = "
-          f"{ex['per_sample_cross_term']:.2g}; corr(proxy, ||s_t||^2) = {ex['proxy_correlation']:.3f}")
-    print("exact one-sample tr Var with a fixed (unbiased) baseline, units of ||grad J||^2 (= nvar; divide by N for a batch):")
+    print(f"exact: max_t |E||S_<=t||^2 - E[W_t]| = {ex['martingale_max_gap']:.1e}, "
+          f"while max_t E| ||S_<=t||^2 - W_t | = {ex['per_sample_cross_term']:.2g}; "
+          f"corr(proxy, ||s_t||^2) = {ex['proxy_correlation']:.3f}")
+    print("exact one-sample tr Var with a fixed (unbiased) baseline, units of ||grad J||^2 "
+          "(= nvar; divide by N for a batch):")
     print("   " + ", ".join(f"{k}: {v / grad_sq:.2f}" for k, v in ex["one_sample_variance"].items()))
     rows = measure(en, Ns=args.Ns, groups=args.groups, seed=cfg.seed)
     print(f"Monte Carlo, {args.groups} groups per N in 50 blocks; [95% bootstrap interval over blocks]. "

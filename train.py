@@ -3,7 +3,7 @@
     python train.py                         # the default comparison on a CPU (a few minutes)
     python train.py --estimator otb         # one run
     python train.py --task periodic --horizon 64 --estimator otb   # the long-horizon task
-    python train.py --resume runs/NAME      # continue a stopped run or comparison (Ctrl-C stops one)
+    python train.py --resume runs/NAME      # continue a stopped run or comparison (Ctrl-C: stop)
     python train.py --preset gpu            # SmolLM2-135M-Instruct counting: equal tokens, 1 GPU
 
 One training step (everything except the marked line is identical for every estimator):
@@ -32,7 +32,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-# Before torch loads OpenMP: a waiting thread sleeps instead of spinning (docs/cost.md, "Busy machines").
+# Before torch loads OpenMP: a waiting thread sleeps instead of spinning (docs/cost.md, "Busy
+# machines").
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
@@ -40,7 +41,8 @@ import torch
 import otb
 import rollout
 import tasks
-from lab import compare, fast_decode, logbook, lr_schedule, preflight, progress, runs, options
+from lab import compare, fast_decode, logbook, lr_schedule, options, parse_options, preflight
+from lab import progress, runs
 from lab.options import arg
 
 
@@ -51,7 +53,7 @@ class Config(options.Options):
         None, "advantage estimator of a single run; without it train.py runs a comparison (--compare)")
     zero_tail: bool = arg(
         False, "otb and otb_tir: baseline 0 where one row of the group is left (verl 0.9.1 always has it on)")
-    task: Optional[Literal[tuple(tasks.TASKS)]] = arg(
+    task: Optional[Literal[tuple(options.TASKS)]] = arg(
         None, "reverse, periodic (long horizon), calculator and factors (with a tool); for a chat model: "
         "arithmetic, count, chat_calculator (tasks.py, tool_use.py); default: reverse for the tiny model, "
         "arithmetic otherwise")
@@ -71,7 +73,8 @@ class Config(options.Options):
     ppo_epochs: int = arg(1, "passes over each batch; > 1 uses the PPO clipped ratio")
     minibatch_size: Optional[int] = arg(None, "responses per optimizer step (default: the whole batch)")
     clip_eps: float = arg(0.2, "PPO clip range eps: rho is clipped to [1 - eps, 1 + eps]")
-    # memory and speed: none of these changes the gradient, only what is held at once, or how fast it samples
+    # memory and speed: none of these changes the gradient, only what is held at once or how fast it
+    # samples
     chunk_size: Optional[int] = arg(
         None, "response positions per chunk of the float32 LM head, recomputed in the backward "
         "(default: all at once)")
@@ -85,70 +88,78 @@ class Config(options.Options):
     log_every: int = arg(10, "print one metrics line every k steps (the bar updates every step)")
 
 
-# ===== One training step: rollout -> score -> estimate -> update ============================================
+# ===== One training step: rollout -> score -> estimate -> update ==================================
 
 def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
-    """One step. Everything but ``estimator`` is identical for every configuration, and the prompts
-    and the sampler's draws depend on (seed, step) only. ``sampler``: the model, or its lower-precision
-    copy (--rollout-dtype). Returns its StepResult."""
+    """One step: rollout -> score -> estimate -> update. Everything but ``estimator`` is identical
+    for every configuration, and the prompts and the sampler's draws depend on (seed, step) only.
+    ``sampler``: the model, or its lower-precision copy (--rollout-dtype). Returns its
+    StepResult."""
     device = next(model.parameters()).device
-    t0 = time.perf_counter()
     # ---- rollout: N responses to each prompt, and their rewards
     prompts, answers = tasks.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
     seed = tasks.step_seed(cfg.seed, step)
     gen = torch.Generator(device).manual_seed(seed)  # the sampler's draws, then the minibatch order
     if sampler is not model:
         sampler.load_state_dict(model.state_dict())  # cast to the rollout dtype on copy
-    sampler.eval()  # the rollout begins: eval mode (checkpointed layers in train mode turn the KV cache off)
-    sample = fast_decode.sample if cfg.compile_decode else rollout.sample  # the same tokens, compiled
+    # The rollout begins: eval mode (checkpointed layers in train mode turn the KV cache off).
+    sampler.eval()
+    sample = fast_decode.sample if cfg.compile_decode else rollout.sample  # same tokens, compiled
     with autocast(device):
         ro = sample(sampler, prompts, group_size=cfg.group_size, temperature=cfg.temperature,
                     max_new_tokens=cfg.max_new_tokens or task.max_new_tokens(), generator=gen,
                     eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                     tool=task.tool(tok),  # None: a single-turn task
                     stop=task.stop_rule(tok, answers, cfg.group_size))  # None: a row ends at EOS
-    R, token_rewards, _ = tasks.rewards(task, tok, ro, answers, cfg.group_size)  # R (B,), r_t (B, T)
-    t_rollout = time.perf_counter() - t0
-    return score_estimate_update(cfg, model, opt, ro, R, token_rewards.to(device), estimator, gen, t_rollout)
-
-
-def score_estimate_update(cfg, model, opt, ro, R, token_rewards, estimator, gen, t_rollout=0.0):
-    """The rest of the step on a sampled batch ``ro``: score -> estimate -> update (the preflight also
-    runs it on a batch of its own). Returns its StepResult."""
-    device, m = next(model.parameters()).device, ro.response_mask  # (B, T)
-    t1 = time.perf_counter()
-    model.train()  # the update begins: its forward is the scoring pass (layers checkpointed in train mode)
+    R, token_rewards, _ = tasks.rewards(task, tok, ro, answers, cfg.group_size)  # R (B,), r_t (B,T)
     # ---- score: the training forward pass, a micro-batch at a time (one block by default).
-    # One forward pass per step: when one optimizer step takes the whole batch in one block (the default), the
-    # scoring pass keeps its graph and the update's loss is built on it (a step with a second forward is
-    # slower: docs/cost.md); otherwise the scoring pass keeps no graph and the update runs its own.
-    one_pass = one_update_per_batch(cfg, len(m))
-    with torch.set_grad_enabled(one_pass):
-        blocks = torch.arange(len(m), device=device).split(cfg.micro_batch_rows or len(m))  # row indices
-        parts = [score_rows(model, cfg, ro, rows) for rows in blocks]
-    logp, sum_pi_sq, entropy = (torch.cat(x) for x in zip(*parts))  # (B, T) each
+    # One forward pass per step: when one optimizer step takes the whole batch in one block (the
+    # default), the scoring pass keeps its graph and the update's loss is built on it (a step with a
+    # second forward is slower: docs/cost.md); otherwise the scoring pass keeps no graph and the
+    # update runs its own. The update begins: train mode (its layers checkpointed, if asked).
+    model.train()
+    one_pass = one_update_per_batch(cfg, len(ro.response_mask))
+    logp, sum_pi_sq, entropy = score_batch(model, cfg, ro, keep_graph=one_pass)  # (B, T) each
     old_logp = logp.detach()  # log pi_old(y_t), (B, T)
-    # ---- estimate: the one line that differs between configurations
-    adv, _ = estimator(token_rewards=token_rewards, response_mask=m, group_index=ro.group_index,
-                       log_probs=old_logp, sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
-    t2 = time.perf_counter()
+    # ---- estimate: the one line that differs between configurations, A_t (B, T)
+    adv, _ = estimator(token_rewards=token_rewards.to(device), response_mask=ro.response_mask,
+                       group_index=ro.group_index, log_probs=old_logp, sum_pi_sq=sum_pi_sq)
     # ---- update
     norms, clip_frac, loss = policy_update(model, opt, cfg, ro, old_logp, adv, gen,
                                            logp=logp if one_pass else None)
-    seconds = (t_rollout, t2 - t1, time.perf_counter() - t2)  # rollout, score + estimate, update
-    return StepResult(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss, seconds)
+    return StepResult(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss)
+
+
+def score_batch(model, cfg, ro, keep_graph):
+    """The scoring pass over the whole batch, ``micro_batch_rows`` rows at a time (one block by
+    default): (logp, sum_pi_sq, entropy), (B, T) each. ``keep_graph``: logp keeps its graph (the
+    update's forward)."""
+    B = len(ro.response_mask)
+    with torch.set_grad_enabled(keep_graph):
+        rows = torch.arange(B, device=ro.response.device)  # row indices
+        blocks = rows.split(cfg.micro_batch_rows or B)
+        parts = [score_rows(model, cfg, ro, rows) for rows in blocks]
+    return tuple(torch.cat(x) for x in zip(*parts))  # (B, T) each
+
+
+def score_rows(model, cfg, ro, rows):
+    """rollout.score of the batch's rows ``rows`` in the step's precision (``autocast``):
+    (logp, sum_pi_sq, entropy), (b, T) each."""
+    with autocast(ro.response.device):
+        return rollout.score(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response[rows],
+                             ro.response_mask[rows], cfg.temperature, cfg.chunk_size)
 
 
 def policy_update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
-    """The policy-gradient step(s) on the loss L of the module docstring, identical for every estimator:
-    (grad norms, clip fraction, loss). ``logp``: the scoring pass's log-probs with their graph, the
-    forward of an update that takes the whole batch in one block (``one_update_per_batch``); None: each
-    block is scored again.
+    """The policy-gradient step(s) on the loss L of the module docstring, identical for every
+    estimator: (grad norms, clip fraction, loss). ``logp``: the scoring pass's log-probs with their
+    graph, the forward of an update that takes the whole batch in one block
+    (``one_update_per_batch``); None: each block is scored again.
 
-    Each minibatch is one optimizer step. Its rows go through the model ``micro_batch_rows`` at a time
-    (gradient accumulation): each block's loss is divided by the token count of the whole minibatch, so
-    the gradients that add up over the blocks are those of the minibatch's token mean, the same as one
-    pass over all its rows would give (tests/test_exact_memory.py)."""
+    Each minibatch is one optimizer step. Its rows go through the model ``micro_batch_rows`` at a
+    time (gradient accumulation): each block's loss is divided by the token count of the whole
+    minibatch, so the gradients that add up over the blocks are those of the minibatch's token mean,
+    the same as one pass over all its rows would give (tests/test_exact_memory.py)."""
     B = adv.shape[0]
     size = cfg.minibatch_size or B
     norms, clipped, losses = [], [], []
@@ -161,16 +172,19 @@ def policy_update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
             n_tokens = ro.response_mask[idx].sum()  # sum m over the whole minibatch
             opt.zero_grad(set_to_none=True)
             loss, n_clipped = 0.0, 0.0
-            for rows in idx.split(cfg.micro_batch_rows or len(idx)):  # one block without --micro-batch-rows
+            for rows in idx.split(cfg.micro_batch_rows or len(idx)):  # one block by default
                 m, a = ro.response_mask[rows], adv[rows]  # m_t, A_t, (b, T)
-                logp_mb = score_rows(model, cfg, ro, rows)[0] if logp is None else logp  # log pi(y_t), (b, T)
+                # log pi(y_t), (b, T): the scoring pass's, or this block's own forward
+                logp_mb = score_rows(model, cfg, ro, rows)[0] if logp is None else logp
                 rho = torch.exp(logp_mb - old_logp[rows])  # rho_t = pi / pi_old, (b, T)
-                surrogate = torch.minimum(rho * a, rho.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * a)
+                clipped_rho = rho.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)
+                surrogate = torch.minimum(rho * a, clipped_rho * a)
                 part = -(surrogate * m).sum() / n_tokens  # its share of the minibatch's token mean
                 part.backward()  # gradients add up over the blocks
                 loss += part.item()
                 n_clipped += (((rho - 1).abs() > cfg.clip_eps).float() * m).sum()
-            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item())
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            norms.append(norm.item())
             opt.step()
             clipped.append((n_clipped / n_tokens.clamp(min=1)).item())
             losses.append(loss)
@@ -189,67 +203,43 @@ class StepResult:
     norms: list  # gradient norm (before clipping) of each optimizer step
     clip_frac: float  # fraction of tokens whose PPO ratio was clipped
     loss: float
-    seconds: tuple  # (rollout, score + estimate, update) wall-clock seconds
-
-
-def score_rows(model, cfg, ro, rows):
-    """rollout.score of the batch's rows ``rows`` in the step's precision (``autocast``):
-    (logp, sum_pi_sq, entropy), (b, T) each."""
-    with autocast(ro.response.device):
-        return rollout.score(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response[rows],
-                             ro.response_mask[rows], cfg.temperature, cfg.chunk_size)
 
 
 def one_update_per_batch(cfg, batch):
-    """One optimizer step on the whole batch in one pass: the scoring pass's graph is then the update's."""
+    """One optimizer step on the whole batch in one pass: the scoring pass's graph is then the
+    update's."""
     one_block = (cfg.minibatch_size or batch) >= batch and (cfg.micro_batch_rows or batch) >= batch
     return cfg.ppo_epochs == 1 and one_block
 
 
 def autocast(device):
-    """bf16 autocast on a GPU (sampling and scoring; the weights stay float32, the sampler's LM head runs in
-    bf16, the scoring pass's in float32: rollout.score); full float32 on the CPU (and MPS)."""
+    """bf16 autocast on a GPU (sampling and scoring; the weights stay float32, the sampler's LM head
+    runs in bf16, the scoring pass's in float32: rollout.score); full float32 on the CPU (and
+    MPS)."""
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
 
-def checkpoint_layers(model):
-    """--activation-checkpointing, enabled once per model: in train mode (the update) each layer's
-    activations are recomputed in the backward instead of kept; eval mode (the rollout) is unchanged.
-    A model that has it already is left as it is (enabling again would retrace a compiled decode step)."""
-    kwargs = {"use_reentrant": False}  # the reentrant variant drops the gradients of inputs needing none
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers' newer name for it
-        if model.is_activation_checkpointing:
-            return
-        model.activation_checkpointing_enable(kwargs)
-    else:
-        if model.is_gradient_checkpointing:
-            return
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    # Enabling also hooks the input embeddings so that their output requires grad, which only reentrant
-    # checkpointing needs; the hook stops torch 2.11's dynamo tracing the compiled decode step. Removed.
-    model.disable_input_require_grads()
-
-
 def make_estimator(name, zero_tail):
-    """otb.ESTIMATORS[name]; --zero-tail turns otb and otb_tir into their zero-tail variants (verl's)."""
+    """otb.ESTIMATORS[name]; --zero-tail turns otb and otb_tir into their zero-tail variants
+    (verl's)."""
     return otb.ESTIMATORS[options.estimator_name(name, zero_tail)]
 
 
-# ===== The training loop (checkpoints, Ctrl-C and --resume: lab/runs.py) ===================================
+# ===== The training loop (checkpoints, Ctrl-C and --resume: lab/runs.py) ==========================
 
 def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None):
     """Run one configuration in run_dir (metrics.jsonl, checkpoint.pt, DONE); returns the metrics.
     resume: from run_dir's checkpoint. Ctrl-C finishes the step, saves and raises runs.Stopped.
-    keep_optimizer=False: the final checkpoint keeps the weights only (a comparison's). bar: makes the
-    progress bar from (cfg, first step) (default progress.Bar)."""
-    task = tasks.make_task(cfg)
+    keep_optimizer=False: the final checkpoint keeps the weights only (a comparison's). bar: makes
+    the progress bar from (cfg, first step) (default progress.Bar)."""
+    task = options.make_task(cfg)
     estimator = make_estimator(cfg.estimator, cfg.zero_tail)
-    if cfg.activation_checkpointing:
-        checkpoint_layers(model)  # main() did for its model; a comparison's next seed loads a fresh one
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sampler = options.sampler(cfg, model)  # the model, or its copy in --rollout-dtype
-    start, tokens, lengths, history = runs.load_checkpoint(run_dir, model, opt) if resume else (0, 0, [], [])
-    runs.write_metrics(run_dir, history)  # a resumed run drops the lines logged after its checkpoint
+    start, tokens, lengths, history = 0, 0, [], []
+    if resume:  # a resumed run drops the lines logged after its checkpoint
+        start, tokens, lengths, history = runs.load_checkpoint(run_dir, model, opt)
+    runs.write_metrics(run_dir, history)
     bar = (bar or progress.Bar)(cfg, start)
     schedule, saved_at = options.schedule_kwargs(cfg), -math.inf  # -inf: the first step saves
     with runs.StopOnCtrlC() as stop:
@@ -257,15 +247,16 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
             lr = cfg.lr * lr_schedule.lr_factor(cfg.lr_schedule, lengths, cfg.steps, **schedule)
             for group in opt.param_groups:
                 group["lr"] = lr  # a function of the earlier steps' mean lengths only
-            s = train_step(cfg, model, sampler, opt, task, tok, estimator, step)  # rollout -> update
+            t0 = time.perf_counter()
+            s = train_step(cfg, model, sampler, opt, task, tok, estimator, step)
             opt.zero_grad(set_to_none=True)  # the gradients are not held through the next rollout
-            t_log = time.perf_counter()
-            lengths.append(s.ro.response_mask.sum(-1).mean().item())  # L_i, the mean response length
+            t1 = time.perf_counter()
+            lengths.append(s.ro.response_mask.sum(-1).mean().item())  # L_i, the mean length
             tokens += int(s.ro.response_mask.sum().item())
             row = logbook.step_metrics(step, s, tokens, lr)
-            row["t_log"] = time.perf_counter() - t_log  # the diagnostics above (they must stay cheap)
+            row.update(t_step=t1 - t0, t_log=time.perf_counter() - t1)  # seconds: step, diagnostics
             history.append(row)
-            logbook.log(run_dir, cfg, bar, row, s, tok)  # metrics.jsonl, the bar, a line every --log-every
+            logbook.log(run_dir, cfg, bar, row, s, tok)  # metrics.jsonl, the bar, the log line
             last = step + 1 == cfg.steps or tokens >= (cfg.token_budget or math.inf)
             if last or stop.requested or time.monotonic() - saved_at >= 60 * cfg.checkpoint_minutes:
                 runs.save_checkpoint(run_dir, model, opt if keep_optimizer or not last else None,
@@ -283,17 +274,16 @@ def train(cfg, run_dir, model, tok, resume=False, keep_optimizer=True, bar=None)
 def main(argv=None):
     """Parse, load the model, then one run (--estimator) or a comparison (lab/compare.py)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    cfg, model, tok, folder, command, source = runs.start(argv, Config)  # checked; the header printed
-    if cfg.activation_checkpointing:
-        checkpoint_layers(model)  # once, before any rollout: a compiled decode step is traced once
-    gpu_comparison = cfg.preset != "cpu" and not cfg.estimator and not cfg.resume  # a GPU preset checks first
-    if cfg.preflight or gpu_comparison:
-        with runs.errors_exit():  # over the memory limit: one line naming the options, exit status 2
-            report = preflight.run(cfg, model, tok, folder, train_step, score_estimate_update, make_estimator)
+    # the options checked, the header printed, the model loaded, the run folder made
+    cfg, model, tok, folder, command, source = parse_options.start(argv, Config)
+    gpu_comparison = cfg.preset != "cpu" and not cfg.estimator and not cfg.resume  # checked first
+    if cfg.preflight or gpu_comparison:  # it measures this module's step (lab/ imports no command)
+        with runs.errors_exit():  # over the memory limit: one line naming the options, exit 2
+            report = preflight.run(cfg, model, tok, folder, sys.modules[__name__])
         if cfg.preflight:
             return report
     if cfg.estimator:  # a single run
-        with runs.ctrl_c_exits(folder, cfg.checkpoint_minutes):  # says how to resume; exit status 130
+        with runs.ctrl_c_exits(folder, cfg.checkpoint_minutes):  # says how to resume; exit 130
             (folder / "DONE").unlink(missing_ok=True)  # a finished run extended by a larger --steps
             history = train(cfg, folder, model, tok, resume=bool(cfg.resume))
         print(f"metrics: {folder / 'metrics.jsonl'}")

@@ -81,7 +81,7 @@ def main(argv=None):
         p.error(f"--pool {a.pool} must be a multiple of --group-size {a.group_size}")
     cfg = train.Config(task=a.task, horizon=a.horizon, seed=a.seed, warmup_target=a.warmup_target, out=a.cache)
     model, tok, source = options.load(cfg, torch.device("cpu"))
-    task = tasks.make_task(cfg)
+    task = options.make_task(cfg)
     prompts, answers = tasks.prompt_batch(task, tok, 20_000 + a.seed, 0, a.prompts)  # unseen by RL and the sweep
     per_prompt, info = measure(model, tok, task, cfg, prompts, answers, a.pool, a.group_size, a.seed)
     result = dict(command=cli.command("alignment_gap.py", argv), args=vars(a), machine=machine.info(),

@@ -44,7 +44,7 @@ import rollout  # noqa: E402
 import train  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.common import smollm2_shaped  # noqa: E402
-from lab import machine  # noqa: E402
+from lab import machine, models  # noqa: E402
 
 SHAPE = dict(vocab=49152, hidden=576, layers=30, heads=9, kv_heads=3, mlp=1536)
 PROMPT, RESPONSE, ROWS, GROUP = 45, 327, 128, 16  # the preset's group_mean:16 step
@@ -66,7 +66,7 @@ def one_update(rows, micro, chunk):
     """Child process: build, then one update as train_step makes it; returns the measurements."""
     before = preflight.resident()
     model = smollm2_shaped(layers=SHAPE["layers"])
-    train.checkpoint_layers(model)  # --activation-checkpointing, as train.py's setup enables it
+    models.checkpoint_layers(model)  # --activation-checkpointing, as options.load enables it
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     cfg = replace(train.Config(), chunk_size=chunk, activation_checkpointing=True, micro_batch_rows=micro,
                   temperature=0.7)
@@ -77,8 +77,8 @@ def one_update(rows, micro, chunk):
     R = (torch.rand(rows, generator=torch.Generator().manual_seed(1)) < 0.3).float()
     token_rewards = torch.zeros_like(ro.response_mask)
     token_rewards[:, -1] = R  # the outcome reward at the last token
-    train.score_estimate_update(cfg, model, opt, ro, R, token_rewards, otb.ESTIMATORS["group_mean"], torch.Generator())  # score,
-    # estimate, update: train_step after its rollout
+    preflight.score_estimate_update(train, cfg, model, opt, ro, token_rewards, otb.ESTIMATORS["group_mean"])  # score,
+    # estimate, update: train_step after its rollout, as the preflight measures it
     return dict(rows=rows, micro_batch_rows=micro, chunk_size=chunk, rss_before_model=before, rss_built=built,
                 peak_rss=preflight.resident("VmHWM"), seconds=round(time.time() - t0, 1),
                 params=sum(p.numel() for p in model.parameters()))

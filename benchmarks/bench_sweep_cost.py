@@ -72,7 +72,7 @@ def main(argv=None):
     model, tok, _ = options.load(cfg, torch.device("cpu"))
     model.eval()
     D = sum(p.numel() for p in model.parameters())
-    task = tasks.make_task(cfg)
+    task = options.make_task(cfg)
     prompts, answers = tasks.prompt_batch(task, tok, 10_000, 0, 1)
     t0 = time.perf_counter()
     pool, (_, rewards, _) = draw_pool(model, tok, task, prompts, answers, args.pool, 0, task.max_new_tokens(), 0.7)

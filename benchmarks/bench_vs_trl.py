@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import rollout  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
-from lab import options  # noqa: E402
+from lab import options, preflight  # noqa: E402
 from benchmarks import cli  # noqa: E402
 from benchmarks.cli import at_least, out_folder, parser  # noqa: E402
 from benchmarks.common import load_model  # noqa: E402  (float32, eval mode)
@@ -69,9 +69,9 @@ def setup(args):
     cfg = train.Config(estimator=args.estimator, seed=args.seed, prompts_per_step=args.prompts_per_step,
                        group_size=args.group_size, task=args.task, horizon=args.horizon,
                        max_new_tokens=args.max_new_tokens, out=str(ROOT / "runs"))
-    cfg.max_new_tokens = tasks.response_limit(cfg, tasks.make_task(cfg))  # explicit for TRL's config
+    cfg.max_new_tokens = tasks.response_limit(cfg, options.make_task(cfg))  # explicit for TRL's config
     _, tok, source = options.load(cfg, torch.device("cpu"))  # builds and caches the warm-up if needed
-    return source["path"], tok, tasks.make_task(cfg), cfg
+    return source["path"], tok, options.make_task(cfg), cfg
 
 
 def prompt_rows(tok, task, cfg, steps):
@@ -87,10 +87,20 @@ def prompt_rows(tok, task, cfg, steps):
 # ---- The project's side: one train.py step, through train.train_step itself
 
 def project_step(model, opt, tok, task, cfg, step):
-    """One train.train_step, as train.train runs it without its logging: phase times (s), success."""
+    """One train.train_step, as train.train runs it without its logging: phase times (s), success. The
+    phases end where the step calls score_batch (the rollout, rewards included, is done) and policy_update
+    (scoring and advantages are done), marked from outside the step (preflight.calls_first)."""
     estimator = train.make_estimator(cfg.estimator, cfg.zero_tail)
-    s = train.train_step(cfg, model, model, opt, task, tok, estimator, step)
-    return dict(zip(PHASES, s.seconds), step=sum(s.seconds), success=(s.R >= 1).float().mean().item())
+    ends = {}
+    t0 = time.perf_counter()
+    mark = lambda phase: lambda: ends.setdefault(phase, time.perf_counter())  # noqa: E731  (the first call)
+    with preflight.calls_first(train.train_step, train.score_batch, mark("rollout")), \
+            preflight.calls_first(train.train_step, train.policy_update, mark("score")):
+        s = train.train_step(cfg, model, model, opt, task, tok, estimator, step)
+    ends["update"] = time.perf_counter()
+    seconds = dict(rollout=ends["rollout"] - t0, score=ends["score"] - ends["rollout"],
+                   update=ends["update"] - ends["score"])
+    return dict(seconds, step=ends["update"] - t0, success=(s.R >= 1).float().mean().item())
 
 
 # ---- TRL's side: GRPOTrainer with its phases timed

@@ -6,15 +6,15 @@
     python benchmarks/gpu_probe.py --tiny --device cpu --prompts-per-step 2 --group-sizes 2,4 \\
         --max-new-tokens 8 --prompts 8 --rounds 1 --repeats 1  # a check of the probe itself on a CPU
 
-It runs the preset's own code (train.py's checkpoint_layers, train_step and score_rows, lab/fast_decode.py's
-sample, rollout.sample) with the settings of ``python train.py --preset gpu --estimator otb``: the count task,
-8 prompts a step, tau 0.7, the float32 head in chunks of 32, activation checkpointing, micro-batches of 32
-rows, the compiled decode step, bf16 autocast on CUDA. It prints each part as it ends and writes one JSON
+It runs the preset's own code (lab/models.py's checkpoint_layers, train.py's train_step and score_rows,
+lab/fast_decode.py's sample, rollout.sample) with the settings of ``python train.py --preset gpu --estimator
+otb``: the count task, 8 prompts a step, tau 0.7, the float32 head in chunks of 32, activation checkpointing,
+micro-batches of 32 rows, the compiled decode step, bf16 autocast on CUDA. It prints each part as it ends and writes one JSON
 file, gpu_probe-<UTC time>.json, rewritten after every part so that a window that closes early keeps what
 was done:
 
 1. the versions and the card (lab/machine.info; torch's CUDA and cuDNN);
-2. forward hooks on the input embeddings before and after train.checkpoint_layers, and at the end (0
+2. forward hooks on the input embeddings before and after models.checkpoint_layers, and at the end (0
    after: torch 2.11's dynamo cannot trace the hook that enabling checkpointing adds);
 3. per batch size (prompts x N for each N of --group-sizes; the preset's 32 and 128 rows): the first
    compiled rollout's seconds less a steady one's (compiling, and on CUDA recording the graph), cold or
@@ -228,19 +228,20 @@ def alternating(model, tok, cfg, task, sizes, rounds, device):
     before, steps, dtypes = fast_decode.compile_counts(), [], None
     for r in range(rounds):
         for g in sizes:
-            peaks = {}
+            peaks, ends = {}, {}
 
-            def rollout_done():  # train_step is entering learn: the rollout's peak is complete
-                peaks["rollout"] = preflight.peak(device)
+            def rollout_done():  # train_step's rollout has ended (it calls score_batch): its time and peak
+                ends["rollout"], peaks["rollout"] = time.perf_counter(), preflight.peak(device)
                 preflight.reset_peak(device)
             preflight.reset_peak(device)
-            with preflight.calls_first(train.train_step, train.score_estimate_update, rollout_done):
+            t0 = time.perf_counter()
+            with preflight.calls_first(train.train_step, train.score_batch, rollout_done):
                 s = train.train_step(replace(cfg, group_size=g), model, model, opt, task, tok, estimator, r)
-            peaks["learn"] = preflight.peak(device)
+            t_learn, peaks["learn"] = time.perf_counter() - ends["rollout"], preflight.peak(device)
             opt.zero_grad(set_to_none=True)  # as train.train: no gradients held through the next rollout
             m = s.ro.response_mask  # (B, T)
-            steps.append(dict(round=r, group_size=g, rows=len(m), seconds_rollout=s.seconds[0],
-                              decode_steps=s.ro.response.shape[1], seconds_learn=s.seconds[1] + s.seconds[2],
+            steps.append(dict(round=r, group_size=g, rows=len(m), seconds_rollout=ends["rollout"] - t0,
+                              decode_steps=s.ro.response.shape[1], seconds_learn=t_learn,
                               peak_bytes_rollout=peaks["rollout"], peak_bytes_learn=peaks["learn"],
                               success=(s.R >= 1).float().mean().item(), mean_response_length=m.sum(-1).mean().item()))
             dtypes = dict(log_pi=str(s.old_logp.dtype), sum_pi_sq=str(s.sum_pi_sq.dtype), advantage=str(s.adv.dtype))
@@ -337,7 +338,7 @@ def probe(args, argv, device, t_start, fresh):
              "--prompts-per-step", str(args.prompts_per_step)]
     flags += ["--max-new-tokens", str(args.max_new_tokens)] if args.max_new_tokens else []
     cfg = parse_options.parse(flags, train.Config, options.PRESETS)
-    task = tasks.make_task(cfg)
+    task = options.make_task(cfg)
     cfg = replace(cfg, max_new_tokens=tasks.response_limit(cfg, task))
     sizes = list(dict.fromkeys(args.group_sizes))
     name = f"gpu_probe-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
@@ -372,7 +373,7 @@ def probe(args, argv, device, t_start, fresh):
     emb = model.get_input_embeddings()
     hooks = lambda: len(emb._forward_hooks) + len(emb._forward_pre_hooks)  # noqa: E731
     record["hooks_on_embeddings"] = dict(before=hooks())
-    train.checkpoint_layers(model)  # as train.main, before any rollout
+    models.checkpoint_layers(model)  # as options.load enables it, before any rollout
     record["hooks_on_embeddings"]["after_checkpointing"] = hooks()
     save(f"2. hooks on the embeddings: {record['hooks_on_embeddings']}")
     record["compile"] = compiling(model, tok, cfg, task, sizes, args.repeats, device)  # 3

@@ -104,7 +104,7 @@ def main(argv=None):
     model, tok, source = hs.LOADED[(args.model, device)]
     save("load", dict(seconds=time.time() - started, weights=source.get("weights", source["path"])))
     started = time.time()
-    result = initial_success(model, tok, tasks.make_task(cfg), args.success_prompts, hs.SAMPLERS[decode]())
+    result = initial_success(model, tok, options.make_task(cfg), args.success_prompts, hs.SAMPLERS[decode]())
     save("success", dict(result, seconds=time.time() - started))
 
     # 3. the sweep, stopping early enough for the budget

@@ -199,7 +199,7 @@ def checkpoint(n, seed, args):
         if (args.model, device) not in LOADED:
             LOADED[(args.model, device)] = options.load(cfg, device)
         model, tok, source = LOADED[(args.model, device)]
-    return model, tok, tasks.make_task(cfg), cfg, source
+    return model, tok, options.make_task(cfg), cfg, source
 
 
 def measure_checkpoint(model, tok, task, cfg, args, seed, records, saved=lambda: None):
@@ -285,7 +285,7 @@ def projected_gpu_seconds(args, model, tok):
     D = sum(p.numel() for p in model.parameters())
     cells, rows = [], 0
     for n in args.horizons:
-        task = tasks.make_task(train.Config(task=args.task, horizon=n, model=args.model))
+        task = options.make_task(train.Config(task=args.task, horizon=n, model=args.model))
         prompts, _ = tasks.prompt_batch(task, tok, 10_000, 0, args.prompts)
         L, P = task.max_new_tokens(), max(map(len, prompts))
         calls = -(-args.prompts // (args.sample_prompts or args.prompts))

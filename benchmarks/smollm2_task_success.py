@@ -27,6 +27,7 @@ from lab import models  # noqa: E402
 import rollout  # noqa: E402
 from lab.analysis import stats  # noqa: E402
 import tasks  # noqa: E402
+from lab import options  # noqa: E402
 from benchmarks.cli import at_least, command, out_folder, parser, positive_float, write_json  # noqa: E402
 
 
@@ -44,7 +45,7 @@ def main(argv=None):
     p.add_argument("--out", type=out_folder, default=None,
                    help="folder for success.json (not written without it)")
     a = p.parse_args(argv)
-    task = tasks.TASKS[a.task]() if a.horizon is None else tasks.TASKS[a.task](horizon=a.horizon)
+    task = options.TASKS[a.task]() if a.horizon is None else options.TASKS[a.task](horizon=a.horizon)
     model, tok, source = models.load_model("smollm2", task, "cpu", max_new=task.max_new_tokens(), cache_dir=None)
     tool = task.tool(tok)
     t0, wins, lengths, counts = time.time(), [], [], {"calls": [], "errors": [], "cut": []}

@@ -4,12 +4,12 @@ The repository root holds the concepts (otb.py, toy_env.py, rollout.py, tasks.py
 the commands a reader runs (train.py, toy_harness.py, otb_trl.py). What only those files import lives
 here, so that following one training step never leads into it:
 
-    options       train.py's options: their fields and presets, what they mean, the model they name, the
-                  device; UsageError, the one-line error of a bad option
+    options       train.py's options: their fields and presets, what they mean (the tasks by name), the
+                  model they name, the device; UsageError, the one-line error of a bad option
     parse_options how a command line becomes those options: parsed, checked (output folders writable), or
-                  read back by --resume
-    runs          the run folder around training: config.json, provenance.json, checkpoints, metrics.jsonl,
-                  Ctrl-C / SIGTERM, --resume
+                  read back by --resume; train.py's start: the header, the model, the run folder
+    runs          the runs a command makes (a comparison's configurations, seeds, run names) and the run
+                  folder around training: config.json, checkpoints, metrics.jsonl, Ctrl-C / SIGTERM, --resume
     progress      what a run shows while it runs: its progress bar and a comparison's time left
     logbook       what a step logs: the metrics.jsonl row, the readable line, a run's summary row
     models        the tiny character-level Llama, its cached supervised warm-up, pretrained loading, weights

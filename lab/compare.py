@@ -60,7 +60,6 @@ from tqdm.auto import tqdm
 from lab import machine
 from lab import progress
 from lab.analysis import stats
-import tasks
 from lab import options
 from lab import runs
 from lab.logbook import moving_average, summarize  # a run's curve and its row of the table
@@ -158,15 +157,15 @@ def run_comparison(cfg, out, model, tok, command, source, train, bars=None):
     bars = bars or make_bars(cfg, out)
     init = weights(model)  # every run starts here
     histories = {}
-    for est, n in options.runs_of(cfg):
+    for est, n in runs.runs_of(cfg):
         sub = replace(cfg, estimator=est, group_size=n, compare=None)
-        run_dir = out / options.run_name(est, n, cfg.zero_tail)
+        run_dir = out / runs.run_name(est, n, cfg.zero_tail)
         history = run_one(sub, run_dir, model, init, tok, command, source, train, cfg.keep_weights,
                           bar=bars[(cfg.seed, est, n)])
         histories[run_dir.name] = (sub, history)
-        if len(histories) < len(options.runs_of(cfg)):  # the plot so far, redrawn as each one finishes
+        if len(histories) < len(runs.runs_of(cfg)):  # the plot so far, redrawn as each one finishes
             plot_runs(out / "compare.png", cfg, histories)
-            tqdm.write(f"plot: {out / 'compare.png'} ({len(histories)} of {len(options.runs_of(cfg))} "
+            tqdm.write(f"plot: {out / 'compare.png'} ({len(histories)} of {len(runs.runs_of(cfg))} "
                        "configurations so far)")
     return write_summary(out, cfg, histories)
 
@@ -199,7 +198,7 @@ def write_summary(out, cfg, histories):
     """compare.png, summary.json and summary.md of one seed's runs; returns the table's rows."""
     plot_runs(out / "compare.png", cfg, histories)
     rows = [summarize(sub, h) for sub, h in histories.values()]
-    (out / "summary.json").write_text(json.dumps(dict(config=options.applied(cfg), runs=rows, **runs.versions(),
+    (out / "summary.json").write_text(json.dumps(dict(config=runs.applied(cfg), runs=rows, **runs.versions(),
                                                       machine=machine.fingerprint(), provenance=machine.provenance()),
                                                  indent=1))  # machine and code: its numbers depend on both
     (out / "summary.md").write_text(summary_text(rows, {name: h for name, (_, h) in histories.items()},
@@ -311,8 +310,8 @@ def conclusion(names, histories, k=FINAL, budget=None):
 
 def title(cfg):
     """'tiny model, task reverse (horizon 8)': the model and the task as train.py's options name them."""
-    task = tasks.make_task(cfg)
-    name = next(k for k, v in tasks.TASKS.items() if type(task) is v)
+    task = options.make_task(cfg)
+    name = next(k for k, v in options.TASKS.items() if type(task) is v)
     return f"{cfg.model} model, task {name} (horizon {task.horizon})"
 
 
@@ -400,7 +399,7 @@ def verdict(p, who):
 
 def run_seeds(cfg, folder, model, tok, device, command, source, train):
     """Every configuration on every seed (a finished one is kept on --resume), then the analysis."""
-    seeds = options.seed_list(cfg)
+    seeds = runs.seed_list(cfg)
     init = weights(model)
     bars = make_bars(cfg, folder)  # "[k/K] seed s estimator N=n" over all the seeds
     for s in seeds:
@@ -415,10 +414,10 @@ def run_seeds(cfg, folder, model, tok, device, command, source, train):
 
 def analyse_seeds(cfg, folder):
     """Endpoints per run, the paired table and the figure, from the runs' metrics.jsonl files."""
-    seeds, configs, B = options.seed_list(cfg), options.runs_of(cfg), cfg.token_budget
+    seeds, configs, B = runs.seed_list(cfg), runs.runs_of(cfg), cfg.token_budget
     window = max(1, B // 10)
     names = [f"{est}:{n}" for est, n in configs]
-    histories = {f"{est}:{n}": {s: runs.read_jsonl(folder / f"seed{s}" / options.run_name(est, n, cfg.zero_tail)
+    histories = {f"{est}:{n}": {s: runs.read_jsonl(folder / f"seed{s}" / runs.run_name(est, n, cfg.zero_tail)
                                                        / "metrics.jsonl")
                                 for s in seeds} for est, n in configs}
     per_run = {c: {s: endpoints(h, cfg.steps, budget=B, window=window, target=cfg.target_success)  # final, auc, ...
@@ -435,7 +434,7 @@ def analyse_seeds(cfg, folder):
         p["verdict"] = verdict(p, names[0])
     (folder / "summary.md").write_text(seeds_table(cfg, names[0], rows, pairs, len(seeds)))
     (folder / "summary.json").write_text(json.dumps(dict(
-        config=options.applied(cfg), **runs.versions(), machine=machine.fingerprint(),
+        config=runs.applied(cfg), **runs.versions(), machine=machine.fingerprint(),
         provenance=machine.provenance(), budget=B, seeds=seeds,
         per_run=per_run, configs=rows, paired=pairs), indent=1))
     plot_seeds(histories, B, folder / "compare.png", f"{title(cfg)}, {len(seeds)} seeds")

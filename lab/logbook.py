@@ -2,10 +2,11 @@
 
 ``step_metrics`` turns the ``train.StepResult`` of one step into its row: success and reward, response
 length and tokens sampled, the loss and gradient norm, the advantage's mean and spread, the entropy,
-the forward-only noise diagnostics (lab/diagnostics.py), the sampler / trainer mismatch and the wall
-clock of each phase; ``log`` appends the row and prints the line whose columns train.py's ``--help``
-explains (options.LOG_COLUMNS), with one sampled response and its reward (``sample``, with
---show-samples), and with --report-to tensorboard also writes the row to TensorBoard (``Board``).
+the forward-only noise diagnostics (lab/diagnostics.py) and the sampler / trainer mismatch (train.py's
+loop adds the step's wall clock, ``TIME_KEYS``); ``log`` appends the row and prints the line whose
+columns train.py's ``--help`` explains (options.LOG_COLUMNS), with one sampled response and its reward
+(``sample``, with --show-samples), and with --report-to tensorboard also writes the row to TensorBoard
+(``Board``).
 """
 import json
 import math
@@ -13,10 +14,10 @@ import math
 import torch
 from tqdm.auto import tqdm
 
-from lab import diagnostics, options
+from lab import diagnostics, options, runs
 import tasks
 
-TIME_KEYS = ("t_rollout", "t_score", "t_update", "t_log")  # wall-clock metrics: never identical twice
+TIME_KEYS = ("t_step", "t_log")  # wall-clock seconds, timed by train.py's loop: never identical twice
 
 
 def step_metrics(step, s, tokens, lr):
@@ -34,7 +35,7 @@ def step_metrics(step, s, tokens, lr):
                 entropy=masked_mean(s.entropy, m), **diagnostics.noise_diagnostics(power, mean_g_sq),
                 mismatch_mean_abs=masked_mean(delta.abs(), m), mismatch_max_abs=delta.abs().max().item(),
                 mismatch_k3=masked_mean(torch.expm1(delta) - delta, m),  # KL(rollout || train)
-                **dict(zip(TIME_KEYS, s.seconds)), **tool_metrics(s.ro))
+                **tool_metrics(s.ro))
 
 
 def tool_metrics(ro):
@@ -61,7 +62,7 @@ def log(run_dir, cfg, bar, r, s=None, tok=None):
                    f"| len {r['response_len']:5.1f} | tokens {r['tokens']:7d} | gnorm {r['grad_norm']:6.3f} "
                    f"| adv {r['adv_mean']:+.3f}±{r['adv_std']:.3f} | H {r['entropy']:.3f} "
                    f"| power {r['total_power']:.3g} | mism {r['mismatch_mean_abs']:.1e} | lr {r['lr']:.1e} "
-                   f"| s {r['t_rollout']:.2f}/{r['t_score']:.2f}/{r['t_update']:.2f}/{r['t_log']:.2f}"
+                   f"| s {r['t_step']:.2f}/{r['t_log']:.2f}"
                    + (f" | tool {r['tool_calls']:.2f}/{r['tool_errors']:.2f}/{r['tool_cut']:.2f}"
                       if "tool_calls" in r else "") + (f" | sample {shown}" if shown else ""))
 
@@ -126,7 +127,7 @@ def summarize(cfg, history, k=10):
     reached = [r["tokens"] for r, s in zip(history, smooth) if s >= cfg.target_success]
     norms = [r["grad_norm"] for r in history]
     seconds = sum(v for r in history for key, v in r.items() if key.startswith("t_"))  # TIME_KEYS
-    return dict(run=options.run_name(cfg.estimator, cfg.group_size, cfg.zero_tail), estimator=cfg.estimator,
+    return dict(run=runs.run_name(cfg.estimator, cfg.group_size, cfg.zero_tail), estimator=cfg.estimator,
                 group_size=cfg.group_size, steps=len(history), tokens=history[-1]["tokens"],
                 initial_success=sum(success[:k]) / len(success[:k]),
                 final_success=sum(success[-k:]) / len(success[-k:]),

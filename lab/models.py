@@ -279,12 +279,14 @@ def smollm2_source():
     return list(spec.submodule_search_locations)[0], SMOLLM2_GGUF
 
 
-def load_model(name, task, device, *, max_new, cache_dir, tiny=None):
+def load_model(name, task, device, *, max_new, cache_dir, tiny=None, activation_checkpointing=False):
     """Model and tokenizer, always through from_pretrained. Returns (model, tokenizer, source).
 
     name: "tiny", "smollm2", a local folder or a Hugging Face hub id. cache_dir holds the tiny
     model's warm-up cache; tiny: keyword arguments of ``tiny_model_folder`` (hidden, layers, seed,
-    temperature, warmup_max_steps, warmup_target, progress).
+    temperature, warmup_max_steps, warmup_target, progress). activation_checkpointing: the model is
+    loaded with its layers checkpointed (``checkpoint_layers``), so every model a run or a comparison
+    loads has it from the start, before any rollout.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -310,7 +312,23 @@ def load_model(name, task, device, *, max_new, cache_dir, tiny=None):
     if isinstance(task, chat_tasks) and not tok.chat_template:
         raise ModelError(f"--task {type(task).__name__} needs a tokenizer with a chat template; "
                          f"{name} has none")
-    return without_dropout(model).to(device).eval(), tok, source
+    model = without_dropout(model).to(device).eval()
+    return (checkpoint_layers(model) if activation_checkpointing else model), tok, source
+
+
+def checkpoint_layers(model):
+    """--activation-checkpointing: in train mode (the update) each layer's activations are recomputed in
+    the backward instead of kept; eval mode (the rollout) is unchanged. ``load_model`` enables it once per
+    model, as it loads it (enabled again after a rollout, it would retrace a compiled decode step)."""
+    kwargs = {"use_reentrant": False}  # the reentrant variant drops the gradients of inputs needing none
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers' newer name for it
+        model.activation_checkpointing_enable(kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    # Enabling also hooks the input embeddings so that their output requires grad, which only reentrant
+    # checkpointing needs; the hook stops torch 2.11's dynamo tracing the compiled decode step. Removed.
+    model.disable_input_require_grads()
+    return model
 
 
 def without_dropout(model):

@@ -9,17 +9,17 @@ run folder), each field with its help string, which HfArgumentParser turns into 
     cfg = parse_options.parse(argv, Config, PRESETS)    # the options, checked; --resume: the stored ones
     model, tok, source = options.load(cfg, device)
 
-The rest: what options mean where train.py needs them (the settings a run or a comparison applies,
-the configurations of a comparison, their run names, the seeds, the pilot's rates, the schedule's
-arguments), the model and the device they name (``pick_device``; on CUDA, the plain decode loop's
-attention kernel, ``plain_loop_attention``), and reading a checkpoint's step for --resume. A value
-the user can fix is a ``UsageError``, which lab/runs.py's ``errors_exit`` prints as one line with
-exit status 2 (benchmarks/cli.py uses it too).
-The run folder itself (config.json, checkpoints, Ctrl-C, bars) is lab/runs.py.
+The rest: what options mean where train.py needs them (the task of --task, ``TASKS`` and
+``make_task``; the estimator of --zero-tail; the pilot's rates, the schedule's arguments), and the
+model and the device they name (``load``, ``pick_device``; on CUDA, the plain decode loop's attention
+kernel, ``plain_loop_attention``). A value the user can fix is a ``UsageError``, which lab/runs.py's
+``errors_exit`` prints as one line with exit status 2 (benchmarks/cli.py uses it too). The runs a
+command makes (a comparison's configurations, the seeds, run names, the settings a run applies, its
+checkpoints) are lab/runs.py's.
 """
 import copy
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -29,7 +29,7 @@ from lab.lr_schedule import SCHEDULES  # the choices of the Options field that s
 from lab import models
 import otb
 import tasks
-from toy_env import arg  # a dataclass field with its --help text, as the toy's config declares its own
+import tool_use
 
 DEFAULT_COMPARE = "otb:4,group_mean:4,grpo:4,rloo:4,group_mean:16"
 RUN_ONLY = ("estimator", "group_size")  # a comparison takes these from --compare
@@ -37,6 +37,11 @@ COMPARISON_ONLY = ("compare", "seeds", "results_dir", "keep_weights", "lr_pilot"
                    "lr_pilot_budget")  # a single run (--estimator) has none of these
 RESUMABLE = ("steps", "log_every", "checkpoint_minutes", "device", "show_samples", "no_progress",
              "report_to")  # the options a resume may change (--help and the error name these)
+
+
+def arg(default, help):
+    """A dataclass field with its --help text (HfArgumentParser reads ``help`` from its metadata)."""
+    return field(default=default, metadata={"help": help})
 
 
 def flag(name):
@@ -49,7 +54,7 @@ LOG_COLUMNS = """columns of the log line, [estimator N=group size] step k, then:
   adv      mean ± std of the advantages A_t over valid tokens
   H        mean entropy per token (nats)                     power   total_power, proxy of mean ||g||^2
   mism     mean |log pi_train - log pi_rollout| per token    lr      learning rate of the step
-  s        seconds spent in rollout / score / update / logging diagnostics (metrics.jsonl: every metric)
+  s        seconds spent in the step (rollout to update) / logging diagnostics (metrics.jsonl: every metric)
   tool     (a task with a tool) calls / error replies per response / fraction with a reply cut off
   sample   (--show-samples) the step's first response: "prompt" -> "response" R=its reward"""
 
@@ -197,45 +202,23 @@ def plain_loop_attention(cfg, device):
 # What the options mean
 # =====================================================================================
 
-def applied(cfg):
-    """The settings a run or a comparison uses (config.json, summary.json): a comparison has no
-    estimator or group size of its own (--compare gives them), a run no comparison options."""
-    return {k: v for k, v in asdict(cfg).items() if k not in (COMPARISON_ONLY if cfg.estimator else RUN_ONLY)}
+# --task: the tasks by name (tasks.py's single-turn ones, tool_use.py's with a tool)
+TASKS = {"reverse": tasks.ReverseTask, "periodic": tasks.PeriodicTask, "arithmetic": tasks.ArithmeticTask,
+         "calculator": tool_use.CalculatorTask, "factors": tool_use.FactorsTask, "count": tasks.CountTask,
+         "chat_calculator": tool_use.ChatCalculatorTask}
+
+
+def make_task(cfg):
+    """The task of a train.py Config: --task (default reverse for the tiny model, arithmetic
+    otherwise) at --horizon (default: the task's own)."""
+    name = cfg.task or ("reverse" if cfg.model == "tiny" else "arithmetic")
+    return TASKS[name]() if cfg.horizon is None else TASKS[name](horizon=cfg.horizon)
 
 
 def estimator_name(est, zero_tail=False):
     """The estimator that runs: --zero-tail turns otb and otb_tir into otb_zero_tail and
     otb_tir_zero_tail (verl's); every other estimator is itself."""
     return f"{est}_zero_tail" if zero_tail and f"{est}_zero_tail" in otb.ESTIMATORS else est
-
-
-def run_name(est, n, zero_tail=False):
-    """A run's folder and label, '<estimator>-n<N>', named by the estimator that runs."""
-    return f"{estimator_name(est, zero_tail)}-n{n}"
-
-
-def runs_of(cfg):
-    """[(estimator, group size)]: one run, or the configurations of the comparison."""
-    if cfg.estimator:
-        return [(cfg.estimator, cfg.group_size)]
-    runs = []
-    for item in (cfg.compare or DEFAULT_COMPARE).split(","):
-        est, _, n = item.strip().partition(":")
-        if est not in otb.ESTIMATORS or not n.isdigit():
-            raise UsageError(f"--compare: bad entry {item!r}, expected estimator:group_size with "
-                             f"estimator in {sorted(otb.ESTIMATORS)}")
-        runs.append((est, int(n)))
-    if len(set(runs)) < len(runs):
-        raise UsageError(f"--compare: duplicate entries in {cfg.compare!r}")
-    return runs
-
-
-def seed_list(cfg):
-    """The seeds of a --seeds comparison, as ints."""
-    items = [x.strip() for x in cfg.seeds.split(",")]
-    if not all(x.lstrip("-").isdigit() for x in items) or len(set(items)) < len(items):
-        raise UsageError(f"--seeds {cfg.seeds!r}: expected distinct integers separated by commas, e.g. 0,1,2")
-    return [int(x) for x in items]
 
 
 def pilot_rates(cfg):
@@ -297,8 +280,9 @@ def check_device(cfg, device):
 
 
 def load(cfg, device):
-    """(model, tokenizer, source) for cfg; a problem the user can fix is a UsageError."""
-    task = tasks.make_task(cfg)
+    """(model, tokenizer, source) for cfg, its layers checkpointed with --activation-checkpointing (every
+    model a run or comparison trains is loaded here); a problem the user can fix is a UsageError."""
+    task = make_task(cfg)
     tiny = dict(tiny_settings(cfg), progress=not cfg.no_progress)
     check_device(cfg, device)
     if cfg.preset in GPU_PRESETS and device.type != "cuda":
@@ -307,25 +291,7 @@ def load(cfg, device):
               file=sys.stderr, flush=True)
     try:
         return models.load_model(cfg.model, task, device, max_new=tasks.response_limit(cfg, task),
-                                 cache_dir=Path(cfg.out) / "_cache", tiny=tiny)
+                                 cache_dir=Path(cfg.out) / "_cache", tiny=tiny,
+                                 activation_checkpointing=cfg.activation_checkpointing)
     except models.ModelError as e:
         raise UsageError(str(e)) from None
-
-
-# =====================================================================================
-# Reading a checkpoint: its step for --resume, its contents for lab/runs.py (which saves it)
-# =====================================================================================
-
-def checkpoint_step(path, single=False):
-    """The step a checkpoint was saved after (memory-mapped: its tensors are not read)."""
-    return read_checkpoint(path, single, mmap=True)["step"]
-
-
-def read_checkpoint(path, single=False, mmap=False):
-    """torch.load of checkpoint.pt; a truncated or damaged file is a UsageError saying what to do."""
-    try:
-        return torch.load(path, weights_only=True, mmap=mmap)
-    except Exception:  # a truncated zip, a damaged pickle...: which one does not change the remedy
-        remedy = (f"start the run again (its command is in {Path(path).parent / 'config.json'})" if single
-                  else f"delete {path} to restart this configuration")
-        raise UsageError(f"checkpoint unreadable: {remedy}") from None

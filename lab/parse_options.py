@@ -1,7 +1,10 @@
-"""How a command line becomes train.py's options: parsed, then checked before anything is created.
+"""How a command line becomes train.py's options, parsed and checked before anything is created, and
+how train.py starts from them.
 
 lab/options.py says what the options are (``Options``, ``PRESETS``) and what they mean; this file
-turns argv into a checked Config. lab/runs.py's ``start`` calls it first:
+turns argv into a checked Config. train.py's ``main`` begins with ``start``: the options parsed and
+checked, then the device, the header, the model loaded (``options.load``) and the run folder made
+(lab/runs.py). Its first line is
 
     cfg = parse_options.parse(argv, Config, PRESETS, epilog=LOG_COLUMNS)
 
@@ -24,15 +27,20 @@ import json
 import math
 import os
 import re
+import shlex
+import sys
 import tempfile
 from dataclasses import fields, replace
 from pathlib import Path
 
+import torch
 from transformers import HfArgumentParser
 
-from lab import lr_schedule
-from lab.options import (RESUMABLE, UsageError, checkpoint_step, flag, pilot_rates, runs_of, schedule_kwargs,
-                         seed_list)
+from lab import lr_schedule, machine, models, progress
+from lab.options import (LOG_COLUMNS, PRESETS, RESUMABLE, TASKS, UsageError, check_device, flag, for_device, load,
+                         make_task, pick_device, pilot_rates, plain_loop_attention, schedule_kwargs, tiny_settings)
+from lab.runs import (checkpoint_step, errors_exit, finished, resume_plan, run_folder, runs_of, seed_list,
+                      write_config)
 import otb
 import tasks
 
@@ -42,6 +50,99 @@ AT_LEAST_1 = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "tiny_lay
               "token_budget", "lr_pilot_budget")
 POSITIVE = ("lr", "temperature", "clip_eps", "max_grad_norm", "memory_limit")
 NOT_NEGATIVE = ("weight_decay", "warmup_max_steps", "checkpoint_minutes")
+
+
+# =====================================================================================
+# Starting train.py: the options, the header, the model, the run folder
+# =====================================================================================
+
+def start(argv, config):
+    """(cfg, model, tokenizer, folder, command, source) of train.py's command line: the options parsed
+    and checked (a bad one: one line, exit status 2, nothing created), the header printed first, the
+    model loaded (lab/models.py builds, warms up or reads it), and the run folder with its config.json and
+    provenance.json (the code, recorded before anything slow, as the process has imported it).
+    Resuming a finished comparison says so and exits (status 0) without touching it."""
+    command = ("python train.py " + shlex.join(argv)).strip()
+    code = machine.code_record()  # the code this process imported: its commit and uncommitted changes
+    with errors_exit(command):
+        cfg = parse(argv, config, PRESETS, epilog=LOG_COLUMNS)  # --resume: the stored options
+        if cfg.resume and finished(cfg, Path(cfg.resume)):
+            print(f"train.py: {cfg.resume} is finished: all its configurations ran (table: "
+                  f"{Path(cfg.resume) / 'summary.md'}, plot: {Path(cfg.resume) / 'compare.png'}); nothing to resume")
+            sys.exit(0)
+        plan = resume_plan(cfg, cfg.resume) if cfg.resume else ""  # what is kept, continued, redone
+        device = pick_device(cfg.device)
+        check_device(cfg, device)  # a GPU preset without a GPU stops here, before the header
+        cfg = for_device(cfg, device, given_options(argv))
+        plain_loop_attention(cfg, device)  # CUDA without --compile-decode: no cuDNN attention
+        folder, stored = run_folder(cfg, command)  # a new folder, or --resume's (and its first command)
+        print(header(cfg, folder, command, device), flush=True)
+        cache = tiny_cache_folder(cfg)
+        warms_up = cache is not None and not (cache / "warmup.json").exists()
+        model, tok, source = load(cfg, device)
+        if warms_up:  # where it stopped (its bar is gone where stderr is no terminal)
+            info = json.loads((cache / "warmup.json").read_text())
+            stop = (f"stopped at step {info['history'][-1][0]} with sampled success {info['history'][-1][1]:.2f}"
+                    if info["history"] else "none asked (--warmup-max-steps 0)")
+            print(f"warm-up: {stop} in {info['seconds']:.0f} s; cached in {cache}", flush=True)
+        n_params = sum(p.numel() for p in model.parameters())
+        print(f"model: {n_params / 1e6:.2f}M parameters\n{plan}\n{LOG_COLUMNS}".replace("\n\n", "\n"),
+              flush=True)  # what each column of the log line means
+        write_config(folder, cfg, stored, source)
+        machine.record_code(folder, code)  # provenance.json (and code.diff): what a study checks its runs by
+    return cfg, model, tok, folder, stored, source
+
+
+def header(cfg, folder, command, device):
+    """What a run or comparison is about to do, printed before anything slow: the command, the output
+    folder, the model (and whether its warm-up comes from the cache), the task, the runs, the steps, the
+    learning rate and the device."""
+    task = make_task(cfg)
+    task_name = next(k for k, v in TASKS.items() if type(task) is v)
+    runs = ", ".join(f"{est} N={n}" for est, n in runs_of(cfg))
+    if cfg.seeds:
+        runs += f", on seeds {cfg.seeds} (token budget {cfg.token_budget:,} each)"
+    lr = (f"chosen by the learning-rate pilot among {cfg.lr_pilot}" if cfg.lr_pilot
+          else f"{cfg.lr:g}") + f" ({cfg.lr_schedule} schedule)"
+    budget = f", or until {cfg.token_budget:,} response tokens" if cfg.token_budget and not cfg.seeds else ""
+    threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
+    folder_of_cache = tiny_cache_folder(cfg)
+    warm_up_runs = folder_of_cache is not None and not (folder_of_cache / "warmup.json").exists()
+    took = progress.estimate(cfg, runs_of(cfg), tasks.response_limit(cfg, task), warm_up_runs) \
+        if device.type == "cpu" else None
+    return "\n".join([
+        command,
+        f"  output  {folder}" + ("  (resumed)" if cfg.resume else ""),
+        f"  model   {cfg.model}" + warm_up_state(cfg),
+        f"  task    {task_name} (horizon {task.horizon})",
+        f"  runs    {runs}" + ("" if cfg.estimator else f"  ({len(runs_of(cfg))} configurations, one after another)"),
+        f"  steps   {cfg.steps}{budget}, {cfg.prompts_per_step} prompts x N responses each; seed {cfg.seed}",
+        f"  lr      {lr}",
+        f"  device  {device}{threads}"] + ([f"  time    {took}; the bar (in a log: a line every 30 s) "
+                                            "gives the time left"] if took else []))
+
+
+def warm_up_state(cfg):
+    """'' for a pretrained model; for the tiny one, whether its warm-up comes from the cache, goes on from
+    an interrupted one, or runs now (and where it is cached)."""
+    folder = tiny_cache_folder(cfg)
+    if folder is None:
+        return ""
+    if (folder / "warmup.json").exists():
+        return f"; warm-up: from the cache ({folder})"
+    if folder.with_name(folder.name + ".warm-up.pt").exists():
+        return f"; warm-up: goes on from its last saved check, then cached in {folder}"
+    return (f"; warm-up: runs now (to sampled success {cfg.warmup_target}, at most {cfg.warmup_max_steps} steps), "
+            f"then cached in {folder}")
+
+
+def tiny_cache_folder(cfg):
+    """Where the tiny model of cfg is cached (models.tiny_cache); None for a pretrained model."""
+    if cfg.model != "tiny":
+        return None
+    task = make_task(cfg)
+    return models.tiny_cache(Path(cfg.out) / "_cache", task, max_new=tasks.response_limit(cfg, task),
+                             **tiny_settings(cfg))[0]
 
 
 # =====================================================================================
@@ -216,7 +317,7 @@ def check(cfg):
     except ValueError as e:  # e.g. "floor=2.0 is invalid: ..." -> --lr-floor
         raise UsageError(f"{flag('lr_' + str(e).split('=')[0])}: {e}") from None
     try:
-        limit = tasks.response_limit(cfg, tasks.make_task(cfg))
+        limit = tasks.response_limit(cfg, make_task(cfg))
     except ValueError as e:  # a horizon the task cannot draw
         raise UsageError(f"--horizon {cfg.horizon}: {e}") from None
     if cfg.model == "tiny" and limit > 480:
@@ -248,7 +349,8 @@ def check_lr_pilot(cfg):
         raise UsageError(f"--lr-pilot-run {cfg.lr_pilot_run!r}: expected estimator:group_size (a group baseline "
                          f"with group size >= 2), estimator in {sorted(otb.ESTIMATORS)}")
     if not (cfg.lr_pilot_budget or cfg.token_budget):
-        raise UsageError("--lr-pilot needs --lr-pilot-budget or --token-budget (the pilot's default is a quarter of it)")
+        raise UsageError("--lr-pilot needs --lr-pilot-budget or --token-budget (the pilot's default is a "
+                         "quarter of it)")
     if cfg.seeds and cfg.lr_pilot_seed in seed_list(cfg):
         raise UsageError(f"--lr-pilot-seed {cfg.lr_pilot_seed} is one of --seeds {cfg.seeds}: the rate would be "
                          "chosen on a seed the comparison then reports")

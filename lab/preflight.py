@@ -7,9 +7,9 @@ the whole run will need.
 A comparison's largest configuration is the one with the most rows per step (``group_mean:16``:
 8 prompts x 16 = 128 rows). The preflight runs, with every memory option of the command line:
 
-1. **the worst case for memory**: score, estimate and update (train.py's learn) on the step's real
-   prompts with fabricated responses of the full response limit (random tokens, every position
-   valid), since training may well make responses that long;
+1. **the worst case for memory**: score, estimate and update (``score_estimate_update``: train_step's
+   calls after its rollout) on the step's real prompts with fabricated responses of the full response
+   limit (random tokens, every position valid), since training may well make responses that long;
 2. **one real step per batch size** of the plan (prompts x N for every N a configuration or the pilot
    uses; train.py's train_step: sampling, then the same update), smallest first, each from the initial
    weights and a fresh optimizer, as training's first step, for its time and its response length: a
@@ -21,7 +21,8 @@ A comparison's largest configuration is the one with the most rows per step (``g
    hit, so they came from this machine's cache folder).
 
 It reports the peak memory of each phase (the full-length update; the real steps' rollouts and their
-score and update, split where train_step enters learn, the largest over the batch sizes; CUDA:
+score and update, split where train_step's rollout ends and it calls score_batch (``calls_first``),
+the largest over the batch sizes; CUDA:
 ``torch.cuda.max_memory_allocated``; CPU on Linux: the process's resident peak, VmHWM), the seconds per
 step of each batch size, the largest configuration's success and sampler / trainer mismatch (what
 training starts from on this device, in its precision), and a projection for the whole run:
@@ -63,7 +64,7 @@ import torch
 
 import rollout
 import tasks
-from lab import compare, fast_decode, options
+from lab import compare, fast_decode, options, runs
 from lab.analysis import stats
 
 GB = 1e9
@@ -71,7 +72,7 @@ GB = 1e9
 
 def largest(cfg):
     """(estimator, group size) of the configuration with the most rows per step."""
-    return max(options.runs_of(cfg), key=lambda run: run[1])
+    return max(runs.runs_of(cfg), key=lambda run: run[1])
 
 
 def reset_peak(device):
@@ -128,31 +129,34 @@ def full_length_batch(prompts, group_size, length, vocab, pad_id, device):
 def batch_sizes(cfg):
     """{group size N: estimator} of every batch size (prompts x N) the run samples, the pilot's included,
     each with the first configuration of that size (the one whose step the preflight times)."""
-    runs = options.runs_of(cfg)
+    configs = runs.runs_of(cfg)
     if cfg.lr_pilot:
         e, _, g = cfg.lr_pilot_run.partition(":")
-        runs = [(e, int(g))] + runs
+        configs = [(e, int(g))] + configs
     sizes = {}
-    for e, g in runs:
+    for e, g in configs:
         sizes.setdefault(g, e)
     return sizes
 
 
-def run(cfg, model, tok, folder, train_step, learn, make_estimator):
+def run(cfg, model, tok, folder, train):
     """Measure, project, write folder/preflight.json, print; UsageError (one line naming the phase) when
-    a phase runs out of memory or peaks over the limit. train_step, learn and make_estimator are train.py's."""
+    a phase runs out of memory or peaks over the limit. ``train``: train.py itself, whose step is measured
+    (lab/ imports no command: train.main passes its module)."""
     device = next(model.parameters()).device
     memory_limit = cfg.memory_limit * GB if cfg.memory_limit else device_memory(device)  # before we allocate
     est, n = largest(cfg)
     sub = replace(cfg, estimator=est, group_size=n, compare=None, seeds=None)
-    task = tasks.make_task(cfg)
+    task = options.make_task(cfg)
     init = compare.weights(model)  # restored at the end
     limit = tasks.response_limit(cfg, task)
     rows = cfg.prompts_per_step * n
     folder.mkdir(parents=True, exist_ok=True)
     peaks, phase, measured, t_full, save = {}, ["learn"], {}, None, None  # phase: where an out-of-memory error lands
+    rollout_end = [None]  # when train_step's rollout ended (its call of score_batch)
 
-    def rollout_done():  # train_step is entering learn: the rollout's peak is complete
+    def rollout_done():  # train_step's rollout has ended: its time and peak are complete
+        rollout_end[0] = time.perf_counter()
         peaks["rollout"], phase[0] = max(peaks.get("rollout") or 0, peak(device) or 0) or None, "learn"
         reset_peak(device)
 
@@ -165,34 +169,36 @@ def run(cfg, model, tok, folder, train_step, learn, make_estimator):
         ro, R, token_rewards = full_length_batch(prompts, n, limit, len(tok), tok.pad_token_id, device)
         reset_peak(device)
         t0 = time.perf_counter()
-        learn(sub, model, opt, ro, R, token_rewards, make_estimator(est, cfg.zero_tail),
-              torch.Generator().manual_seed(0))
+        score_estimate_update(train, sub, model, opt, ro, token_rewards, train.make_estimator(est, cfg.zero_tail))
         peaks["learn_full_length"], t_full = peak(device), time.perf_counter() - t0
         model.zero_grad(set_to_none=True)  # as in training: no gradients held through the rollout
-        del ro, token_rewards, opt
+        del ro, R, token_rewards, opt
         # 2. one real step per batch size, smallest first (the largest then holds the others' static caches, as
         # in the run), each from the initial weights and a fresh optimizer as training's first step: its time,
         # response length, success and mismatch; a peak per phase
         sampler = options.sampler(cfg, model)
         for g, e in sorted(batch_sizes(cfg).items()):
-            step_cfg, estimator = replace(sub, estimator=e, group_size=g), make_estimator(e, cfg.zero_tail)
+            step_cfg, estimator = replace(sub, estimator=e, group_size=g), train.make_estimator(e, cfg.zero_tail)
             model.load_state_dict(init)
             phase[0] = "rollout"
             compiled, t_first = None, None
-            with calls_first(train_step, learn, rollout_done):
+            with calls_first(train.train_step, train.score_batch, rollout_done):
                 if cfg.compile_decode:  # the first step of a shape compiles its decode step (CUDA: and records
                     before = fast_decode.compile_counts()  # its graph): untimed
-                    first = train_step(step_cfg, model, sampler, adamw(), task, tok, estimator, 0)
-                    compiled, t_first = fast_decode.compiled_since(before), first.seconds[0]
+                    t0 = time.perf_counter()
+                    first = train.train_step(step_cfg, model, sampler, adamw(), task, tok, estimator, 0)
+                    compiled, t_first = fast_decode.compiled_since(before), rollout_end[0] - t0  # its rollout
                     del first
                     model.zero_grad(set_to_none=True)
                     model.load_state_dict(init)
                     phase[0] = "rollout"
                 opt = adamw()
                 reset_peak(device)
-                s = train_step(step_cfg, model, sampler, opt, task, tok, estimator, 0)
+                t0 = time.perf_counter()
+                s = train.train_step(step_cfg, model, sampler, opt, task, tok, estimator, 0)
+                seconds = (rollout_end[0] - t0, time.perf_counter() - rollout_end[0])  # rollout, score + update
             peaks["learn"] = max(peaks.get("learn") or 0, peak(device) or 0) or None
-            measured[g] = step_record(s, f"{e}:{g}", compiled, t_first)
+            measured[g] = step_record(s, seconds, f"{e}:{g}", compiled, t_first)
             model.zero_grad(set_to_none=True)
             if g == n:
                 save = time_save(folder / "preflight_checkpoint.pt", model, opt)
@@ -214,42 +220,59 @@ def run(cfg, model, tok, folder, train_step, learn, make_estimator):
     return report
 
 
-def step_record(s, run, compiled=None, t_first=None):
+def step_record(s, seconds, run, compiled=None, t_first=None):
     """What the projection takes from one real step (train.py's StepResult ``s`` of the configuration
-    ``run``), as plain numbers: its mean response length L, rollout and learn (score, estimate, update)
-    seconds, decode steps, success and sampler / trainer mismatch; with ``--compile-decode``, ``compiled``
-    (fast_decode.compiled_since over the untimed first step) and that step's rollout seconds ``t_first``."""
+    ``run``, and its ``seconds``: (rollout, learn: score, estimate, update)), as plain numbers: its mean
+    response length L, rollout and learn seconds, decode steps, success and sampler / trainer mismatch; with
+    ``--compile-decode``, ``compiled`` (fast_decode.compiled_since over the untimed first step) and that
+    step's rollout seconds ``t_first``."""
     m = s.ro.response_mask  # (B, T)
     delta = ((s.old_logp - s.ro.logp) * m).abs()  # |log pi_train - log pi_rollout|, (B, T)
     decode_steps = s.ro.response.shape[1]  # positions the step sampled: one decode step each
-    record = dict(run=run, rows=len(m), mean_response_length=m.sum(-1).mean().item(), seconds_rollout=s.seconds[0],
-                  seconds_score_update=s.seconds[1] + s.seconds[2], decode_steps=decode_steps,
-                  seconds_per_decode_step=s.seconds[0] / max(decode_steps, 1), success=(s.R >= 1).float().mean().item(),
+    record = dict(run=run, rows=len(m), mean_response_length=m.sum(-1).mean().item(), seconds_rollout=seconds[0],
+                  seconds_score_update=seconds[1], decode_steps=decode_steps,
+                  seconds_per_decode_step=seconds[0] / max(decode_steps, 1), success=(s.R >= 1).float().mean().item(),
                   mismatch_mean_abs=(delta.sum() / m.sum().clamp(min=1)).item(), mismatch_max_abs=delta.max().item(),
                   seconds_compile=None, compile_cache=None, compiled=compiled)
     if compiled is not None:  # the untimed rollout less the timed one: compiling (CUDA: and recording the graph)
-        record.update(seconds_compile=max(0.0, t_first - s.seconds[0]), compile_cache=compiled["cache"])
+        record.update(seconds_compile=max(0.0, t_first - seconds[0]), compile_cache=compiled["cache"])
     return record
 
 
-class calls_first:
-    """Within the block, train_step's call of ``learn`` first calls ``hook()``: the preflight learns
-    where the rollout ends without a second copy of train_step. (train_step finds learn among its
-    module's globals; the block puts a wrapper there and puts learn back on leaving.)"""
+def score_estimate_update(train, cfg, model, opt, ro, token_rewards, estimator):
+    """train.py's train_step after its rollout, on a batch of the preflight's own (``full_length_batch``):
+    the step's calls in its order, score (``score_batch``) -> estimate -> update (``policy_update``).
+    tests/test_inputs_preflight.py checks that on the step's own batch it updates the weights as the step
+    does. ``train``: train.py's module; the update's minibatch order (if any) from a fixed seed."""
+    model.train()
+    one_pass = train.one_update_per_batch(cfg, len(ro.response_mask))
+    logp, sum_pi_sq, _ = train.score_batch(model, cfg, ro, keep_graph=one_pass)  # (B, T) each
+    old_logp = logp.detach()
+    adv, _ = estimator(token_rewards=token_rewards, response_mask=ro.response_mask, group_index=ro.group_index,
+                       log_probs=old_logp, sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
+    train.policy_update(model, opt, cfg, ro, old_logp, adv, torch.Generator().manual_seed(0),
+                        logp=logp if one_pass else None)
 
-    def __init__(self, train_step, learn, hook):
-        self.names, self.name, self.learn = train_step.__globals__, learn.__name__, learn
+
+class calls_first:
+    """Within the block, train_step's call of ``fn`` (one of its module's functions) first calls
+    ``hook()``: the preflight learns where a phase of the step ends (its rollout: the call of
+    score_batch) without a second copy of train_step. (train_step finds fn among its module's globals;
+    the block puts a wrapper there and puts fn back on leaving.)"""
+
+    def __init__(self, train_step, fn, hook):
+        self.names, self.name, self.fn = train_step.__globals__, fn.__name__, fn
 
         def wrapped(*args, **kwargs):
             hook()
-            return learn(*args, **kwargs)
+            return fn(*args, **kwargs)
         self.wrapped = wrapped
 
     def __enter__(self):
         self.names[self.name] = self.wrapped
 
     def __exit__(self, *exc):
-        self.names[self.name] = self.learn
+        self.names[self.name] = self.fn
 
 
 def time_save(path, model, opt):
@@ -293,7 +316,7 @@ def project(cfg, est, n, rows, limit, prompts, measured, peaks, t_full, save, n_
     if measured is None or oom:  # out of memory: nothing to project from
         return report
     t_save, size = save
-    seeds = len(options.seed_list(cfg)) if cfg.seeds else 1
+    seeds = len(runs.seed_list(cfg)) if cfg.seeds else 1
 
     def planned(name, g, budget, copies):
         m = measured[g]  # the real step of this configuration's batch size
@@ -302,7 +325,7 @@ def project(cfg, est, n, rows, limit, prompts, measured, peaks, t_full, save, n_
         seconds = m["seconds_rollout"] + m["seconds_score_update"]
         return dict(run=name, runs=copies, group_size=g, steps=steps, seconds_per_step=seconds,
                     saves=checkpoint_saves(steps, seconds, cfg.checkpoint_minutes))
-    plan = [planned(f"{e}:{g}", g, cfg.token_budget, seeds) for e, g in options.runs_of(cfg)]
+    plan = [planned(f"{e}:{g}", g, cfg.token_budget, seeds) for e, g in runs.runs_of(cfg)]
     if cfg.lr_pilot:  # the pilot's runs come first: one per rate
         e, _, g = cfg.lr_pilot_run.partition(":")
         plan.insert(0, planned(f"pilot {e}:{g}", int(g), cfg.lr_pilot_budget or max(1, cfg.token_budget // 4),

@@ -1,12 +1,15 @@
-"""The run folder around train.py's training: where a run writes, how it stops and how it resumes.
+"""The runs around train.py's training: which runs a command makes, where each writes, how it stops
+and how it resumes.
 
-train.py's ``main`` starts here (``start``: the options parsed by parse_options.py, the header printed
-(``header``: the folder, model, task, runs, steps, lr, device and whether the warm-up is cached), the
-model loaded, the run folder made with its config.json and the record of the code the process runs,
-provenance.json and code.diff: lab/machine.py's ``record_code``), and its loop uses the rest:
+train.py's ``main`` starts with lab/parse_options.py's ``start`` (the options parsed and checked, the
+header printed, the model loaded), which makes the run folder here (``run_folder``; ``write_config``:
+config.json with the settings applied, ``applied``); the loop and lab/compare.py use the rest:
 
-- checkpoint.pt: everything --resume needs (``save_checkpoint`` / ``load_checkpoint``; a full disk or
-  a damaged file is one line saying what to do), and metrics.jsonl rewritten on resume;
+- which runs: a single run or a comparison's configurations (``runs_of``, the seeds of ``seed_list``),
+  each in a folder named by ``run_name``, in the order ``configurations`` lists them;
+- checkpoint.pt: everything --resume needs (``save_checkpoint`` / ``load_checkpoint``; the step it was
+  saved after, ``checkpoint_step``; a full disk or a damaged file, ``read_checkpoint``, is one line
+  saying what to do), and metrics.jsonl rewritten on resume;
 - Ctrl-C: the first one stops after the step and saves (``StopOnCtrlC``), a second one at once; either
   way the message says how to resume, and so does resume.txt in the run folder (``ctrl_c_exits``);
   SIGTERM, which `timeout` or a cluster sends, and SIGHUP, which a closed terminal sends, are a Ctrl-C
@@ -27,23 +30,25 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from lab import machine, models, progress
+from lab import models
 from lab.models import DiskFull
-import tasks
-from lab.parse_options import given_options, parse
-from lab.options import (LOG_COLUMNS, PRESETS, UsageError, applied, check_device, checkpoint_step, for_device, load,
-                         pick_device, plain_loop_attention, read_checkpoint, run_name, runs_of, seed_list,
-                         tiny_settings)
+from lab.options import COMPARISON_ONLY, DEFAULT_COMPARE, RUN_ONLY, UsageError, estimator_name
+import otb
 
 # Signals that stop a run as Ctrl-C does: SIGTERM (`timeout`, a cluster's preemption) and SIGHUP (the
 # terminal was closed; Windows has none). One that is ignored when train.py starts (nohup) stays ignored.
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
+
+# =====================================================================================
+# The run folder: a bad option or a full disk, config.json, checkpoints, Ctrl-C and SIGTERM
+# =====================================================================================
 
 @contextmanager
 def errors_exit(command="the same command"):
@@ -189,8 +194,6 @@ def save_checkpoint(run_dir, model, opt, step, tokens, lengths):
     models.save_atomic(state, run_dir / "checkpoint.pt")  # a full disk: DiskFull, one line
 
 
-
-
 def load_checkpoint(run_dir, model, opt):
     """Restore model and optimizer; returns (step, tokens, lengths, metrics up to that step)."""
     ckpt = read_checkpoint(run_dir / "checkpoint.pt")
@@ -274,6 +277,60 @@ class StopOnCtrlC:
             signal.signal(sig, handler)
 
 
+# =====================================================================================
+# The runs of a command: its configurations and seeds, their names and settings, their checkpoints
+# =====================================================================================
+
+def run_name(est, n, zero_tail=False):
+    """A run's folder and label, '<estimator>-n<N>', named by the estimator that runs."""
+    return f"{estimator_name(est, zero_tail)}-n{n}"
+
+
+def runs_of(cfg):
+    """[(estimator, group size)]: one run, or the configurations of the comparison."""
+    if cfg.estimator:
+        return [(cfg.estimator, cfg.group_size)]
+    runs = []
+    for item in (cfg.compare or DEFAULT_COMPARE).split(","):
+        est, _, n = item.strip().partition(":")
+        if est not in otb.ESTIMATORS or not n.isdigit():
+            raise UsageError(f"--compare: bad entry {item!r}, expected estimator:group_size with "
+                             f"estimator in {sorted(otb.ESTIMATORS)}")
+        runs.append((est, int(n)))
+    if len(set(runs)) < len(runs):
+        raise UsageError(f"--compare: duplicate entries in {cfg.compare!r}")
+    return runs
+
+
+def seed_list(cfg):
+    """The seeds of a --seeds comparison, as ints."""
+    items = [x.strip() for x in cfg.seeds.split(",")]
+    if not all(x.lstrip("-").isdigit() for x in items) or len(set(items)) < len(items):
+        raise UsageError(f"--seeds {cfg.seeds!r}: expected distinct integers separated by commas, e.g. 0,1,2")
+    return [int(x) for x in items]
+
+
+def applied(cfg):
+    """The settings a run or a comparison uses (config.json, summary.json): a comparison has no
+    estimator or group size of its own (--compare gives them), a run no comparison options."""
+    return {k: v for k, v in asdict(cfg).items() if k not in (COMPARISON_ONLY if cfg.estimator else RUN_ONLY)}
+
+
+def checkpoint_step(path, single=False):
+    """The step a checkpoint was saved after (memory-mapped: its tensors are not read)."""
+    return read_checkpoint(path, single, mmap=True)["step"]
+
+
+def read_checkpoint(path, single=False, mmap=False):
+    """torch.load of checkpoint.pt; a truncated or damaged file is a UsageError saying what to do."""
+    try:
+        return torch.load(path, weights_only=True, mmap=mmap)
+    except Exception:  # a truncated zip, a damaged pickle...: which one does not change the remedy
+        remedy = (f"start the run again (its command is in {Path(path).parent / 'config.json'})" if single
+                  else f"delete {path} to restart this configuration")
+        raise UsageError(f"checkpoint unreadable: {remedy}") from None
+
+
 def configurations(cfg, folder):
     """[(label, seed, estimator, N, run folder)] of a run or a comparison, in the order they run;
     the label is what the bar shows: "[2/5] grpo N=4" (with --seeds: "[7/15] seed 1 grpo N=4")."""
@@ -327,95 +384,6 @@ def steps_left(cfg, folder):
         finished, saved, _ = progress_of(run_dir)
         left[(s, est, n)] = 0 if finished else cfg.steps - (saved or 0)
     return left
-
-
-def start(argv, config):
-    """(cfg, model, tokenizer, folder, command, source) of train.py's command line: the options parsed
-    and checked (a bad one: one line, exit status 2, nothing created), the header printed first, the
-    model loaded (lab/models.py builds, warms up or reads it), and the run folder with its config.json and
-    provenance.json (the code, recorded before anything slow, as the process has imported it).
-    Resuming a finished comparison says so and exits (status 0) without touching it."""
-    command = ("python train.py " + shlex.join(argv)).strip()
-    code = machine.code_record()  # the code this process imported: its commit and uncommitted changes
-    with errors_exit(command):
-        cfg = parse(argv, config, PRESETS, epilog=LOG_COLUMNS)  # --resume: the stored options
-        if cfg.resume and finished(cfg, Path(cfg.resume)):
-            print(f"train.py: {cfg.resume} is finished: all its configurations ran (table: "
-                  f"{Path(cfg.resume) / 'summary.md'}, plot: {Path(cfg.resume) / 'compare.png'}); nothing to resume")
-            sys.exit(0)
-        plan = resume_plan(cfg, cfg.resume) if cfg.resume else ""  # what is kept, continued, redone
-        device = pick_device(cfg.device)
-        check_device(cfg, device)  # a GPU preset without a GPU stops here, before the header
-        cfg = for_device(cfg, device, given_options(argv))
-        plain_loop_attention(cfg, device)  # CUDA without --compile-decode: no cuDNN attention
-        folder, stored = run_folder(cfg, command)  # a new folder, or --resume's (and its first command)
-        print(header(cfg, folder, command, device), flush=True)
-        cache = tiny_cache_folder(cfg)
-        warms_up = cache is not None and not (cache / "warmup.json").exists()
-        model, tok, source = load(cfg, device)
-        if warms_up:  # where it stopped (its bar is gone where stderr is no terminal)
-            info = json.loads((cache / "warmup.json").read_text())
-            stop = (f"stopped at step {info['history'][-1][0]} with sampled success {info['history'][-1][1]:.2f}"
-                    if info["history"] else "none asked (--warmup-max-steps 0)")
-            print(f"warm-up: {stop} in {info['seconds']:.0f} s; cached in {cache}", flush=True)
-        n_params = sum(p.numel() for p in model.parameters())
-        print(f"model: {n_params / 1e6:.2f}M parameters\n{plan}\n{LOG_COLUMNS}".replace("\n\n", "\n"),
-              flush=True)  # what each column of the log line means
-        write_config(folder, cfg, stored, source)
-        machine.record_code(folder, code)  # provenance.json (and code.diff): what a study checks its runs by
-    return cfg, model, tok, folder, stored, source
-
-
-def header(cfg, folder, command, device):
-    """What a run or comparison is about to do, printed before anything slow: the command, the output
-    folder, the model (and whether its warm-up comes from the cache), the task, the runs, the steps, the
-    learning rate and the device."""
-    task = tasks.make_task(cfg)
-    task_name = next(k for k, v in tasks.TASKS.items() if type(task) is v)
-    runs = ", ".join(f"{est} N={n}" for est, n in runs_of(cfg))
-    if cfg.seeds:
-        runs += f", on seeds {cfg.seeds} (token budget {cfg.token_budget:,} each)"
-    lr = (f"chosen by the learning-rate pilot among {cfg.lr_pilot}" if cfg.lr_pilot
-          else f"{cfg.lr:g}") + f" ({cfg.lr_schedule} schedule)"
-    budget = f", or until {cfg.token_budget:,} response tokens" if cfg.token_budget and not cfg.seeds else ""
-    threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
-    folder_of_cache = tiny_cache_folder(cfg)
-    warm_up_runs = folder_of_cache is not None and not (folder_of_cache / "warmup.json").exists()
-    took = progress.estimate(cfg, runs_of(cfg), tasks.response_limit(cfg, task), warm_up_runs) \
-        if device.type == "cpu" else None
-    return "\n".join([
-        command,
-        f"  output  {folder}" + ("  (resumed)" if cfg.resume else ""),
-        f"  model   {cfg.model}" + warm_up_state(cfg),
-        f"  task    {task_name} (horizon {task.horizon})",
-        f"  runs    {runs}" + ("" if cfg.estimator else f"  ({len(runs_of(cfg))} configurations, one after another)"),
-        f"  steps   {cfg.steps}{budget}, {cfg.prompts_per_step} prompts x N responses each; seed {cfg.seed}",
-        f"  lr      {lr}",
-        f"  device  {device}{threads}"] + ([f"  time    {took}; the bar (in a log: a line every 30 s) "
-                                            "gives the time left"] if took else []))
-
-
-def warm_up_state(cfg):
-    """'' for a pretrained model; for the tiny one, whether its warm-up comes from the cache, goes on from
-    an interrupted one, or runs now (and where it is cached)."""
-    folder = tiny_cache_folder(cfg)
-    if folder is None:
-        return ""
-    if (folder / "warmup.json").exists():
-        return f"; warm-up: from the cache ({folder})"
-    if folder.with_name(folder.name + ".warm-up.pt").exists():
-        return f"; warm-up: goes on from its last saved check, then cached in {folder}"
-    return (f"; warm-up: runs now (to sampled success {cfg.warmup_target}, at most {cfg.warmup_max_steps} steps), "
-            f"then cached in {folder}")
-
-
-def tiny_cache_folder(cfg):
-    """Where the tiny model of cfg is cached (models.tiny_cache); None for a pretrained model."""
-    if cfg.model != "tiny":
-        return None
-    task = tasks.make_task(cfg)
-    return models.tiny_cache(Path(cfg.out) / "_cache", task, max_new=tasks.response_limit(cfg, task),
-                             **tiny_settings(cfg))[0]
 
 
 def finished(cfg, folder):

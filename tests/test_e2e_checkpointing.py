@@ -1,4 +1,4 @@
-"""Activation checkpointing: enabled once at setup, with no hook left on the input embeddings.
+"""Activation checkpointing: enabled once where a model is loaded, with no hook left on the input embeddings.
 
 Hugging Face's ``activation_checkpointing_enable`` adds a forward hook to the input embeddings each
 time it is called (making their output require grad, which only reentrant checkpointing needs) and
@@ -6,11 +6,14 @@ never removes the old ones. Enabled on every checkpointed pass, a run would carr
 every embedding call, decode steps included, runs all of them, and a compiled decode step (whose
 guards include the hooks) is compiled again on every rollout; and on torch 2.11 dynamo cannot trace
 the hook at all (``Tensor.requires_grad_()``), so a compiled decode step with checkpointing on stops
-there. train.checkpoint_layers enables checkpointing once, at setup, and removes the hook. These
+there. lab/models.py's load_model enables checkpointing once, as it loads the model (checkpoint_layers),
+and removes the hook. These
 tests run real training steps (train.train_step: rollout, score, update) of an untrained tiny model
 with --activation-checkpointing and count what would grow, and trace the compiled decode step with
 checkpointing on.
 """
+import dataclasses
+
 import pytest
 import torch
 
@@ -31,12 +34,12 @@ ARGS = ["--estimator", "otb", "--group-size", "2", "--prompts-per-step", "2", "-
 
 
 def setup(*extra):
-    """What train.main sets up: the options, the model with checkpointing enabled, an optimizer."""
+    """What train.main sets up: the options, the model with checkpointing enabled (as load_model enables
+    it), an optimizer."""
     cfg = parse_options.parse(ARGS + list(extra), train.Config, options.PRESETS)
-    model = models.tiny_model(TOK, hidden=32, layers=1, seed=0).eval()
-    train.checkpoint_layers(model)
+    model = models.checkpoint_layers(models.tiny_model(TOK, hidden=32, layers=1, seed=0).eval())
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    return cfg, model, opt, tasks.make_task(cfg), train.make_estimator(cfg.estimator, cfg.zero_tail)
+    return cfg, model, opt, options.make_task(cfg), train.make_estimator(cfg.estimator, cfg.zero_tail)
 
 
 def hooks(model):
@@ -53,24 +56,25 @@ def test_no_hook_is_left_on_the_embeddings_over_20_checkpointed_steps():
         train.train_step(cfg, model, model, opt, task, TOK, estimator, step)
         counts.append(hooks(model))
     assert counts == [0] * STEPS, counts
-    train.checkpoint_layers(model)  # enabled again (a second setup): still none
-    assert model.is_activation_checkpointing and hooks(model) == 0
 
 
-def test_train_checkpoints_a_model_that_setup_never_saw(tmp_path):
-    """A comparison's later seeds load fresh models (compare.run_seeds), which train.main's setup never
-    saw: train.train enables checkpointing on them too, once (the checkpointing function it installs is
-    the one it keeps, so a compiled decode step is not retraced), with no hook on the embeddings."""
-    cfg, _, _, _, _ = setup("--steps", "2")
-    fresh = models.tiny_model(TOK, hidden=32, layers=1, seed=1).eval()
-    assert not fresh.is_activation_checkpointing
-    (tmp_path / "run").mkdir()
-    train.train(cfg, tmp_path / "run", fresh, TOK)
+def test_every_model_a_run_loads_comes_checkpointed(tmp_path):
+    """train.main's model, a comparison's later seeds' and the pilot's all come from options.load
+    (compare.run_seeds loads fresh ones): with --activation-checkpointing each is loaded with its layers
+    checkpointed, once, and no hook on the embeddings; without it, plain. Training then keeps the
+    checkpointing function it was loaded with (a compiled decode step is not retraced)."""
+    folder = tmp_path / "model"
+    models.tiny_model(TOK, hidden=32, layers=1, seed=1).save_pretrained(folder)
+    TOK.save_pretrained(folder)
+    cfg, *_ = setup("--steps", "2", "--model", str(folder), "--task", "reverse", "--out", str(tmp_path))
+    fresh, tok, _ = options.load(cfg, torch.device("cpu"))
     installed = fresh.model.layers[0]._gradient_checkpointing_func
     assert fresh.is_activation_checkpointing and hooks(fresh) == 0
-    (tmp_path / "again").mkdir()
-    train.train(cfg, tmp_path / "again", fresh, TOK)
+    (tmp_path / "run").mkdir()
+    train.train(cfg, tmp_path / "run", fresh, tok)
     assert fresh.model.layers[0]._gradient_checkpointing_func is installed and hooks(fresh) == 0
+    plain, _, _ = options.load(dataclasses.replace(cfg, activation_checkpointing=False), torch.device("cpu"))
+    assert not plain.is_activation_checkpointing
 
 
 def test_the_hook_count_test_can_fail():
@@ -122,7 +126,7 @@ def compiled_graphs(monkeypatch):
 
 def test_the_compiled_decode_step_traces_with_checkpointing_on(monkeypatch):
     """fullgraph: the whole decode step traced by dynamo (a graph break would raise), with checkpointing
-    enabled as train.py's setup enables it: one graph, no hook inside it, and the plain sampler's tokens."""
+    enabled as load_model enables it: one graph, no hook inside it, and the plain sampler's tokens."""
     compiled = compiled_graphs(monkeypatch)
     cfg, model, _, task, _ = setup()
     model.eval()

@@ -4,7 +4,9 @@ in lab/, imports that run one way, a traced reading path that the guide reports,
 - the root holds at most 8 modules: the concepts (otb, toy_env, rollout, tasks, tool_use) and the
   commands (train, toy_harness, otb_trl); everything else that is imported lives in lab/;
 - the project's own imports (read with ast, not by running them) have no cycle, and no concept
-  module imports lab/ (a command may);
+  module imports lab/ (a command may); every task inherits tasks.Task; ``import train`` leaves the toy
+  (toy_env.py) out;
+- no line of a root file is over 120 characters, and train.py's are at most 100 but for its help strings;
 - docs/reading_guide.md is what ``python benchmarks/reading_guide.py`` writes from a trace of one default
   training step, with a sentence for every function and class on the path; its total is a report, not a
   ceiling (a longer path shows in the guide's diff);
@@ -88,22 +90,27 @@ def test_the_project_imports_have_no_cycle_and_concepts_never_import_lab():
     assert not any(m in COMMANDS for n, deps in g.items() if n.startswith("lab.") for m in deps)
 
 
-def test_the_tool_tasks_offer_what_every_task_offers():
-    """tasks.py imports tool_use.py (TASKS lists the tool tasks), so tool_use.py cannot import tasks.py
-    and its tasks cannot inherit tasks.Task: ToolTask writes Task's shared lines again. They stay the
-    same: the same names, warm-up defaults and method code (tool: every tool task has its own)."""
+def test_every_task_is_a_task_and_tasks_names_none():
+    """One Task interface: every task of --task inherits tasks.Task (the tool tasks add their tool), and
+    tasks.py names no task but its own: lab/options.py's TASKS lists them all, so tool_use.py can import
+    tasks.py without a cycle."""
     import tasks
     import tool_use
-    shared = {name for name in vars(tasks.Task) if not name.startswith("__")} - {"tool"}
-    assert shared == {name for name in vars(tool_use.ToolTask) if not name.startswith("__")}
-    for name in shared:
-        a, b = getattr(tasks.Task, name), getattr(tool_use.ToolTask, name)
-        if callable(a):
-            assert (a.__code__.co_code, a.__code__.co_names) == (b.__code__.co_code, b.__code__.co_names), name
-        else:
-            assert a == b, name
+    from lab import options
+    assert all(issubclass(task, tasks.Task) for task in options.TASKS.values())
     for task in (tool_use.CalculatorTask, tool_use.FactorsTask, tool_use.ChatCalculatorTask):
-        assert issubclass(task, tool_use.ToolTask) and task.tool is not tasks.Task.tool
+        assert task.tool is not tasks.Task.tool
+    assert "tool_use" not in graph()["tasks"] and not hasattr(tasks, "TASKS")
+
+
+def test_importing_train_leaves_the_toy_out():
+    """train.py's step, options and apparatus do not need the toy bandit: ``import train`` (in a fresh
+    process) does not import toy_env.py."""
+    import subprocess
+    import sys
+    code = "import sys, train; assert 'toy_env' not in sys.modules, 'import train imported toy_env'"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -118,6 +125,19 @@ def test_train_py_reads_like_one_file_per_algorithm():
     lines = (ROOT / "train.py").read_text().splitlines()
     assert len(lines) <= 400
     assert next(i for i, ln in enumerate(lines, 1) if ln.startswith("def train_step(")) < 120
+
+
+def test_the_learners_files_keep_their_lines_short():
+    """The files at the root are read as a tutorial: no line over 120 characters. train.py, read first,
+    wraps at 100, but for its Config's help strings (a sentence of --help each, one per option)."""
+    for path in sorted(ROOT.glob("*.py")):
+        long = [i for i, ln in enumerate(path.read_text().splitlines(), 1) if len(ln) > 120]
+        assert not long, f"{path.name}: lines over 120 characters: {long}"
+    text = (ROOT / "train.py").read_text()
+    config = next(n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == "Config")
+    long = [i for i, ln in enumerate(text.splitlines(), 1) if len(ln) > 100
+            and not config.lineno <= i <= config.end_lineno]
+    assert not long, f"train.py: lines over 100 characters outside Config: {long}"
 
 
 def test_the_reading_guide_is_the_traced_path_and_train_py_declares_what_the_step_reads():

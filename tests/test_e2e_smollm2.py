@@ -52,7 +52,7 @@ def metrics(folder):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    task = tasks.TASKS["arithmetic"](horizon=2)
+    task = options.TASKS["arithmetic"](horizon=2)
     model, tok, source = models.load_model("smollm2", task, "cpu", max_new=8, cache_dir=None)
     return model, tok, source, task
 
@@ -70,7 +70,7 @@ def test_loads_from_the_gguf_file_with_its_chat_template(smollm2):
 
 
 def test_arithmetic_reward_on_known_strings():
-    task = tasks.TASKS["arithmetic"](horizon=2)
+    task = options.TASKS["arithmetic"](horizon=2)
     question, answer = task.sample(random.Random(0), 1)[0]
     a, b = (int(x) for x in question.removeprefix("What is ").split("?")[0].split(" + "))
     assert answer == str(a + b) and 10 <= a <= 99 and 10 <= b <= 99

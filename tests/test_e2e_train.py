@@ -54,7 +54,7 @@ def test_three_steps_for_every_estimator(out, estimator):
     assert [r["step"] for r in rows] == [1, 2, 3]
     expected = {"reward", "success", "response_len", "tokens", "grad_norm", "adv_mean", "adv_std",
                 "entropy", "total_power", "pure_noise", "lr", "mismatch_mean_abs", "mismatch_max_abs",
-                "mismatch_k3", "t_rollout", "t_score", "t_update", "t_log"}
+                "mismatch_k3", "t_step", "t_log"}
     assert expected <= set(rows[0])
     assert all(math.isfinite(r[k]) for r in rows for k in expected)
     assert rows[-1]["tokens"] == pytest.approx(sum(r["response_len"] for r in rows) * 16)  # 4 x N=4
@@ -348,7 +348,7 @@ def test_the_saved_table_summarises_the_saved_metrics():
     """Every cell of summary.md (initial_success: the mean success of the first 10 saved steps, ...)
     recomputed from the saved metrics.jsonl of its run."""
     table = saved_table()
-    assert list(table) == [f"{e}-n{n}" for e, n in options.runs_of(train.Config())]
+    assert list(table) == [f"{e}-n{n}" for e, n in runs.runs_of(train.Config())]
     for name, cells in table.items():
         rows = metrics(DEFAULT_RUN / name)
         est, n = name.rsplit("-n", 1)
@@ -667,7 +667,7 @@ def test_compare_plot_shows_success_per_step_and_a_zero_gradient_norm(tmp_path, 
     figures = []
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
     rows = lambda n, tokens_per_step, norm: [dict(step=i, tokens=tokens_per_step * i, success=0.2, grad_norm=norm(i),
-                                                 total_power=0.1, t_rollout=0, t_score=0, t_update=0, t_log=0)
+                                                 total_power=0.1, t_step=0, t_log=0)
                                             for i in range(1, n + 1)]
     cfg = train.Config()
     histories = {"otb-n4": (dataclasses.replace(cfg, estimator="otb", group_size=4),
@@ -767,7 +767,7 @@ def test_preflight_leaves_the_weights_as_they_were(out):
                               options.PRESETS)
     model, tok, _ = options.load(cfg, torch.device("cpu"))
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    preflight.run(cfg, model, tok, out / "pf", train.train_step, train.score_estimate_update, train.make_estimator)
+    preflight.run(cfg, model, tok, out / "pf", train)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 

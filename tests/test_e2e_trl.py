@@ -68,7 +68,7 @@ def setup(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     cfg = parse_options.parse_config(TINY + ["--max-new-tokens", str(MAX_NEW), "--out", str(out)], train.Config,
                                  options.PRESETS)
-    task = tasks.make_task(cfg)
+    task = options.make_task(cfg)
     _, tok, source = options.load(cfg, torch.device("cpu"))
     folder = source["path"]
     # distinct prompts, so a group is exactly "the rows with this prompt"

@@ -18,6 +18,7 @@ import torch
 import tasks
 import train
 from lab import compare, models, progress, options
+from lab import runs as lab_runs
 from tiny_runs import TINY, interrupt_at, metrics, run, without_times
 
 ROOT = Path(train.__file__).resolve().parent
@@ -77,7 +78,7 @@ def test_the_time_estimate_is_the_measured_rates_times_the_work():
     16 prompts x (4 + 4 + 4 + 4 + 16) responses x 100 steps x 18 positions = 921,600 positions: 10 + 25 +
     110.6 = 146 s to 10 + 100 + 331.8 = 442 s, shown as 2-7 min; cached, 121-342 s, 2-6 min."""
     cfg = train.Config()
-    runs = options.runs_of(cfg)
+    runs = lab_runs.runs_of(cfg)
     assert progress.estimate(cfg, runs, 18, warm_up_runs=True).startswith("about 2-7 min on a 2-core CPU (warm-up")
     assert progress.estimate(cfg, runs, 18, warm_up_runs=False) == (
         "about 2-6 min on a 2-core CPU (warm-up cached; 500 steps)")
@@ -215,7 +216,7 @@ def test_report_to_tensorboard_logs_every_step_and_a_resume_replaces_the_steps_i
     run(out, "tb", *args)
     rows = metrics(out / "tb")
     assert scalars(out / "tb", "train/success") == [(r["step"], pytest.approx(r["success"])) for r in rows]
-    assert [s for s, _ in scalars(out / "tb", "time/t_rollout")] == [1, 2, 3, 4]
+    assert [s for s, _ in scalars(out / "tb", "time/t_step")] == [1, 2, 3, 4]
     # stopped at once in step 3 (the checkpoint of step 1 is kept), then resumed: steps 2-4 once each
     real_save = models.save_atomic
     monkeypatch.setattr(models, "save_atomic", lambda state, path: state.get("step") == 1 and real_save(state, path))

@@ -232,7 +232,6 @@ def test_calculator_sweep_samples_with_the_tool_and_saves_otb_tir(tmp_path, monk
     warm-up success, and a partial sweep (one checkpoint of two) is resumed to the whole."""
     import json
     import rollout
-    import tasks
     import train
     from lab import options
     tools, real_sample = [], rollout.sample
@@ -242,7 +241,7 @@ def test_calculator_sweep_samples_with_the_tool_and_saves_otb_tir(tmp_path, monk
         cfg = train.Config(task=args.task, horizon=n, seed=seed, tiny_hidden=32, tiny_layers=1,
                            warmup_max_steps=60, out=str(tmp_path / "cache"))
         model, tok, source = options.load(cfg, torch.device("cpu"))
-        return model, tok, tasks.make_task(cfg), cfg, source
+        return model, tok, options.make_task(cfg), cfg, source
     monkeypatch.setattr(hs, "checkpoint", checkpoint)
     # 60 warm-up steps never solve k = 2: a stand-in reward (text length odd) gives the estimators signal
     monkeypatch.setattr(tool_use.CalculatorTask, "reward", lambda self, text, answer, finished: len(text) % 2)

@@ -47,9 +47,9 @@ def fabricated_batch(V, B=6, P=4, T=9, seed=0):
 
 
 def checkpointing(model, on):
-    """Activation checkpointing on (as train.py's setup enables it) or off."""
+    """Activation checkpointing on (as models.load_model enables it) or off."""
     if on:
-        train.checkpoint_layers(model)
+        models.checkpoint_layers(model)
     else:
         model.activation_checkpointing_disable()
 
@@ -58,15 +58,12 @@ def gradient(model, cfg, ro, adv):
     """The update's gradient (lr 0, no clipping) as train_step computes it (train mode; with
     --activation-checkpointing, the layers checkpointed), and the scoring outputs."""
     checkpointing(model, cfg.activation_checkpointing)
-    model.train()  # as score_estimate_update switches it
+    model.train()  # as train_step switches it
     for p in model.parameters():
         p.grad = None
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     one_pass = train.one_update_per_batch(cfg, len(adv))
-    rows = torch.arange(len(adv)).split(cfg.micro_batch_rows or len(adv))  # the micro-batches
-    with torch.set_grad_enabled(one_pass):
-        scored = [train.score_rows(model, cfg, ro, r) for r in rows]
-    logp, spp, ent = (torch.cat(x) for x in zip(*scored))
+    logp, spp, ent = train.score_batch(model, cfg, ro, keep_graph=one_pass)  # micro-batch by micro-batch
     _, _, loss = train.policy_update(model, opt, cfg, ro, logp.detach(), adv, torch.Generator(),
                                      logp=logp if one_pass else None)
     assert model.is_activation_checkpointing == cfg.activation_checkpointing
@@ -142,7 +139,7 @@ def test_activation_checkpointing_keeps_only_the_layer_inputs():
                 sizes[t.data_ptr()] = t.numel()
             return t
         checkpointing(model, cfg.activation_checkpointing)
-        model.train()  # as score_estimate_update switches it
+        model.train()  # as train_step switches it
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             cfg = dataclasses.replace(cfg, temperature=1.0, chunk_size=3)
             train.score_rows(model, cfg, ro, torch.arange(len(ro.response)))

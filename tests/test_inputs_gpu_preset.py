@@ -12,7 +12,7 @@ import torch
 
 import train
 from lab import models
-from lab import parse_options, runs, options
+from lab import parse_options, options
 
 
 @pytest.mark.parametrize("preset", ["gpu", "gpu_tool"])
@@ -70,9 +70,9 @@ def test_a_gpu_preset_run_on_the_cpu_records_the_plain_loop(tmp_path, monkeypatc
         raise Loaded
 
     seen = []
-    monkeypatch.setattr(runs, "load", load)
+    monkeypatch.setattr(parse_options, "load", load)
     with pytest.raises(Loaded):
-        runs.start(["--preset", "gpu", "--device", "cpu", "--out", str(tmp_path)], train.Config)
+        parse_options.start(["--preset", "gpu", "--device", "cpu", "--out", str(tmp_path)], train.Config)
     assert seen[0].compile_decode is False and seen[0].preset == "gpu"
 
 
@@ -84,7 +84,7 @@ def test_a_gpu_preset_run_on_the_cpu_records_the_plain_loop(tmp_path, monkeypatc
     (["--estimator", "otb"], "cpu", False),  # never on another device
     (["--preset", "gpu", "--device", "cpu"], "cpu", False)])
 def test_the_plain_loop_on_cuda_samples_without_cudnn_attention(argv, device, cudnn_off, tmp_path, monkeypatch):
-    """Where train.py sets up the run's device (runs.start): on CUDA without --compile-decode, cuDNN's
+    """Where train.py sets up the run's device (parse_options.start): on CUDA without --compile-decode, cuDNN's
     scaled-dot-product attention is turned off (it plans anew for every new key/value length, and the
     plain loop's cache grows every token); otherwise the setting is not touched. A fake CUDA device: the
     run stops where the model would load, and torch's setter is replaced by a recorder."""
@@ -95,10 +95,10 @@ def test_the_plain_loop_on_cuda_samples_without_cudnn_attention(argv, device, cu
         raise Loaded
     calls = []
     monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", calls.append)
-    monkeypatch.setattr(runs, "pick_device", lambda name: torch.device(device))
-    monkeypatch.setattr(runs, "load", load)
+    monkeypatch.setattr(parse_options, "pick_device", lambda name: torch.device(device))
+    monkeypatch.setattr(parse_options, "load", load)
     with pytest.raises(Loaded):
-        runs.start(argv + ["--out", str(tmp_path)], train.Config)
+        parse_options.start(argv + ["--out", str(tmp_path)], train.Config)
     assert calls == ([False] if cudnn_off else [])
     calls.clear()  # the function itself, as the preflight and a benchmark would call it
     cfg = parse_options.parse(argv, train.Config, options.PRESETS)

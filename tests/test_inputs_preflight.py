@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import rollout
+import tasks
 import train
 from lab import preflight
 from lab import parse_options, options
@@ -95,9 +96,10 @@ def test_no_option_is_proposed_at_a_value_that_changes_nothing():
     assert "no option lowers the rollout further" in preflight.too_big(floor, r, 4, 8)
 
 
-def test_peaks_are_split_where_train_step_enters_learn(out, monkeypatch):
+def test_peaks_are_split_where_train_steps_rollout_ends(out, monkeypatch):
     """A fake allocator peak: 111 during the rollout, 222 during learn (reset_peak does nothing), so each
-    phase's peak is the value at its end only if the split falls between rollout.sample and learn."""
+    phase's peak is the value at its end only if the split falls between rollout.sample and the scoring
+    pass (train_step's call of score_batch)."""
     level = [50]
     monkeypatch.setattr(preflight, "reset_peak", lambda device: None)
     monkeypatch.setattr(preflight, "peak", lambda device: level[0])
@@ -115,6 +117,27 @@ def test_peaks_are_split_where_train_step_enters_learn(out, monkeypatch):
     r = preflight_run(out, "peaks", "--memory-limit", "1000")
     assert r["peaks"] == {"learn_full_length": 50, "rollout": 111, "learn": 222} and r["peak_memory"] == 222
     assert not [f for f in vars(train).values() if "calls_first" in getattr(f, "__qualname__", "")]  # put back
+
+
+@pytest.mark.parametrize("extra", [[], ["--micro-batch-rows", "4"]])
+def test_the_full_length_phase_learns_as_the_step_does(out, extra):
+    """score_estimate_update, the preflight's learning half for its own batch, is train_step after its
+    rollout: on the batch a real step sampled, from the same weights and a fresh optimizer, it leaves the
+    weights the step left (one pass over the batch, and micro-batches of 4 rows)."""
+    cfg = parse_options.parse(TINY + ["--out", str(out), "--estimator", "otb", *extra], train.Config,
+                              options.PRESETS)
+    model, tok, _ = options.load(cfg, torch.device("cpu"))
+    task, estimator = options.make_task(cfg), train.make_estimator("otb", False)
+    adamw = lambda: torch.optim.AdamW(model.parameters(), lr=cfg.lr)  # noqa: E731
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    s = train.train_step(cfg, model, model, adamw(), task, tok, estimator, 0)
+    stepped = {k: v.clone() for k, v in model.state_dict().items()}
+    assert any(not torch.equal(init[k], v) for k, v in stepped.items())  # the step did change the weights
+    model.load_state_dict(init)
+    answers = tasks.prompt_batch(task, tok, cfg.seed, 0, cfg.prompts_per_step)[1]
+    _, token_rewards, _ = tasks.rewards(task, tok, s.ro, answers, cfg.group_size)
+    preflight.score_estimate_update(train, cfg, model, adamw(), s.ro, token_rewards, estimator)
+    assert all(torch.equal(stepped[k], v) for k, v in model.state_dict().items())
 
 
 def test_over_the_limit_names_each_phase_over_it(out, capsys, monkeypatch):
