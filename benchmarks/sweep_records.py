@@ -126,7 +126,8 @@ def progress_file(out):
 def read_record(folder):
     """A saved sweep's record: sweep.json while it is unfinished, else results.json."""
     folder = Path(folder)
-    return json.loads((progress_file(folder) if progress_file(folder).is_file() else folder / "results.json").read_text())
+    path = progress_file(folder) if progress_file(folder).is_file() else folder / "results.json"
+    return json.loads(path.read_text())
 
 
 def read_saved(folder):

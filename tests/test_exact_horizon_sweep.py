@@ -173,7 +173,9 @@ def test_sweeps_measured_side_by_side_are_analysed_as_one(tmp_path):
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = [("horizon_sweep", "variance.md", ("otb", "otb_zero_tail", "otb_loo", "reinforce", "grpo")),
           ("calculator_sweep", "tool_use.md", report.TOOL_ROWS), ("factors_sweep", "tool_use.md", report.TOOL_ROWS),
-          ("factors_sweep_128", "tool_use.md", report.TOOL_ROWS), ("factors_replication", "tool_use.md", report.TOOL_ROWS)]
+          ("factors_sweep_128", "tool_use.md", report.TOOL_ROWS),
+          ("factors_replication", "tool_use.md", report.TOOL_ROWS),
+          ("smollm2_variance", "variance.md", ("otb", "reinforce", "rloo"))]
 
 
 @pytest.mark.saved_results
@@ -394,3 +396,9 @@ def test_the_smollm2_sweep_rebuilds_its_table_from_what_it_saved(folder, card, t
         interim = json.loads((folder / "interim" / "results.json").read_text())
         assert rows(interim, set(partial))
         same_record(rows(again, set(partial)), rows(interim, set(partial)))
+    # docs/variance.md shows the gains of a finished run, or of an interim analysis where a window closed
+    shown = interim if (folder / "interim" / "results.json").is_file() else \
+        None if (folder / "sweep.json").is_file() else saved
+    if shown is not None:
+        assert report.compact_md(shown["gains"], estimators=("otb", "reinforce", "rloo")) in \
+            (ROOT / "docs" / "variance.md").read_text()
