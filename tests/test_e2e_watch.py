@@ -269,6 +269,7 @@ def test_closing_the_terminal_saves_the_run_which_then_resumes(out):
     pid, fd = pty.fork()
     if pid == 0:  # the child: a session of its own, the pseudo-terminal its controlling terminal
         os.chdir(ROOT)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal's shell starts it, even under nohup
         os.execv(sys.executable, argv)
     seen = b""
     while b"] step    2 " not in seen:

@@ -38,6 +38,8 @@ def interrupt_at(monkeypatch, step, hard=False, sig=signal.SIGINT):
     # A shell can start the tests with SIGINT ignored (nohup, some CI runners), and train.py then
     # rightly keeps ignoring it: give this process Python's default Ctrl-C, as a terminal has.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(sig) is signal.SIG_IGN:  # likewise a hang-up under nohup: a terminal's is not ignored
+        signal.signal(sig, signal.SIG_DFL)
 
     def step_metrics(*a, **k):
         seen.append(1)
