@@ -27,6 +27,7 @@ docs/training.md, "The variance sweep in one GPU window".
 import json
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -90,6 +91,7 @@ def main(argv=None):
     device = options.pick_device(args.device)
     decode = "compiled" if device.type == "cuda" else "plain"
     record = dict(command="python benchmarks/gpu_variance.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                  started=datetime.now(timezone.utc).isoformat(timespec="seconds"),  # the date a window ran
                   machine=machine.info(), cuda=torch.version.cuda, decode=decode, parts={})
 
     def save(part, value):

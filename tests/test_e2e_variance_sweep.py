@@ -8,6 +8,7 @@ signal. The real model's command and its projected GPU time are in docs/variance
 """
 import json
 import math
+from datetime import datetime, timezone
 
 import pytest
 import torch
@@ -209,6 +210,7 @@ def test_the_gpu_window_command_runs_end_to_end_at_a_tiny_shape(counting_model, 
     record = gv.main(tiny + ["--out", str(tmp_path / "full"), "--"] + sweep_args)
     parts = json.loads((tmp_path / "full" / "gpu_variance.json").read_text())["parts"]
     assert list(parts) == ["load", "success", "sweep"] and record["decode"] == "plain"  # compiled on a GPU only
+    assert abs(datetime.now(timezone.utc) - datetime.fromisoformat(record["started"])).total_seconds() < 3600
     s = parts["success"]
     assert s["prompts"] == 8 and s["success"] == s["successes"] / 8 and s["wilson_95"][0] <= s["success"] <= s["wilson_95"][1]
     assert parts["sweep"]["finished"] and [c[0] for c in parts["sweep"]["cells_finished"]] == [2, 4]
