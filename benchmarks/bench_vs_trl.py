@@ -89,18 +89,10 @@ def prompt_rows(tok, task, cfg, steps):
 def project_step(model, opt, tok, task, cfg, step):
     """One train.train_step, as train.train runs it without its logging: phase times (s), success. The
     phases end where the step calls score_batch (the rollout, rewards included, is done) and policy_update
-    (scoring and advantages are done), marked from outside the step (preflight.calls_first)."""
+    (scoring and advantages are done), marked from outside the step (preflight.timed_step)."""
     estimator = train.make_estimator(cfg.estimator, cfg.zero_tail)
-    ends = {}
-    t0 = time.perf_counter()
-    mark = lambda phase: lambda: ends.setdefault(phase, time.perf_counter())  # noqa: E731  (the first call)
-    with preflight.calls_first(train.train_step, train.score_batch, mark("rollout")), \
-            preflight.calls_first(train.train_step, train.policy_update, mark("score")):
-        s = train.train_step(cfg, model, model, opt, task, tok, estimator, step)
-    ends["update"] = time.perf_counter()
-    seconds = dict(rollout=ends["rollout"] - t0, score=ends["score"] - ends["rollout"],
-                   update=ends["update"] - ends["score"])
-    return dict(seconds, step=ends["update"] - t0, success=(s.R >= 1).float().mean().item())
+    s, seconds = preflight.timed_step(train, cfg, model, model, opt, task, tok, estimator, step)
+    return dict(seconds, step=sum(seconds.values()), success=(s.R >= 1).float().mean().item())
 
 
 # ---- TRL's side: GRPOTrainer with its phases timed

@@ -9,9 +9,9 @@
 It runs the preset's own code (lab/models.py's checkpoint_layers, train.py's train_step and score_rows,
 lab/fast_decode.py's sample, rollout.sample) with the settings of ``python train.py --preset gpu --estimator
 otb``: the count task, 8 prompts a step, tau 0.7, the float32 head in chunks of 32, activation checkpointing,
-micro-batches of 32 rows, the compiled decode step, bf16 autocast on CUDA. It prints each part as it ends and writes one JSON
-file, gpu_probe-<UTC time>.json, rewritten after every part so that a window that closes early keeps what
-was done:
+micro-batches of 32 rows, the compiled decode step, bf16 autocast on CUDA. It prints each part as it ends and
+writes one JSON file, gpu_probe-<UTC time>.json, rewritten after every part so that a window that closes early
+keeps what was done:
 
 1. the versions and the card (lab/machine.info; torch's CUDA and cuDNN);
 2. forward hooks on the input embeddings before and after models.checkpoint_layers, and at the end (0
@@ -228,20 +228,19 @@ def alternating(model, tok, cfg, task, sizes, rounds, device):
     before, steps, dtypes = fast_decode.compile_counts(), [], None
     for r in range(rounds):
         for g in sizes:
-            peaks, ends = {}, {}
+            peaks = {}
 
-            def rollout_done():  # train_step's rollout has ended (it calls score_batch): its time and peak
-                ends["rollout"], peaks["rollout"] = time.perf_counter(), preflight.peak(device)
+            def rollout_done():  # train_step's rollout has ended (it calls score_batch): its peak
+                peaks["rollout"] = preflight.peak(device)
                 preflight.reset_peak(device)
             preflight.reset_peak(device)
-            t0 = time.perf_counter()
-            with preflight.calls_first(train.train_step, train.score_batch, rollout_done):
-                s = train.train_step(replace(cfg, group_size=g), model, model, opt, task, tok, estimator, r)
-            t_learn, peaks["learn"] = time.perf_counter() - ends["rollout"], preflight.peak(device)
+            s, t = preflight.timed_step(train, replace(cfg, group_size=g), model, model, opt, task, tok, estimator, r,
+                                        rollout_done)
+            peaks["learn"] = preflight.peak(device)
             opt.zero_grad(set_to_none=True)  # as train.train: no gradients held through the next rollout
             m = s.ro.response_mask  # (B, T)
-            steps.append(dict(round=r, group_size=g, rows=len(m), seconds_rollout=ends["rollout"] - t0,
-                              decode_steps=s.ro.response.shape[1], seconds_learn=t_learn,
+            steps.append(dict(round=r, group_size=g, rows=len(m), seconds_rollout=t["rollout"],
+                              decode_steps=s.ro.response.shape[1], seconds_learn=t["score"] + t["update"],
                               peak_bytes_rollout=peaks["rollout"], peak_bytes_learn=peaks["learn"],
                               success=(s.R >= 1).float().mean().item(), mean_response_length=m.sum(-1).mean().item()))
             dtypes = dict(log_pi=str(s.old_logp.dtype), sum_pi_sq=str(s.sum_pi_sq.dtype), advantage=str(s.adv.dtype))

@@ -153,10 +153,8 @@ def run(cfg, model, tok, folder, train):
     rows = cfg.prompts_per_step * n
     folder.mkdir(parents=True, exist_ok=True)
     peaks, phase, measured, t_full, save = {}, ["learn"], {}, None, None  # phase: where an out-of-memory error lands
-    rollout_end = [None]  # when train_step's rollout ended (its call of score_batch)
 
-    def rollout_done():  # train_step's rollout has ended: its time and peak are complete
-        rollout_end[0] = time.perf_counter()
+    def rollout_done():  # train_step's rollout has ended: its peak is complete
         peaks["rollout"], phase[0] = max(peaks.get("rollout") or 0, peak(device) or 0) or None, "learn"
         reset_peak(device)
 
@@ -182,21 +180,18 @@ def run(cfg, model, tok, folder, train):
             model.load_state_dict(init)
             phase[0] = "rollout"
             compiled, t_first = None, None
-            with calls_first(train.train_step, train.score_batch, rollout_done):
-                if cfg.compile_decode:  # the first step of a shape compiles its decode step (CUDA: and records
-                    before = fast_decode.compile_counts()  # its graph): untimed
-                    t0 = time.perf_counter()
-                    first = train.train_step(step_cfg, model, sampler, adamw(), task, tok, estimator, 0)
-                    compiled, t_first = fast_decode.compiled_since(before), rollout_end[0] - t0  # its rollout
-                    del first
-                    model.zero_grad(set_to_none=True)
-                    model.load_state_dict(init)
-                    phase[0] = "rollout"
-                opt = adamw()
-                reset_peak(device)
-                t0 = time.perf_counter()
-                s = train.train_step(step_cfg, model, sampler, opt, task, tok, estimator, 0)
-                seconds = (rollout_end[0] - t0, time.perf_counter() - rollout_end[0])  # rollout, score + update
+            if cfg.compile_decode:  # the first step of a shape compiles its decode step (CUDA: and records
+                before = fast_decode.compile_counts()  # its graph): untimed
+                first, t = timed_step(train, step_cfg, model, sampler, adamw(), task, tok, estimator, 0, rollout_done)
+                compiled, t_first = fast_decode.compiled_since(before), t["rollout"]
+                del first
+                model.zero_grad(set_to_none=True)
+                model.load_state_dict(init)
+                phase[0] = "rollout"
+            opt = adamw()
+            reset_peak(device)
+            s, t = timed_step(train, step_cfg, model, sampler, opt, task, tok, estimator, 0, rollout_done)
+            seconds = (t["rollout"], t["score"] + t["update"])  # rollout, score + update
             peaks["learn"] = max(peaks.get("learn") or 0, peak(device) or 0) or None
             measured[g] = step_record(s, seconds, f"{e}:{g}", compiled, t_first)
             model.zero_grad(set_to_none=True)
@@ -252,6 +247,26 @@ def score_estimate_update(train, cfg, model, opt, ro, token_rewards, estimator):
                        log_probs=old_logp, sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
     train.policy_update(model, opt, cfg, ro, old_logp, adv, torch.Generator().manual_seed(0),
                         logp=logp if one_pass else None)
+
+
+def timed_step(train, cfg, model, sampler, opt, task, tok, estimator, step, rollout_done=lambda: None):
+    """train.py's train_step with its phases timed from outside it: (its StepResult, seconds), seconds =
+    dict(rollout, score, update). The rollout ends where the step calls score_batch, scoring and the
+    advantages where it calls policy_update (``calls_first``); ``rollout_done()`` runs as the rollout
+    ends (the caller reads a phase's peak memory there). ``train``: train.py's module."""
+    ends = {}
+
+    def mark(phase, then=lambda: None):
+        def hook():
+            ends[phase] = time.perf_counter()
+            then()
+        return hook
+    t0 = time.perf_counter()
+    with calls_first(train.train_step, train.score_batch, mark("rollout", rollout_done)), \
+            calls_first(train.train_step, train.policy_update, mark("score")):
+        s = train.train_step(cfg, model, sampler, opt, task, tok, estimator, step)
+    end = time.perf_counter()
+    return s, dict(rollout=ends["rollout"] - t0, score=ends["score"] - ends["rollout"], update=end - ends["score"])
 
 
 class calls_first:
