@@ -210,8 +210,8 @@ def class_lines(node, own, entered_firsts, fields_read):
 
 def measure(entered, classes=None, fields_read=()):
     """(total lines, per-file lines, path, class rows): the path is [(file, name, first, last, check,
-    summary)] of the functions (``entered``'s items: (file, first line, name[, check])), the class rows
-    [(file, name, lines counted, summary)]."""
+    summary)] of the functions (``entered``'s items: (file, first line, name, check), as trace_step gives
+    them), the class rows [(file, name, lines counted, summary)]."""
     lines, path, parsed, rows = {}, [], {}, []
 
     def parse(rel):
@@ -220,7 +220,7 @@ def measure(entered, classes=None, fields_read=()):
             lines[rel] = docstring_lines(parsed[rel][1])
         return parsed[rel]
 
-    for rel, first, name, *check in entered:
+    for rel, first, name, check in entered:
         found, _, source = parse(rel)
         if first not in found:  # a module body or class body: not a function on the path
             continue
@@ -234,7 +234,7 @@ def measure(entered, classes=None, fields_read=()):
             summary = first_sentence(node)
             if not summary:  # a short function without a docstring says what it does in a comment on its def line
                 summary = source[node.lineno - 1].partition("  # ")[2].strip()
-        path.append((rel, name, first, last, bool(check and check[0]), summary))
+        path.append((rel, name, first, last, check, summary))
     firsts = {}
     for rel, first, *_ in entered:
         firsts.setdefault(rel, set()).add(first)

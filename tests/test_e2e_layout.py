@@ -161,7 +161,8 @@ def test_the_measure_counts_the_union_of_spans_plus_docstrings(tmp_path, monkeyp
     monkeypatch.setattr(reading_guide, "ROOT", tmp_path)
     (tmp_path / "m.py").write_text('"""Doc\n\nstring."""\n\n\ndef f():\n    def g():\n        return 1\n'
                                    '    return g()\n')
-    total, per_file, path, _ = reading_guide.measure([(Path("m.py"), 6, "f"), (Path("m.py"), 7, "f.<locals>.g")])
+    entered = [(Path("m.py"), 6, "f", False), (Path("m.py"), 7, "f.<locals>.g", False)]  # (file, line, name, check)
+    total, per_file, path, _ = reading_guide.measure(entered)
     assert total == 3 + 4 and per_file == {"m.py": 7} and [p[1] for p in path] == ["f"]  # g: inside f
 
 
@@ -173,7 +174,7 @@ def test_the_measure_counts_class_bodies(tmp_path, monkeypatch):
         'class Base:\n    """Base."""\n    a = 1\n    b = 2\n\n    def unused(self):\n        return 0\n\n\n'
         'class Own(Base):\n    """Own."""\n    c = 3\n\n    def used(self):\n        return 1\n\n'
         '    def unused_too(self):\n        return 2\n')
-    total, per_file, _, rows = reading_guide.measure([(Path("m.py"), 14, "Own.used")],
+    total, per_file, _, rows = reading_guide.measure([(Path("m.py"), 14, "Own.used", False)],
                                                      {(Path("m.py"), "Own"): True, (Path("m.py"), "Base"): False},
                                                      {"b"})
     # Own: lines 10-16 (17-18, a method not entered, left out); Base: its class line, docstring and b
