@@ -119,7 +119,7 @@ def main(argv=None):
              "--seeds", "0", "--prompts", str(args.prompts), "--estimators", ESTIMATORS, "--device", device.type,
              "--decode", decode, "--stop-after", f"{left:.0f}", "--out", str(out / "sweep"), *args.sweep_args]
     finished = hs.main(sweep) is not None
-    saved = json.loads(((out / "sweep" / "results.json") if finished else records.progress_file(out / "sweep")).read_text())
+    saved = records.read_record(out / "sweep")  # results.json, or sweep.json where it stopped early
     recorded = {f.name: len(list(f.glob("p*.npz"))) for f in sorted((out / "sweep" / "prompts").glob("n*"))}
     save("sweep", dict(finished=finished, seconds=time.time() - started, arguments=sweep,
                        cells_finished=[[c["n"], c["success"], c["mean_length"]] for c in saved["checkpoints"]],

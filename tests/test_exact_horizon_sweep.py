@@ -378,8 +378,7 @@ def test_the_smollm2_sweep_rebuilds_its_table_from_what_it_saved(folder, card, t
     # record names the commit of every process that measured it and the machine.
     import json
     folder = ROOT / "benchmarks" / "results" / folder
-    record = json.loads(((folder / "sweep.json") if (folder / "sweep.json").is_file() else folder / "results.json")
-                        .read_text())
+    record = records.read_record(folder)  # sweep.json while measuring, else results.json
     assert record["args"]["model"] == "smollm2" and record["args"]["prompts"] == 24 and record["machine"]["cpu"]
     assert record["machine"].get("cuda") == card
     hs.main(["--from-saved", str(folder), "--out", str(tmp_path), "--replicates", "2000"])
