@@ -279,6 +279,51 @@ def action_aligned_otb(token_rewards, response_mask, group_index, log_probs, sum
     return A, G
 
 
+# =====================================================================================
+# The sequence-level optimal baseline, eq. (9), and OPO
+# =====================================================================================
+
+def sequence_optimal_baseline(token_rewards, response_mask, group_index, energy, *, leave_one_out=False):
+    """One baseline per response, each row of the group weighted by its energy e_j (B,):
+
+        b_i = sum_j e_j R_j / sum_j e_j      over the rows j of i's group             (9)
+
+    with leave_one_out over the rows j != i. The minimum-variance constant baseline for the
+    sequence-level estimator (R - b) S is E[R ||S||^2] / E[||S||^2] (the derivation of (4) with
+    t = T); (9) estimates it over the group with e_j standing in for ||S_j||^2: the exact squared
+    norm of the response's full gradient, OTB's energy W_T of the whole response, or its length
+    (``opo``). OTB, (4)-(6), is the same idea per token position. A = R - b on every valid token.
+
+    With the own row in (the default, as OPO) the gradient is biased like the group mean's; with
+    leave_one_out b_i does not depend on row i and the gradient is unbiased. b = 0 in a singleton
+    group and wherever the energies summed over are 0. Inputs as ``optimal_token_baseline``'s, and
+    ``energy``: one finite number >= 0 per row. Returns (advantages, returns), both (B, T)."""
+    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index)  # R_i (B,), m (B, T)
+    e = _checked_energy(energy, len(m)).to(m.device)  # e_j, (B,)
+    return _broadcast(score - _energy_baseline(score, e, gid, n, size, leave_one_out).to(m.dtype), score, m)
+
+
+def opo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None, *, leave_one_out=False):
+    """OPO (arXiv 2505.23585, verl 0.9.1's ``compute_opo_outcome_advantage``): eq. (9) with the
+    response length as the energy, e_j = l_j = sum_t m_t, own row in. ``opo_loo``: the rows j != i.
+    (log_probs and sum_pi_sq are accepted and ignored.)"""
+    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index)  # R_i (B,), m (B, T)
+    length = m.sum(-1)  # l_j, (B,)
+    return _broadcast(score - _energy_baseline(score, length, gid, n, size, leave_one_out).to(m.dtype), score, m)
+
+
+def _energy_baseline(score, e, gid, n_groups, size, leave_one_out):
+    """b_i of eq. (9) for every row, (B,), in float64 (leave-one-out subtracts the own term from the
+    group's total, which cancels badly in float32 when one energy dwarfs the others)."""
+    R, e = score.double(), e.double()  # R_j, e_j, (B,)
+    num = _group_sum(e * R, gid, n_groups)[gid]  # sum_j e_j R_j over the group, (B,)
+    den = _group_sum(e, gid, n_groups)[gid]  # sum_j e_j, (B,)
+    if leave_one_out:
+        num, den = num - e * R, (den - e).clamp(min=0.0)  # over j != i
+    keep = (size[gid] > 1) & (den > 0)  # a singleton, or no energy to weigh by: b = 0
+    return torch.where(keep, num / den.clamp(min=1e-300), 0.0)  # b_i, (B,)
+
+
 # One string picks the estimator in a training loop; all take the same keyword arguments.
 ESTIMATORS = {
     "reinforce": reinforce,
@@ -290,6 +335,8 @@ ESTIMATORS = {
     "otb_zero_tail": partial(optimal_token_baseline, zero_tail=True),  # verl 0.9.1 as its trainer runs it
     "otb_tir": action_aligned_otb,
     "otb_tir_zero_tail": partial(action_aligned_otb, zero_tail=True),  # verl 0.9.1's tir_optimal_token_baseline
+    "opo": opo,  # eq. (9) with the length as the energy: verl 0.9.1's compute_opo_outcome_advantage
+    "opo_loo": partial(opo, leave_one_out=True),
 }
 
 
@@ -385,6 +432,17 @@ def _checked_pair(log_probs, sum_pi_sq):
         raise ValueError(f"sum_pi_sq has shape {tuple(sum_pi_sq.shape)} but log_probs has shape "
                          f"{tuple(log_probs.shape)}")
     return log_probs, sum_pi_sq
+
+
+def _checked_energy(energy, batch):
+    """sequence_optimal_baseline's energy as a 1-D tensor of ``batch`` finite numbers >= 0, or the ValueError."""
+    e = _as_tensor("energy", energy)
+    if e.dim() != 1 or len(e) != batch:
+        raise ValueError(f"energy must hold one number per row, shape ({batch},), got shape {tuple(e.shape)}")
+    if not _in_range(e, 0.0, math.inf):
+        bad = e[~(torch.isfinite(e) & (e >= 0))][0].item()
+        raise ValueError(f"energy must be finite and >= 0, found {bad:.6g}")
+    return e
 
 
 def _as_tensor(name, x):  # a tensor as it is; a (nested) list of numbers as a tensor; else the error

@@ -84,7 +84,7 @@ def test_sequence_estimators_match_naive_loop(args, kind):
 
 def test_estimators_dict_contract():
     assert set(otb.ESTIMATORS) == {"reinforce", "group_mean", "grpo", "rloo", "otb", "otb_loo", "otb_zero_tail",
-                                   "otb_tir", "otb_tir_zero_tail"}
+                                   "otb_tir", "otb_tir_zero_tail", "opo", "opo_loo"}
     b = make_batch(3, [4, 2, 1, 5], 7, process=True)
     kw = dict(token_rewards=torch.tensor(b["r"]), response_mask=torch.tensor(b["m"]),
               group_index=b["gid"], log_probs=torch.tensor(b["lp"]), sum_pi_sq=torch.tensor(b["spi"]))
