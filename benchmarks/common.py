@@ -195,20 +195,87 @@ def weighted_score_gradient(model, ro, rows, weights, temperature, project=flatt
     """grad_theta sum_{i in rows} sum_t weights[i, t] log pi(y_t^i), flattened: (D,) (or projected: the
     (k,) of ``sketch``). One backward pass over the rows ``rows`` of ``ro`` alone; ``weights`` (B, T)
     covers all of ro's rows. Runs on the model's device; the result is on the CPU."""
+    return weighted_score_gradients(model, ro, rows, [weights], temperature, project)[0]
+
+
+def weighted_score_gradients(model, ro, rows, weights, temperature, project=flatten, timing=None):
+    """``weighted_score_gradient`` for each of the (B, T) tensors in the list ``weights``, over one forward
+    pass: the graph is kept between the backward passes, so each extra weighting costs a backward pass and
+    not a forward. timing: a dict that collects the seconds of the forward ('forward') and of each
+    backward (by its place in the list), or None. Returns a list of (D,) (or (k,)) on the CPU."""
     sub = subset(ro, rows)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
+    started = time.perf_counter()
     logp, _, _ = rollout.score(model, sub.prompt_ids.to(device), sub.prompt_mask.to(device),
                                sub.response.to(device), sub.response_mask.to(device),
                                temperature)  # log pi(y_t), (b, T'), keeps the graph
-    w = weights[torch.as_tensor(rows), :sub.response.shape[1]].to(device)  # (b, T')
-    return project(torch.autograd.grad((w * logp).sum(), params)).cpu()  # (D,) or (k,)
+    out, clock = [], _Clock(timing, device)
+    clock.add("forward", started)
+    for k, weights_k in enumerate(weights):
+        started = time.perf_counter()
+        w = weights_k[torch.as_tensor(rows), :sub.response.shape[1]].to(device)  # (b, T')
+        grads = torch.autograd.grad((w * logp).sum(), params, retain_graph=k + 1 < len(weights))
+        out.append(project(grads).cpu())  # (D,) or (k,)
+        clock.add(k, started)
+    return out
+
+
+class _Clock:
+    """Adds the seconds since ``started`` to timing[key] (after the device has finished); nothing without a dict."""
+
+    def __init__(self, timing, device):
+        self.timing, self.device = timing, device
+
+    def add(self, key, started):
+        if self.timing is not None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.timing[key] = self.timing.get(key, 0.0) + time.perf_counter() - started
 
 
 def per_response_scores(model, ro, temperature, project=flatten):
     """S_i = grad_theta log pi(tau_i) = grad sum_t log pi(y_t^i) for every row: (B, D) (projected: (B, k))."""
-    return torch.stack([weighted_score_gradient(model, ro, [i], ro.response_mask, temperature, project)
-                        for i in range(len(ro.response))])
+    return response_scores(model, ro, temperature, project)[0]
+
+
+def response_scores(model, ro, temperature, project=flatten):
+    """(S_i for every row, (B, D) or projected (B, k); ||S_i||^2 of the full, unprojected gradient, (B,)
+    float64): one backward pass per response. The squared norm is the exact energy of the classic
+    sequence-level optimal baseline (otb.sequence_optimal_baseline, eq. 9)."""
+    norms = []
+
+    def keep_norm(grads):  # ||S_i||^2 from the full gradient, then the projection
+        norms.append(sum(g.double().square().sum() for g in grads).item())
+        return project(grads)
+    S = torch.stack([weighted_score_gradient(model, ro, [i], ro.response_mask, temperature, keep_norm)
+                     for i in range(len(ro.response))])
+    return S, torch.tensor(norms, dtype=torch.float64)
+
+
+SEQUENCE_ENERGIES = {  # the sequence-level optimal baseline, otb eq. (9), with another energy than OPO's length
+    "seq_proxy": ("proxy", False),  # e_j = W_T^j, OTB's proxy energy of the whole response, own row in
+    "seq_proxy_loo": ("proxy", True),  # the same over the rows j != i
+    "seq_exact": ("exact", False),  # e_j = ||S_j||^2 of the full gradient (response_scores), own row in
+    "seq_exact_loo": ("exact", True),
+}
+
+
+def proxy_energy(log_probs, sum_pi_sq, response_mask):
+    """W_T = sum_t w_t m_t, OTB's realized energy of each whole response (eqs. 3 and 7 of otb.py), (B,)."""
+    w = otb.token_energy(log_probs, sum_pi_sq)  # w_t, (B, T)
+    return torch.where(torch.as_tensor(response_mask) > 0, w, 0.0).sum(-1)  # W_T, (B,)
+
+
+def advantages(name, token_rewards, response_mask, group_index, log_probs, sum_pi_sq, exact_energy=None):
+    """A_t (B, T) of ``otb.ESTIMATORS[name]``, or of eq. (9) with the energy that ``SEQUENCE_ENERGIES[name]``
+    names: the proxy W_T = sum_t w_t m_t (eq. 7, from the forward pass) or ``exact_energy``, ||S_i||^2 (B,)."""
+    if name not in SEQUENCE_ENERGIES:
+        return otb.ESTIMATORS[name](token_rewards=token_rewards, response_mask=response_mask, group_index=group_index,
+                                    log_probs=log_probs, sum_pi_sq=sum_pi_sq)[0]
+    kind, loo = SEQUENCE_ENERGIES[name]
+    energy = proxy_energy(log_probs, sum_pi_sq, response_mask) if kind == "proxy" else exact_energy  # (B,)
+    return otb.sequence_optimal_baseline(token_rewards, response_mask, group_index, energy, leave_one_out=loo)[0]
 
 
 def is_sequence_level(adv, mask):
@@ -225,8 +292,17 @@ def group_gradients(model, ro, groups, adv, temperature, S=None, project=flatten
     if S is not None and is_sequence_level(adv, ro.response_mask):
         A = adv[:, 0]  # A_i, (B,)
         return torch.stack([(A[g, None] * S[g]).sum(0) / N for g in groups])  # (K, D)
-    w = adv / N  # the weights of eq. (1), (B, T)
-    return torch.stack([weighted_score_gradient(model, ro, g, w, temperature, project) for g in groups])  # (K, D)
+    return token_group_gradients(model, ro, groups, [adv], temperature, project)[0]
+
+
+def token_group_gradients(model, ro, groups, advs, temperature, project=flatten, timing=None):
+    """g_k of eq. (1) for several token-level advantages (a list of (B, T)) on the same (K, N) groups: one
+    forward pass per group and one backward pass per advantage (``weighted_score_gradients``). Returns a
+    list of (K, D) (or (K, k)), in the order of ``advs``; timing as weighted_score_gradients'."""
+    N = groups.shape[1]
+    w = [adv / N for adv in advs]  # the weights of eq. (1), (B, T) each
+    per_group = [weighted_score_gradients(model, ro, g, w, temperature, project, timing) for g in groups]
+    return [torch.stack([gk[a] for gk in per_group]) for a in range(len(advs))]  # (K, D) each
 
 
 def group_ids_of(groups, M):

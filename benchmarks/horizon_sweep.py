@@ -79,12 +79,13 @@ from lab.analysis import resampling, scale_free, stats  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
 from lab import options  # noqa: E402
-from benchmarks.common import (draw_pool, flatten, group_gradients, group_ids_of,  # noqa: E402
-                               per_response_scores, reference_gradient, sketch, subset)
+from benchmarks.common import (SEQUENCE_ENERGIES, advantages, draw_pool, flatten, group_gradients,  # noqa: E402
+                               group_ids_of, is_sequence_level, proxy_energy, reference_gradient, response_scores,
+                               sketch, subset, token_group_gradients)
 from benchmarks import cli  # noqa: E402
 from benchmarks.sweep_records import (grams_of, info_of, load_grams, load_prompt, progress_file,  # noqa: E402
-                                      read_saved, record_path, recorded_cells, resumed, save_grams, save_prompt,
-                                      settings)
+                                      read_saved, record_path, recorded_cells, resumed, save_grams, save_lesson,
+                                      save_prompt, save_responses, settings)
 from benchmarks.sweep_report import (checkpoints_md, contrasts_md, head_to_head_md, model_note, plot,  # noqa: E402
                                      summary_md, table_md, took)
 from lab import machine  # noqa: E402
@@ -114,8 +115,11 @@ def parse_args(argv=None):
     p.add_argument("--stop-after", type=float, default=0.0, help="seconds: stop once this much time has passed "
                    "(checked after each prompt; what is measured stays recorded, --resume continues it, --from-saved "
                    "analyses it); 0: no limit")
-    p.add_argument("--estimators", type=cli.choice_list(list(otb.ESTIMATORS)),
-                   default=",".join(otb.ESTIMATORS), help="reinforce and group_mean are always needed")
+    p.add_argument("--estimators", type=cli.choice_list(list(otb.ESTIMATORS) + list(SEQUENCE_ENERGIES)),
+                   default=",".join(e for e in otb.ESTIMATORS if not e.startswith("opo")),
+                   help="reinforce and group_mean are always needed; besides otb.ESTIMATORS, the sequence-level "
+                   "optimal baselines of otb eq. (9) with the proxy energy W_T (seq_proxy, seq_proxy_loo) or the "
+                   "exact ||S_i||^2 (seq_exact, seq_exact_loo), computed from the S_i the sweep has")
     p.add_argument("--seeds", type=cli.int_list(0), default=None, help="a warmed-up model per (seed, n) "
                    "(default 0,1,2); with --from-saved: analyse only these seeds' cells")
     p.add_argument("--group-sizes", type=cli.int_list(1), default="4,16",
@@ -202,14 +206,17 @@ def checkpoint(n, seed, args):
     return model, tok, options.make_task(cfg), cfg, source
 
 
-def measure_checkpoint(model, tok, task, cfg, args, seed, records, saved=lambda: None):
+def measure_checkpoint(model, tok, task, cfg, args, seed, records, saved=lambda: None, lesson=None):
     """Per estimator and N, the sufficient statistics over prompts (scale_free.gram_stats); info.
 
     Each prompt's statistics are written to the folder ``records`` as soon as it is measured (``save_prompt``;
     then ``saved()`` is called), and a prompt already recorded there (a run that stopped and is resumed) is
     read back, not measured again. A resumed run measures the rest exactly as a run straight through
     would: a block's pools are drawn from the same seeds when its first unrecorded prompt needs them, the
-    groups' permutations are drawn for every prompt in order, recorded or not, and the projection is seeded."""
+    groups' permutations are drawn for every prompt in order, recorded or not, and the projection is seeded.
+    Per prompt the record also keeps every pool response's length, proxy energy W_T and ||S_i||^2 (exact, and
+    projected) and the group permutation; ``lesson``: a file for one N = 4 group with exactly one success
+    (its tokens and their advantages, ``save_lesson``), written at the first prompt that has one."""
     limit = tasks.response_limit(cfg, task)
     prompts, answers = tasks.prompt_batch(task, tok, 10_000 + seed, 0, args.prompts)  # unseen by RL
     block = args.sample_prompts or args.prompts  # prompts per sampling call
@@ -234,9 +241,12 @@ def measure_checkpoint(model, tok, task, cfg, args, seed, records, saved=lambda:
         started = time.time()
         q = p % block  # the prompt's place in its block
         (pool, (R, token_rewards, _)), (ref_pool, (R_ref, ref_rewards, _)) = pools_of(p // block)
+        timing, mark = {"pools": time.time() - started}, time.time()  # seconds of each phase (a block's sampling
+        # lands on its first prompt)
         # reference r_p: RLOO inside 4 disjoint sub-pools of a separate pool (unbiased for this prompt)
         ref_rows = torch.arange(q * args.ref_pool, (q + 1) * args.ref_pool)
         ref = reference_gradient(model, ref_pool, ref_rewards, ref_rows, cfg.temperature, project=project)[0]
+        timing["reference"], mark = time.time() - mark, time.time()
         # the pool: every estimator on the same groups
         rows = torch.arange(q * args.pool, (q + 1) * args.pool)
         sub = subset(pool, rows)
@@ -244,19 +254,31 @@ def measure_checkpoint(model, tok, task, cfg, args, seed, records, saved=lambda:
         with torch.no_grad():
             logp, spp, _ = (x.cpu() for x in rollout.score(model, sub.prompt_ids.to(device), sub.prompt_mask.to(device),
                                                            sub.response.to(device), m.to(device), cfg.temperature))
-        S = per_response_scores(model, sub, cfg.temperature, project)  # S_i, (M, D) or projected (M, k)
+        timing["score"], mark = time.time() - mark, time.time()
+        S, S_sq = response_scores(model, sub, cfg.temperature, project)  # S_i (M, D) or (M, k); ||S_i||^2 (M,)
+        timing["S_i"] = time.time() - mark
         units = {}
         for N in args.group_sizes:
             groups = perm.view(-1, N)  # (K, N) disjoint groups
             gid = group_ids_of(groups, args.pool)
-            for name in args.estimators:
-                adv, _ = otb.ESTIMATORS[name](token_rewards=r, response_mask=m, group_index=gid,
-                                              log_probs=logp, sum_pi_sq=spp)
-                G = group_gradients(model, sub, groups, adv, cfg.temperature, S=S, project=project).double()  # (K, D)
-                mean, var, K = scale_free.unit_summary(G)
-                units[(name, N)] = (mean.float(), var, K)  # float32 keeps 15 x P x D in memory
+            adv = {e: advantages(e, r, m, gid, logp, spp, S_sq) for e in args.estimators}  # A_t, (M, T) each
+            token = [e for e in args.estimators if not is_sequence_level(adv[e], m)]  # one backward pass per group
+            grads = {e: group_gradients(model, sub, groups, adv[e], cfg.temperature, S=S, project=project)
+                     for e in args.estimators if e not in token}  # through S_i, (K, D)
+            clock = {}  # the token-level estimators share each group's forward pass
+            grads.update(zip(token, token_group_gradients(model, sub, groups, [adv[e] for e in token],
+                                                          cfg.temperature, project, clock)))
+            timing.update({f"N{N}/forward": clock.get("forward", 0.0),
+                           **{f"N{N}/backward/{e}": clock[k] for k, e in enumerate(token)}})
+            for e in args.estimators:
+                mean, var, K = scale_free.unit_summary(grads[e].double())  # (K, D) -> mean, tr Var, K
+                units[(e, N)] = (mean.float(), var, K)  # float32 keeps 15 x P x D in memory
+            if lesson is not None and N == 4 and not lesson.is_file():
+                save_lesson(lesson, tok, sub, groups, adv, R[rows], p, n=task.horizon, seed=seed)
+        responses = dict(length=m.sum(-1).double(), W_T=proxy_energy(logp, spp, m).double(), S_sq=S_sq,
+                         PS_sq=S.double().square().sum(-1), perm=perm)  # per response of the pool, (M,)
         save_prompt(record_path(records, p), units, ref.float(), R[rows], R_ref[ref_rows], m.sum(-1).mean().item(),
-                    time.time() - started)
+                    time.time() - started, responses=responses, timing=timing)
         saved()
     done = [load_prompt(record_path(records, p)) for p in range(args.prompts)]
     return grams_of(done), info_of(done)
@@ -269,7 +291,8 @@ def measure_checkpoint(model, tok, task, cfg, args, seed, records, saved=lambda:
 DECODE_SECONDS = (0.019, 0.035)  # one eager decode step of a 30-layer model: its Python launches (docs/training.md)
 PASS_LAUNCHES = 3  # a forward and backward pass launches about 3 decode steps' kernels
 FLOPS = 30e12  # assumed float32 FLOP/s of the passes on an H100 (the sweep runs float32; peak about 67e12)
-SEQUENCE_LEVEL = ("reinforce", "group_mean", "rloo", "grpo")  # advantages one number per response: through S_i
+SEQUENCE_LEVEL = ("reinforce", "group_mean", "rloo", "grpo", "opo", "opo_loo",
+                  *SEQUENCE_ENERGIES)  # advantages one number per response: through S_i
 
 
 def projected_gpu_seconds(args, model, tok):
@@ -613,7 +636,8 @@ def measure_cells(out, command, args, grams_by_cell, checkpoints, before, t0, pr
             args.gpu_projection = projected_gpu_seconds(args, model, tok)
             print(projection_line(args.gpu_projection), flush=True)
         records = out / "prompts" / f"n{n}_seed{seed}"
-        grams_by_cell[(n, seed)], info = measure_checkpoint(model, tok, task, cfg, args, seed, records, record)
+        grams_by_cell[(n, seed)], info = measure_checkpoint(model, tok, task, cfg, args, seed, records, record,
+                                                            lesson=out / f"lesson_n{n}_seed{seed}.json")
         warmup = Path(source["path"]) / "warmup.json"  # the tiny model's; a pretrained one has none
         warm = json.loads(warmup.read_text())["history"] if warmup.is_file() else None
         checkpoints.append(dict(n=n, seed=seed, model=source["path"], **info,
@@ -622,7 +646,8 @@ def measure_cells(out, command, args, grams_by_cell, checkpoints, before, t0, pr
               f"{info['mean_length']:.1f}", flush=True)
         save_grams(out / "stats.npz", grams_by_cell)  # after every checkpoint: nothing measured is lost,
         grams_by_cell = load_grams(out / "stats.npz")  # and the tables are made from what is saved
-        shutil.rmtree(records)  # its prompts are in stats.npz now
+        save_responses(out, (n, seed), [load_prompt(record_path(records, p)) for p in range(args.prompts)])
+        shutil.rmtree(records)  # its prompts are in stats.npz and responses.npz now
         record()
         if i + 1 < len(todo):  # and a table of the finished cells
             write(out, command + "  # partial", args, before + time.time() - t0, checkpoints, grams_by_cell,

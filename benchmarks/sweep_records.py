@@ -30,40 +30,112 @@ def record_path(records, p):
     return Path(records) / f"p{p:04d}.npz"
 
 
-def save_prompt(path, units, ref, R, R_ref, length, seconds):
+def save_prompt(path, units, ref, R, R_ref, length, seconds, responses=None, timing=None):
     """One prompt's statistics, all that the analysis needs of it: per (estimator, N) its mean group
     gradient m_p, tr Var V_p and the number of groups K; its reference gradient r_p; the rewards of its
     pool and of its reference pool; the pool's mean response length and the seconds it took. The vectors
     m_p and r_p are stored as compact.scaled stores numbers, divided by their largest entry and rounded to
     float16 (within 2^-11 of it; a run straight through reads them back the same way, so a resumed run
-    gives the same statistics). Written to a temporary file and then renamed, so a stop while
-    writing leaves no half-written record."""
+    gives the same statistics). ``responses``: {name: (M,) tensor} of per-response numbers of the pool, kept
+    as they are (float64); ``timing``: {phase: seconds}. Written to a temporary file and then renamed, so a
+    stop while writing leaves no half-written record."""
     arrays = {}
     for (e, N), (mean, var, K) in units.items():
         arrays[f"{e}/N{N}/mean"], arrays[f"{e}/N{N}/mean.scale"] = compact.scaled(mean)
         arrays[f"{e}/N{N}/var"], arrays[f"{e}/N{N}/K"] = np.float64(var), np.int64(K)
     arrays["ref"], arrays["ref.scale"] = compact.scaled(ref)
+    arrays.update({f"response.{k}": torch.as_tensor(v).numpy() for k, v in (responses or {}).items()})
+    if timing is not None:
+        arrays["timing"] = np.array(json.dumps(timing))
     tmp = path.with_name(path.stem + ".tmp.npz")
     np.savez(tmp, R=R.numpy(), R_ref=R_ref.numpy(), length=np.float64(length), seconds=np.float64(seconds), **arrays)
     tmp.replace(path)
 
 
 def load_prompt(path):
-    """The inverse of save_prompt: dict(units={(e, N): (mean, var, K)}, ref, R, R_ref, length, seconds), the
-    vectors in float32 (a record written without scales holds them in float32 as they are)."""
+    """The inverse of save_prompt: dict(units={(e, N): (mean, var, K)}, ref, R, R_ref, length, seconds,
+    responses={name: (M,)}, timing={phase: seconds}), the vectors in float32 (a record written without scales
+    holds them in float32 as they are; one written without responses or timing has them empty)."""
     with np.load(path) as data:
         def vector(key):
             if key + ".scale" not in data.files:
                 return torch.from_numpy(data[key])
             return compact.unscaled(data[key], data[key + ".scale"]).float()
         out = dict(units={}, ref=vector("ref"), **{k: torch.from_numpy(data[k]) for k in ("R", "R_ref")},
-                   length=float(data["length"]), seconds=float(data["seconds"]))
+                   length=float(data["length"]), seconds=float(data["seconds"]),
+                   responses={k[len("response."):]: torch.from_numpy(data[k]) for k in data.files
+                              if k.startswith("response.")},
+                   timing=json.loads(str(data["timing"])) if "timing" in data.files else {})
         for key in data.files:
             if key.count("/") == 2 and not key.endswith(".scale"):
                 e, N, k = key.split("/")
                 out["units"].setdefault((e, int(N[1:])), {})[k] = vector(key) if k == "mean" else data[key]
     out["units"] = {key: (u["mean"], float(u["var"]), int(u["K"])) for key, u in out["units"].items()}
     return out
+
+
+def responses_path(out):
+    """Where a sweep keeps its finished cells' per-response numbers (``save_responses``)."""
+    return Path(out) / "responses.npz"
+
+
+def save_responses(out, cell, done):
+    """Add cell (n, seed)'s per-response numbers, stacked over its recorded prompts ``done`` (load_prompt's),
+    to OUT/responses.npz: keys 'n30_seed0/S_sq' and so on, (P, M) float64 arrays, with 'n30_seed0/R' (the
+    rewards) and 'n30_seed0/seconds' (per prompt), and the phases' seconds as 'n30_seed0/timing.<phase>'."""
+    if not done or not done[0]["responses"]:
+        return
+    path, key = responses_path(out), f"n{cell[0]}_seed{cell[1]}"
+    arrays = dict(np.load(path)) if path.is_file() else {}
+    for name in done[0]["responses"]:
+        arrays[f"{key}/{name}"] = torch.stack([d["responses"][name] for d in done]).numpy()
+    arrays[f"{key}/R"] = torch.stack([d["R"] for d in done]).double().numpy()
+    arrays[f"{key}/seconds"] = np.array([d["seconds"] for d in done])
+    for phase in done[0]["timing"]:
+        arrays[f"{key}/timing.{phase}"] = np.array([d["timing"].get(phase, np.nan) for d in done])
+    tmp = path.with_name(path.stem + ".tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+
+
+def read_responses(out):
+    """Every cell's per-response numbers: the finished cells' from responses.npz, an unfinished cell's from
+    its prompt records. {(n, seed): {name: (P, M) tensor}}."""
+    cells = {}
+    if responses_path(out).is_file():
+        with np.load(responses_path(out)) as data:
+            for k in data.files:
+                cell, name = k.split("/", 1)
+                n, seed = (int(x) for x in cell[1:].split("_seed"))
+                cells.setdefault((n, seed), {})[name] = torch.from_numpy(data[k])
+    for folder in sorted((Path(out) / "prompts").glob("n*_seed*")):
+        n, seed = (int(x) for x in folder.name[1:].split("_seed"))
+        done = [load_prompt(f) for f in sorted(folder.glob("p[0-9][0-9][0-9][0-9].npz"))]
+        if (n, seed) not in cells and done and done[0]["responses"]:
+            cells[(n, seed)] = {name: torch.stack([d["responses"][name] for d in done]) for name in done[0]["responses"]}
+            cells[(n, seed)]["R"] = torch.stack([d["R"] for d in done]).double()
+            cells[(n, seed)]["seconds"] = torch.tensor([d["seconds"] for d in done])
+            for phase in done[0]["timing"]:
+                cells[(n, seed)][f"timing.{phase}"] = torch.tensor([d["timing"].get(phase, float("nan")) for d in done])
+    return cells
+
+
+def save_lesson(path, tok, sub, groups, adv, R, p, n, seed, show=("group_mean", "otb", "otb_loo")):
+    """The first of the (K, 4) ``groups`` with exactly one success (R = 1), as JSON: per response its tokens
+    (as the tokenizer decodes each), its reward and each token's advantage under the estimators ``show``
+    (those in ``adv``); nothing is written when no group has exactly one success."""
+    lone = [g for g in groups.tolist() if sum(R[i].item() == 1 for i in g) == 1]
+    if not lone:
+        return
+    rows = []
+    for i in lone[0]:
+        valid = sub.response_mask[i] > 0
+        ids = sub.response[i][valid].tolist()
+        rows.append(dict(tokens=[tok.decode([t]) for t in ids], reward=R[i].item(),
+                         advantages={e: adv[e][i][valid].tolist() for e in show if e in adv}))
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(n=n, seed=seed, prompt=p, rows=rows), indent=1))
+    tmp.replace(path)
 
 
 def grams_of(done):

@@ -244,3 +244,44 @@ def test_the_sweep_cost_benchmark_and_the_projection_it_replaced(counting_model,
     for k in (8, 100):
         a, b = common.sketch(model, k)(grads), bc.gather_projection(model, k)(grads)
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item()), k
+
+
+DECOMPOSITION = "reinforce,group_mean,rloo,otb,otb_loo,otb_zero_tail,opo,opo_loo,seq_proxy,seq_proxy_loo,seq_exact,seq_exact_loo"
+
+
+def test_the_decomposition_estimators_on_the_same_responses(counting_model, tmp_path):
+    """Every estimator of docs/smollm2_decomposition_protocol.md in one sweep at a tiny shape, gradients exact
+    (--project 0): the sequence-level ones go through the S_i (no backward pass of their own), the token-level
+    ones share each group's forward pass. Checked: every estimator has a gain; the known factors hold where
+    they are exact (rloo's gain is 1); the saved per-response numbers are those of the pool (||S_i||^2 of the
+    exact S_i, the length, W_T recomputed from a fresh scoring pass); the lesson group has exactly one success
+    and each token's advantage is the estimator's on that group."""
+    out = tmp_path / "decomposition"
+    hs.main(["--model", str(counting_model), "--task", "count", "--horizons", "4", "--seeds", "0", "--prompts", "4",
+             "--pool", "8", "--ref-pool", "8", "--group-sizes", "4", "--estimators", DECOMPOSITION, "--project", "0",
+             "--sample-prompts", "2", "--device", "cpu", "--replicates", "200", "--out", str(out)])
+    result = json.loads((out / "results.json").read_text())
+    gains = {g["estimator"]: g for g in result["gains"] if "gain" in g}
+    assert set(gains) == set(DECOMPOSITION.split(",")) - {"group_mean"}
+    assert gains["rloo"]["gain"][0] == pytest.approx(1.0, rel=1e-6)
+    responses = records.read_responses(out)[(4, 0)]
+    assert responses["S_sq"].shape == responses["length"].shape == responses["W_T"].shape == (4, 8)
+    assert torch.allclose(responses["PS_sq"], responses["S_sq"], rtol=1e-4)  # no projection: the same norm
+    assert (responses["S_sq"] > 0).all() and (responses["W_T"] > 0).all()
+    assert sorted(responses["perm"][0].long().tolist()) == list(range(8))
+    assert responses["R"].shape == (4, 8) and set(responses["R"].unique().tolist()) <= {0.0, 1.0}
+    timing = {k for k in responses if k.startswith("timing.")}
+    assert {"timing.N4/backward/otb", "timing.N4/backward/otb_loo", "timing.N4/backward/otb_zero_tail"} <= timing
+    assert not any(k.startswith("timing.N4/backward/seq") or k.startswith("timing.N4/backward/opo") for k in timing)
+    lesson = out / "lesson_n4_seed0.json"
+    if lesson.is_file():
+        saved = json.loads(lesson.read_text())
+        assert sum(row["reward"] == 1 for row in saved["rows"]) == 1 and len(saved["rows"]) == 4
+        for row in saved["rows"]:
+            assert set(row["advantages"]) == {"group_mean", "otb", "otb_loo"}
+            assert all(len(a) == len(row["tokens"]) for a in row["advantages"].values())
+            assert len(set(row["advantages"]["group_mean"])) == 1  # one number per response
+    else:  # no N = 4 group with exactly one success in this pool
+        perm = responses["perm"].long()
+        assert all(int(sum(responses["R"][p][perm[p][g * 4:(g + 1) * 4]].tolist())) != 1
+                   for p in range(4) for g in range(2))

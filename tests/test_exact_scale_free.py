@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 import otb
 from lab.analysis import scale_free
+from benchmarks import common
 from toy_env import ToyConfig, enumerate_toy
 from toy_harness import batch_gradients
 
@@ -126,11 +127,12 @@ def test_known_factors_hold_with_tool_output_in_the_responses(N):
     gid = torch.arange(M ** N).repeat_interleave(N)
     weight = p[rows].reshape(-1, N).prod(-1)  # p(tuple), (M^N,)
     assert weight.sum().item() == pytest.approx(1.0, abs=1e-12)
-    ests = {**{name: otb.ESTIMATORS[name] for name in scale_free.FACTORS},
-            "otb_tir leave-one-out": partial(otb.action_aligned_otb, leave_one_out=True)}
+    exact = torch.einsum("btp->bp", scores).square().sum(-1)  # ||S_i||^2 of each response, (M,)
+    ests = {**{name: partial(common.advantages, name) for name in scale_free.FACTORS},
+            "otb_tir leave-one-out": lambda **kw: partial(otb.action_aligned_otb, leave_one_out=True)(**kw)[0]}
     for name, fn in ests.items():
-        A, _ = fn(token_rewards=r[rows], response_mask=mask[rows], group_index=gid, log_probs=lp[rows],
-                  sum_pi_sq=spp[rows])  # (M^N * N, T)
+        A = fn(token_rewards=r[rows], response_mask=mask[rows], group_index=gid, log_probs=lp[rows],
+               sum_pi_sq=spp[rows], **({"exact_energy": exact[rows]} if name.startswith("seq_") else {}))
         g = torch.einsum("bt,btp->bp", A, scores[rows]).reshape(-1, N, grad_J.numel()).mean(1)  # (M^N, P)
         c = scale_free.FACTORS.get(name, lambda N: 1.0)(N)
         assert torch.allclose(weight @ g, c * grad_J, atol=1e-12), name

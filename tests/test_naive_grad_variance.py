@@ -92,6 +92,29 @@ def test_group_gradients_match_naive_loop(tiny, estimator):
             torch.testing.assert_close(G[k], expected, rtol=1e-4, atol=1e-6)
 
 
+def test_token_level_estimators_sharing_a_forward_pass_equal_each_alone(tiny):
+    """token_group_gradients (one forward per group, one backward per advantage, the graph kept between them)
+    gives each estimator exactly what its own forward and backward give; and response_scores' ||S_i||^2 is
+    the squared norm of the full S_i."""
+    model, _, ro = tiny
+    sub, r = prompt_inputs(ro, [4, 5, 6, 7])
+    m = sub.response_mask
+    with torch.no_grad():
+        logp, spp, _ = rollout.score(model, sub.prompt_ids, sub.prompt_mask, sub.response, m, 1.0)
+    gid = torch.tensor([0, 1, 0, 1])
+    groups = torch.tensor([[0, 2], [1, 3]])
+    names = ("otb", "otb_loo", "otb_zero_tail")
+    advs = [otb.ESTIMATORS[e](token_rewards=r, response_mask=m, group_index=gid, log_probs=logp, sum_pi_sq=spp)[0]
+            for e in names]
+    timing = {}
+    shared = common.token_group_gradients(model, sub, groups, advs, 1.0, timing=timing)
+    for name, adv, G in zip(names, advs, shared):
+        torch.testing.assert_close(G, common.group_gradients(model, sub, groups, adv, 1.0), rtol=0, atol=0)
+    assert set(timing) == {"forward", 0, 1, 2} and all(t > 0 for t in timing.values())
+    S, sq = common.response_scores(model, sub, 1.0)
+    torch.testing.assert_close(sq, S.double().square().sum(-1), rtol=1e-5, atol=0)
+
+
 def test_sequence_level_detection(tiny):
     model, _, ro = tiny
     sub, r = prompt_inputs(ro, [0, 1, 2, 3])

@@ -19,8 +19,8 @@ bandit, an unbiased estimate from a separate pool of responses on a language mod
 Known expectations
 ------------------
 For some estimators E g is known exactly, as a multiple of r = grad J (``FACTORS``):
-reinforce, rloo and otb_loo (no baseline, or one built from the *other* responses) have
-E g = grad J; the group mean includes the row's own reward with weight 1/N, whose score has mean
+reinforce, rloo, otb_loo and the sequence-level optimal baselines over the other rows (opo_loo,
+seq_proxy_loo, seq_exact_loo: no baseline, or one built from the *other* responses) have E g = grad J; the group mean includes the row's own reward with weight 1/N, whose score has mean
 0 against everything but itself, so E g = (1 - 1/N) grad J. For those alpha = c and cosine = 1
 exactly, and two of them compare without any estimated signal:
 
@@ -63,7 +63,9 @@ from lab.analysis import resampling
 
 # E g = c(N) grad J exactly (see "Known expectations"); absent: E g is unknown and estimated.
 FACTORS = {"reinforce": lambda N: 1.0, "rloo": lambda N: 1.0, "otb_loo": lambda N: 1.0,
-           "group_mean": lambda N: 1.0 - 1.0 / N}
+           "group_mean": lambda N: 1.0 - 1.0 / N,
+           # the sequence-level optimal baseline over the other rows (otb eq. 9), whatever the energy
+           "opo_loo": lambda N: 1.0, "seq_proxy_loo": lambda N: 1.0, "seq_exact_loo": lambda N: 1.0}
 METRICS = ("alpha", "cosine", "nvar", "rmse", "raw_variance", "signal")
 RANGE = {"cosine": (-1.0, 1.0), "rmse": (0.0, 1.0), "nvar": (0.0, math.inf), "raw_variance": (0.0, math.inf),
          "gain": (0.0, math.inf)}  # where each metric can lie; printing never leaves it without a mark
