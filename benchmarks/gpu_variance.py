@@ -1,5 +1,6 @@
-"""One prepared command for a short GPU window: SmolLM2's success before any RL and the variance sweep
-of docs/smollm2_variance_protocol.md at n = 10, 30 and 70, within a time budget.
+"""One prepared command for a short GPU window: train.py's gpu preset on the real weights for a few steps,
+SmolLM2's success before any RL, and the variance sweep with every estimator of
+docs/smollm2_decomposition_protocol.md at n = 70, then 10 and 30, within a time budget.
 
     python benchmarks/gpu_variance.py --model smollm2 --out $OUT           # on the card: 8 minutes at most
     python benchmarks/gpu_variance.py --model FOLDER --device cpu --horizons 2,4 --success-horizon 4 \\
@@ -10,12 +11,17 @@ The parts, each written to OUT/gpu_variance.json as soon as it ends (a window th
 was done):
 
 1. the machine (lab/machine.info: the card, torch, CUDA);
+   the training path first: ``train.py --preset gpu`` with the same --model, its preflight (the largest
+   step's memory and one real step per batch size), then --train-steps steps of every configuration of the
+   preset's comparison for one seed, in a child process stopped after --train-seconds (the preset has never
+   trained on the real weights: a failure here is worth knowing before anything else); its exit code and
+   the last lines it printed are saved (``train``);
 2. the loaded weights' success on the training task (tasks.CountTask at --success-horizon, 70 as train.py's
    gpu preset trains), one response to each of --success-prompts prompts, sampled as train.py samples it
    (chat template, temperature 0.7, the stop rule) with the compiled decode step on a GPU
    (lab/fast_decode.py), Wilson's 95% interval, the mean response length and the seconds;
-3. the variance sweep, benchmarks/horizon_sweep.py with --model, --horizons, --prompts and the protocol's
-   estimators and projection, sampling with the compiled decode step on a GPU, into OUT/sweep: each
+3. the variance sweep, benchmarks/horizon_sweep.py with --model, --horizons, --prompts and the
+   decomposition protocol's estimators (--estimators) and projection, sampling with the compiled decode step on a GPU, into OUT/sweep: each
    prompt's statistics are recorded as it finishes and each finished cell is analysed, and the sweep
    stops by itself (horizon_sweep --stop-after) so that the whole command ends within --budget seconds;
    what it measured is analysed into OUT/sweep/interim then. Arguments after ``--`` go to the sweep as
@@ -25,6 +31,7 @@ The recipe that brings the weights to a machine without network, and the command
 docs/training.md, "The variance sweep in one GPU window".
 """
 import json
+import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -44,7 +51,8 @@ from benchmarks import sweep_records as records  # noqa: E402
 from benchmarks.cli import at_least, device_option, int_list, out_folder, parser  # noqa: E402
 from benchmarks.common import draw_pool  # noqa: E402
 
-ESTIMATORS = "reinforce,group_mean,rloo,otb"  # the protocol's
+ESTIMATORS = ("reinforce,group_mean,rloo,otb,otb_loo,otb_zero_tail,opo,opo_loo,seq_proxy,seq_proxy_loo,seq_exact,"
+              "seq_exact_loo")  # docs/smollm2_decomposition_protocol.md's
 RESERVE = 45.0  # seconds kept for the sweep's last prompt past its limit and its interim analysis
 
 
@@ -58,7 +66,14 @@ def parse_args(argv=None):
                    "sweep stops early enough to end within it)")
     p.add_argument("--success-horizon", type=at_least(1), default=70, help="n of the count task for part 2")
     p.add_argument("--success-prompts", type=at_least(1), default=64, help="prompts of part 2, one response each")
-    p.add_argument("--horizons", type=int_list(1), default="10,30,70", help="the sweep's horizons n")
+    p.add_argument("--horizons", type=int_list(1), default="70,10,30", help="the sweep's horizons n, measured in "
+                   "this order")
+    p.add_argument("--estimators", default=ESTIMATORS, help="the sweep's estimators (horizon_sweep.py --estimators)")
+    p.add_argument("--train-steps", type=at_least(0), default=3, help="training steps of each configuration in "
+                   "part 1 (0: no training part)")
+    p.add_argument("--train-seconds", type=at_least(1), default=120, help="part 1 is stopped after this long")
+    p.add_argument("--train-args", default="", help="more arguments for train.py in part 1, as one string "
+                   "(e.g. '--horizon 4' at a tiny shape)")
     p.add_argument("--prompts", type=at_least(2), default=24, help="the sweep's prompts per horizon")
     p.add_argument("--out", type=out_folder, required=True, help="folder for gpu_variance.json and sweep/")
     args, rest = p.parse_known_args(argv)
@@ -83,6 +98,31 @@ def initial_success(model, tok, task, n_prompts, sample, batch=32, seed=12345):
                 mean_response_tokens=sum(lengths) / len(lengths))
 
 
+def train_smoke(args, device, folder):
+    """Part 1: ``train.py --preset gpu`` on --model, its preflight and then --train-steps steps of every
+    configuration for seed 0, one child process each, together stopped after --train-seconds. Returns what
+    each printed last, its exit code (None: stopped by the time limit) and its seconds."""
+    base = [sys.executable, str(ROOT / "train.py"), "--preset", "gpu", "--model", args.model, "--device", device.type,
+            "--out", str(folder), *args.train_args.split()]
+    parts, t0 = {}, time.time()
+    for name, extra in (("preflight", ["--preflight"]), ("steps", ["--steps", str(args.train_steps), "--seeds", "0"])):
+        left = args.train_seconds - (time.time() - t0)
+        if left <= 1:
+            parts[name] = dict(skipped=f"no time left of --train-seconds {args.train_seconds}")
+            continue
+        started = time.time()
+        try:
+            done = subprocess.run(base + extra, capture_output=True, text=True, timeout=left, cwd=ROOT)
+            code, text = done.returncode, done.stdout + done.stderr
+        except subprocess.TimeoutExpired as stopped:  # what it printed until then (bytes, whatever text= says)
+            code, text = None, "".join(x.decode(errors="replace") if isinstance(x, bytes) else x or ""
+                                       for x in (stopped.stdout, stopped.stderr))
+        lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip() and "it/s]" not in line]
+        parts[name] = dict(command=" ".join(base[1:] + extra), exit_code=code, seconds=round(time.time() - started, 1),
+                           last_lines=lines[-12:])
+    return parts
+
+
 def main(argv=None):
     t0 = time.time()
     args = parse_args(argv)
@@ -98,6 +138,10 @@ def main(argv=None):
         record["parts"][part] = dict(value, seconds_since_start=round(time.time() - t0, 1))
         (out / "gpu_variance.json").write_text(json.dumps(record, indent=1))
         print(f"{part}: {json.dumps(value)}", flush=True)
+
+    # 1. the training path: train.py's gpu preset on these weights, preflight then a few steps, in a child
+    if args.train_steps:
+        save("train", train_smoke(args, device, out / "train"))
 
     # 2. the weights' success before RL, with the model the sweep then uses (loaded once)
     cfg = train.Config(task="count", horizon=args.success_horizon, model=args.model, temperature=0.7)
@@ -116,7 +160,7 @@ def main(argv=None):
         return record
     started = time.time()
     sweep = ["--model", args.model, "--task", "count", "--horizons", ",".join(map(str, args.horizons)),
-             "--seeds", "0", "--prompts", str(args.prompts), "--estimators", ESTIMATORS, "--device", device.type,
+             "--seeds", "0", "--prompts", str(args.prompts), "--estimators", args.estimators, "--device", device.type,
              "--decode", decode, "--stop-after", f"{left:.0f}", "--out", str(out / "sweep"), *args.sweep_args]
     finished = hs.main(sweep) is not None
     saved = records.read_record(out / "sweep")  # results.json, or sweep.json where it stopped early

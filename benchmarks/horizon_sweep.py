@@ -61,6 +61,7 @@ docs/smollm2_variance_protocol.md's two questions for OTB: is its gain over the 
 N, and does it grow with n (``horizon_contrasts``: the ratio of the gains, prompts resampled jointly).
 """
 import argparse
+import itertools
 import json
 import math
 import shutil
@@ -82,10 +83,10 @@ from lab import options  # noqa: E402
 from benchmarks.common import (SEQUENCE_ENERGIES, advantages, draw_pool, flatten, group_gradients,  # noqa: E402
                                group_ids_of, is_sequence_level, proxy_energy, reference_gradient, response_scores,
                                sketch, subset, token_group_gradients)
-from benchmarks import cli  # noqa: E402
+from benchmarks import cli, decomposition  # noqa: E402
 from benchmarks.sweep_records import (grams_of, info_of, load_grams, load_prompt, progress_file,  # noqa: E402
-                                      read_saved, record_path, recorded_cells, resumed, save_grams, save_lesson,
-                                      save_prompt, save_responses, settings)
+                                      read_responses, read_saved, record_path, recorded_cells, resumed, save_grams,
+                                      save_lesson, save_prompt, save_responses, settings, write_responses)
 from benchmarks.sweep_report import (checkpoints_md, contrasts_md, head_to_head_md, model_note, plot,  # noqa: E402
                                      summary_md, table_md, took)
 from lab import machine  # noqa: E402
@@ -435,7 +436,7 @@ def head_to_head(evaluations, a="otb_tir", b="otb"):
 
 def horizon_contrasts(grams_by_cell, replicates=2000, baseline="group_mean", boot_seed=0):
     """Does a gain grow with the horizon? rho = gain(n_hi) / gain(n_lo) for every estimator, N and pair of
-    consecutive horizons, with its 95% set (docs/smollm2_variance_protocol.md, the primary contrast).
+    horizons, with its 95% set (docs/smollm2_variance_protocol.md, the primary contrast).
 
     A seed's cells at different n share their prompts' draws (tasks.prompt_batch), so its prompts are
     resampled jointly: prompt p of n_lo and prompt p of n_hi enter each bootstrap draw together (the same
@@ -445,8 +446,9 @@ def horizon_contrasts(grams_by_cell, replicates=2000, baseline="group_mean", boo
         rho = (num_hi den_lo) / (den_hi num_lo)
 
     and its set is the test inversion of resampling.py eq. (4') on those joint draws. Pairs whose cells
-    hold different numbers of prompts (an unfinished sweep) are left out, and so are gains fixed by the
-    known factors (rloo over the group mean). Returns a list of dicts."""
+    hold different numbers of prompts (an unfinished sweep) are left out; a gain with no sampling error at
+    either horizon (rloo over the group mean: 1 by construction) is listed with ``fixed`` and no rho. Returns
+    a list of dicts."""
     ns, seeds = sorted({n for n, _ in grams_by_cell}), sorted({s for _, s in grams_by_cell})
     evals = {}  # (n, seed, N) -> (point, boot); one draw of prompts per seed, shared by its horizons
     for (n, seed), grams in grams_by_cell.items():
@@ -456,7 +458,7 @@ def horizon_contrasts(grams_by_cell, replicates=2000, baseline="group_mean", boo
             evals[(n, seed, N)] = (scale_free.evaluations(units, factors, replicates, 7 * seed + 100_003 * boot_seed + 1,
                                                           scale_free.pooled_reference(units["reinforce"])), factors)
     out = []
-    for lo, hi in zip(ns, ns[1:]):
+    for lo, hi in itertools.combinations(ns, 2):  # every pair of horizons
         if any((n, s) not in grams_by_cell for n in (lo, hi) for s in seeds):
             continue
         sizes = {next(iter(grams_by_cell[(n, s)].values()))["V"].shape[0] for n in (lo, hi) for s in seeds}
@@ -465,14 +467,17 @@ def horizon_contrasts(grams_by_cell, replicates=2000, baseline="group_mean", boo
         for N in sorted({N for (_, _, N) in evals}):
             factors = evals[(lo, seeds[0], N)][1]
             for e in evals[(lo, seeds[0], N)][0][0]:
-                if e == baseline or (e in factors and baseline in factors):
-                    continue  # a gain fixed by the known factors (rloo's) has no sampling error to test
+                if e == baseline:
+                    continue
                 parts = {n: scale_free.gain_parts([evals[(n, s, N)][0] for s in seeds], e, baseline, factors)
                          for n in (lo, hi)}
                 (nl, dl, nl_r, dl_r), (nh, dh, nh_r, dh_r) = parts[lo], parts[hi]
                 a, b, a_r, b_r = nh * dl, dh * nl, nh_r * dl_r, dh_r * nl_r
-                out.append(dict(estimator=e, N=N, n_lo=lo, n_hi=hi, seeds=len(seeds),
-                                ratio=list(resampling.ratio_set(a, b, a_r, b_r, low=0.0)),
+                row = dict(estimator=e, N=N, n_lo=lo, n_hi=hi, seeds=len(seeds))
+                if all(resampling.log_ratio_se(x_r, y_r) < 1e-6 for x_r, y_r in ((nl_r, dl_r), (nh_r, dh_r))):
+                    out.append(dict(row, fixed=True))  # rloo's gain is N / (N - 1) x the group mean's / its factor: 1
+                    continue
+                out.append(dict(row, ratio=list(resampling.ratio_set(a, b, a_r, b_r, low=0.0)),
                                 verdict=resampling.replicate_verdict(a_r, b_r)))
     return out
 
@@ -536,6 +541,8 @@ def write(out, command, args, seconds, checkpoints, grams_by_cell, measured_on, 
     brief = summary_md(summary, contrasts, checkpoints, sizes, command)
     if brief:
         (out / "summary.md").write_text(brief)
+    if set(decomposition.PRIMARY) <= set(getattr(args, "estimators", ())) and read_responses(out):
+        decomposition.write(out, decomposition.analyse(out, args.replicates))  # OTB taken apart: its report
     import matplotlib
     matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt
@@ -577,6 +584,9 @@ def from_saved(folders, out, replicates, seeds=None):
     unfinished = any(progress_file(f).is_file() for f in folders)
     if len(folders) > 1 or seeds or unfinished or out.resolve() != Path(folders[0]).resolve():
         save_grams(out / "stats.npz", grams)
+        responses = {cell: r for f in folders for cell, r in read_responses(f).items() if cell in grams}
+        if responses:
+            write_responses(out, responses)  # the per-response numbers of the cells analysed
     args = {**saved[0]["args"], "replicates": replicates}
     if len(saved) > 1 or seeds or unfinished:
         args.update(seeds=sorted({seed for _, seed in grams}), horizons=sorted({n for n, _ in grams}))

@@ -36,12 +36,14 @@ def save_prompt(path, units, ref, R, R_ref, length, seconds, responses=None, tim
     pool and of its reference pool; the pool's mean response length and the seconds it took. The vectors
     m_p and r_p are stored as compact.scaled stores numbers, divided by their largest entry and rounded to
     float16 (within 2^-11 of it; a run straight through reads them back the same way, so a resumed run
-    gives the same statistics). ``responses``: {name: (M,) tensor} of per-response numbers of the pool, kept
+    gives the same statistics); m_p only where the analysis reads it (compact.needs_signal: not for an
+    estimator whose E g is known, whose signal comes from the references). ``responses``: {name: (M,) tensor} of per-response numbers of the pool, kept
     as they are (float64); ``timing``: {phase: seconds}. Written to a temporary file and then renamed, so a
     stop while writing leaves no half-written record."""
     arrays = {}
     for (e, N), (mean, var, K) in units.items():
-        arrays[f"{e}/N{N}/mean"], arrays[f"{e}/N{N}/mean.scale"] = compact.scaled(mean)
+        if compact.needs_signal(e):  # an estimator whose E g is known: the analysis never reads its m_p
+            arrays[f"{e}/N{N}/mean"], arrays[f"{e}/N{N}/mean.scale"] = compact.scaled(mean)
         arrays[f"{e}/N{N}/var"], arrays[f"{e}/N{N}/K"] = np.float64(var), np.int64(K)
     arrays["ref"], arrays["ref.scale"] = compact.scaled(ref)
     arrays.update({f"response.{k}": torch.as_tensor(v).numpy() for k, v in (responses or {}).items()})
@@ -53,7 +55,7 @@ def save_prompt(path, units, ref, R, R_ref, length, seconds, responses=None, tim
 
 
 def load_prompt(path):
-    """The inverse of save_prompt: dict(units={(e, N): (mean, var, K)}, ref, R, R_ref, length, seconds,
+    """The inverse of save_prompt: dict(units={(e, N): (mean or None, var, K)}, ref, R, R_ref, length, seconds,
     responses={name: (M,)}, timing={phase: seconds}), the vectors in float32 (a record written without scales
     holds them in float32 as they are; one written without responses or timing has them empty)."""
     with np.load(path) as data:
@@ -70,7 +72,7 @@ def load_prompt(path):
             if key.count("/") == 2 and not key.endswith(".scale"):
                 e, N, k = key.split("/")
                 out["units"].setdefault((e, int(N[1:])), {})[k] = vector(key) if k == "mean" else data[key]
-    out["units"] = {key: (u["mean"], float(u["var"]), int(u["K"])) for key, u in out["units"].items()}
+    out["units"] = {key: (u.get("mean"), float(u["var"]), int(u["K"])) for key, u in out["units"].items()}
     return out
 
 
@@ -81,18 +83,29 @@ def responses_path(out):
 
 def save_responses(out, cell, done):
     """Add cell (n, seed)'s per-response numbers, stacked over its recorded prompts ``done`` (load_prompt's),
-    to OUT/responses.npz: keys 'n30_seed0/S_sq' and so on, (P, M) float64 arrays, with 'n30_seed0/R' (the
-    rewards) and 'n30_seed0/seconds' (per prompt), and the phases' seconds as 'n30_seed0/timing.<phase>'."""
-    if not done or not done[0]["responses"]:
-        return
-    path, key = responses_path(out), f"n{cell[0]}_seed{cell[1]}"
-    arrays = dict(np.load(path)) if path.is_file() else {}
-    for name in done[0]["responses"]:
-        arrays[f"{key}/{name}"] = torch.stack([d["responses"][name] for d in done]).numpy()
-    arrays[f"{key}/R"] = torch.stack([d["R"] for d in done]).double().numpy()
-    arrays[f"{key}/seconds"] = np.array([d["seconds"] for d in done])
+    to OUT/responses.npz (``write_responses``); nothing for records without them."""
+    if done and done[0]["responses"]:
+        write_responses(out, {cell: stacked(done)})
+
+
+def stacked(done):
+    """{name: (P, M)} of recorded prompts: their per-response numbers, the rewards ('R'), the seconds of each
+    prompt ('seconds') and of each of its phases ('timing.<phase>', nan where a prompt has not that phase)."""
+    cell = {name: torch.stack([d["responses"][name] for d in done]) for name in done[0]["responses"]}
+    cell["R"] = torch.stack([d["R"] for d in done]).double()
+    cell["seconds"] = torch.tensor([d["seconds"] for d in done], dtype=torch.float64)
     for phase in done[0]["timing"]:
-        arrays[f"{key}/timing.{phase}"] = np.array([d["timing"].get(phase, np.nan) for d in done])
+        cell[f"timing.{phase}"] = torch.tensor([d["timing"].get(phase, float("nan")) for d in done], dtype=torch.float64)
+    return cell
+
+
+def write_responses(out, cells):
+    """Add {(n, seed): {name: tensor}} to OUT/responses.npz (keys 'n30_seed0/S_sq' and so on), written to a
+    temporary file and renamed."""
+    path = responses_path(out)
+    arrays = dict(np.load(path)) if path.is_file() else {}
+    for (n, seed), cell in cells.items():
+        arrays.update({f"n{n}_seed{seed}/{name}": torch.as_tensor(v).numpy() for name, v in cell.items()})
     tmp = path.with_name(path.stem + ".tmp.npz")
     np.savez(tmp, **arrays)
     tmp.replace(path)
@@ -112,11 +125,7 @@ def read_responses(out):
         n, seed = (int(x) for x in folder.name[1:].split("_seed"))
         done = [load_prompt(f) for f in sorted(folder.glob("p[0-9][0-9][0-9][0-9].npz"))]
         if (n, seed) not in cells and done and done[0]["responses"]:
-            cells[(n, seed)] = {name: torch.stack([d["responses"][name] for d in done]) for name in done[0]["responses"]}
-            cells[(n, seed)]["R"] = torch.stack([d["R"] for d in done]).double()
-            cells[(n, seed)]["seconds"] = torch.tensor([d["seconds"] for d in done])
-            for phase in done[0]["timing"]:
-                cells[(n, seed)][f"timing.{phase}"] = torch.tensor([d["timing"].get(phase, float("nan")) for d in done])
+            cells[(n, seed)] = stacked(done)
     return cells
 
 
@@ -141,9 +150,11 @@ def save_lesson(path, tok, sub, groups, adv, R, p, n, seed, show=("group_mean", 
 def grams_of(done):
     """{(estimator, N): scale_free.gram_stats} over the recorded prompts ``done`` (load_prompt's, in order)."""
     refs = torch.stack([d["ref"] for d in done]).float()  # r_p, (P, D)
-    return {key: scale_free.gram_stats(torch.stack([d["units"][key][0] for d in done]),
-                                       [d["units"][key][1] for d in done], refs)
-            for key in done[0]["units"]}
+
+    def means(key):  # m_p, (P, D); zeros where not recorded (never read: compact.needs_signal)
+        return torch.stack([torch.zeros_like(d["ref"]) if d["units"][key][0] is None else d["units"][key][0]
+                            for d in done])
+    return {key: scale_free.gram_stats(means(key), [d["units"][key][1] for d in done], refs) for key in done[0]["units"]}
 
 
 def info_of(done):

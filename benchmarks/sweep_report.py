@@ -18,7 +18,8 @@ def contrasts_md(contrasts):
     """The horizon contrasts as a table: estimator, N, the pair of horizons, rho's 95% set and its verdict."""
     lines = ["| estimator | N | gain(n_hi) / gain(n_lo) | rho [95% set] | the gain |", "|---|---|---|---|---|"]
     return "\n".join(lines + [f"| {c['estimator']} | {c['N']} | n = {c['n_hi']} / n = {c['n_lo']} | "
-                              f"{gain_cell(c['ratio'], '', c['verdict'])} | {VERDICT_WORDS[c['verdict']]} |"
+                              + ("- | 1 at every n by construction (no sampling error): no rho |" if c.get("fixed") else
+                                 f"{gain_cell(c['ratio'], '', c['verdict'])} | {VERDICT_WORDS[c['verdict']]} |")
                               for c in contrasts])
 
 

@@ -16,7 +16,7 @@ import torch
 import rollout
 import tasks
 from benchmarks import common
-from benchmarks import horizon_sweep as hs
+from benchmarks import decomposition, horizon_sweep as hs
 from benchmarks import sweep_records as records
 from lab.analysis import compact
 from lab.models import char_tokenizer, warm_up
@@ -197,8 +197,9 @@ def test_a_sweep_stopped_and_resumed_saves_what_a_run_straight_through_saves(cou
 
 
 def test_the_gpu_window_command_runs_end_to_end_at_a_tiny_shape(counting_model, tmp_path):
-    """benchmarks/gpu_variance.py, the one command of a GPU window, on the CPU at the tiny shape: the
-    weights' success before RL (Wilson's interval around it) and the sweep, each part written to
+    """benchmarks/gpu_variance.py, the one command of a GPU window, on the CPU at the tiny shape: train.py's
+    gpu preset (its preflight, then 2 steps of each configuration), the weights' success before RL (Wilson's
+    interval around it) and the sweep with the decomposition's estimators, each part written to
     gpu_variance.json as it ends. With room in its budget the sweep finishes (results.json, summary.md);
     stopped after its first prompt (--stop-after passed through to the sweep), it keeps that prompt
     recorded, says so, and --resume finishes it with the stats.npz of the run straight through."""
@@ -207,16 +208,23 @@ def test_the_gpu_window_command_runs_end_to_end_at_a_tiny_shape(counting_model, 
             "--success-prompts", "8", "--prompts", "4", "--budget", "900"]
     sweep_args = ["--pool", "8", "--ref-pool", "8", "--group-sizes", "2,4", "--project", "64", "--sample-prompts",
                   "2", "--replicates", "200"]
-    record = gv.main(tiny + ["--out", str(tmp_path / "full"), "--"] + sweep_args)
+    record = gv.main(tiny + ["--train-steps", "2", "--train-args", "--horizon 4", "--out", str(tmp_path / "full"),
+                             "--"] + sweep_args)
     parts = json.loads((tmp_path / "full" / "gpu_variance.json").read_text())["parts"]
-    assert list(parts) == ["load", "success", "sweep"] and record["decode"] == "plain"  # compiled on a GPU only
+    assert list(parts) == ["train", "load", "success", "sweep"] and record["decode"] == "plain"  # compiled on a GPU only
+    train = parts["train"]  # the gpu preset's preflight, then 2 steps of each of its configurations
+    assert train["preflight"]["exit_code"] == 0 and "--preset gpu" in train["preflight"]["command"]
+    assert train["steps"]["exit_code"] == 0 and train["steps"]["last_step"] == {"otb:4": 2, "group_mean:4": 2,
+                                                                                "group_mean:16": 2}
+    assert parts["sweep"]["arguments"][parts["sweep"]["arguments"].index("--estimators") + 1] == gv.ESTIMATORS
     assert abs(datetime.now(timezone.utc) - datetime.fromisoformat(record["started"])).total_seconds() < 3600
     s = parts["success"]
     assert s["prompts"] == 8 and s["success"] == s["successes"] / 8 and s["wilson_95"][0] <= s["success"] <= s["wilson_95"][1]
     assert parts["sweep"]["finished"] and [c[0] for c in parts["sweep"]["cells_finished"]] == [2, 4]
     assert (tmp_path / "full" / "sweep" / "summary.md").is_file()
     hs.LOADED.clear()
-    gv.main(tiny + ["--out", str(tmp_path / "stopped"), "--"] + sweep_args + ["--stop-after", "0.001"])
+    gv.main(tiny + ["--train-steps", "0", "--out", str(tmp_path / "stopped"), "--"] + sweep_args
+            + ["--stop-after", "0.001"])
     parts = json.loads((tmp_path / "stopped" / "gpu_variance.json").read_text())["parts"]
     assert not parts["sweep"]["finished"] and parts["sweep"]["prompts_recorded_in_unfinished_cells"] == {"n2_seed0": 1}
     hs.LOADED.clear()
@@ -285,3 +293,16 @@ def test_the_decomposition_estimators_on_the_same_responses(counting_model, tmp_
         perm = responses["perm"].long()
         assert all(int(sum(responses["R"][p][perm[p][g * 4:(g + 1) * 4]].tolist())) != 1
                    for p in range(4) for g in range(2))
+    report = json.loads((out / "decomposition.json").read_text())
+    primary = [c for c in report["contrasts"] if c["role"] == "primary"]
+    assert [(c["a"], c["b"], c["N"]) for c in primary] == [("otb_loo", "otb", 4)]
+    assert sum(c["role"] == "secondary" and c["tested"] for c in report["contrasts"]) == 5
+    assert "## The primary question, n = 4, N = 4" in (out / "decomposition.md").read_text()
+    d = report["descriptive"]["n4_seed0"]
+    assert d["responses"] == 32 and -1 <= d["proxy_vs_exact"]["spearman"] <= 1
+    again = decomposition.main(["--from-saved", str(out), "--out", str(tmp_path / "again"), "--replicates", "200",
+                                "--replay-of", str(out)])  # the same responses: tr Var equal
+    assert all(v["max_relative_difference"] == 0 for by in again["replay"].values() for v in by.values())
+    hs.main(["--from-saved", str(out), "--out", str(tmp_path / "elsewhere"), "--replicates", "200"])
+    assert (tmp_path / "elsewhere" / "decomposition.md").is_file()  # the responses travel with the statistics
+    assert torch.equal(records.read_responses(tmp_path / "elsewhere")[(4, 0)]["S_sq"], responses["S_sq"])

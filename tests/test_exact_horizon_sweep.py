@@ -326,14 +326,22 @@ def test_the_horizon_contrast_resamples_prompts_jointly_across_n():
     # Cell n = 16 is cell n = 64 with otb's per-prompt tr Var doubled: otb's gain over the group mean is
     # exactly twice as large at n = 64, prompt by prompt. Resampled jointly (the same prompts drawn for
     # both horizons), every draw gives rho = gain(64) / gain(16) = 2: the set is [2, 2], "grows with n".
-    # Independent draws for the two cells would give a wide set. Gains fixed by known factors (reinforce's
-    # and rloo's over the group mean) are left out; cells of unequal prompts give no contrast.
+    # Independent draws for the two cells would give a wide set. reinforce's gain, the same at both n, has
+    # rho 1 exactly; rloo's gain, 1 by construction at every n, is listed as fixed, without a rho; cells of
+    # unequal prompts give no contrast.
     hi = two_seeds()[(64, 0)]
+    hi[("rloo", 4)] = dict(hi[("group_mean", 4)], V=hi[("group_mean", 4)]["V"] * (4 / 3) ** 2)  # N / (N - 1) x gm
     lo = {key: dict(s, V=s["V"] * (1.0 if key[0] != "otb" else 2.0)) for key, s in hi.items()}
     grams = {(16, 0): lo, (64, 0): hi}
     contrasts = hs.horizon_contrasts(grams, replicates=1000)  # 300 draws cannot clear the edge band
-    assert [(c["estimator"], c["N"], c["n_lo"], c["n_hi"]) for c in contrasts] == [("otb", 4, 16, 64)]
-    assert contrasts[0]["ratio"] == pytest.approx([2.0, 2.0, 2.0], rel=1e-9) and contrasts[0]["verdict"] == "above"
+    assert [(c["estimator"], c["N"], c["n_lo"], c["n_hi"]) for c in contrasts] == [
+        ("reinforce", 4, 16, 64), ("otb", 4, 16, 64), ("rloo", 4, 16, 64)]
+    by = {c["estimator"]: c for c in contrasts}
+    assert by["otb"]["ratio"] == pytest.approx([2.0, 2.0, 2.0], rel=1e-9) and by["otb"]["verdict"] == "above"
+    assert by["reinforce"]["ratio"] == pytest.approx([1.0, 1.0, 1.0], rel=1e-9) and by["reinforce"]["verdict"] == "covers"
+    assert by["rloo"].get("fixed") and "ratio" not in by["rloo"]
+    assert "| rloo | 4 | n = 64 / n = 16 | - | 1 at every n by construction" in report.contrasts_md(contrasts)
+    contrasts = [c for c in contrasts if c["estimator"] == "otb"]
     _, summary, _ = hs.analyse(grams, replicates=300)
     gains = {s["n"]: s["gain"][0] for s in summary if s["estimator"] == "otb"}
     assert gains[64] / gains[16] == pytest.approx(2.0, rel=1e-9)  # the point value is the ratio of the gains
@@ -366,6 +374,21 @@ def test_a_prompt_record_keeps_what_the_analysis_needs(tmp_path):
                 for k, v in (("mean", m.numpy()), ("var", var), ("K", K))})
     old = records.load_prompt(tmp_path / "p0001.npz")
     assert torch.equal(old["ref"], ref) and all(torch.equal(old["units"][k][0], units[k][0]) for k in units)
+    # An estimator whose E g is known (scale_free.FACTORS, not reinforce) keeps no m_p: its signal comes from
+    # the references. The statistics the analysis reads (compact.save's) are those of the full record.
+    known = {("group_mean", 2): (torch.randn(50, generator=gen), 0.5, 4), ("otb_loo", 2): (torch.randn(50, generator=gen), 0.7, 4)}
+    for p in range(3):
+        records.save_prompt(tmp_path / f"slim{p}.npz", {**units, **known}, ref * (p + 1), R, 1 - R, 12.5, 3.0)
+    slim = [records.load_prompt(tmp_path / f"slim{p}.npz") for p in range(3)]
+    assert slim[0]["units"][("otb_loo", 2)][0] is None and slim[0]["units"][("otb", 2)][0] is not None
+    with np.load(tmp_path / "slim0.npz") as data:
+        assert "group_mean/N2/mean" not in data.files and "group_mean/N2/var" in data.files
+    full = [dict(s, units={k: (known[k][0] if u[0] is None else u[0], *u[1:]) for k, u in s["units"].items()})
+            for s in slim]
+    records.save_grams(tmp_path / "slim.npz", {(4, 0): records.grams_of(slim)})
+    records.save_grams(tmp_path / "full.npz", {(4, 0): records.grams_of(full)})
+    with np.load(tmp_path / "slim.npz") as a, np.load(tmp_path / "full.npz") as b:
+        assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
 
 
 @pytest.mark.saved_results
