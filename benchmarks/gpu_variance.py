@@ -31,6 +31,7 @@ The recipe that brings the weights to a machine without network, and the command
 docs/training.md, "The variance sweep in one GPU window".
 """
 import json
+import re
 import subprocess
 import sys
 import time
@@ -53,6 +54,7 @@ from benchmarks.common import draw_pool  # noqa: E402
 
 ESTIMATORS = ("reinforce,group_mean,rloo,otb,otb_loo,otb_zero_tail,opo,opo_loo,seq_proxy,seq_proxy_loo,seq_exact,"
               "seq_exact_loo")  # docs/smollm2_decomposition_protocol.md's
+STEP_LINE = re.compile(r"^\[(\w+) N=(\d+)\] step\s+(\d+)", re.M)  # train.py's log line of a step
 RESERVE = 45.0  # seconds kept for the sweep's last prompt past its limit and its interim analysis
 
 
@@ -118,8 +120,9 @@ def train_smoke(args, device, folder):
             code, text = None, "".join(x.decode(errors="replace") if isinstance(x, bytes) else x or ""
                                        for x in (stopped.stdout, stopped.stderr))
         lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip() and "it/s]" not in line]
+        steps = {f"{e}:{N}": int(k) for e, N, k in STEP_LINE.findall("\n".join(lines))}  # each configuration's last
         parts[name] = dict(command=" ".join(base[1:] + extra), exit_code=code, seconds=round(time.time() - started, 1),
-                           last_lines=lines[-12:])
+                           last_step=steps, last_lines=lines[-12:])
     return parts
 
 
