@@ -39,8 +39,8 @@ def draw(lesson, path=None, estimators=("group_mean", "otb", "otb_loo")):
     T = max(len(r["tokens"]) for r in rows)
     shown = [e for e in estimators if all(e in r["advantages"] for r in rows)]
     top = max(abs(a) for r in rows for e in shown for a in r["advantages"][e]) or 1.0
-    fig, axes = plt.subplots(len(shown), 1, figsize=(11, 1.2 + 1.1 * len(shown) * len(rows) / 4), sharex=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(len(shown), 1, figsize=(11, 1.4 + 1.3 * len(shown) * len(rows) / 4), sharex=True,
+                             squeeze=False, layout="constrained")
     for ax, e in zip(axes[:, 0], shown):
         grid = np.full((len(rows), T), math.nan)  # A_t per row and position, NaN past the row's end
         for i, r in enumerate(rows):
@@ -60,16 +60,23 @@ def draw(lesson, path=None, estimators=("group_mean", "otb", "otb_loo")):
 
 
 def summary(lesson):
-    """Numbers the figure shows: per estimator, the mean advantage of the success's tokens before and from the
-    position where it runs alone."""
+    """Numbers the figure shows: per estimator, the mean advantage of the success's tokens while other rows are
+    active and from the position where it runs alone; and the success's own weight in OTB's baseline,
+    lambda_t = 1 - A_otb / A_loo (the identity A_otb = (1 - lambda_t) A_loo of docs/variance.md), averaged
+    over the same two stretches (its tokens with A_loo != 0)."""
     cut = alone_from(lesson)
     win = next(r for r in lesson["rows"] if r["reward"] == 1)
-    out = {}
-    for e, a in win["advantages"].items():
-        before, after = a[:cut], a[cut:]
-        out[e] = dict(shared=sum(before) / len(before) if before else math.nan,
-                      alone=sum(after) / len(after) if after else math.nan)
-    return dict(alone_from=cut, success_tokens=len(win["tokens"]), mean_advantage=out)
+
+    def means(values):
+        before, after = [v for t, v in values if t < cut], [v for t, v in values if t >= cut]
+        return dict(shared=sum(before) / len(before) if before else math.nan,
+                    alone=sum(after) / len(after) if after else math.nan)
+    out = dict(alone_from=cut, success_tokens=len(win["tokens"]),
+               mean_advantage={e: means(list(enumerate(a))) for e, a in win["advantages"].items()})
+    a = win["advantages"]
+    if "otb" in a and "otb_loo" in a:
+        out["self_weight"] = means([(t, 1 - x / y) for t, (x, y) in enumerate(zip(a["otb"], a["otb_loo"])) if y != 0])
+    return out
 
 
 def main(argv=None):

@@ -77,5 +77,9 @@ def test_the_token_lesson_reads_where_the_success_runs_alone(tmp_path):
     s = token_lesson.summary(lesson)["mean_advantage"]
     assert s["otb"]["alone"] == pytest.approx(0.0, abs=1e-6) and s["otb_loo"]["alone"] == pytest.approx(1.0)
     assert s["group_mean"]["alone"] == pytest.approx(0.75) and s["group_mean"]["shared"] == pytest.approx(0.75)
+    # lambda_t = W_t of the success / sum of W_t over the active rows: every row has the same w_t here, so at
+    # t = 0, 1, 2 (4, 3 and 2 rows active, each with W_t = (t + 1) w) it is 1/4, 1/3, 1/2; alone it is 1.
+    lam = token_lesson.summary(lesson)["self_weight"]
+    assert lam["shared"] == pytest.approx((1 / 4 + 1 / 3 + 1 / 2) / 3, rel=1e-5) and lam["alone"] == pytest.approx(1.0)
     fig = token_lesson.draw(lesson, tmp_path / "lesson.png")
     assert (tmp_path / "lesson.png").stat().st_size > 0 and len(fig.axes) == 4  # three panels and the colour bar
