@@ -206,32 +206,25 @@ def weighted_score_gradients(model, ro, rows, weights, temperature, project=flat
     sub = subset(ro, rows)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
+    timing = {} if timing is None else timing
+
+    def clock(key, started):  # the seconds since ``started``, once the device has finished
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        timing[key] = timing.get(key, 0.0) + time.perf_counter() - started
     started = time.perf_counter()
     logp, _, _ = rollout.score(model, sub.prompt_ids.to(device), sub.prompt_mask.to(device),
                                sub.response.to(device), sub.response_mask.to(device),
                                temperature)  # log pi(y_t), (b, T'), keeps the graph
-    out, clock = [], _Clock(timing, device)
-    clock.add("forward", started)
+    clock("forward", started)
+    out = []
     for k, weights_k in enumerate(weights):
         started = time.perf_counter()
         w = weights_k[torch.as_tensor(rows), :sub.response.shape[1]].to(device)  # (b, T')
         grads = torch.autograd.grad((w * logp).sum(), params, retain_graph=k + 1 < len(weights))
         out.append(project(grads).cpu())  # (D,) or (k,)
-        clock.add(k, started)
+        clock(k, started)
     return out
-
-
-class _Clock:
-    """Adds the seconds since ``started`` to timing[key] (after the device has finished); nothing without a dict."""
-
-    def __init__(self, timing, device):
-        self.timing, self.device = timing, device
-
-    def add(self, key, started):
-        if self.timing is not None:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            self.timing[key] = self.timing.get(key, 0.0) + time.perf_counter() - started
 
 
 def per_response_scores(model, ro, temperature, project=flatten):

@@ -107,29 +107,6 @@ def contrasts(evaluations):
     return out
 
 
-def gains(evaluations, baseline="group_mean"):
-    """Every estimator's gain over the baseline, alpha and cosine (alpha and cosine exact where known), per (n, N)."""
-    out = []
-    for (n, N), (evals, factors) in sorted(evaluations.items()):
-        for e in evals[0][0]:
-            row = dict(n=n, N=N, estimator=e, exact=factors.get(e))
-            if e != baseline:
-                row.update(contrast(evals, e, baseline, factors))
-            total = {k: resampling.stratified([(pt[e][k].item(), bt[e][k]) for pt, bt in evals])
-                     for k in ("dot", "ref_sq", "signal")}
-            if e in factors:
-                row["alpha"], row["cosine"] = [factors[e]] * 3, [1.0] * 3
-            else:
-                (dot, dot_r), (ref, ref_r), (sig, sig_r) = total["dot"], total["ref_sq"], total["signal"]
-                row["alpha"] = list(resampling.ratio_set(dot, ref, dot_r, ref_r))
-                keep = (sig_r > 0) & (ref_r > 0)
-                reps = dot_r[keep] / (sig_r[keep] * ref_r[keep]).sqrt()
-                row["cosine"] = ([dot / math.sqrt(sig * ref), *resampling.interval(reps)] if sig > 0 and ref > 0
-                                 else [math.nan] * 3)
-            out.append(row)
-    return out
-
-
 def descriptive(resp, group_sizes=(4, 16)):
     """What the responses of one cell show: resp = {name: (P, M)} from sweep_records.read_responses."""
     L, W, S, R = (resp[k].double().reshape(-1) for k in ("length", "W_T", "S_sq", "R"))  # over every response
@@ -197,7 +174,7 @@ def analyse(folder, replicates=2000, earlier=None):
     sizes = {f"n{n}_seed{s}": next(iter(g.values()))["V"].shape[0] for (n, s), g in grams.items()}
     return dict(command=saved["command"], prompts=sizes, replicates=replicates,
                 unfinished=any(c.get("partial") for c in saved["checkpoints"]),
-                contrasts=contrasts(evaluations), gains=gains(evaluations),
+                contrasts=contrasts(evaluations),
                 descriptive={f"n{n}_seed{s}": descriptive(r) for (n, s), r in sorted(responses.items())},
                 replay=replay(grams, earlier) if earlier else None,
                 lessons={f.stem: dict(token_lesson.load(f), summary=token_lesson.summary(token_lesson.load(f)))
@@ -240,13 +217,7 @@ def markdown(report):
             reading = "described"
         lines.append(f"| {c['n']} | {c['N']} | {c['a']} over {c['b']} | {c['question']} | {fmt_ratio(c)} | "
                      f"{fmt_p(c['p'])} | {holm} | {reading} |")
-    lines += ["\n## Every estimator against the group mean\n",
-              "| n | N | estimator | gain over group_mean [95% set] | alpha | cosine |", "|---|---|---|---|---|---|"]
-    for g in report["gains"]:
-        if "ratio" not in g:
-            continue
-        lines.append(f"| {g['n']} | {g['N']} | {g['estimator']} | {fmt_ratio(g)} | "
-                     f"{scale_free.cell('alpha', g['alpha'], g['exact'])} | {scale_free.cell('cosine', g['cosine'], g['exact'])} |")
+    lines.append("\nEvery estimator's gain over the group mean, alpha and cosine: table.md, beside this file.")
     for cell, d in report["descriptive"].items():
         pe, le = d["proxy_vs_exact"], d["length_vs_exact"]
         lines += [f"\n## The responses ({cell}, {d['responses']} of them)\n",
