@@ -55,6 +55,12 @@ stats.npz (lab/analysis/compact.py: only what the analysis reads) and its prompt
 saved and how it is read back: benchmarks/sweep_records.py; the tables and the figure:
 benchmarks/sweep_report.py.
 
+OTB taken apart (docs/smollm2_decomposition_protocol.md): with otb_loo, otb_zero_tail, OPO (opo, opo_loo) and
+the sequence-level optimal baselines of otb eq. (9) (seq_proxy, seq_exact and their _loo forms, from the S_i,
+no backward pass of their own) among the estimators, each prompt's record also keeps its responses' lengths,
+energies and groups (OUT/responses.npz once a cell is done), one one-success group is saved token by token
+(OUT/lesson_nN_seedS.json), and benchmarks/decomposition.py's report is written beside the tables.
+
 Writes runs/horizon_sweep/ by default; ``--out benchmarks/results/horizon_sweep`` updates the
 committed results (results.json, stats.npz, table.md, summary.md, gain_vs_horizon.png). summary.md answers
 docs/smollm2_variance_protocol.md's two questions for OTB: is its gain over the group mean above 1 at every
@@ -242,8 +248,8 @@ def measure_checkpoint(model, tok, task, cfg, args, seed, records, saved=lambda:
         started = time.time()
         q = p % block  # the prompt's place in its block
         (pool, (R, token_rewards, _)), (ref_pool, (R_ref, ref_rewards, _)) = pools_of(p // block)
-        timing, mark = {"pools": time.time() - started}, time.time()  # seconds of each phase (a block's sampling
-        # lands on its first prompt)
+        # the seconds of each phase; a block's sampling lands on its first prompt
+        timing, mark = {"pools": time.time() - started}, time.time()
         # reference r_p: RLOO inside 4 disjoint sub-pools of a separate pool (unbiased for this prompt)
         ref_rows = torch.arange(q * args.ref_pool, (q + 1) * args.ref_pool)
         ref = reference_gradient(model, ref_pool, ref_rewards, ref_rows, cfg.temperature, project=project)[0]
