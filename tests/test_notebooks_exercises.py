@@ -230,6 +230,27 @@ def test_solution_notebook_passes_every_check(name, no_ipywidgets):
     assert not warned, warned
 
 
+@pytest.mark.skipif(not os.environ.get("OTB_GRADE_SOAK"),
+                    reason="slow (about a minute a round): OTB_GRADE_SOAK=20 grades the five solution notebooks 20 times")
+def test_the_solution_notebooks_graded_again_and_again_lose_no_verdict(no_ipywidgets):
+    """Graded OTB_GRADE_SOAK times in a row, every check of the five solution notebooks is CORRECT every time
+    (a verdict line the kernel splits across stream messages is still read); prints how many of the
+    grader's lines came split, which the reader of a single message would have lost."""
+    rounds, graded, split, lost = int(os.environ["OTB_GRADE_SOAK"]), 0, 0, []
+    for r in range(rounds):
+        for name in NAMES:
+            nb = grade.run_copy(EXERCISES / "solutions" / name, budget=240)
+            token = nb.metadata["otb_grading"]["token"]
+            for cell in (c for c in nb.cells if "otb_check" in c.get("metadata", {})):
+                split += not any(token + " {" in o.get("text", "") and o["text"].rstrip().endswith("}")
+                                 for o in cell.outputs if o.get("name") == "stdout")
+            found = grade.results(nb)
+            graded += len(found)
+            lost += [(r, name, title, detail) for title, ok, detail in found if not ok]
+    print(f"\n{rounds} round(s): {graded} verdicts, {len(lost)} lost, {split} grader line(s) split across messages")
+    assert graded == rounds * sum(len(cells) for cells in check.NOTEBOOKS.values()) and not lost, lost
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_blank_notebook_runs_and_fails_its_checks_helpfully(tmp_path, name):
     path = tmp_path / name  # outside the project: grade.py finds it through OTB_ROOT
@@ -356,6 +377,32 @@ def test_no_printed_line_is_longer_than_the_width_and_the_full_text_is_in_a_file
     assert bad == 2 and max(map(len, lines)) <= grade.WIDTH, [len(line) for line in lines]
     assert f"the full text is in {log}" in lines[1] and lines[-1] == "            hint:    short", lines
     assert long in log.read_text() and "Traceback ..." in log.read_text()
+
+
+def _stream(text, name="stdout"):
+    return nbformat.v4.new_output("stream", name=name, text=text)
+
+
+@pytest.mark.parametrize("ok, out, want", [
+    (True, "Exercise 1a (sum_k pi_k^2 from logits): CORRECT.\n", (True, [])),
+    (False, "Exercise 1a (sum_k pi_k^2 from logits): NOT YET CORRECT.\n  problem: off by 2\n  hint:    clamp\n",
+     (False, ["problem: off by 2", "hint:    clamp"]))])
+def test_a_verdict_split_anywhere_across_two_messages_is_read(ok, out, want):
+    """The kernel may deliver the grader's one printed line as two stream messages split at any character
+    (the line is ASCII: json.dumps escapes the rest), with stderr between them: every split reads the
+    same verdict, and a line cut short (the kernel died while printing it) reads as no verdict, never a
+    JSON error."""
+    import json
+    token = "0123456789abcdef"
+    printed = "a line the notebook printed\n" + token + " " + json.dumps({"ok": ok, "out": out, "error": None}) + "\n"
+    assert printed.isascii()
+    for k in range(len(printed) + 1):
+        for between in ([], [_stream("a warning\n", "stderr")]):
+            cell = nbformat.v4.new_code_cell(outputs=[_stream(printed[:k])] + between + [_stream(printed[k:])])
+            assert grade._verdict_of(cell, None, token) == want, k
+    for k in range(printed.index(token), len(printed) - 2):  # cut inside the grader's line
+        cell = nbformat.v4.new_code_cell(outputs=[_stream(printed[:k])])
+        assert grade._verdict_of(cell, None, token) == (False, ["this check cell printed no verdict"]), k
 
 
 def _cells(nb, text):

@@ -241,15 +241,33 @@ def _timed_out(budget):
     return H(f"the notebook's time budget of {budget} s ran out in this cell (a loop that never ends?)")
 
 
+def _stdout(cell):
+    """All that a code cell printed to stdout, its stream messages joined in order: the kernel may deliver
+    one printed line as several messages, split anywhere."""
+    texts = [out.get("text", "") for out in cell.get("outputs", [])
+             if out.get("output_type") == "stream" and out.get("name") == "stdout"]
+    return "".join("".join(t) if isinstance(t, list) else t for t in texts)  # a stored notebook may keep a list
+
+
+def _line_of(cell, token):
+    """The dict the grader's cell printed after ``token`` (its last such line); None if there is none or it
+    was cut short (the kernel died while printing it)."""
+    text = _stdout(cell)
+    start = text.rfind(token + " ")
+    if start < 0:
+        return None
+    try:
+        data, _ = json.JSONDecoder().raw_decode(text, start + len(token) + 1)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _verdict_of(cell, stopped, token):
-    """(ok, detail lines) of a check cell the grader ran (``run_copy``), from its line under ``token``."""
-    data = None
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "stream" and out.get("name") == "stdout":
-            for line in out.get("text", "").splitlines():
-                if line.startswith(token + " "):
-                    data = json.loads(line[len(token) + 1:])
-    error = data["error"] if data else _error(cell)
+    """(ok, detail lines) of a check cell the grader ran (``run_copy``), from its line under ``token`` in
+    the cell's whole stdout."""
+    data = _line_of(cell, token)
+    error = data.get("error") if data else _error(cell)
     if error:
         # when: the function the check is handed is not defined (its def renamed or its cell deleted: NameError)
         return False, [H(f"this check cell raised {error}")]
@@ -259,9 +277,9 @@ def _verdict_of(cell, stopped, token):
     if data is None:
         # when: the cell's output never reached the grader (a cell above that sets sys.stdout to something else)
         return False, [H("this check cell printed no verdict")]
-    lines = data["out"].splitlines()
+    lines = str(data.get("out", "")).splitlines()
     verdicts = [k for k, line in enumerate(lines) if _VERDICT.match(line)]
-    if data["ok"]:
+    if data.get("ok") is True:
         return True, []
     if not verdicts:
         # when: the check returned False without printing a verdict (check.py's checks always print one: a guard)
