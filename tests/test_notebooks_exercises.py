@@ -379,6 +379,65 @@ def test_no_printed_line_is_longer_than_the_width_and_the_full_text_is_in_a_file
     assert long in log.read_text() and "Traceback ..." in log.read_text()
 
 
+def test_a_class_is_graded_student_by_student_into_a_gradebook(tmp_path, capsys, monkeypatch):
+    """grade.py --class DIR: three students hand in notebooks of the same name (and one a second notebook
+    that cannot be read); every block is titled student/notebook, each student's full texts are in a file
+    of their own, and the gradebook CSV holds one row per check with its verdict, flag and hint, and one
+    per problem of the other cells."""
+    import csv
+    monkeypatch.setattr(grade, "LOGS", tmp_path / "logs")
+    monkeypatch.setattr(grade, "WIDTH", 120)  # the hints are cut, so each student's full texts are written
+    right = _built(NAMES[0])[0]
+    slip = _built(NAMES[0])[0]
+    cell = next(c for c in slip.cells if "def token_energy" in c.source)
+    cell.source = cell.source.replace(".clamp(0.0, 2.0)", "")
+    moved = _built(NAMES[0])[0]
+    moved.cells = [c for c in moved.cells if "check.ex1a_" not in c.source]
+    moved.cells.insert(1, nbformat.v4.new_code_cell("1 / 0"))
+    klass = tmp_path / "class"
+    for student, nb in (("ada", right), ("bo", slip), ("cy", moved)):
+        (klass / student).mkdir(parents=True)
+        (klass / student / "01_sum_pi_squared.ipynb").write_text(build._dumps(nb))
+    (klass / "cy" / "old.ipynb").write_text('{"cells": [')
+    (klass / "cy" / ".ipynb_checkpoints").mkdir()
+    (klass / "cy" / ".ipynb_checkpoints" / "01_sum_pi_squared-checkpoint.ipynb").write_text("{}")
+    (klass / "dee").mkdir()  # a student who handed in nothing
+    (klass / "loose.ipynb").write_text("{}")  # a notebook that names no student
+    assert grade.main(["--class", str(klass)]) == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    titles = [line for line in lines if not line.startswith(" ")]
+    assert titles[0].startswith("loose.ipynb: not in a student's folder, so not graded"), lines
+    assert titles[1:4] == ["ada/01_sum_pi_squared.ipynb", "bo/01_sum_pi_squared.ipynb",
+                           "cy/01_sum_pi_squared.ipynb"], lines
+    assert titles[4].startswith("cy/old.ipynb: cannot be read as a notebook"), lines
+    assert titles[5] == "dee: no notebook (.ipynb) found in this student's folder", lines
+    assert lines[-1] == f"4 of 9 checks correct for 4 student(s); the gradebook is {klass / 'gradebook.csv'}"
+    with open(klass / "gradebook.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == list(grade.GRADEBOOK)
+    got = [(r[0], r[1], r[2][:12], r[3], r[4]) for r in rows[1:]]
+    assert got == [("", "loose.ipynb", "", "NOT YET", "no student"),
+                   ("ada", "01_sum_pi_squared.ipynb", "Exercise 1a ", "CORRECT", ""),
+                   ("ada", "01_sum_pi_squared.ipynb", "Exercise 1b ", "CORRECT", ""),
+                   ("bo", "01_sum_pi_squared.ipynb", "Exercise 1a ", "CORRECT", ""),
+                   ("bo", "01_sum_pi_squared.ipynb", "Exercise 1b ", "NOT YET", ""),
+                   ("cy", "01_sum_pi_squared.ipynb", "Exercise 1a ", "NOT YET", "check cell missing"),
+                   ("cy", "01_sum_pi_squared.ipynb", "Exercise 1b ", "CORRECT", ""),
+                   ("cy", "01_sum_pi_squared.ipynb", "code cell 1", "PROBLEM", ""),
+                   ("cy", "old.ipynb", "", "NOT YET", "unreadable"),
+                   ("dee", "", "", "NOT YET", "no notebook")], got
+    assert rows[2][2] == check.TITLES["ex1a_sum_pi_squared"] and rows[2][5] == ""
+    assert "clamp" in rows[5][5] and "problem:" in rows[5][5] and len(rows[5][5]) > 120  # the hint in full
+    assert rows[8][5].startswith("code cell 1 (`1 / 0`) raised ZeroDivisionError")
+    logs = {p.relative_to(tmp_path / "logs").as_posix(): p.read_text() for p in (tmp_path / "logs").rglob("*.txt")}
+    assert set(logs) == {"bo/01_sum_pi_squared.txt", "cy/01_sum_pi_squared.txt"}, set(logs)
+    assert "clamp" in logs["bo/01_sum_pi_squared.txt"] and "clamp" not in logs["cy/01_sum_pi_squared.txt"]
+    assert "its check cell is missing" in logs["cy/01_sum_pi_squared.txt"]
+    with pytest.raises(SystemExit):
+        grade.main(["--class", str(klass), str(klass / "ada" / "01_sum_pi_squared.ipynb")])  # one or the other
+
+
 def _stream(text, name="stdout"):
     return nbformat.v4.new_output("stream", name=name, text=text)
 

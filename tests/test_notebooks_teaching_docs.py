@@ -192,6 +192,19 @@ def test_teaching_md_states_the_graders_time_budget_its_measured_cost_and_how_to
     assert "never returns" in text and grade.BUDGET <= seconds <= grade.BUDGET + 15 * n
 
 
+def test_teaching_md_names_the_gradebooks_columns_and_every_flag_the_grader_writes():
+    """The class command, the gradebook's columns as grade.py writes them, and every flag it can write (read
+    from grade.py's source: the flags of results()' own lines and the literal flags of the rows)."""
+    text = _flat(TEACHING[TEACHING.index("**A whole class in one command.**"):TEACHING.index("## A two-hour")])
+    assert "grade.py --class submissions/" in text and "grade.py --class submissions/" in grade.__doc__
+    assert f"`{', '.join(grade.GRADEBOOK)}`" in text
+    source = (EXERCISES / "grade.py").read_text()
+    flags = set(grade._FLAGS.values()) | set(re.findall(r'"NOT YET", "([a-z ]+)"', source)) | {"timed out"}
+    assert len(flags) == 9 and "timed out" in source, flags
+    for flag in flags:
+        assert f"`{flag}`" in text, flag
+
+
 def test_the_two_hour_plan_fills_120_minutes_with_the_quiz_in_it():
     """The plan's steps follow each other from 0 to 120 minutes, and the ten-minute quiz is one of them."""
     plan = TEACHING[TEACHING.index("## A two-hour"):TEACHING.index("## A short quiz")]

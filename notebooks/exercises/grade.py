@@ -3,6 +3,8 @@
     python notebooks/exercises/grade.py                        # the five notebooks in this folder
     python notebooks/exercises/grade.py ~/my_01.ipynb ...      # any exercise notebooks, anywhere
     python notebooks/exercises/grade.py --budget 300 ...       # allow a notebook 300 s (default BUDGET)
+    python notebooks/exercises/grade.py --class submissions/   # a folder per student: every student, and
+                                                               # submissions/gradebook.csv
 
 Each notebook is read from disk once and run *in memory*, top to bottom, as Jupyter's "Run All"
 would (its own folder as the working directory, the project found through ``OTB_ROOT``, which this
@@ -36,6 +38,14 @@ in an answer, say) where there is one:
     03_mine.ipynb: cannot be read as a notebook (not valid JSON: ...); open it in Jupyter and save it again
 
 A notebook that cannot be read is one line, and the notebooks after it are still graded.
+
+With ``--class DIR`` (one folder per student, named by the student, holding the student's notebooks
+under any names) every block is titled ``student/notebook``, each student's full texts go to a folder
+of their own (LOGS/student/), and a gradebook CSV is written (``--gradebook``, by default
+DIR/gradebook.csv): one row per check, ``student, notebook, exercise, verdict, flag, hint``, the flag
+saying why a verdict was not decided by the check as handed out (a check cell missing, edited or moved,
+a time budget spent, a file that cannot be read), and one row per problem of the other cells (verdict
+PROBLEM).
 
 Exit status: 0 if every check of every notebook is CORRECT and no cell raised or timed out, 1 if not
 (so an autograder can use it), 2 for bad usage (a path that is not a notebook).
@@ -379,14 +389,14 @@ def _clip(line, log):
     return line[:max(WIDTH - len(tail), 40)] + tail
 
 
-def report(path, found, out=None, cells=(), log=None, stderr=""):
+def report(path, found, out=None, cells=(), log=None, stderr="", title=None):
     """Print one notebook's verdicts (``found``, from ``results``) and the problems of its other cells
-    (``cells``, from ``problems``), each line at most WIDTH characters (the full text in ``log``, with the
-    kernel's ``stderr``);
+    (``cells``, from ``problems``) under ``title`` (the file's name by default), each line at most WIDTH
+    characters (the full text in ``log``, with the kernel's ``stderr``);
     returns the number of checks that are not CORRECT plus the number of those problems."""
     out = out or sys.stdout
     log = Path(log or LOGS / f"{Path(path).stem}.txt")
-    print(Path(path).name, file=out)
+    print(title or Path(path).name, file=out)
     lines = [f"  PROBLEM   {line}" for line in cells]
     if not found:
         # when: a notebook with none of the exercise notebooks' check calls or answers (a tutorial notebook)
@@ -402,6 +412,38 @@ def report(path, found, out=None, cells=(), log=None, stderr=""):
     return sum(not ok for _, ok, _ in found) + len(cells) + (not found)
 
 
+def students(folder):
+    """[(student, [notebook]), ...] of a class folder: one subfolder per student, named by the student,
+    holding any number of notebooks under any names (at any depth; hidden folders such as Jupyter's
+    .ipynb_checkpoints left out), both sorted; and the notebooks lying loose in ``folder`` itself."""
+    def visible(path, top):
+        return not any(part.startswith(".") for part in path.relative_to(top).parts)
+    found = [(d.name, sorted(p for p in d.rglob("*.ipynb") if p.is_file() and visible(p, d)))
+             for d in sorted(folder.iterdir()) if d.is_dir() and not d.name.startswith(".")]
+    return found, sorted(folder.glob("*.ipynb"))
+
+
+# The gradebook's flag: why a verdict was not decided by the check as handed out, which a lecturer looks
+# at by hand. Each is read from the start of the line results() writes for it.
+_FLAGS = {"its check cell is missing": "check cell missing", "its check cell was edited": "check cell edited",
+          "this check cell comes before": "check cell moved", "this check cell did not run": "not run"}
+GRADEBOOK = ("student", "notebook", "exercise", "verdict", "flag", "hint")  # the gradebook's columns
+
+
+def _rows(student, notebook, found, cells):
+    """The gradebook's rows of one graded notebook: one a check, one a problem of its other cells."""
+    rows = []
+    for title, ok, detail in found:
+        title, cut, budget = title.partition(": the notebook's time budget")  # a check that timed out
+        hint = " ".join(detail) if detail else (cut[2:] + budget if cut else "")
+        flag = "timed out" if cut else next((f for start, f in _FLAGS.items() if hint.startswith(start)), "")
+        rows.append((student, notebook, title, "CORRECT" if ok else "NOT YET", flag, hint))
+    rows += [(student, notebook, re.match(r"code cell \d+", line).group(), "PROBLEM", "", line) for line in cells]
+    if not found:
+        rows.append((student, notebook, "", "NOT YET", "no check cells", "no check cells found"))
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\nEach")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -413,24 +455,33 @@ def main(argv=None):
                              f"out is interrupted and the cells after it are not run (default {BUDGET}: four times "
                              f"the slowest solution notebook, so a class of 30 with a loop that never ends in each "
                              f"notebook costs one budget a notebook)")
+    parser.add_argument("--class", dest="klass", type=Path, metavar="DIR",
+                        help="a whole class: DIR holds one folder per student (named by the student) with the "
+                             "student's notebooks under any names; every block is titled student/notebook and "
+                             "a gradebook CSV is written (--gradebook)")
+    parser.add_argument("--gradebook", type=Path,
+                        help="with --class: the CSV file written, one row per check (student, notebook, exercise, "
+                             "verdict, flag, hint) and per problem of the other cells (default DIR/gradebook.csv)")
     args = parser.parse_args(argv)
+    if args.budget < 1:
+        parser.error(f"--budget must be at least 1 second, got {args.budget}")
+    if args.klass is not None:
+        if args.notebooks:
+            parser.error("give either notebooks or --class DIR, not both")
+        if not args.klass.is_dir():
+            parser.error(f"--class {args.klass}: not a folder")
+        if args.gradebook is not None and args.gradebook.is_dir():
+            parser.error(f"--gradebook {args.gradebook}: a folder, not a file")
+        return grade_class(args.klass, args.budget, args.gradebook or args.klass / "gradebook.csv")
+    if args.gradebook is not None:
+        parser.error("--gradebook goes with --class DIR")
     paths = args.notebooks or sorted(HERE.glob("0*.ipynb"))
     for path in paths:
         if path.suffix != ".ipynb" or not path.is_file():
             parser.error(f"{path}: not a notebook file (expected an existing .ipynb)")
-    if args.budget < 1:
-        parser.error(f"--budget must be at least 1 second, got {args.budget}")
     bad = total = broken = 0
     for path in paths:
-        try:
-            nb = run_copy(path, args.budget)
-        except Unreadable as why:
-            # when: a file cut short, or JSON that is not a notebook
-            print(f"{path.name}: {H(f'cannot be read as a notebook ({why}); open it in Jupyter and save it again')}")
-            bad, total = bad + 1, total + 1
-            continue
-        found, cells = results(nb), problems(nb)
-        report(path, found, cells=cells, stderr=nb.metadata["otb_grading"].get("stderr", ""))
+        found, cells, _ = _grade(path, args.budget)
         bad += sum(not ok for _, ok, _ in found) or not found
         total += max(len(found), 1)
         broken += len(cells)
@@ -438,6 +489,62 @@ def main(argv=None):
           + (f"; {broken} other cell(s) raised an error or timed out" if broken else "")
           + ("" if bad or broken else ": all done"))
     return 1 if bad or broken else 0
+
+
+def _grade(path, budget, title=None, log=None):
+    """Grade one notebook and print its block (``report``); (found, problems, why it cannot be read or None)."""
+    try:
+        nb = run_copy(path, budget)
+    except Unreadable as why:
+        # when: a file cut short, or JSON that is not a notebook
+        line = H(f"cannot be read as a notebook ({why}); open it in Jupyter and save it again")
+        print(f"{title or path.name}: {line}")
+        return [], [], line
+    found, cells = results(nb), problems(nb)
+    report(path, found, cells=cells, stderr=nb.metadata["otb_grading"].get("stderr", ""), title=title, log=log)
+    return found, cells, None
+
+
+def grade_class(folder, budget, gradebook):
+    """Grade every student's notebooks in ``folder`` (``students``), each block titled student/notebook,
+    each student's full texts in a folder of their own under LOGS; write the gradebook CSV; 0 if every
+    check of every student is CORRECT and nothing else went wrong, else 1."""
+    import csv
+    classes, loose = students(folder)
+    rows, bad = [], 0
+    for path in loose:
+        # when: a notebook lying in the class folder itself, which names no student
+        line = H("not in a student's folder, so not graded: put it in a folder named by its student")
+        print(f"{path.name}: {line}")
+        rows.append(("", path.name, "", "NOT YET", "no student", line))
+        bad += 1
+    for student, paths in classes:
+        if not paths:
+            # when: a student's folder with no notebook in it
+            line = H("no notebook (.ipynb) found in this student's folder")
+            print(f"{student}: {line}")
+            rows.append((student, "", "", "NOT YET", "no notebook", line))
+            bad += 1
+        for path in paths:
+            name = path.relative_to(folder / student).as_posix()
+            found, cells, unreadable = _grade(path, budget, title=f"{student}/{name}",
+                                              log=LOGS / student / Path(name).with_suffix(".txt"))
+            if unreadable:
+                rows.append((student, name, "", "NOT YET", "unreadable", unreadable))
+                bad += 1
+                continue
+            mine = _rows(student, name, found, cells)
+            rows += mine
+            bad += sum(row[3] != "CORRECT" for row in mine)
+    gradebook.parent.mkdir(parents=True, exist_ok=True)
+    with open(gradebook, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(GRADEBOOK)
+        writer.writerows(rows)
+    checks = [row for row in rows if row[3] != "PROBLEM"]
+    print(f"{sum(row[3] == 'CORRECT' for row in checks)} of {len(checks)} checks correct for {len(classes)} "
+          f"student(s); the gradebook is {gradebook}")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
