@@ -680,6 +680,14 @@ def _group_slips(b, gi, name):
                         "valid tokens (sum of R_j m_t divided by the number of valid tokens) weights long "
                         "responses more")),
     }
+    if name == "rloo":  # "the others" found by their score, not their row: every equal score left out
+        differ = (gid[:, None] == gid[None, :]) & (R[:, None] != R[None, :])  # j in i's group, R_j != R_i, (B, B)
+        n_differ = differ.sum(1)  # (B,)
+        b_differ = torch.where(n_differ > 0, (differ * R[None, :]).sum(1) / n_differ.clamp(min=1), 0.0)  # (B,)
+        slips["equal_scores"] = (
+            adv(b_differ), "a baseline that leaves out every row of the group whose score equals R_i, not only "
+            "row i", H("leave out row i itself, not the rows whose score equals R_i: b_i = (sum of the group - "
+                       "R_i) / (n - 1); find the others by their index (j != i), not by their score (R_j != R_i)"))
     for k in range(2, len(R)):  # groups taken as consecutive blocks of k rows (R.reshape(-1, k))
         if len(R) % k == 0:
             block = R.reshape(-1, k).sum(1).repeat_interleave(k)  # the sum over row i's block, (B,)
