@@ -878,6 +878,22 @@ def test_the_students_otb_trains_like_the_reference_and_a_wrong_one_is_caught_at
     assert otb.ESTIMATORS["otb"] is reference
 
 
+@pytest.mark.parametrize("answer, words", [
+    (lambda r, m, g, lp, s: otb.ESTIMATORS["otb"](token_rewards=r, response_mask=m, group_index=g, log_probs=lp,
+                                                  sum_pi_sq=s)[0], "calls otb.ESTIMATORS['otb']"),
+    (lambda r, m, g, lp, s: torch.linalg.inv(torch.zeros(3, 3)), "raised"),
+    (lambda r, m, g, lp, s: (_ for _ in ()).throw(ValueError("first line\n" + str(torch.ones(40, 4)))),
+     "raised ValueError: first line tensor([[1., 1., 1., 1.],")])
+def test_3e_says_a_failing_function_in_one_line(answer, words, capsys):
+    """3e's verdict is three lines whatever the function does: one that calls train.py's estimator (itself,
+    during the check) is told so once, not once for each level of the recursion, and an error whose
+    message spans lines (a tensor) is printed on one."""
+    assert not check.ex3e_trains(answer, steps=1)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and lines[1].startswith("  problem: ") and words in lines[1], lines
+    assert len(lines[1]) < 2000 and lines[1].count("your function") == 1, len(lines[1])
+
+
 def test_nan_advantages_in_3e_name_the_division_by_zero(capsys):
     """An OTB without eps gives 0 / 0 where no row of a group has a token; 3e says so in one line instead of
     failing unexpectedly inside train.py."""

@@ -1100,14 +1100,27 @@ def ex3e_trains(student_fn, steps=6):
     first step where a metric parts names what went wrong."""
     import tempfile
 
+    running = []  # non-empty while train.py is inside `student`: a call back into it is the student's
+
     def student(**inputs):  # train.py's call: keywords in, (advantages, returns) out
+        if running:  # the student's function called otb.ESTIMATORS["otb"], which is `student` during the run
+            raise NotYet("your function calls otb.ESTIMATORS['otb'], which during this check is your own function "
+                         "(the reference would prove nothing), so it calls itself",
+                         H("write this step yourself from the formulas above (the helpers the instructions name "
+                           "are fine)"))
+        running.append(True)
         try:
             with _Watch("ex3e_trains") as watch:
                 A = student_fn(inputs["token_rewards"], inputs["response_mask"], inputs["group_index"],
                                inputs["log_probs"], inputs["sum_pi_sq"])
+        except NotYet:
+            raise  # this check's own verdict from a call further in: passed on as it is, never nested
         except Exception as e:
-            raise NotYet(f"your function raised {type(e).__name__}: {e} on a batch of train.py",
+            why = " ".join(str(e).split())  # one line: a multi-line message (a tensor, say) keeps its words
+            raise NotYet(f"your function raised {type(e).__name__}: {why} on a batch of train.py",
                          H("run check.ex3c_optimal_token_baseline first: it shows the case that fails")) from None
+        finally:
+            running.clear()
         if watch.called:
             raise NotYet(f"your function calls {watch.called}, the project's reference code, so the comparison "
                          f"would prove nothing (this exercise hands you {', '.join(watch.allowed)})",

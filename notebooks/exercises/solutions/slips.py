@@ -703,6 +703,10 @@ SLIPS = [
          ["NaN or inf", "divide by (sum W_t + eps)"], named_in="#58"),
     Slip("3e", "uses a 3a that is still a blank (returns None)", "ex3e_trains", otb_plain(G_fn=lambda r, m: None),
          ["raised TypeError", "run check.ex3c_optimal_token_baseline first"], named_in="#58"),
+    Slip("3e", "calls the reference through train.py's table, otb.ESTIMATORS['otb']", "ex3e_trains",
+         lambda r, m, g, lp, s: otb.ESTIMATORS["otb"](token_rewards=r, response_mask=m, group_index=g,
+                                                      log_probs=lp, sum_pi_sq=s)[0],
+         ["otb.ESTIMATORS['otb']", "calls itself", "write this step yourself"]),
     Slip("3e", "B_t - G_t instead of G_t - B_t", "ex3e_trains", otb_plain(sign=-1),
          ["at training step 1", "your advantages differ"], named_in="#58"),
     # ---- 4a: one gradient per group
