@@ -343,6 +343,27 @@ def test_the_setup_cell_says_in_one_line_which_torch_and_transformers_pip_will_i
                    f"minutes), then the rest"], out
 
 
+@pytest.mark.parametrize("fake", [None, "\x1b[33mWARNING: a warning\x1b[0m\n\x1b[31mERROR: No matching distribution "
+                                  "found for torch>=99\x1b[0m\n\x1b[0m\n"])
+def test_a_failed_pip_is_told_by_its_error_line_without_colour_codes(fake, tmp_path, monkeypatch):
+    """Colab's kernel sets FORCE_COLOR=1, so pip colours its stderr and may end it with a colour code alone:
+    the setup cell names pip's first ERROR line, colour codes stripped. Run with the real pip (no index,
+    colour forced) and with a stand-in pip whose last line is a lone reset code."""
+    import subprocess
+    (tmp_path / "otb.py").write_text("")
+    (tmp_path / "requirements.txt").write_text("torch>=99  # newer than any\n")
+    monkeypatch.setenv("OTB_ROOT", str(tmp_path))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    if fake is not None:
+        monkeypatch.setattr(subprocess, "run", lambda args, **kw: subprocess.CompletedProcess(args, 1, "", fake))
+    with pytest.raises(Exception, match="pip could not install") as e:
+        exec(compile((EXERCISES / "colab_setup.py").read_text(), "colab_setup.py", "exec"), {"__name__": "cell"})
+    why = str(e.value).split(" (", 1)[1]
+    assert why.startswith("ERROR: ") and "torch>=99" in why and "\x1b" not in why and "[0m" not in why, why
+    assert fake is None or why == "ERROR: No matching distribution found for torch>=99)", why
+
+
 def test_a_colab_student_grades_a_notebook_of_the_class_copy_pushed_to_git(class_copy, tmp_path, monkeypatch):
     """The recipe of teaching.md: the class copy pushed to a git repository (here a local one), the setup
     cell at the top of a student's notebook (correct answers to Exercise 1), the grade cell at its end.
