@@ -199,8 +199,9 @@ def test_teaching_md_names_the_gradebooks_columns_and_every_flag_the_grader_writ
     assert "grade.py --class submissions/" in text and "grade.py --class submissions/" in grade.__doc__
     assert f"`{', '.join(grade.GRADEBOOK)}`" in text
     source = (EXERCISES / "grade.py").read_text()
-    flags = set(grade._FLAGS.values()) | set(re.findall(r'"NOT YET", "([a-z ]+)"', source)) | {"timed out"}
-    assert len(flags) == 9 and "timed out" in source, flags
+    flags = set(grade._FLAGS.values()) | set(re.findall(r'"NOT YET", "([a-z ]+)"', source)) | \
+        {"timed out", "copy", "tampering"}
+    assert len(flags) == 11 and all(f'"{f}"' in source for f in ("timed out", "copy", "tampering")), flags
     for flag in flags:
         assert f"`{flag}`" in text, flag
 

@@ -17,9 +17,18 @@ The grader decides, not the notebook. It knows each notebook's check cells from 
 (``check.NOTEBOOKS``, the cells as they are handed out) and recognises the notebook by them and by the
 functions it defines, whatever its file is called. Each check cell found unchanged (compared as code:
 spacing and comments do not matter) is run in its place by the grader's own code: a fresh copy of
-check.py, the verdict passed back under a random token, so nothing the notebook prints or patches
-counts. A check cell that is missing (deleted, or replaced by a line printing CORRECT), edited, or
-placed above the cell that defines the function it checks is NOT YET with one line saying so.
+check.py, the verdict passed back under a random token, so a printed verdict, a rebound name and a
+patched ``check`` module do not count. A check cell that is missing (deleted, or replaced by a line
+printing CORRECT), edited, or placed above the cell that defines the function it checks is NOT YET with
+one line saying so.
+
+The checks still run in the student's kernel, next to the student's code, which could change what they
+see (patch torch or print, read the grader's frames, switch off the watch on calls into otb.py). So
+before running anything the grader scans the notebook's own cells (``scan.flags``: the constructs only
+tampering needs, the project's functions the exercises do not hand out, copies of otb.py's functions by
+syntax tree); a notebook it flags is not run, every check reads FLAGGED with the line and the reason,
+never CORRECT, and the exit status is 1: a lecturer reads it. What no scan sees is in scan.py's
+docstring.
 
 For every check of the notebook it prints one line, CORRECT or NOT YET, titled by its exercise, with
 the check's problem and hint under a NOT YET, and an error of the notebook's own cells (a syntax error
@@ -37,17 +46,23 @@ in an answer, say) where there is one:
                 this check cell did not run: the notebook's time budget ran out in an earlier cell
     03_mine.ipynb: cannot be read as a notebook (not valid JSON: ...); open it in Jupyter and save it again
 
-A notebook that cannot be read is one line, and the notebooks after it are still graded.
+A notebook that cannot be read is one line, and the notebooks after it are still graded. A notebook
+the scan flags gets one FLAGGED line per finding and FLAGGED for each check:
+
+    03_forged.ipynb
+      FLAGGED   code cell 9, line 1 (`torch.Tensor.any = ...`): assigns to torch.Tensor.any, an attribute of the module torch
+      FLAGGED   Exercise 3a (reward-to-go G_t)
 
 With ``--class DIR`` (one folder per student, named by the student, holding the student's notebooks
 under any names) every block is titled ``student/notebook``, each student's full texts go to a folder
 of their own (LOGS/student/), and a gradebook CSV is written (``--gradebook``, by default
 DIR/gradebook.csv): one row per check, ``student, notebook, exercise, verdict, flag, hint``, the flag
 saying why a verdict was not decided by the check as handed out (a check cell missing, edited or moved,
-a time budget spent, a file that cannot be read), and one row per problem of the other cells (verdict
-PROBLEM).
+a time budget spent, a file that cannot be read, tampering or a copy of otb.py flagged by the scan:
+verdict FLAGGED), and one row per problem of the other cells (verdict PROBLEM).
 
 Exit status: 0 if every check of every notebook is CORRECT and no cell raised or timed out, 1 if not
+(a FLAGGED notebook included)
 (so an autograder can use it), 2 for bad usage (a path that is not a notebook).
 """
 import argparse
@@ -72,6 +87,7 @@ for _path in (ROOT, HERE):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+import scan  # noqa: E402  (what only tampering needs, flagged before a notebook runs)
 from check import NOTEBOOKS, TITLES, H  # noqa: E402  (the check cells; the title of every exercise; the marker of
 #                                                  what a student reads)
 
@@ -389,20 +405,22 @@ def _clip(line, log):
     return line[:max(WIDTH - len(tail), 40)] + tail
 
 
-def report(path, found, out=None, cells=(), log=None, stderr="", title=None):
+def report(path, found, out=None, cells=(), log=None, stderr="", title=None, flagged=()):
     """Print one notebook's verdicts (``found``, from ``results``) and the problems of its other cells
     (``cells``, from ``problems``) under ``title`` (the file's name by default), each line at most WIDTH
-    characters (the full text in ``log``, with the kernel's ``stderr``);
-    returns the number of checks that are not CORRECT plus the number of those problems."""
+    characters (the full text in ``log``, with the kernel's ``stderr``). A notebook ``flagged`` by the scan
+    (scan.flags: its lines) prints them and FLAGGED for every check, never CORRECT.
+    Returns the number of checks that are not CORRECT plus the number of those problems."""
     out = out or sys.stdout
     log = Path(log or LOGS / f"{Path(path).stem}.txt")
     print(title or Path(path).name, file=out)
-    lines = [f"  PROBLEM   {line}" for line in cells]
+    lines = [f"  FLAGGED   {_flagged(*f)}" for f in flagged]
+    lines += [f"  PROBLEM   {line}" for line in cells]
     if not found:
         # when: a notebook with none of the exercise notebooks' check calls or answers (a tutorial notebook)
         lines.append(f"  NOT YET   {H('no check cells found (is this an exercise notebook?)')}")
     for title, ok, detail in found:
-        lines.append(f"  {'CORRECT' if ok else 'NOT YET':9s} {title}")
+        lines.append(f"  {'FLAGGED' if flagged else 'CORRECT' if ok else 'NOT YET':9s} {title}")
         lines += [f"            {line}" for line in detail]
     if any(len(line) > WIDTH for line in lines):
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -410,6 +428,11 @@ def report(path, found, out=None, cells=(), log=None, stderr="", title=None):
     for line in lines:
         print(_clip(line, log), file=out)
     return sum(not ok for _, ok, _ in found) + len(cells) + (not found)
+
+
+def _flagged(number, line, code, why):
+    """One finding of the scan as the grader prints it."""
+    return f"code cell {number}, line {line} (`{code[:60]}`): {why}"
 
 
 def students(folder):
@@ -430,8 +453,13 @@ _FLAGS = {"its check cell is missing": "check cell missing", "its check cell was
 GRADEBOOK = ("student", "notebook", "exercise", "verdict", "flag", "hint")  # the gradebook's columns
 
 
-def _rows(student, notebook, found, cells):
-    """The gradebook's rows of one graded notebook: one a check, one a problem of its other cells."""
+def _rows(student, notebook, found, cells, flagged=()):
+    """The gradebook's rows of one graded notebook: one a check, one a problem of its other cells. A
+    notebook the scan flagged has every check FLAGGED, its flag 'copy' or 'tampering', the findings as hint."""
+    if flagged:
+        flag = "copy" if all(" is a copy of " in why for *_, why in flagged) else "tampering"
+        why = "; ".join(_flagged(*f) for f in flagged)
+        return [(student, notebook, title, "FLAGGED", flag, why) for title, _, _ in found]
     rows = []
     for title, ok, detail in found:
         title, cut, budget = title.partition(": the notebook's time budget")  # a check that timed out
@@ -481,7 +509,7 @@ def main(argv=None):
             parser.error(f"{path}: not a notebook file (expected an existing .ipynb)")
     bad = total = broken = 0
     for path in paths:
-        found, cells, _ = _grade(path, args.budget)
+        found, cells, _, _ = _grade(path, args.budget)
         bad += sum(not ok for _, ok, _ in found) or not found
         total += max(len(found), 1)
         broken += len(cells)
@@ -492,17 +520,26 @@ def main(argv=None):
 
 
 def _grade(path, budget, title=None, log=None):
-    """Grade one notebook and print its block (``report``); (found, problems, why it cannot be read or None)."""
+    """Grade one notebook and print its block (``report``); (found, problems, why it cannot be read or None,
+    the scan's findings). A notebook the scan flags (scan.flags) is not run: each of its checks is FLAGGED,
+    never CORRECT, and a lecturer reads the lines the scan names."""
     try:
-        nb = run_copy(path, budget)
+        nb = read(path)
+        flagged = scan.flags(nb, kind_of(nb))
+        if not flagged:
+            nb = run_copy(path, budget)
     except Unreadable as why:
         # when: a file cut short, or JSON that is not a notebook
         line = H(f"cannot be read as a notebook ({why}); open it in Jupyter and save it again")
         print(f"{title or path.name}: {line}")
-        return [], [], line
-    found, cells = results(nb), problems(nb)
-    report(path, found, cells=cells, stderr=nb.metadata["otb_grading"].get("stderr", ""), title=title, log=log)
-    return found, cells, None
+        return [], [], line, []
+    if flagged:
+        found = [(TITLES[_call_of(src)[0]], False, []) for src in NOTEBOOKS.get(kind_of(nb), ())]
+        cells, stderr = [], ""
+    else:
+        found, cells, stderr = results(nb), problems(nb), nb.metadata["otb_grading"].get("stderr", "")
+    report(path, found, cells=cells, stderr=stderr, title=title, log=log, flagged=flagged)
+    return found, cells, None, flagged
 
 
 def grade_class(folder, budget, gradebook):
@@ -527,13 +564,13 @@ def grade_class(folder, budget, gradebook):
             bad += 1
         for path in paths:
             name = path.relative_to(folder / student).as_posix()
-            found, cells, unreadable = _grade(path, budget, title=f"{student}/{name}",
-                                              log=LOGS / student / Path(name).with_suffix(".txt"))
+            found, cells, unreadable, flagged = _grade(path, budget, title=f"{student}/{name}",
+                                                       log=LOGS / student / Path(name).with_suffix(".txt"))
             if unreadable:
                 rows.append((student, name, "", "NOT YET", "unreadable", unreadable))
                 bad += 1
                 continue
-            mine = _rows(student, name, found, cells)
+            mine = _rows(student, name, found, cells, flagged)
             rows += mine
             bad += sum(row[3] != "CORRECT" for row in mine)
     gradebook.parent.mkdir(parents=True, exist_ok=True)
