@@ -459,6 +459,7 @@ FORGES = {
     "inspect for frames": ("import inspect\nwant = inspect.currentframe()", "imports inspect"),
     "IPython's In": ("token = In[-1]", "uses In, which reads IPython's history"),
     "IPython's shell": ("get_ipython().run_line_magic('who', '')", "uses get_ipython"),
+    "code behind a magic": ("%time torch.Tensor.any = None", "uses get_ipython"),
     "the profile switched off": ("def token_energy(log_probs, sum_pi_sq):\n    sys.setprofile(None)\n"
                                  "    return otb.token_energy(log_probs, sum_pi_sq)", "uses .setprofile"),
     "a thread": ("import threading\nthreading.Thread(target=print).start()", "imports threading"),
@@ -466,6 +467,10 @@ FORGES = {
     "an exit": ("sys.exit(0)", "uses sys.exit, which exits"),
     "os._exit": ("os._exit(0)", "uses ._exit"),
     "SystemExit": ("raise SystemExit", "raises SystemExit"),
+    "check.py rewritten": ("open(os.path.join(os.environ['OTB_ROOT'], 'notebooks/exercises/check.py'), 'w')",
+                           "opens a file for writing"),
+    "a file written": ("from pathlib import Path\nPath('check.py').write_text('')", "uses .write_text"),
+    "a program run": ("import subprocess\nsubprocess.run(['true'])", "imports subprocess"),
     "check's internals": ("def sum_pi_squared(logits):\n    return check._like(logits, logits)",
                           "uses check._like"),
 }
@@ -602,9 +607,10 @@ def test_a_flagged_notebook_is_not_run_and_never_correct(tmp_path, capsys):
     assert grade.main([str(tmp_path / "class" / "eve" / "mine.ipynb")]) == 1
     out = capsys.readouterr().out.splitlines()
     number = len([c for c in nb.cells if c.cell_type == "code"])
-    assert out[1] == f"  FLAGGED   code cell {number}, line 1 (`torch.Tensor.any = lambda self, *a: torch.tensor(True)`): " \
+    assert out[1].startswith("  FLAGGED   code cell 1, line 1 (`open(") and "opens a file for writing" in out[1], out
+    assert out[2] == f"  FLAGGED   code cell {number}, line 1 (`torch.Tensor.any = lambda self, *a: torch.tensor(True)`): " \
                      f"assigns to torch.Tensor.any, an attribute of the module torch", out
-    assert out[2:4] == [f"  FLAGGED   {check.TITLES['ex1a_sum_pi_squared']}",
+    assert out[3:5] == [f"  FLAGGED   {check.TITLES['ex1a_sum_pi_squared']}",
                         f"  FLAGGED   {check.TITLES['ex1b_token_energy']}"], out
     assert out[-1] == "0 of 2 checks correct in 1 notebook(s)" and not (tmp_path / "ran").exists()
     assert grade.main(["--class", str(tmp_path / "class")]) == 1

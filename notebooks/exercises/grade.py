@@ -459,7 +459,7 @@ def _rows(student, notebook, found, cells, flagged=()):
     if flagged:
         flag = "copy" if all(" is a copy of " in why for *_, why in flagged) else "tampering"
         why = "; ".join(_flagged(*f) for f in flagged)
-        return [(student, notebook, title, "FLAGGED", flag, why) for title, _, _ in found]
+        return [(student, notebook, title, "FLAGGED", flag, why) for title in [t for t, _, _ in found] or [""]]
     rows = []
     for title, ok, detail in found:
         title, cut, budget = title.partition(": the notebook's time budget")  # a check that timed out

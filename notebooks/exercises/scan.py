@@ -5,9 +5,8 @@
 
 grade.py runs the checks in the student's kernel, so the student's code runs next to them and could
 change what they see. An honest answer to these exercises computes tensors from tensors: it never
-needs to reach outside its function. This scan reads the syntax tree of every code cell the student
-wrote or changed (a cell exactly as handed out, the Colab cells included, is the teacher's and is
-skipped) and flags:
+needs to reach outside its function. This scan reads the syntax tree of every code cell but the two
+Colab cells (the teacher's, matched whatever URL they hold) and flags:
 
 * reading frames, profiles and traces (``sys._getframe``, ``inspect``, ``f_back``, ``sys.setprofile``,
   ``settrace``): how a cell finds the grader's token or the check's own answer, or switches off the
@@ -16,10 +15,12 @@ skipped) and flags:
   watch does not follow;
 * assigning to, or deleting, an attribute of a module (``torch.Tensor.any = ...``, ``json.dumps = ...``,
   ``sys.stdout = ...``, ``builtins.print = ...``), ``setattr``/``delattr``, and rebinding ``print``;
-* IPython's history and shell (``In``, ``Out``, ``_ih``, ``get_ipython``), ``importlib``,
+* IPython's history and shell (``In``, ``Out``, ``_ih``, ``get_ipython``, and every magic or ``!`` line,
+  which the kernel turns into a call of it: code behind a magic is not read), ``importlib``,
   ``__import__``, ``exec``, ``eval``, ``compile``, ``globals``, ``vars``, ``gc``, ``ctypes``,
   ``__dict__``, ``__globals__``, ``__code__``, and exits (``exit``, ``quit``, ``sys.exit``,
-  ``os._exit``, ``raise SystemExit``);
+  ``os._exit``, ``raise SystemExit``); writing or deleting files (``open(..., 'w')``, ``write_text``,
+  ``shutil``) and running programs (``subprocess``, ``os.system``): a cell could rewrite check.py;
 * a name of otb.py, toy_harness.py, check.py, the tests or the benchmarks that the notebook's
   exercises do not hand out (``check.ALLOWED``), used inside a function or class, bound to a name a
   check is handed (``sum_pi_squared = functools.partial(otb.sum_pi_squared)``), or imported from
@@ -52,7 +53,8 @@ MODULES = {"inspect": "reads frames", "importlib": "imports past the notebook's 
            "threading": "runs code in a thread", "_thread": "runs code in a thread",
            "concurrent": "runs code in a thread or process", "multiprocessing": "runs code in a process",
            "gc": "reaches objects through the garbage collector", "ctypes": "reaches the interpreter's memory",
-           "builtins": "reaches the built-in functions", "signal": "handles signals", "trace": "traces calls"}
+           "builtins": "reaches the built-in functions", "signal": "handles signals", "trace": "traces calls",
+           "subprocess": "runs programs", "shutil": "moves and deletes files"}
 NAMES = {"In": "reads IPython's history", "Out": "reads IPython's history", "_ih": "reads IPython's history",
          "_oh": "reads IPython's history", "get_ipython": "reaches IPython's shell",
          "__builtins__": "reaches the built-in functions", "__import__": "imports past the notebook's own imports",
@@ -66,32 +68,37 @@ ATTRIBUTES = {"_getframe": "reads frames", "f_back": "reads frames", "f_locals":
               "settrace": "switches the trace hook", "__dict__": "reaches a namespace as a dict",
               "__globals__": "reaches a function's namespace", "__code__": "reaches a function's code",
               "__closure__": "reaches a function's closure", "__builtins__": "reaches the built-in functions",
-              "_exit": "exits", "__subclasses__": "reaches classes by walking the type tree"}
+              "_exit": "exits", "__subclasses__": "reaches classes by walking the type tree",
+              "write_text": "writes a file (check.py, say)", "write_bytes": "writes a file (check.py, say)",
+              "unlink": "deletes a file", "system": "runs programs", "popen": "runs programs"}
 _HISTORY = re.compile(r"^_i+\d*$")  # IPython's _i, _ii, _i3 ...
 
 
+_REPO = re.compile(r'^(OTB_REPO = os\.environ\.get\("OTB_REPO", )"[^"\n]*"', re.MULTILINE)  # the URL handout writes
+
+
 def _code(source):
-    """The cell's syntax tree with every string left out (a URL written into a handed-out cell), or None."""
+    """The cell's syntax tree with the Colab setup cell's OTB_REPO URL left out, or None if it is not Python."""
     try:
-        tree = ast.parse(source)
+        return ast.dump(ast.parse(_REPO.sub(r'\1"URL"', source)))
     except (SyntaxError, ValueError):
         return None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            node.value = ""
-    return ast.dump(tree)
+
+
+def _python(source):
+    """The cell as the kernel runs it: IPython's magics and shell lines (``%time ...``, ``!pip ...``) turned into
+    the calls they are (``get_ipython().run_line_magic(...)``), so no code hides behind a magic."""
+    from IPython.core.inputtransformer2 import TransformerManager
+    return TransformerManager().transform_cell(source)
 
 
 @functools.lru_cache(maxsize=1)  # read once per grading run
-def _handed_out():
-    """The syntax trees of the code cells handed out as they are (the blanks' cells without a TODO, the
-    check cells, the Colab cells): the teacher's code, never scanned."""
-    cells = [HERE / "colab_setup.py", HERE / "colab_grade.py"]
-    out = {_code(p.read_text()) for p in cells}
-    for path in sorted(HERE.glob("0*.ipynb")):
-        nb = nbformat.read(str(path), as_version=4)
-        out |= {_code(c.source) for c in nb.cells if c.cell_type == "code" and "TODO(student)" not in c.source}
-    return out - {None}
+def _colab_cells():
+    """The syntax trees of the two Colab cells that handout.py writes into a class copy's notebooks (they
+    install packages and hand the notebook to the grader): the teacher's code, never scanned. Every other
+    cell is, the handed-out ones included (they flag nothing); the blank notebooks cannot say which cells
+    are handed out, since a student may fill them in where they lie."""
+    return {_code((HERE / name).read_text()) for name in ("colab_setup.py", "colab_grade.py")}
 
 
 def _root(node):
@@ -191,6 +198,10 @@ def _why(node, allowed, answers, inside, modules):
                f"attribute of the module {_root(node)}"
     if isinstance(node, ast.Attribute) and _dotted(node) in ("sys.exit", "os.kill"):
         return f"uses {_dotted(node)}, which exits"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open" and any(
+            isinstance(m, ast.Constant) and isinstance(m.value, str) and set(m.value) & set("wax+")
+            for m in node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"]):
+        return "opens a file for writing (check.py, say)"
     if isinstance(node, ast.Raise) and node.exc is not None and _root(getattr(node.exc, "func", node.exc)) in \
             ("SystemExit", "KeyboardInterrupt"):
         return "raises SystemExit, which exits"
@@ -203,11 +214,11 @@ def _why(node, allowed, answers, inside, modules):
 def flags(nb, kind):
     """[(code cell number, line number, the line, why)] of everything in the notebook's own code cells that
     only tampering needs, or that copies a function of otb.py; [] for an honest notebook."""
-    handed, copies = _handed_out(), _otb_functions()
+    handed, copies = _colab_cells(), _otb_functions()
     allowed, answers = _allowed(kind), _checked_names(kind)
-    cells = [(k + 1, c.source) for k, c in enumerate(c for c in nb.cells if c.cell_type == "code")]
+    cells = [(k + 1, _python(c.source)) for k, c in enumerate(c for c in nb.cells if c.cell_type == "code")]
     trees = [(number, source, ast.parse(source)) for number, source in cells
-             if _code(source) not in handed and _code(source) is not None]
+             if _code(source) not in handed and _code(source) is not None]  # a syntax error runs nowhere
     modules = {"torch", "otb", "check", "builtins", "sys", "json", "importlib", "io", "contextlib", "os",
                "functools", "numpy", "np", "math", "toy_harness", "toy_env", "train"}
     for _, _, tree in trees:
