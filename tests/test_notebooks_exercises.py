@@ -442,7 +442,7 @@ def test_a_class_is_graded_student_by_student_into_a_gradebook(tmp_path, capsys,
 # of the reason the scan gives.
 FORGES = {
     "torch.Tensor.any patched": ("torch.Tensor.any = lambda self, *a: torch.tensor(True)",
-                                 "assigns to torch.Tensor.any, an attribute of the module torch"),
+                                 "assigns to torch.Tensor.any, an attribute of the imported torch"),
     "setattr on torch": ("setattr(torch.Tensor, 'any', lambda self: True)", "uses setattr"),
     "functools.partial around otb": ("import functools\nsum_pi_squared = functools.partial(otb.sum_pi_squared)",
                                      "uses otb.sum_pi_squared, which this notebook's exercises do not hand out"),
@@ -471,6 +471,8 @@ FORGES = {
                            "opens a file for writing"),
     "a file written": ("from pathlib import Path\nPath('check.py').write_text('')", "uses .write_text"),
     "a program run": ("import subprocess\nsubprocess.run(['true'])", "imports subprocess"),
+    "an imported class patched": ("from torch import Tensor\nTensor.allclose = lambda *a, **k: True",
+                                   "assigns to Tensor.allclose, an attribute of the imported Tensor"),
     "check's internals": ("def sum_pi_squared(logits):\n    return check._like(logits, logits)",
                           "uses check._like"),
 }
@@ -609,7 +611,7 @@ def test_a_flagged_notebook_is_not_run_and_never_correct(tmp_path, capsys):
     number = len([c for c in nb.cells if c.cell_type == "code"])
     assert out[1].startswith("  FLAGGED   code cell 1, line 1 (`open(") and "opens a file for writing" in out[1], out
     assert out[2] == f"  FLAGGED   code cell {number}, line 1 (`torch.Tensor.any = lambda self, *a: torch.tensor(True)`): " \
-                     f"assigns to torch.Tensor.any, an attribute of the module torch", out
+                     f"assigns to torch.Tensor.any, an attribute of the imported torch", out
     assert out[3:5] == [f"  FLAGGED   {check.TITLES['ex1a_sum_pi_squared']}",
                         f"  FLAGGED   {check.TITLES['ex1b_token_energy']}"], out
     assert out[-1] == "0 of 2 checks correct in 1 notebook(s)" and not (tmp_path / "ran").exists()
@@ -674,7 +676,7 @@ def test_the_grader_decides_not_the_notebook(tmp_path, capsys):
     out = capsys.readouterr().out
     blocks = dict(zip(("x", "y", "z"), out.split(".ipynb\n")[1:]))
     assert "CORRECT   " not in blocks["x"] and "FLAGGED   Exercise 1a" in blocks["x"], out  # the scan: not run
-    assert "assigns to check.ex1b_token_energy, an attribute of the module check" in blocks["x"], out
+    assert "assigns to check.ex1b_token_energy, an attribute of the imported check" in blocks["x"], out
     x = grade.results(grade.run_copy(tmp_path / "x.ipynb"))  # run all the same, the patch changes nothing
     assert not any(ok for _, ok, _ in x) and "its check cell is missing" in x[0][2][0], x
     assert "returned None" in "\n".join(x[1][2]), x  # 1b: the real check

@@ -50,7 +50,7 @@ A notebook that cannot be read is one line, and the notebooks after it are still
 the scan flags gets one FLAGGED line per finding and FLAGGED for each check:
 
     03_forged.ipynb
-      FLAGGED   code cell 9, line 1 (`torch.Tensor.any = ...`): assigns to torch.Tensor.any, an attribute of the module torch
+      FLAGGED   code cell 9, line 1 (`torch.Tensor.any = ...`): assigns to torch.Tensor.any, an attribute of the imported torch
       FLAGGED   Exercise 3a (reward-to-go G_t)
 
 With ``--class DIR`` (one folder per student, named by the student, holding the student's notebooks

@@ -195,7 +195,7 @@ def _why(node, allowed, answers, inside, modules):
         return f"uses .{node.attr}, which {ATTRIBUTES[node.attr]}"
     if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)) and _root(node) in modules:
         return f"{'assigns to' if isinstance(node.ctx, ast.Store) else 'deletes'} {ast.unparse(node)}, an " \
-               f"attribute of the module {_root(node)}"
+               f"attribute of the imported {_root(node)}"
     if isinstance(node, ast.Attribute) and _dotted(node) in ("sys.exit", "os.kill"):
         return f"uses {_dotted(node)}, which exits"
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open" and any(
@@ -222,8 +222,8 @@ def flags(nb, kind):
     modules = {"torch", "otb", "check", "builtins", "sys", "json", "importlib", "io", "contextlib", "os",
                "functools", "numpy", "np", "math", "toy_harness", "toy_env", "train"}
     for _, _, tree in trees:
-        modules |= {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
-                    for a in n.names}
+        modules |= {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
+                    if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}  # a module, class or function
     found = []
     for number, source, tree in trees:
         lines = source.splitlines()
