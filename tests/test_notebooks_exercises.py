@@ -438,7 +438,7 @@ def test_a_class_is_graded_student_by_student_into_a_gradebook(tmp_path, capsys,
         grade.main(["--class", str(klass), str(klass / "ada" / "01_sum_pi_squared.ipynb")])  # one or the other
 
 
-# Each forge of the re-grade, as the cell a student adds below the answers of notebook 01, and the words
+# Each way of forging a pass, as the cell a student adds below the answers of notebook 01, and the words
 # of the reason the scan gives.
 FORGES = {
     "torch.Tensor.any patched": ("torch.Tensor.any = lambda self, *a: torch.tensor(True)",

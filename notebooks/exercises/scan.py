@@ -170,7 +170,7 @@ def _checked_names(kind):
             if isinstance(a, ast.Name) and a.id != "check"}
 
 
-def _why(node, allowed, answers, inside, modules):
+def _why(node, allowed, inside, modules):
     """Why ``node`` is flagged, or None. ``inside``: the node is in a function or class body or in the
     value bound to an answer's name; ``modules``: the names the notebook imported as modules."""
     if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -202,9 +202,9 @@ def _why(node, allowed, answers, inside, modules):
             isinstance(m, ast.Constant) and isinstance(m.value, str) and set(m.value) & set("wax+")
             for m in node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"]):
         return "opens a file for writing (check.py, say)"
-    if isinstance(node, ast.Raise) and node.exc is not None and _root(getattr(node.exc, "func", node.exc)) in \
-            ("SystemExit", "KeyboardInterrupt"):
-        return "raises SystemExit, which exits"
+    raised = _root(getattr(node.exc, "func", node.exc)) if isinstance(node, ast.Raise) and node.exc else None
+    if raised in ("SystemExit", "KeyboardInterrupt"):
+        return f"raises {raised}, which stops the run"
     name = _dotted(node)
     if inside and name and name.split(".")[0] in PROJECT and name not in allowed:
         return f"uses {name}, which this notebook's exercises do not hand out (check.ALLOWED)"
@@ -239,7 +239,7 @@ def flags(nb, kind):
                               f"{node.name} is a copy of {copies[normal(node)[0]]} (the same syntax tree once names "
                               f"and docstrings are left out)"))
         for node in ast.walk(tree):
-            why = _why(node, allowed, answers, id(node) in inside, modules)
+            why = _why(node, allowed, id(node) in inside, modules)
             if why and hasattr(node, "lineno"):
                 found.append((number, node.lineno, lines[node.lineno - 1].strip(), why))
     return sorted(set(found))
