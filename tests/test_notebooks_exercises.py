@@ -428,7 +428,8 @@ def test_a_class_is_graded_student_by_student_into_a_gradebook(tmp_path, capsys,
                    ("cy", "old.ipynb", "", "NOT YET", "unreadable"),
                    ("dee", "", "", "NOT YET", "no notebook")], got
     assert rows[2][2] == check.TITLES["ex1a_sum_pi_squared"] and rows[2][5] == ""
-    assert "clamp" in rows[5][5] and "problem:" in rows[5][5] and len(rows[5][5]) > 120  # the hint in full
+    assert rows[5][5].startswith("problem: ") and " | hint: " in rows[5][5] and "clamp" in rows[5][5]
+    assert len(rows[5][5]) > 120  # the hint in full, not cut at the screen's width
     assert rows[8][5].startswith("code cell 1 (`1 / 0`) raised ZeroDivisionError")
     logs = {p.relative_to(tmp_path / "logs").as_posix(): p.read_text() for p in (tmp_path / "logs").rglob("*.txt")}
     assert set(logs) == {"bo/01_sum_pi_squared.txt", "cy/01_sum_pi_squared.txt"}, set(logs)

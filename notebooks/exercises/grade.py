@@ -463,7 +463,8 @@ def _rows(student, notebook, found, cells, flagged=()):
     rows = []
     for title, ok, detail in found:
         title, cut, budget = title.partition(": the notebook's time budget")  # a check that timed out
-        hint = " ".join(detail) if detail else (cut[2:] + budget if cut else "")
+        hint = " | ".join(re.sub(r"^(\w+):\s+", r"\1: ", line) for line in detail) if detail else \
+            (cut[2:] + budget if cut else "")  # 'problem: ... | hint: ...', the padding of the screen left out
         flag = "timed out" if cut else next((f for start, f in _FLAGS.items() if hint.startswith(start)), "")
         rows.append((student, notebook, title, "CORRECT" if ok else "NOT YET", flag, hint))
     rows += [(student, notebook, re.match(r"code cell \d+", line).group(), "PROBLEM", "", line) for line in cells]
