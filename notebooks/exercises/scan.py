@@ -30,8 +30,9 @@ Colab cells (the teacher's, matched whatever URL they hold) and flags:
   short formulas are written the same way by everyone.
 
 What no scan sees: a student who understands otb.py's function well enough to rewrite it in their own
-structure has learned it; and a table of a check's fixed inputs built by plain tensor code is not
-flagged (the checks' examples are fixed and documented, for learning).
+structure has learned it; and a table of a check's fixed inputs and their answers, built at the top of
+the notebook (where otb.py may be called, as the handed-out cells do to show numbers), is not flagged:
+the checks' examples are fixed and documented, for learning.
 """
 import ast
 import functools
