@@ -230,6 +230,27 @@ def test_solution_notebook_passes_every_check(name, no_ipywidgets):
     assert not warned, warned
 
 
+@pytest.mark.skipif(not os.environ.get("OTB_GRADE_SOAK"),
+                    reason="slow (about a minute a round): OTB_GRADE_SOAK=20 grades the five solution notebooks 20 times")
+def test_the_solution_notebooks_graded_again_and_again_lose_no_verdict(no_ipywidgets):
+    """Graded OTB_GRADE_SOAK times in a row, every check of the five solution notebooks is CORRECT every time
+    (a verdict line the kernel splits across stream messages is still read); prints how many of the
+    grader's lines came split, which the reader of a single message would have lost."""
+    rounds, graded, split, lost = int(os.environ["OTB_GRADE_SOAK"]), 0, 0, []
+    for r in range(rounds):
+        for name in NAMES:
+            nb = grade.run_copy(EXERCISES / "solutions" / name, budget=240)
+            token = nb.metadata["otb_grading"]["token"]
+            for cell in (c for c in nb.cells if "otb_check" in c.get("metadata", {})):
+                split += not any(token + " {" in o.get("text", "") and o["text"].rstrip().endswith("}")
+                                 for o in cell.outputs if o.get("name") == "stdout")
+            found = grade.results(nb)
+            graded += len(found)
+            lost += [(r, name, title, detail) for title, ok, detail in found if not ok]
+    print(f"\n{rounds} round(s): {graded} verdicts, {len(lost)} lost, {split} grader line(s) split across messages")
+    assert graded == rounds * sum(len(cells) for cells in check.NOTEBOOKS.values()) and not lost, lost
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_blank_notebook_runs_and_fails_its_checks_helpfully(tmp_path, name):
     path = tmp_path / name  # outside the project: grade.py finds it through OTB_ROOT
@@ -358,6 +379,275 @@ def test_no_printed_line_is_longer_than_the_width_and_the_full_text_is_in_a_file
     assert long in log.read_text() and "Traceback ..." in log.read_text()
 
 
+def test_a_class_is_graded_student_by_student_into_a_gradebook(tmp_path, capsys, monkeypatch):
+    """grade.py --class DIR: three students hand in notebooks of the same name (and one a second notebook
+    that cannot be read); every block is titled student/notebook, each student's full texts are in a file
+    of their own, and the gradebook CSV holds one row per check with its verdict, flag and hint, and one
+    per problem of the other cells."""
+    import csv
+    monkeypatch.setattr(grade, "LOGS", tmp_path / "logs")
+    monkeypatch.setattr(grade, "WIDTH", 120)  # the hints are cut, so each student's full texts are written
+    right = _built(NAMES[0])[0]
+    slip = _built(NAMES[0])[0]
+    cell = next(c for c in slip.cells if "def token_energy" in c.source)
+    cell.source = cell.source.replace(".clamp(0.0, 2.0)", "")
+    moved = _built(NAMES[0])[0]
+    moved.cells = [c for c in moved.cells if "check.ex1a_" not in c.source]
+    moved.cells.insert(1, nbformat.v4.new_code_cell("1 / 0"))
+    klass = tmp_path / "class"
+    for student, nb in (("ada", right), ("bo", slip), ("cy", moved)):
+        (klass / student).mkdir(parents=True)
+        (klass / student / "01_sum_pi_squared.ipynb").write_text(build._dumps(nb))
+    (klass / "cy" / "old.ipynb").write_text('{"cells": [')
+    (klass / "cy" / ".ipynb_checkpoints").mkdir()
+    (klass / "cy" / ".ipynb_checkpoints" / "01_sum_pi_squared-checkpoint.ipynb").write_text("{}")
+    (klass / "dee").mkdir()  # a student who handed in nothing
+    (klass / "loose.ipynb").write_text("{}")  # a notebook that names no student
+    assert grade.main(["--class", str(klass)]) == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    titles = [line for line in lines if not line.startswith(" ")]
+    assert titles[0].startswith("loose.ipynb: not in a student's folder, so not graded"), lines
+    assert titles[1:4] == ["ada/01_sum_pi_squared.ipynb", "bo/01_sum_pi_squared.ipynb",
+                           "cy/01_sum_pi_squared.ipynb"], lines
+    assert titles[4].startswith("cy/old.ipynb: cannot be read as a notebook"), lines
+    assert titles[5] == "dee: no notebook (.ipynb) found in this student's folder", lines
+    assert lines[-1] == f"4 of 9 checks correct for 4 student(s); the gradebook is {klass / 'gradebook.csv'}"
+    with open(klass / "gradebook.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == list(grade.GRADEBOOK)
+    got = [(r[0], r[1], r[2][:12], r[3], r[4]) for r in rows[1:]]
+    assert got == [("", "loose.ipynb", "", "NOT YET", "no student"),
+                   ("ada", "01_sum_pi_squared.ipynb", "Exercise 1a ", "CORRECT", ""),
+                   ("ada", "01_sum_pi_squared.ipynb", "Exercise 1b ", "CORRECT", ""),
+                   ("bo", "01_sum_pi_squared.ipynb", "Exercise 1a ", "CORRECT", ""),
+                   ("bo", "01_sum_pi_squared.ipynb", "Exercise 1b ", "NOT YET", ""),
+                   ("cy", "01_sum_pi_squared.ipynb", "Exercise 1a ", "NOT YET", "check cell missing"),
+                   ("cy", "01_sum_pi_squared.ipynb", "Exercise 1b ", "CORRECT", ""),
+                   ("cy", "01_sum_pi_squared.ipynb", "code cell 1", "PROBLEM", ""),
+                   ("cy", "old.ipynb", "", "NOT YET", "unreadable"),
+                   ("dee", "", "", "NOT YET", "no notebook")], got
+    assert rows[2][2] == check.TITLES["ex1a_sum_pi_squared"] and rows[2][5] == ""
+    assert rows[5][5].startswith("problem: ") and " | hint: " in rows[5][5] and "clamp" in rows[5][5]
+    assert len(rows[5][5]) > 120  # the hint in full, not cut at the screen's width
+    assert rows[8][5].startswith("code cell 1 (`1 / 0`) raised ZeroDivisionError")
+    logs = {p.relative_to(tmp_path / "logs").as_posix(): p.read_text() for p in (tmp_path / "logs").rglob("*.txt")}
+    assert set(logs) == {"bo/01_sum_pi_squared.txt", "cy/01_sum_pi_squared.txt"}, set(logs)
+    assert "clamp" in logs["bo/01_sum_pi_squared.txt"] and "clamp" not in logs["cy/01_sum_pi_squared.txt"]
+    assert "its check cell is missing" in logs["cy/01_sum_pi_squared.txt"]
+    with pytest.raises(SystemExit):
+        grade.main(["--class", str(klass), str(klass / "ada" / "01_sum_pi_squared.ipynb")])  # one or the other
+
+
+# Each way of forging a pass, as the cell a student adds below the answers of notebook 01, and the words
+# of the reason the scan gives.
+FORGES = {
+    "torch.Tensor.any patched": ("torch.Tensor.any = lambda self, *a: torch.tensor(True)",
+                                 "assigns to torch.Tensor.any, an attribute of the imported torch"),
+    "setattr on torch": ("setattr(torch.Tensor, 'any', lambda self: True)", "uses setattr"),
+    "functools.partial around otb": ("import functools\nsum_pi_squared = functools.partial(otb.sum_pi_squared)",
+                                     "uses otb.sum_pi_squared, which this notebook's exercises do not hand out"),
+    "an object around otb": ("class Answer:\n    def __call__(self, z):\n        return otb.sum_pi_squared(z)\n"
+                             "sum_pi_squared = Answer()", "uses otb.sum_pi_squared"),
+    "otb imported under another name": ("from otb import sum_pi_squared as mine", "imports otb.sum_pi_squared"),
+    "builtins.print replaced": ("import builtins\nbuiltins.print = lambda *a, **k: None", "imports builtins"),
+    "the notebook's print replaced": ("print = lambda *a, **k: None", "rebinds print"),
+    "sys.stdout wrapped": ("import io\nsys.stdout = io.StringIO()", "assigns to sys.stdout"),
+    "json.dumps patched": ("import json\njson.dumps = lambda *a, **k: '{}'", "assigns to json.dumps"),
+    "importlib.util patched": ("import importlib.util\nimportlib.util.module_from_spec = None", "imports importlib"),
+    "the grader's frame read": ("def token_energy(log_probs, sum_pi_sq):\n    f = sys._getframe(1)\n"
+                                "    return f.f_back.f_locals['want']", "uses ._getframe, which reads frames"),
+    "inspect for frames": ("import inspect\nwant = inspect.currentframe()", "imports inspect"),
+    "IPython's In": ("token = In[-1]", "uses In, which reads IPython's history"),
+    "IPython's shell": ("get_ipython().run_line_magic('who', '')", "uses get_ipython"),
+    "code behind a magic": ("%time torch.Tensor.any = None", "uses get_ipython"),
+    "the profile switched off": ("def token_energy(log_probs, sum_pi_sq):\n    sys.setprofile(None)\n"
+                                 "    return otb.token_energy(log_probs, sum_pi_sq)", "uses .setprofile"),
+    "a thread": ("import threading\nthreading.Thread(target=print).start()", "imports threading"),
+    "exec": ("exec('torch.Tensor.any = None')", "uses exec"),
+    "an exit": ("sys.exit(0)", "uses sys.exit, which exits"),
+    "os._exit": ("os._exit(0)", "uses ._exit"),
+    "SystemExit": ("raise SystemExit", "raises SystemExit"),
+    "check.py rewritten": ("open(os.path.join(os.environ['OTB_ROOT'], 'notebooks/exercises/check.py'), 'w')",
+                           "opens a file for writing"),
+    "a file written": ("from pathlib import Path\nPath('check.py').write_text('')", "uses .write_text"),
+    "a program run": ("import subprocess\nsubprocess.run(['true'])", "imports subprocess"),
+    "an imported class patched": ("from torch import Tensor\nTensor.allclose = lambda *a, **k: True",
+                                   "assigns to Tensor.allclose, an attribute of the imported Tensor"),
+    "check's internals": ("def sum_pi_squared(logits):\n    return check._like(logits, logits)",
+                          "uses check._like"),
+}
+
+
+def _copy_of(name):
+    """otb.py's function ``name`` as a student copies it: every name and argument changed (x0, x1, ...), its
+    docstring left out, a comment added, under the answer's own name."""
+    import ast
+    tree = next(n for n in ast.parse((ROOT / "otb.py").read_text()).body
+                if isinstance(n, ast.FunctionDef) and n.name == name)
+    names = {}
+
+    class Rename(ast.NodeTransformer):
+        def visit_Name(self, node):
+            node.id = names.setdefault(node.id, f"x{len(names)}") if node.id != "torch" else node.id
+            return node
+
+        def visit_arg(self, node):
+            node.arg = names.setdefault(node.arg, f"x{len(names)}")
+            return node
+    tree = Rename().visit(tree)
+    tree.body = tree.body[1:]  # the docstring
+    return "# my own answer\n" + ast.unparse(tree)
+
+
+def _scanned(*sources, kind=None):
+    nb = _built(NAMES[0])[0]
+    nb.cells += [nbformat.v4.new_code_cell(src) for src in sources]
+    return grade.scan.flags(nb, kind or Path(NAMES[0]).stem)
+
+
+@pytest.mark.parametrize("what", sorted(FORGES))
+def test_the_scan_flags_every_forge_construct(what):
+    source, why = FORGES[what]
+    found = _scanned(source)
+    assert found and any(why in reason for *_, reason in found), found
+    number = len([c for c in _built(NAMES[0])[0].cells if c.cell_type == "code"]) + 1
+    assert all(f[0] == number for f in found), found  # the cell added, and no other
+
+
+@pytest.mark.parametrize("name", ["sum_pi_squared", "optimal_token_baseline", "rloo", "action_aligned_otb"])
+def test_the_scan_flags_a_copy_of_otb_with_its_names_changed_and_its_docstring_left_out(name):
+    """otb.py's functions with every name changed, a comment added and no docstring are still the same
+    syntax tree; a short right answer written as otb.py would write it is not a copy."""
+    found = _scanned(_copy_of(name))
+    assert any(f"is a copy of otb.{name}" in why for *_, why in found), found
+    short = "def token_energy(a, b):\n    return (1.0 - 2.0 * a.exp() + b).clamp(0.0, 2.0)"
+    assert _scanned(short) == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_scan_flags_no_solution_no_blank_and_no_honest_variation(name):
+    """The solutions and blanks as built and as committed, and honest edits: a demo cell changed (it calls
+    otb.py at the top, as the handed-out cells do), numpy, a class of the student's own, print used."""
+    kind = Path(name).stem
+    for nb in (*_built(name), nbformat.read(str(EXERCISES / "solutions" / name), as_version=4),
+               nbformat.read(str(EXERCISES / name), as_version=4)):
+        assert grade.scan.flags(nb, kind) == [], name
+    honest = ["print(otb.sum_pi_squared(torch.zeros(3, 4)), otb.token_energy(torch.zeros(2), torch.ones(2)))",
+              "import numpy as np\nx = np.zeros(3)\nprint(x, file=sys.stderr)",
+              "class Table:\n    def __init__(self):\n        self.rows = {}\n    def add(self, k, v):\n"
+              "        self.rows[k] = v\n        return self",
+              "def sum_pi_squared(logits):\n    p = logits.float().softmax(-1)\n    return (p * p).sum(-1)",
+              "import math\nfrom functools import reduce\nresult = reduce(lambda a, b: a * b, [1, 2, 3])"]
+    nb = _built(name)[0]
+    nb.cells += [nbformat.v4.new_code_cell(src) for src in honest]
+    assert grade.scan.flags(nb, kind) == []
+
+
+@functools.lru_cache(maxsize=1)
+def _slip_functions():
+    """{name: source} of the top-level functions of slips.py."""
+    import ast
+    lines = (EXERCISES / "solutions" / "slips.py").read_text().splitlines()
+    return {n.name: "\n".join(lines[n.lineno - 1:n.end_lineno]) for n in ast.parse("\n".join(lines)).body
+            if isinstance(n, ast.FunctionDef)}
+
+
+def _slip_cells(slip):
+    """The source of a slip's answer(s) as cells: the top-level function of slips.py that makes it, or, for a
+    lambda written in the catalogue, the lambda bound to a name."""
+    import ast
+    import inspect
+    tops = _slip_functions()
+    cells = []
+    for answer in slip.answer if isinstance(slip.answer, tuple) else (slip.answer,):
+        top = answer.__qualname__.split(".")[0]
+        if top in tops:
+            cells.append(tops[top])
+            continue
+        text = inspect.getsource(answer)
+        text = "f = " + text[text.index("lambda"):]
+        while True:  # the lambda's own text ends where the shortest cut of the line parses
+            try:
+                ast.parse(text)
+                break
+            except SyntaxError:
+                text = text[:-1]
+        cells.append(text)
+    return cells
+
+
+def test_the_scan_flags_no_slip_but_those_that_call_code_the_exercise_does_not_hand_out():
+    """Every slip of the catalogue, added to its solution notebook, is not flagged, except the three whose
+    check says they call the project's code (the scan says so before anything runs)."""
+    import copy
+    solutions = {p.stem[:2]: (p.stem, _built(p.name)[0]) for p in EXERCISES.glob("0*.ipynb")}
+    flagged = []
+    for slip in slips.SLIPS:
+        kind, nb = solutions["0" + slip.exercise[0]]
+        nb = copy.deepcopy(nb)
+        nb.cells += [nbformat.v4.new_code_cell(src) for src in _slip_cells(slip)]
+        flagged += [slip.what for _ in grade.scan.flags(nb, kind)[:1]]
+    assert flagged == ["calls the reference through train.py's table, otb.ESTIMATORS['otb']",
+                       "calls toy_harness.measure", "calls otb.action_aligned_otb"], flagged
+    assert len(slips.SLIPS) > 170
+
+
+def test_a_flagged_notebook_is_not_run_and_never_correct(tmp_path, capsys):
+    """A notebook of right answers with one forge is FLAGGED on every check with the line and the reason,
+    exits 1 and is not run (its cell that writes a file never ran); in a class it is FLAGGED in the
+    gradebook with the flag 'tampering' (or 'copy')."""
+    import csv
+    nb = _built(NAMES[0])[0]
+    nb.cells.insert(1, nbformat.v4.new_code_cell(f"open({str(tmp_path / 'ran')!r}, 'w').close()"))
+    nb.cells.append(nbformat.v4.new_code_cell(FORGES["torch.Tensor.any patched"][0]))
+    (tmp_path / "class" / "eve").mkdir(parents=True)
+    (tmp_path / "class" / "eve" / "mine.ipynb").write_text(build._dumps(nb))
+    copy = _built(NAMES[0])[0]
+    copy.cells.append(nbformat.v4.new_code_cell(_copy_of("sum_pi_squared")))
+    (tmp_path / "class" / "fay").mkdir()
+    (tmp_path / "class" / "fay" / "mine.ipynb").write_text(build._dumps(copy))
+    assert grade.main([str(tmp_path / "class" / "eve" / "mine.ipynb")]) == 1
+    out = capsys.readouterr().out.splitlines()
+    number = len([c for c in nb.cells if c.cell_type == "code"])
+    assert out[1].startswith("  FLAGGED   code cell 1, line 1 (`open(") and "opens a file for writing" in out[1], out
+    assert out[2] == f"  FLAGGED   code cell {number}, line 1 (`torch.Tensor.any = lambda self, *a: torch.tensor(True)`): " \
+                     f"assigns to torch.Tensor.any, an attribute of the imported torch", out
+    assert out[3:5] == [f"  FLAGGED   {check.TITLES['ex1a_sum_pi_squared']}",
+                        f"  FLAGGED   {check.TITLES['ex1b_token_energy']}"], out
+    assert out[-1] == "0 of 2 checks correct in 1 notebook(s)" and not (tmp_path / "ran").exists()
+    assert grade.main(["--class", str(tmp_path / "class")]) == 1
+    with open(tmp_path / "class" / "gradebook.csv", newline="") as f:
+        rows = [(r[0], r[3], r[4]) for r in csv.reader(f)][1:]
+    assert rows == [("eve", "FLAGGED", "tampering")] * 2 + [("fay", "FLAGGED", "copy")] * 2, rows
+
+
+def _stream(text, name="stdout"):
+    return nbformat.v4.new_output("stream", name=name, text=text)
+
+
+@pytest.mark.parametrize("ok, out, want", [
+    (True, "Exercise 1a (sum_k pi_k^2 from logits): CORRECT.\n", (True, [])),
+    (False, "Exercise 1a (sum_k pi_k^2 from logits): NOT YET CORRECT.\n  problem: off by 2\n  hint:    clamp\n",
+     (False, ["problem: off by 2", "hint:    clamp"]))])
+def test_a_verdict_split_anywhere_across_two_messages_is_read(ok, out, want):
+    """The kernel may deliver the grader's one printed line as two stream messages split at any character
+    (the line is ASCII: json.dumps escapes the rest), with stderr between them: every split reads the
+    same verdict, and a line cut short (the kernel died while printing it) reads as no verdict, never a
+    JSON error."""
+    import json
+    token = "0123456789abcdef"
+    printed = "a line the notebook printed\n" + token + " " + json.dumps({"ok": ok, "out": out, "error": None}) + "\n"
+    assert printed.isascii()
+    for k in range(len(printed) + 1):
+        for between in ([], [_stream("a warning\n", "stderr")]):
+            cell = nbformat.v4.new_code_cell(outputs=[_stream(printed[:k])] + between + [_stream(printed[k:])])
+            assert grade._verdict_of(cell, None, token) == want, k
+    for k in range(printed.index(token), len(printed) - 2):  # cut inside the grader's line
+        cell = nbformat.v4.new_code_cell(outputs=[_stream(printed[:k])])
+        assert grade._verdict_of(cell, None, token) == (False, ["this check cell printed no verdict"]), k
+
+
 def _cells(nb, text):
     """The index of the first cell whose source contains ``text``."""
     return next(k for k, c in enumerate(nb.cells) if text in c.source)
@@ -386,8 +676,11 @@ def test_the_grader_decides_not_the_notebook(tmp_path, capsys):
     assert grade.main([str(tmp_path / n) for n in ("x.ipynb", "y.ipynb", "z.ipynb")]) == 1
     out = capsys.readouterr().out
     blocks = dict(zip(("x", "y", "z"), out.split(".ipynb\n")[1:]))
-    assert "CORRECT   " not in blocks["x"] and "NOT YET   Exercise 1a" in blocks["x"], out
-    assert "its check cell is missing" in blocks["x"] and "returned None" in blocks["x"], out  # 1b: the real check
+    assert "CORRECT   " not in blocks["x"] and "FLAGGED   Exercise 1a" in blocks["x"], out  # the scan: not run
+    assert "assigns to check.ex1b_token_energy, an attribute of the imported check" in blocks["x"], out
+    x = grade.results(grade.run_copy(tmp_path / "x.ipynb"))  # run all the same, the patch changes nothing
+    assert not any(ok for _, ok, _ in x) and "its check cell is missing" in x[0][2][0], x
+    assert "returned None" in "\n".join(x[1][2]), x  # 1b: the real check
     assert "NOT YET   Exercise 1a" in blocks["y"] and "comes before the cell that defines `sum_pi_squared`" in out
     assert "NOT YET   Exercise 1b" in blocks["y"] and "its check cell was edited" in blocks["y"], out
     assert "CORRECT   Exercise 2a" in blocks["z"] and blocks["z"].count("its check cell is missing") == 2, out
@@ -770,6 +1063,22 @@ def test_the_students_otb_trains_like_the_reference_and_a_wrong_one_is_caught_at
     ok, text = _verdict(capsys, check.ex3e_trains, lambda *a: otb.optimal_token_baseline(*a)[0], steps=3)
     assert not ok and "calls otb.optimal_token_baseline" in text, text
     assert otb.ESTIMATORS["otb"] is reference
+
+
+@pytest.mark.parametrize("answer, words", [
+    (lambda r, m, g, lp, s: otb.ESTIMATORS["otb"](token_rewards=r, response_mask=m, group_index=g, log_probs=lp,
+                                                  sum_pi_sq=s)[0], "calls otb.ESTIMATORS['otb']"),
+    (lambda r, m, g, lp, s: torch.linalg.inv(torch.zeros(3, 3)), "raised"),
+    (lambda r, m, g, lp, s: (_ for _ in ()).throw(ValueError("first line\n" + str(torch.ones(40, 4)))),
+     "raised ValueError: first line tensor([[1., 1., 1., 1.],")])
+def test_3e_says_a_failing_function_in_one_line(answer, words, capsys):
+    """3e's verdict is three lines whatever the function does: one that calls train.py's estimator (itself,
+    during the check) is told so once, not once for each level of the recursion, and an error whose
+    message spans lines (a tensor) is printed on one."""
+    assert not check.ex3e_trains(answer, steps=1)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and lines[1].startswith("  problem: ") and words in lines[1], lines
+    assert len(lines[1]) < 2000 and lines[1].count("your function") == 1, len(lines[1])
 
 
 def test_nan_advantages_in_3e_name_the_division_by_zero(capsys):

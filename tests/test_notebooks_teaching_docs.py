@@ -192,6 +192,20 @@ def test_teaching_md_states_the_graders_time_budget_its_measured_cost_and_how_to
     assert "never returns" in text and grade.BUDGET <= seconds <= grade.BUDGET + 15 * n
 
 
+def test_teaching_md_names_the_gradebooks_columns_and_every_flag_the_grader_writes():
+    """The class command, the gradebook's columns as grade.py writes them, and every flag it can write (read
+    from grade.py's source: the flags of results()' own lines and the literal flags of the rows)."""
+    text = _flat(TEACHING[TEACHING.index("**A whole class in one command.**"):TEACHING.index("## A two-hour")])
+    assert "grade.py --class submissions/" in text and "grade.py --class submissions/" in grade.__doc__
+    assert f"`{', '.join(grade.GRADEBOOK)}`" in text
+    source = (EXERCISES / "grade.py").read_text()
+    flags = set(grade._FLAGS.values()) | set(re.findall(r'"NOT YET", "([a-z ]+)"', source)) | \
+        {"timed out", "copy", "tampering"}
+    assert len(flags) == 11 and all(f'"{f}"' in source for f in ("timed out", "copy", "tampering")), flags
+    for flag in flags:
+        assert f"`{flag}`" in text, flag
+
+
 def test_the_two_hour_plan_fills_120_minutes_with_the_quiz_in_it():
     """The plan's steps follow each other from 0 to 120 minutes, and the ten-minute quiz is one of them."""
     plan = TEACHING[TEACHING.index("## A two-hour"):TEACHING.index("## A short quiz")]
@@ -328,6 +342,27 @@ def test_the_setup_cell_says_in_one_line_which_torch_and_transformers_pip_will_i
     import torch
     assert out == [f"pip will install torch {torch.__version__} -> torch>=99 (requirements.txt; a new torch takes "
                    f"minutes), then the rest"], out
+
+
+@pytest.mark.parametrize("fake", [None, "\x1b[33mWARNING: a warning\x1b[0m\n\x1b[31mERROR: No matching distribution "
+                                  "found for torch>=99\x1b[0m\n\x1b[0m\n"])
+def test_a_failed_pip_is_told_by_its_error_line_without_colour_codes(fake, tmp_path, monkeypatch):
+    """Colab's kernel sets FORCE_COLOR=1, so pip colours its stderr and may end it with a colour code alone:
+    the setup cell names pip's first ERROR line, colour codes stripped. Run with the real pip (no index,
+    colour forced) and with a stand-in pip whose last line is a lone reset code."""
+    import subprocess
+    (tmp_path / "otb.py").write_text("")
+    (tmp_path / "requirements.txt").write_text("torch>=99  # newer than any\n")
+    monkeypatch.setenv("OTB_ROOT", str(tmp_path))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    if fake is not None:
+        monkeypatch.setattr(subprocess, "run", lambda args, **kw: subprocess.CompletedProcess(args, 1, "", fake))
+    with pytest.raises(Exception, match="pip could not install") as e:
+        exec(compile((EXERCISES / "colab_setup.py").read_text(), "colab_setup.py", "exec"), {"__name__": "cell"})
+    why = str(e.value).split(" (", 1)[1]
+    assert why.startswith("ERROR: ") and "torch>=99" in why and "\x1b" not in why and "[0m" not in why, why
+    assert fake is None or why == "ERROR: No matching distribution found for torch>=99)", why
 
 
 def test_a_colab_student_grades_a_notebook_of_the_class_copy_pushed_to_git(class_copy, tmp_path, monkeypatch):

@@ -680,6 +680,14 @@ def _group_slips(b, gi, name):
                         "valid tokens (sum of R_j m_t divided by the number of valid tokens) weights long "
                         "responses more")),
     }
+    if name == "rloo":  # "the others" found by their score, not their row: every equal score left out
+        differ = (gid[:, None] == gid[None, :]) & (R[:, None] != R[None, :])  # j in i's group, R_j != R_i, (B, B)
+        n_differ = differ.sum(1)  # (B,)
+        b_differ = torch.where(n_differ > 0, (differ * R[None, :]).sum(1) / n_differ.clamp(min=1), 0.0)  # (B,)
+        slips["equal_scores"] = (
+            adv(b_differ), "a baseline that leaves out every row of the group whose score equals R_i, not only "
+            "row i", H("leave out row i itself, not the rows whose score equals R_i: b_i = (sum of the group - "
+                       "R_i) / (n - 1); find the others by their index (j != i), not by their score (R_j != R_i)"))
     for k in range(2, len(R)):  # groups taken as consecutive blocks of k rows (R.reshape(-1, k))
         if len(R) % k == 0:
             block = R.reshape(-1, k).sum(1).repeat_interleave(k)  # the sum over row i's block, (B,)
@@ -1092,14 +1100,27 @@ def ex3e_trains(student_fn, steps=6):
     first step where a metric parts names what went wrong."""
     import tempfile
 
+    running = []  # non-empty while train.py is inside `student`: a call back into it is the student's
+
     def student(**inputs):  # train.py's call: keywords in, (advantages, returns) out
+        if running:  # the student's function called otb.ESTIMATORS["otb"], which is `student` during the run
+            raise NotYet("your function calls otb.ESTIMATORS['otb'], which during this check is your own function "
+                         "(the reference would prove nothing), so it calls itself",
+                         H("write this step yourself from the formulas above (the helpers the instructions name "
+                           "are fine)"))
+        running.append(True)
         try:
             with _Watch("ex3e_trains") as watch:
                 A = student_fn(inputs["token_rewards"], inputs["response_mask"], inputs["group_index"],
                                inputs["log_probs"], inputs["sum_pi_sq"])
+        except NotYet:
+            raise  # this check's own verdict from a call further in: passed on as it is, never nested
         except Exception as e:
-            raise NotYet(f"your function raised {type(e).__name__}: {e} on a batch of train.py",
+            why = " ".join(str(e).split())  # one line: a multi-line message (a tensor, say) keeps its words
+            raise NotYet(f"your function raised {type(e).__name__}: {why} on a batch of train.py",
                          H("run check.ex3c_optimal_token_baseline first: it shows the case that fails")) from None
+        finally:
+            running.clear()
         if watch.called:
             raise NotYet(f"your function calls {watch.called}, the project's reference code, so the comparison "
                          f"would prove nothing (this exercise hands you {', '.join(watch.allowed)})",

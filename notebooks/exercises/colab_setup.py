@@ -5,6 +5,7 @@
 # OTB_ROOT, which the notebook's own first cell reads to find otb.py. Locally, inside the project, it is
 # not needed.
 import os
+import re
 import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -46,8 +47,9 @@ print(f"pip will install {', '.join(short)} (requirements.txt; a new torch takes
       f"installs only the rest of it")
 pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-r", str(root / "requirements.txt")],
                      capture_output=True, text=True)
-if pip.returncode != 0:
-    why = (pip.stderr.strip().splitlines() or ["pip gave no message"])[-1]
+if pip.returncode != 0:  # its first ERROR line, colour codes stripped (Colab's kernel sets FORCE_COLOR=1)
+    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", pip.stderr).splitlines() if line.strip()]
+    why = next((line for line in lines if line.startswith("ERROR:")), lines[-1] if lines else "pip gave no message")
     raise SetupError(f"pip could not install {root / 'requirements.txt'} ({why})")
 os.environ["OTB_ROOT"] = str(root)
 print(f"the OTB project is in {root}; now run the notebook from its first cell")

@@ -3,6 +3,8 @@
     python notebooks/exercises/grade.py                        # the five notebooks in this folder
     python notebooks/exercises/grade.py ~/my_01.ipynb ...      # any exercise notebooks, anywhere
     python notebooks/exercises/grade.py --budget 300 ...       # allow a notebook 300 s (default BUDGET)
+    python notebooks/exercises/grade.py --class submissions/   # a folder per student: every student, and
+                                                               # submissions/gradebook.csv
 
 Each notebook is read from disk once and run *in memory*, top to bottom, as Jupyter's "Run All"
 would (its own folder as the working directory, the project found through ``OTB_ROOT``, which this
@@ -15,9 +17,18 @@ The grader decides, not the notebook. It knows each notebook's check cells from 
 (``check.NOTEBOOKS``, the cells as they are handed out) and recognises the notebook by them and by the
 functions it defines, whatever its file is called. Each check cell found unchanged (compared as code:
 spacing and comments do not matter) is run in its place by the grader's own code: a fresh copy of
-check.py, the verdict passed back under a random token, so nothing the notebook prints or patches
-counts. A check cell that is missing (deleted, or replaced by a line printing CORRECT), edited, or
-placed above the cell that defines the function it checks is NOT YET with one line saying so.
+check.py, the verdict passed back under a random token, so a printed verdict, a rebound name and a
+patched ``check`` module do not count. A check cell that is missing (deleted, or replaced by a line
+printing CORRECT), edited, or placed above the cell that defines the function it checks is NOT YET with
+one line saying so.
+
+The checks still run in the student's kernel, next to the student's code, which could change what they
+see (patch torch or print, read the grader's frames, switch off the watch on calls into otb.py). So
+before running anything the grader scans the notebook's own cells (``scan.flags``: the constructs only
+tampering needs, the project's functions the exercises do not hand out, copies of otb.py's functions by
+syntax tree); a notebook it flags is not run, every check reads FLAGGED with the line and the reason,
+never CORRECT, and the exit status is 1: a lecturer reads it. What no scan sees is in scan.py's
+docstring.
 
 For every check of the notebook it prints one line, CORRECT or NOT YET, titled by its exercise, with
 the check's problem and hint under a NOT YET, and an error of the notebook's own cells (a syntax error
@@ -35,9 +46,23 @@ in an answer, say) where there is one:
                 this check cell did not run: the notebook's time budget ran out in an earlier cell
     03_mine.ipynb: cannot be read as a notebook (not valid JSON: ...); open it in Jupyter and save it again
 
-A notebook that cannot be read is one line, and the notebooks after it are still graded.
+A notebook that cannot be read is one line, and the notebooks after it are still graded. A notebook
+the scan flags gets one FLAGGED line per finding and FLAGGED for each check:
+
+    03_forged.ipynb
+      FLAGGED   code cell 9, line 1 (`torch.Tensor.any = ...`): assigns to torch.Tensor.any, an attribute of the imported torch
+      FLAGGED   Exercise 3a (reward-to-go G_t)
+
+With ``--class DIR`` (one folder per student, named by the student, holding the student's notebooks
+under any names) every block is titled ``student/notebook``, each student's full texts go to a folder
+of their own (LOGS/student/), and a gradebook CSV is written (``--gradebook``, by default
+DIR/gradebook.csv): one row per check, ``student, notebook, exercise, verdict, flag, hint``, the flag
+saying why a verdict was not decided by the check as handed out (a check cell missing, edited or moved,
+a time budget spent, a file that cannot be read, tampering or a copy of otb.py flagged by the scan:
+verdict FLAGGED), and one row per problem of the other cells (verdict PROBLEM).
 
 Exit status: 0 if every check of every notebook is CORRECT and no cell raised or timed out, 1 if not
+(a FLAGGED notebook included)
 (so an autograder can use it), 2 for bad usage (a path that is not a notebook).
 """
 import argparse
@@ -62,6 +87,7 @@ for _path in (ROOT, HERE):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+import scan  # noqa: E402  (what only tampering needs, flagged before a notebook runs)
 from check import NOTEBOOKS, TITLES, H  # noqa: E402  (the check cells; the title of every exercise; the marker of
 #                                                  what a student reads)
 
@@ -241,15 +267,33 @@ def _timed_out(budget):
     return H(f"the notebook's time budget of {budget} s ran out in this cell (a loop that never ends?)")
 
 
+def _stdout(cell):
+    """All that a code cell printed to stdout, its stream messages joined in order: the kernel may deliver
+    one printed line as several messages, split anywhere."""
+    texts = [out.get("text", "") for out in cell.get("outputs", [])
+             if out.get("output_type") == "stream" and out.get("name") == "stdout"]
+    return "".join("".join(t) if isinstance(t, list) else t for t in texts)  # a stored notebook may keep a list
+
+
+def _line_of(cell, token):
+    """The dict the grader's cell printed after ``token`` (its last such line); None if there is none or it
+    was cut short (the kernel died while printing it)."""
+    text = _stdout(cell)
+    start = text.rfind(token + " ")
+    if start < 0:
+        return None
+    try:
+        data, _ = json.JSONDecoder().raw_decode(text, start + len(token) + 1)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _verdict_of(cell, stopped, token):
-    """(ok, detail lines) of a check cell the grader ran (``run_copy``), from its line under ``token``."""
-    data = None
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "stream" and out.get("name") == "stdout":
-            for line in out.get("text", "").splitlines():
-                if line.startswith(token + " "):
-                    data = json.loads(line[len(token) + 1:])
-    error = data["error"] if data else _error(cell)
+    """(ok, detail lines) of a check cell the grader ran (``run_copy``), from its line under ``token`` in
+    the cell's whole stdout."""
+    data = _line_of(cell, token)
+    error = data.get("error") if data else _error(cell)
     if error:
         # when: the function the check is handed is not defined (its def renamed or its cell deleted: NameError)
         return False, [H(f"this check cell raised {error}")]
@@ -259,9 +303,9 @@ def _verdict_of(cell, stopped, token):
     if data is None:
         # when: the cell's output never reached the grader (a cell above that sets sys.stdout to something else)
         return False, [H("this check cell printed no verdict")]
-    lines = data["out"].splitlines()
+    lines = str(data.get("out", "")).splitlines()
     verdicts = [k for k, line in enumerate(lines) if _VERDICT.match(line)]
-    if data["ok"]:
+    if data.get("ok") is True:
         return True, []
     if not verdicts:
         # when: the check returned False without printing a verdict (check.py's checks always print one: a guard)
@@ -361,20 +405,22 @@ def _clip(line, log):
     return line[:max(WIDTH - len(tail), 40)] + tail
 
 
-def report(path, found, out=None, cells=(), log=None, stderr=""):
+def report(path, found, out=None, cells=(), log=None, stderr="", title=None, flagged=()):
     """Print one notebook's verdicts (``found``, from ``results``) and the problems of its other cells
-    (``cells``, from ``problems``), each line at most WIDTH characters (the full text in ``log``, with the
-    kernel's ``stderr``);
-    returns the number of checks that are not CORRECT plus the number of those problems."""
+    (``cells``, from ``problems``) under ``title`` (the file's name by default), each line at most WIDTH
+    characters (the full text in ``log``, with the kernel's ``stderr``). A notebook ``flagged`` by the scan
+    (scan.flags: its lines) prints them and FLAGGED for every check, never CORRECT.
+    Returns the number of checks that are not CORRECT plus the number of those problems."""
     out = out or sys.stdout
     log = Path(log or LOGS / f"{Path(path).stem}.txt")
-    print(Path(path).name, file=out)
-    lines = [f"  PROBLEM   {line}" for line in cells]
+    print(title or Path(path).name, file=out)
+    lines = [f"  FLAGGED   {_flagged(*f)}" for f in flagged]
+    lines += [f"  PROBLEM   {line}" for line in cells]
     if not found:
         # when: a notebook with none of the exercise notebooks' check calls or answers (a tutorial notebook)
         lines.append(f"  NOT YET   {H('no check cells found (is this an exercise notebook?)')}")
     for title, ok, detail in found:
-        lines.append(f"  {'CORRECT' if ok else 'NOT YET':9s} {title}")
+        lines.append(f"  {'FLAGGED' if flagged else 'CORRECT' if ok else 'NOT YET':9s} {title}")
         lines += [f"            {line}" for line in detail]
     if any(len(line) > WIDTH for line in lines):
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -382,6 +428,49 @@ def report(path, found, out=None, cells=(), log=None, stderr=""):
     for line in lines:
         print(_clip(line, log), file=out)
     return sum(not ok for _, ok, _ in found) + len(cells) + (not found)
+
+
+def _flagged(number, line, code, why):
+    """One finding of the scan as the grader prints it."""
+    return f"code cell {number}, line {line} (`{code[:60]}`): {why}"
+
+
+def students(folder):
+    """[(student, [notebook]), ...] of a class folder: one subfolder per student, named by the student,
+    holding any number of notebooks under any names (at any depth; hidden folders such as Jupyter's
+    .ipynb_checkpoints left out), both sorted; and the notebooks lying loose in ``folder`` itself."""
+    def visible(path, top):
+        return not any(part.startswith(".") for part in path.relative_to(top).parts)
+    found = [(d.name, sorted(p for p in d.rglob("*.ipynb") if p.is_file() and visible(p, d)))
+             for d in sorted(folder.iterdir()) if d.is_dir() and not d.name.startswith(".")]
+    return found, sorted(folder.glob("*.ipynb"))
+
+
+# The gradebook's flag: why a verdict was not decided by the check as handed out, which a lecturer looks
+# at by hand. Each is read from the start of the line results() writes for it.
+_FLAGS = {"its check cell is missing": "check cell missing", "its check cell was edited": "check cell edited",
+          "this check cell comes before": "check cell moved", "this check cell did not run": "not run"}
+GRADEBOOK = ("student", "notebook", "exercise", "verdict", "flag", "hint")  # the gradebook's columns
+
+
+def _rows(student, notebook, found, cells, flagged=()):
+    """The gradebook's rows of one graded notebook: one a check, one a problem of its other cells. A
+    notebook the scan flagged has every check FLAGGED, its flag 'copy' or 'tampering', the findings as hint."""
+    if flagged:
+        flag = "copy" if all(" is a copy of " in why for *_, why in flagged) else "tampering"
+        why = "; ".join(_flagged(*f) for f in flagged)
+        return [(student, notebook, title, "FLAGGED", flag, why) for title in [t for t, _, _ in found] or [""]]
+    rows = []
+    for title, ok, detail in found:
+        title, cut, budget = title.partition(": the notebook's time budget")  # a check that timed out
+        hint = " | ".join(re.sub(r"^(\w+):\s+", r"\1: ", line) for line in detail) if detail else \
+            (cut[2:] + budget if cut else "")  # 'problem: ... | hint: ...', the padding of the screen left out
+        flag = "timed out" if cut else next((f for start, f in _FLAGS.items() if hint.startswith(start)), "")
+        rows.append((student, notebook, title, "CORRECT" if ok else "NOT YET", flag, hint))
+    rows += [(student, notebook, re.match(r"code cell \d+", line).group(), "PROBLEM", "", line) for line in cells]
+    if not found:
+        rows.append((student, notebook, "", "NOT YET", "no check cells", "no check cells found"))
+    return rows
 
 
 def main(argv=None):
@@ -395,24 +484,33 @@ def main(argv=None):
                              f"out is interrupted and the cells after it are not run (default {BUDGET}: four times "
                              f"the slowest solution notebook, so a class of 30 with a loop that never ends in each "
                              f"notebook costs one budget a notebook)")
+    parser.add_argument("--class", dest="klass", type=Path, metavar="DIR",
+                        help="a whole class: DIR holds one folder per student (named by the student) with the "
+                             "student's notebooks under any names; every block is titled student/notebook and "
+                             "a gradebook CSV is written (--gradebook)")
+    parser.add_argument("--gradebook", type=Path,
+                        help="with --class: the CSV file written, one row per check (student, notebook, exercise, "
+                             "verdict, flag, hint) and per problem of the other cells (default DIR/gradebook.csv)")
     args = parser.parse_args(argv)
+    if args.budget < 1:
+        parser.error(f"--budget must be at least 1 second, got {args.budget}")
+    if args.klass is not None:
+        if args.notebooks:
+            parser.error("give either notebooks or --class DIR, not both")
+        if not args.klass.is_dir():
+            parser.error(f"--class {args.klass}: not a folder")
+        if args.gradebook is not None and args.gradebook.is_dir():
+            parser.error(f"--gradebook {args.gradebook}: a folder, not a file")
+        return grade_class(args.klass, args.budget, args.gradebook or args.klass / "gradebook.csv")
+    if args.gradebook is not None:
+        parser.error("--gradebook goes with --class DIR")
     paths = args.notebooks or sorted(HERE.glob("0*.ipynb"))
     for path in paths:
         if path.suffix != ".ipynb" or not path.is_file():
             parser.error(f"{path}: not a notebook file (expected an existing .ipynb)")
-    if args.budget < 1:
-        parser.error(f"--budget must be at least 1 second, got {args.budget}")
     bad = total = broken = 0
     for path in paths:
-        try:
-            nb = run_copy(path, args.budget)
-        except Unreadable as why:
-            # when: a file cut short, or JSON that is not a notebook
-            print(f"{path.name}: {H(f'cannot be read as a notebook ({why}); open it in Jupyter and save it again')}")
-            bad, total = bad + 1, total + 1
-            continue
-        found, cells = results(nb), problems(nb)
-        report(path, found, cells=cells, stderr=nb.metadata["otb_grading"].get("stderr", ""))
+        found, cells, _, _ = _grade(path, args.budget)
         bad += sum(not ok for _, ok, _ in found) or not found
         total += max(len(found), 1)
         broken += len(cells)
@@ -420,6 +518,71 @@ def main(argv=None):
           + (f"; {broken} other cell(s) raised an error or timed out" if broken else "")
           + ("" if bad or broken else ": all done"))
     return 1 if bad or broken else 0
+
+
+def _grade(path, budget, title=None, log=None):
+    """Grade one notebook and print its block (``report``); (found, problems, why it cannot be read or None,
+    the scan's findings). A notebook the scan flags (scan.flags) is not run: each of its checks is FLAGGED,
+    never CORRECT, and a lecturer reads the lines the scan names."""
+    try:
+        nb = read(path)
+        flagged = scan.flags(nb, kind_of(nb))
+        if not flagged:
+            nb = run_copy(path, budget)
+    except Unreadable as why:
+        # when: a file cut short, or JSON that is not a notebook
+        line = H(f"cannot be read as a notebook ({why}); open it in Jupyter and save it again")
+        print(f"{title or path.name}: {line}")
+        return [], [], line, []
+    if flagged:
+        found = [(TITLES[_call_of(src)[0]], False, []) for src in NOTEBOOKS.get(kind_of(nb), ())]
+        cells, stderr = [], ""
+    else:
+        found, cells, stderr = results(nb), problems(nb), nb.metadata["otb_grading"].get("stderr", "")
+    report(path, found, cells=cells, stderr=stderr, title=title, log=log, flagged=flagged)
+    return found, cells, None, flagged
+
+
+def grade_class(folder, budget, gradebook):
+    """Grade every student's notebooks in ``folder`` (``students``), each block titled student/notebook,
+    each student's full texts in a folder of their own under LOGS; write the gradebook CSV; 0 if every
+    check of every student is CORRECT and nothing else went wrong, else 1."""
+    import csv
+    classes, loose = students(folder)
+    rows, bad = [], 0
+    for path in loose:
+        # when: a notebook lying in the class folder itself, which names no student
+        line = H("not in a student's folder, so not graded: put it in a folder named by its student")
+        print(f"{path.name}: {line}")
+        rows.append(("", path.name, "", "NOT YET", "no student", line))
+        bad += 1
+    for student, paths in classes:
+        if not paths:
+            # when: a student's folder with no notebook in it
+            line = H("no notebook (.ipynb) found in this student's folder")
+            print(f"{student}: {line}")
+            rows.append((student, "", "", "NOT YET", "no notebook", line))
+            bad += 1
+        for path in paths:
+            name = path.relative_to(folder / student).as_posix()
+            found, cells, unreadable, flagged = _grade(path, budget, title=f"{student}/{name}",
+                                                       log=LOGS / student / Path(name).with_suffix(".txt"))
+            if unreadable:
+                rows.append((student, name, "", "NOT YET", "unreadable", unreadable))
+                bad += 1
+                continue
+            mine = _rows(student, name, found, cells, flagged)
+            rows += mine
+            bad += sum(row[3] != "CORRECT" for row in mine)
+    gradebook.parent.mkdir(parents=True, exist_ok=True)
+    with open(gradebook, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(GRADEBOOK)
+        writer.writerows(rows)
+    checks = [row for row in rows if row[3] != "PROBLEM"]
+    print(f"{sum(row[3] == 'CORRECT' for row in checks)} of {len(checks)} checks correct for {len(classes)} "
+          f"student(s); the gradebook is {gradebook}")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -202,6 +202,17 @@ def runs_of_ids(kind):
     return f
 
 
+def loo_by_score(r, m, g):
+    """RLOO with the others found by their score, not their row: every row of the group whose score equals
+    R_i is left out of b_i, not only row i (0 where no other score differs)."""
+    R = (r * m).sum(-1)  # R_i, (B,)
+    A = torch.zeros_like(R)
+    for i, same in enumerate(groups(g, len(R))):
+        others = R[same & (R != R[i])]
+        A[i] = R[i] - (others.mean() if same.sum() > 1 and len(others) else 0.0)
+    return A[:, None] * m
+
+
 def integer_baseline_group_mean(r, m, g):
     """The solution's loop with the baseline started from torch.zeros_like(gid): a long tensor, so every
     group mean written into it is truncated toward 0, silently."""
@@ -585,6 +596,8 @@ SLIPS = [
          ["mean over the group's tokens", "*responses*"]),
     Slip("2c", "groups as runs of equal neighbouring ids (itertools.groupby)", "ex2c_rloo", runs_of_ids("loo"),
          ["interleaved", "its own group", "group by id, not by position"], named_in="#58"),
+    Slip("2c", "the others found by score (R_j != R_i), so rows with an equal score are left out too", "ex2c_rloo",
+         loo_by_score, ["whose score equals R_i", "j != i"]),
     Slip("2c", "the mask never used (rewards and advantage)", "ex2c_rloo",
          lambda r, m, g: group_estimator("loo")(r, torch.ones_like(m), g), ["junk", "only valid tokens count"],
          named_in="#58"),
@@ -690,6 +703,10 @@ SLIPS = [
          ["NaN or inf", "divide by (sum W_t + eps)"], named_in="#58"),
     Slip("3e", "uses a 3a that is still a blank (returns None)", "ex3e_trains", otb_plain(G_fn=lambda r, m: None),
          ["raised TypeError", "run check.ex3c_optimal_token_baseline first"], named_in="#58"),
+    Slip("3e", "calls the reference through train.py's table, otb.ESTIMATORS['otb']", "ex3e_trains",
+         lambda r, m, g, lp, s: otb.ESTIMATORS["otb"](token_rewards=r, response_mask=m, group_index=g,
+                                                      log_probs=lp, sum_pi_sq=s)[0],
+         ["otb.ESTIMATORS['otb']", "calls itself", "write this step yourself"]),
     Slip("3e", "B_t - G_t instead of G_t - B_t", "ex3e_trains", otb_plain(sign=-1),
          ["at training step 1", "your advantages differ"], named_in="#58"),
     # ---- 4a: one gradient per group
