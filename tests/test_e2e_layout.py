@@ -114,6 +114,26 @@ def test_importing_train_leaves_the_toy_out():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+STATISTICS_STACK = ("scipy", "statsmodels", "pandas")
+
+
+def test_importing_train_leaves_the_statistics_stack_out():
+    """A training step computes no statistic: ``import train`` (in a fresh process) loads none of scipy,
+    statsmodels and pandas, seconds of a learner's first command on a small machine (docs/cost.md). The
+    comparison's statistics import them where they compute one; computing one in that fresh process
+    loads them, so the check can fail."""
+    import subprocess
+    import sys
+    code = ("import sys, train; print(' '.join(m for m in %r if m in sys.modules)); "
+            "from lab import compare; compare.final_difference([dict(success=1.0)] * 3, [dict(success=0.5)] * 3); "
+            "print(' '.join(m for m in %r if m in sys.modules))") % (STATISTICS_STACK, STATISTICS_STACK)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    after_import, after_a_statistic = done.stdout.splitlines()
+    assert after_import == "", f"import train loaded {after_import}"
+    assert {"scipy", "statsmodels"} <= set(after_a_statistic.split()), after_a_statistic
+
+
 def test_the_cycle_finder_finds_a_cycle():
     """The check above can fail: a graph with a cycle two modules long is reported."""
     assert cycle({"a": {"b"}, "b": {"a"}, "c": set()}) == ["a", "b", "a"]
