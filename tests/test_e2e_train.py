@@ -2,10 +2,12 @@
 steps, Ctrl-C and resume, mismatch, the comparison. Bad arguments and a --resume that cannot work
 are in test_inputs_train.py."""
 import dataclasses
+import hashlib
 import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -237,6 +239,41 @@ def test_warm_up_cache_is_keyed_by_every_setting_it_depends_on(tmp_path):
     own = tasks.ReverseTask()
     own.warmup_ceiling = 0.5  # a task's own warm-up setting is part of the key too
     assert models.tiny_model_folder(tmp_path, own, max_new=10, **kw) not in (short, long_)
+
+
+def test_a_warm_up_cache_built_by_other_code_is_rebuilt_and_the_run_says_so(tmp_path, monkeypatch, capsys):
+    """warmup.json records the sha256 of each file the warm-up runs (lab/models.py, rollout.py, tasks.py,
+    tool_use.py), and the cache folder is keyed by them as well as by the settings. The process then runs
+    another rollout.py (here: an edited copy, as the module's file): the cache of the same settings is not
+    reused but built again, with one line naming the folder it did not reuse and the files that differ;
+    the next call reuses the new one. A folder of the same settings whose code was not recorded (built
+    before caches recorded it) is not reused either."""
+    kw = dict(hidden=16, layers=1, warmup_max_steps=0)
+    task = tasks.ReverseTask()
+    sha = lambda path: hashlib.sha256(Path(path).read_bytes()).hexdigest()  # noqa: E731
+    first = models.tiny_model_folder(tmp_path, task, max_new=6, **kw)
+    assert capsys.readouterr().out == ""
+    files = ("lab/models.py", "rollout.py", "tasks.py", "tool_use.py")
+    assert json.loads((first / "warmup.json").read_text())["key"]["code"] == {f: sha(ROOT / f) for f in files}
+    edited = tmp_path / "rollout.py"
+    edited.write_text((ROOT / "rollout.py").read_text() + "# an edit\n")
+    monkeypatch.setattr(rollout, "__file__", str(edited))
+    second = models.tiny_model_folder(tmp_path, task, max_new=6, **kw)
+    assert second != first and second.name.rsplit("-", 1)[0] == first.name.rsplit("-", 1)[0]  # same settings
+    assert capsys.readouterr().out == (f"warm-up: not reusing {first} ({edited}, rollout.py differ): other code "
+                                       "built it; warming up again\n")
+    code = json.loads((second / "warmup.json").read_text())["key"]["code"]
+    assert code[str(edited)] == sha(edited) and "rollout.py" not in code
+    assert models.tiny_model_folder(tmp_path, task, max_new=6, **kw) == second and capsys.readouterr().out == ""
+    unrecorded = tmp_path / "old" / first.name.rsplit("-", 1)[0]  # a cache folder named as before
+    shutil.copytree(first, unrecorded)
+    info = json.loads((unrecorded / "warmup.json").read_text())
+    del info["key"]["code"]
+    (unrecorded / "warmup.json").write_text(json.dumps(info))
+    monkeypatch.setattr(rollout, "__file__", str(ROOT / "rollout.py"))
+    assert models.tiny_model_folder(tmp_path / "old", task, max_new=6, **kw).name == first.name
+    assert capsys.readouterr().out == (f"warm-up: not reusing {unrecorded} (its code not recorded): other code "
+                                       "built it; warming up again\n")
 
 
 def test_a_warm_up_check_above_the_ceiling_is_replayed_step_by_step(monkeypatch):
