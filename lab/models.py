@@ -203,7 +203,8 @@ def tiny_model_folder(cache_dir, task, *, max_new, hidden=128, layers=4, seed=0,
     if not (folder / "warmup.json").exists():
         other = built_by_other_code(folder, key)
         if other:
-            print(f"warm-up: not reusing {other}: other code built it; warming up again", flush=True)
+            print(f"warm-up: not reusing {other}: other code built it; warming up again", file=sys.stderr,
+                  flush=True)  # beside the warm-up's bar (a notebook's stored outputs leave stderr out)
         build_tiny_model(task, key, folder, progress)
     history = json.loads((folder / "warmup.json").read_text())["history"]  # [(step, success)]
     if history and history[-1][1] < warmup_target:  # cached or fresh: say it every time

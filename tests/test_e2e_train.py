@@ -245,14 +245,15 @@ def test_a_warm_up_cache_built_by_other_code_is_rebuilt_and_the_run_says_so(tmp_
     """warmup.json records the sha256 of each file the warm-up runs (lab/models.py, rollout.py, tasks.py,
     tool_use.py), and the cache folder is keyed by them as well as by the settings. The process then runs
     another rollout.py (here: an edited copy, as the module's file): the cache of the same settings is not
-    reused but built again, with one line naming the folder it did not reuse and the files that differ;
+    reused but built again, with one line (on stderr) naming the folder it did not reuse and the files that differ;
     the next call reuses the new one. A folder of the same settings whose code was not recorded (built
     before caches recorded it) is not reused either."""
     kw = dict(hidden=16, layers=1, warmup_max_steps=0)
     task = tasks.ReverseTask()
     sha = lambda path: hashlib.sha256(Path(path).read_bytes()).hexdigest()  # noqa: E731
+    said = lambda: [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warm-up:")]  # noqa: E731
     first = models.tiny_model_folder(tmp_path, task, max_new=6, **kw)
-    assert capsys.readouterr().out == ""
+    assert said() == []
     files = ("lab/models.py", "rollout.py", "tasks.py", "tool_use.py")
     assert json.loads((first / "warmup.json").read_text())["key"]["code"] == {f: sha(ROOT / f) for f in files}
     edited = tmp_path / "rollout.py"
@@ -260,11 +261,11 @@ def test_a_warm_up_cache_built_by_other_code_is_rebuilt_and_the_run_says_so(tmp_
     monkeypatch.setattr(rollout, "__file__", str(edited))
     second = models.tiny_model_folder(tmp_path, task, max_new=6, **kw)
     assert second != first and second.name.rsplit("-", 1)[0] == first.name.rsplit("-", 1)[0]  # same settings
-    assert capsys.readouterr().out == (f"warm-up: not reusing {first} ({edited}, rollout.py differ): other code "
-                                       "built it; warming up again\n")
+    assert said() == [f"warm-up: not reusing {first} ({edited}, rollout.py differ): other code built it; "
+                      "warming up again"]
     code = json.loads((second / "warmup.json").read_text())["key"]["code"]
     assert code[str(edited)] == sha(edited) and "rollout.py" not in code
-    assert models.tiny_model_folder(tmp_path, task, max_new=6, **kw) == second and capsys.readouterr().out == ""
+    assert models.tiny_model_folder(tmp_path, task, max_new=6, **kw) == second and said() == []
     unrecorded = tmp_path / "old" / first.name.rsplit("-", 1)[0]  # a cache folder named as before
     shutil.copytree(first, unrecorded)
     info = json.loads((unrecorded / "warmup.json").read_text())
@@ -272,8 +273,8 @@ def test_a_warm_up_cache_built_by_other_code_is_rebuilt_and_the_run_says_so(tmp_
     (unrecorded / "warmup.json").write_text(json.dumps(info))
     monkeypatch.setattr(rollout, "__file__", str(ROOT / "rollout.py"))
     assert models.tiny_model_folder(tmp_path / "old", task, max_new=6, **kw).name == first.name
-    assert capsys.readouterr().out == (f"warm-up: not reusing {unrecorded} (its code not recorded): other code "
-                                       "built it; warming up again\n")
+    assert said() == [f"warm-up: not reusing {unrecorded} (its code not recorded): other code built it; "
+                      "warming up again"]
 
 
 def test_a_warm_up_check_above_the_ceiling_is_replayed_step_by_step(monkeypatch):
