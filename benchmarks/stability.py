@@ -24,8 +24,8 @@ A run where (3) never holds is censored at its last step (and its last step's sa
 *dip* (reported beside it, not an endpoint) is the first t >= k with S(t) < rho M(t), recovered
 from or not. The statistics (tested against exact answers in tests/test_exact_stability.py): (4) and
 (5) are lab/analysis/stats.py's (statsmodels' Wilson interval, scipy's binomial test), (6) is
-statsmodels' Kaplan-Meier estimate and Greenwood error with the log-log interval formed from them, and
-(7) is enumerated here, since no library gives the exact test's power:
+scipy's Kaplan-Meier estimate with its pointwise log-log interval (``scipy.stats.ecdf``), and (7) is
+enumerated here, since no library gives the exact test's power:
 
     Wilson interval  (p + z^2/2n +- z sqrt(p (1 - p)/n + z^2/4n^2)) / (1 + z^2/n)           (4)
     exact McNemar    P = min(1, 2 P(Bin(b + c, 1/2) <= min(b, c)))  b, c discordant pairs   (5)
@@ -43,12 +43,12 @@ import re
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 from statistics import fmean, median
 
 import numpy as np
-from scipy.stats import multinomial, norm
-from statsmodels.duration.survfunc import SurvfuncRight
+from scipy.stats import CensoredData, ecdf, multinomial
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -73,7 +73,7 @@ SEEDS = list(range(12))
 WINDOW, RATIO = 10, 0.5  # k, rho of eqs. (1)-(3)
 RISE = 2.0  # "total_power rose before the collapse": power_rise > RISE
 ALPHA = 0.05
-Z = norm.ppf(0.975)  # 1.959964: two-sided 95%
+LEVEL = 0.95  # the intervals' two-sided coverage
 KEEP = ["step", "success", "tokens", "grad_norm", "total_power", "response_len"]  # columns saved
 SURVIVAL_AT = [10, 25, 50, 100, 120]  # steps at which the survival table reads S(t)
 
@@ -86,26 +86,24 @@ wilson = stats.wilson  # eq. (4): (k / n, lo, hi), the Wilson score interval of 
 mcnemar_exact = stats.sign_test  # eq. (5): (b, c) discordant pairs -> the exact two-sided P
 
 
-def kaplan_meier(times, events, z=Z):
+def kaplan_meier(times, events, level=LEVEL):
     """Eq. (6): [(t, at risk n_t, events d_t, S(t), lo, hi)] at each distinct event time, from
     ``times`` (event or censoring time of each unit) and ``events`` (True: event, False: censored).
-    A unit censored at t is still at risk at t. S(t), n_t, d_t and Greenwood's standard error are
-    statsmodels' (``SurvfuncRight``); its intervals are simultaneous bands and quantile intervals, not
-    the pointwise log-log interval of (6), which is formed here from that standard error:
-    sigma = se / (S |log S|). lo, hi: nan where S is 0 (no log-log interval)."""
+    A unit censored at t is still at risk at t. S(t) and its pointwise log-log interval (Greenwood's
+    variance) are scipy's: ``scipy.stats.ecdf`` of the right-censored times, whose ``sf`` also steps at
+    the censoring times (read here only at the event times); n_t and d_t are counted. lo, hi: nan where S
+    is 0 (no log-log interval)."""
     if len(times) != len(events) or not times:
         raise ValueError(f"need as many times as events (> 0), got {len(times)} and {len(events)}")
-    fit = SurvfuncRight(np.asarray(times, dtype=float), np.asarray(events, dtype=float))
-    at = sorted({t for t, e in zip(times, events) if e})  # fit.surv_times, as given (whole steps stay whole)
-    rows = []
-    for t, n_t, d_t, s, se in zip(at, fit.n_risk, fit.n_events, fit.surv_prob, fit.surv_prob_se):
-        if 0 < s < 1 and math.isfinite(se):
-            sigma = se / (s * abs(math.log(s)))
-            lo, hi = s ** math.exp(z * sigma), s ** math.exp(-z * sigma)
-        else:
-            lo = hi = math.nan
-        rows.append((t, int(n_t), int(d_t), float(s), float(lo), float(hi)))
-    return rows
+    t, e = np.asarray(times, dtype=float), np.asarray(events, dtype=bool)
+    sf = ecdf(CensoredData(uncensored=t[e], right=t[~e])).sf
+    with warnings.catch_warnings():  # "undefined at some observations": where S is 0, which gives nan
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ci = sf.confidence_interval(level, method="log-log")
+    at = sorted({u for u, event in zip(times, events) if event})  # as given (whole steps stay whole)
+    k = np.searchsorted(sf.quantiles, at)  # each event time's place on scipy's step function
+    return [(u, int((t >= u).sum()), int(((t == u) & e).sum()), float(sf.probabilities[i]),
+             float(ci.low.probabilities[i]), float(ci.high.probabilities[i])) for u, i in zip(at, k)]
 
 
 def survival_at(curve, t):
@@ -119,9 +117,9 @@ def survival_at(curve, t):
 
 
 def km_median(curve):
-    """The first time where S(t) <= 1/2, or None (not reached). statsmodels forms S as the exp of a sum
-    of logs, so an S of exactly 1/2 can come out 1 + 2e-16 times it: the comparison allows 1e-12, and
-    S(t) = 1/2 counts as reached, as the protocol's rule says."""
+    """The first time where S(t) <= 1/2, or None (not reached). A product of float factors can give an
+    S of exactly 1/2 as 1 + 2e-16 times it: the comparison allows 1e-12, and S(t) = 1/2 counts as
+    reached, as the protocol's rule says."""
     return next((t for t, _, _, s, _, _ in curve if s <= 0.5 + 1e-12), None)
 
 

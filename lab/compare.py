@@ -47,6 +47,11 @@ benchmarks/equal_tokens.py, the pre-registered study, computes its endpoints wit
   docs/training.md). ``pilot.md`` and ``pilot.json`` hold the table and the choice.
 - ``POWER_PLAN``: the planning values of the GPU preset's seeds (docs/training.md, "How many seeds"),
   from the saved CPU study; ``stats.seeds_needed`` turns them into the number of paired seeds.
+
+The statistics (lab/analysis/stats.py, on scipy and statsmodels, which bring pandas) are imported inside
+the functions that compute one, not with this file: ``import train`` imports it, and a training step
+computes no statistic, so a learner's first command does not wait the seconds those libraries take to
+load (docs/cost.md).
 """
 import json
 import math
@@ -59,7 +64,6 @@ from tqdm.auto import tqdm
 
 from lab import machine
 from lab import progress
-from lab.analysis import stats
 from lab import options
 from lab import runs
 from lab.logbook import moving_average, summarize  # a run's curve and its row of the table
@@ -243,6 +247,7 @@ def final_difference(a, b, k=FINAL):
     """a's final success minus b's over their last k steps (final_success's window), for runs that end at
     the same step: paired by step (the same prompts at a step: both are functions of (seed, step)), the
     mean of the k differences and its 95% t interval, and the steps it rests on."""
+    from lab.analysis import stats  # scipy and statsmodels: loaded where a statistic is computed
     d = [x["success"] - y["success"] for x, y in zip(a[-k:], b[-k:])]
     mean, lo, hi = stats.mean_interval(d)
     return dict(mean=mean, lo=lo, hi=hi, steps=len(d))
@@ -255,6 +260,7 @@ def budget_difference(a, b, budget):
     (``endpoints``), success over the steps whose cumulative tokens lie in (0.75 B, B], each weighted by
     its tokens; the steps of two such runs see different prompts, so the interval is Welch's for two
     independent weighted means. The steps: the fewer of the two runs' steps in that quarter."""
+    from lab.analysis import stats  # scipy and statsmodels: loaded where a statistic is computed
     last = [[(d, s) for c, d, s in within_budget(h, budget) if c > 0.75 * budget] for h in (a, b)]
     mean, lo, hi = stats.welch_interval([s for _, s in last[0]], [s for _, s in last[1]],
                                         wx=[d for d, _ in last[0]], wy=[d for d, _ in last[1]])
@@ -270,6 +276,7 @@ def conclusion(names, histories, k=FINAL, budget=None):
     without a budget, B is the fewest tokens any run sampled). The interval treats the steps as
     independent draws: it holds the noise of sampling prompts and responses in these runs, not the
     spread between seeds (another seed's warm-up and prompts)."""
+    from lab.analysis import stats  # scipy and statsmodels: loaded where a statistic is computed
     ref = names[0]
     if len(names) < 2:
         return [f"One configuration ({ref}): nothing to compare."]
@@ -382,6 +389,7 @@ def endpoints(h, steps_given=None, *, budget, window, target):
 def paired_diff(a, b, seeds, endpoint, comparator):
     """d_s = a[s][endpoint] - b[s][endpoint] over the seeds: mean, 95% t interval (k - 1 degrees of
     freedom) and how many seeds put a higher."""
+    from lab.analysis import stats  # scipy and statsmodels: loaded where a statistic is computed
     d = [a[s][endpoint] - b[s][endpoint] for s in seeds]
     mu, lo, hi = stats.mean_interval(d)
     return dict(comparator=comparator, endpoint=endpoint, mean_diff=mu, ci_low=lo, ci_high=hi, per_seed=d,
@@ -391,6 +399,7 @@ def paired_diff(a, b, seeds, endpoint, comparator):
 def verdict(p, who):
     """What a paired difference's interval shows (stats.verdict against 0, in words); nan (fewer than 2
     seeds) shows nothing."""
+    from lab.analysis import stats  # scipy and statsmodels: loaded where a statistic is computed
     return {"above": f"{who} is better (interval above 0)", "below": f"{who} is worse (interval below 0)",
             "covers": "no difference shown (interval contains 0)"}[stats.verdict(p["ci_low"], p["ci_high"], 0.0)]
 
@@ -414,6 +423,7 @@ def run_seeds(cfg, folder, model, tok, device, command, source, train):
 
 def analyse_seeds(cfg, folder):
     """Endpoints per run, the paired table and the figure, from the runs' metrics.jsonl files."""
+    from lab.analysis import stats  # scipy and statsmodels: loaded where a statistic is computed
     seeds, configs, B = runs.seed_list(cfg), runs.runs_of(cfg), cfg.token_budget
     window = max(1, B // 10)
     names = [f"{est}:{n}" for est, n in configs]

@@ -35,13 +35,27 @@ whether the code it runs had uncommitted changes (``code_changes``). Each traini
 record into its run folder as it starts (``record_code``: provenance.json, with the sha256 of the
 uncommitted changes, and the changes themselves in code.diff), so a study that runs for days can say
 which of its runs ran which code (``recorded_code``, ``same_code``, ``describe_code``).
+
+git's word on the files is not taken alone. An edit hidden from ``git status`` by ``git update-index
+--assume-unchanged`` (or ``--skip-worktree``) is found by reading each code file and comparing its git
+blob id with the one git's index holds (``hidden_changes``); it counts as an uncommitted change and its
+patch is in code.diff. And what the process imported is recorded from the modules themselves
+(``what_ran``, in provenance.json under "ran"): the sha256 of each project module's file, PYTHONPATH, a
+project module loaded from outside the checkout, a sitecustomize or usercustomize module (Python runs it
+before any project code), and each function or class of a project module that now comes from another
+file (a monkeypatch).
 """
+import ast
 import hashlib
+import inspect
 import json
 import os
 import platform
 import re
+import shutil
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -127,11 +141,12 @@ ROOT = Path(__file__).resolve().parent.parent
 CODE = (":(glob)*.py", ":(glob)lab/**/*.py", ":(glob)benchmarks/*.py")  # the root modules, lab/, benchmarks/
 
 
-def _git(*args, ok=(0,)):
+def _git(*args, ok=(0,), env=None):
     """git's output in the repository, or None where there is no git or no checkout (or its exit status is not
-    one of ``ok``)."""
+    one of ``ok``). ``env``: variables set for this call (GIT_INDEX_FILE)."""
     try:
-        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30,
+                              env={**os.environ, **env} if env else None)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.rstrip() if done.returncode in ok else None  # rstrip: status lines start with a space
@@ -142,13 +157,48 @@ def commit():
     return _git("rev-parse", "HEAD") or UNKNOWN
 
 
-def code_changes():
-    """The code files (``CODE``) with uncommitted changes, new files included, as paths from the root;
-    [] when the code is the commit's. None where git cannot tell (no checkout)."""
+def _listed():
+    """The code files ``git status`` lists as changed or new, as paths from the root; None where git cannot tell."""
     status = _git("status", "--porcelain", "--untracked-files=all", "--", *CODE)
     if status is None:
         return None
-    return sorted(line[3:].split(" -> ")[-1] for line in status.splitlines() if line.strip())
+    return {line[3:].split(" -> ")[-1] for line in status.splitlines() if line.strip()}
+
+
+def blob_id(data):
+    """git's object id of a file's content (what ``git hash-object`` prints): sha1 of b"blob <length>\\0" + data."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def hidden_changes():
+    """The tracked code files whose content on disk is not the blob git's index holds for them (``git ls-files
+    -s``), as paths from the root, read from the files whatever git status says: an edit hidden by ``git
+    update-index --assume-unchanged`` or ``--skip-worktree`` is found here. None where git cannot tell."""
+    staged = _git("ls-files", "-s", "-z", "--", *CODE)
+    if staged is None:
+        return None
+    changed = []
+    for entry in filter(None, staged.split("\0")):
+        meta, path = entry.split("\t", 1)  # '<mode> <blob> <stage>', path
+        mode, blob = meta.split()[:2]
+        file = ROOT / path
+        if mode == "120000":  # a symbolic link: git stores its target
+            data = os.readlink(file).encode() if file.is_symlink() else None
+        else:
+            data = file.read_bytes() if file.is_file() else None
+        if data is None or blob_id(data) != blob:
+            changed.append(path)
+    return changed
+
+
+def code_changes():
+    """The code files (``CODE``) with uncommitted changes, new files and edits git's index hides included
+    (``hidden_changes``), as paths from the root; [] when the code is the commit's. None where git cannot
+    tell (no checkout)."""
+    listed, hidden = _listed(), hidden_changes()
+    if listed is None or hidden is None:
+        return None
+    return sorted(listed | set(hidden))
 
 
 def provenance():
@@ -159,14 +209,32 @@ def provenance():
 
 def code_diff():
     """The uncommitted changes to the code (``CODE``) as one patch: ``git diff HEAD`` of the tracked files, then
-    each new file as an addition; '' when the code is the commit's, None where git cannot tell."""
+    the edits git's index hides (``unhidden_diff``), then each new file as an addition; '' when the code is
+    the commit's, None where git cannot tell."""
     tracked = _git("diff", "HEAD", "--binary", "--", *CODE)
     new = _git("ls-files", "--others", "--exclude-standard", "--", *CODE)
-    if tracked is None or new is None:
+    listed, hidden = _listed(), hidden_changes()
+    if tracked is None or new is None or listed is None or hidden is None:
         return None
+    unseen = [path for path in hidden if path not in listed]
     added = [_git("diff", "--no-index", "--binary", "--", "/dev/null", path, ok=(0, 1))  # 1: they differ
              for path in new.splitlines()]
-    return "".join(part + "\n" for part in (tracked, *added) if part)
+    return "".join(part + "\n" for part in (tracked, unhidden_diff(unseen) if unseen else "", *added) if part)
+
+
+def unhidden_diff(paths):
+    """``git diff HEAD`` of ``paths``, edits that git's index hides (assume-unchanged, skip-worktree), made
+    through a copy of the index with those marks cleared: the repository's own index is left as it is."""
+    index = _git("rev-parse", "--git-path", "index")
+    if index is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "index"
+        shutil.copyfile(Path(ROOT, index), copy)  # --git-path: from the root, or absolute in a worktree
+        env = {"GIT_INDEX_FILE": str(copy)}
+        for mark in ("--no-assume-unchanged", "--no-skip-worktree"):  # one call each: git keeps only the last
+            _git("update-index", mark, "--", *paths, env=env)
+        return _git("diff", "HEAD", "--binary", "--", *paths, env=env)
 
 
 def code_record():
@@ -177,16 +245,78 @@ def code_record():
     return dict(provenance(), diff_sha256=hashlib.sha256(diff.encode()).hexdigest() if diff else None), diff
 
 
+CUSTOMIZE = ("sitecustomize", "usercustomize")  # modules Python's site runs before any project code
+
+
+def project_modules():
+    """{module name: path from the root} of the code files (``CODE``) of the checkout: 'otb' -> 'otb.py',
+    'lab.compare' -> 'lab/compare.py', 'lab' -> 'lab/__init__.py'."""
+    names = {}
+    for file in (*ROOT.glob("*.py"), *ROOT.glob("lab/**/*.py"), *ROOT.glob("benchmarks/*.py")):
+        parts = file.relative_to(ROOT).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = file.relative_to(ROOT).as_posix()
+    return names
+
+
+def _sha256(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _defined_elsewhere(module, path):
+    """'module.name (from file)' for each function or class that ``path``, the module's source, defines at its
+    top level but whose object in the module now comes from another file (replaced after the import)."""
+    out = []
+    for node in ast.parse(Path(path).read_text()).body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        obj = getattr(module, node.name, None)
+        if obj is None:
+            continue
+        code = getattr(inspect.unwrap(obj), "__code__", None)  # under functools.wraps-style decorators
+        where = code.co_filename if code is not None else getattr(sys.modules.get(getattr(obj, "__module__", "")),
+                                                                   "__file__", None)
+        if where is not None and Path(where).resolve() != Path(path).resolve():
+            out.append(f"{module.__name__}.{node.name} (from {where})")
+    return out
+
+
+def what_ran():
+    """What this process has imported of the project, read from the modules and their files (git is not
+    asked): {"modules": {path from the root: sha256 of the file}, "pythonpath": PYTHONPATH or None,
+    "outside_checkout": {module: file} of project modules imported from elsewhere (another copy of otb.py
+    earlier on sys.path), "customize": {module: {"file", "sha256"}} of a sitecustomize or usercustomize
+    module, "patched": functions and classes of project modules that now come from another file}."""
+    names, modules, outside, patched = project_modules(), {}, {}, []
+    files = {(ROOT / path).resolve(): path for path in names.values()}
+    for name, module in sorted(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file is None:
+            continue
+        path = files.get(Path(file).resolve())  # by its file: `python train.py` runs train.py as __main__
+        if path is not None:
+            modules[path] = _sha256(ROOT / path)
+            patched += _defined_elsewhere(module, ROOT / path)
+        elif name in names:
+            outside[name] = str(file)
+    customize = {name: dict(file=str(sys.modules[name].__file__), sha256=_sha256(sys.modules[name].__file__))
+                 for name in CUSTOMIZE if getattr(sys.modules.get(name), "__file__", None)}
+    return dict(modules=modules, pythonpath=os.environ.get("PYTHONPATH"), outside_checkout=outside,
+                customize=customize, patched=patched)
+
+
 RUN_RECORD, RUN_DIFF = "provenance.json", "code.diff"  # what a run folder holds of its code
 
 
-def record_code(folder, code):
+def record_code(folder, code, ran=None):
     """Write ``code`` (``code_record``, taken as the process started) into a run folder: provenance.json
-    (the record, the time and the name of the patch file) and code.diff (the patch, where there is one).
-    A folder that holds a record already (a resumed run) keeps it in "earlier", its patch renamed
-    code-<first 12 hex digits of its sha256>.diff, so every start of the run stays on record."""
+    (the record, the time, the name of the patch file and ``ran``, what the process imported: ``what_ran``)
+    and code.diff (the patch, where there is one). A folder that holds a record already (a resumed run) keeps
+    it in "earlier", its patch renamed code-<first 12 hex digits of its sha256>.diff, so every start of the
+    run stays on record."""
     folder, (record, diff) = Path(folder), code
     record = dict(record, utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), diff=RUN_DIFF if diff else None)
+    if ran is not None:
+        record["ran"] = ran
     before = recorded_code(folder)
     if before is not None:
         if before.get("diff") == RUN_DIFF:

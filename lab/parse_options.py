@@ -64,6 +64,7 @@ def start(argv, config):
     Resuming a finished comparison says so and exits (status 0) without touching it."""
     command = ("python train.py " + shlex.join(argv)).strip()
     code = machine.code_record()  # the code this process imported: its commit and uncommitted changes
+    ran = machine.what_ran()  # and the modules themselves: their files' sha256, PYTHONPATH, patches
     with errors_exit(command):
         cfg = parse(argv, config, PRESETS, epilog=LOG_COLUMNS)  # --resume: the stored options
         if cfg.resume and finished(cfg, Path(cfg.resume)):
@@ -89,7 +90,7 @@ def start(argv, config):
         print(f"model: {n_params / 1e6:.2f}M parameters\n{plan}\n{LOG_COLUMNS}".replace("\n\n", "\n"),
               flush=True)  # what each column of the log line means
         write_config(folder, cfg, stored, source)
-        machine.record_code(folder, code)  # provenance.json (and code.diff): what a study checks its runs by
+        machine.record_code(folder, code, ran)  # provenance.json (and code.diff): what a study checks its runs by
     return cfg, model, tok, folder, stored, source
 
 

@@ -65,7 +65,6 @@ import torch
 import rollout
 import tasks
 from lab import compare, fast_decode, options, runs
-from lab.analysis import stats
 
 GB = 1e9
 
@@ -388,6 +387,7 @@ def seeds_plan(plan, seeds, t_save, fixed=0.0):
     """How many paired seeds the primary contrast needs at the planning values (compare.POWER_PLAN,
     docs/training.md), the power of the seeds given, and what one seed and the needed seeds cost
     by this projection (the pilot's runs and the ``fixed`` seconds, compiling, counted once)."""
+    from lab.analysis import stats  # scipy: loaded where a statistic is computed, not by ``import train``
     plan_values = compare.POWER_PLAN
     cost = lambda r: r["runs"] * (r["steps"] * r["seconds_per_step"] + r["saves"] * t_save)  # noqa: E731
     pilot = sum(cost(r) for r in plan if r["run"].startswith("pilot"))

@@ -11,6 +11,9 @@ a float by about 1e-16 relative. So neither kind of saved file is compared byte 
   number: the words and integers exactly, and each rounded number as printed or one unit of its last
   digit away (a value within the last bits of a rounding boundary prints either way:
   ``lab.machine.rounding_moves``).
+
+A test that holds a committed file's text against text computed at test time uses one of these, never
+``==`` (test_exact_saved_records.py's guard finds one that does), and is marked ``saved_results``.
 """
 import math
 

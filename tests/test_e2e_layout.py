@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import reading_guide
+from saved import same_text
 
 ROOT = Path(__file__).resolve().parent.parent
 CONCEPTS = {"otb", "toy_env", "rollout", "tasks", "tool_use"}
@@ -113,6 +114,26 @@ def test_importing_train_leaves_the_toy_out():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+STATISTICS_STACK = ("scipy", "statsmodels", "pandas")
+
+
+def test_importing_train_leaves_the_statistics_stack_out():
+    """A training step computes no statistic: ``import train`` (in a fresh process) loads none of scipy,
+    statsmodels and pandas, seconds of a learner's first command on a small machine (docs/cost.md). The
+    comparison's statistics import them where they compute one; computing one in that fresh process
+    loads them, so the check can fail."""
+    import subprocess
+    import sys
+    code = ("import sys, train; print(' '.join(m for m in %r if m in sys.modules)); "
+            "from lab import compare; compare.final_difference([dict(success=1.0)] * 3, [dict(success=0.5)] * 3); "
+            "print(' '.join(m for m in %r if m in sys.modules))") % (STATISTICS_STACK, STATISTICS_STACK)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    after_import, after_a_statistic = done.stdout.splitlines()
+    assert after_import == "", f"import train loaded {after_import}"
+    assert {"scipy", "statsmodels"} <= set(after_a_statistic.split()), after_a_statistic
+
+
 def test_the_cycle_finder_finds_a_cycle():
     """The check above can fail: a graph with a cycle two modules long is reported."""
     assert cycle({"a": {"b"}, "b": {"a"}, "c": set()}) == ["a", "b", "a"]
@@ -140,11 +161,12 @@ def test_the_learners_files_keep_their_lines_short():
     assert not long, f"train.py: lines over 100 characters outside Config: {long}"
 
 
+@pytest.mark.saved_results
 def test_the_reading_guide_is_the_traced_path_and_train_py_declares_what_the_step_reads():
     entered, traced_classes, fields_read = reading_guide.trace_step()
     total, per_file, path, classes = reading_guide.measure(entered, traced_classes, fields_read)
-    assert (ROOT / "docs/reading_guide.md").read_text() == reading_guide.render(total, per_file, path, classes), \
-        "docs/reading_guide.md is stale: python benchmarks/reading_guide.py"
+    same_text(reading_guide.render(total, per_file, path, classes), (ROOT / "docs/reading_guide.md").read_text(),
+              "docs/reading_guide.md (stale? python benchmarks/reading_guide.py)")  # line counts: exact
     assert all(summary for *_, summary in path), [name for _, name, *_, summary in path if not summary]  # a sentence each
     assert all(row[3] for row in classes), [row[1] for row in classes if not row[3]]
     names = {name for _, name, *_ in path}

@@ -2,10 +2,12 @@
 steps, Ctrl-C and resume, mismatch, the comparison. Bad arguments and a --resume that cannot work
 are in test_inputs_train.py."""
 import dataclasses
+import hashlib
 import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +30,7 @@ import train
 from lab import parse_options
 from lab import options
 from lab import runs
+from saved import same_text
 from tiny_runs import TINY, interrupt_at, metrics, run, without_times
 
 ROOT = Path(train.__file__).resolve().parent
@@ -238,6 +241,42 @@ def test_warm_up_cache_is_keyed_by_every_setting_it_depends_on(tmp_path):
     assert models.tiny_model_folder(tmp_path, own, max_new=10, **kw) not in (short, long_)
 
 
+def test_a_warm_up_cache_built_by_other_code_is_rebuilt_and_the_run_says_so(tmp_path, monkeypatch, capsys):
+    """warmup.json records the sha256 of each file the warm-up runs (lab/models.py, rollout.py, tasks.py,
+    tool_use.py), and the cache folder is keyed by them as well as by the settings. The process then runs
+    another rollout.py (here: an edited copy, as the module's file): the cache of the same settings is not
+    reused but built again, with one line (on stderr) naming the folder it did not reuse and the files that differ;
+    the next call reuses the new one. A folder of the same settings whose code was not recorded (built
+    before caches recorded it) is not reused either."""
+    kw = dict(hidden=16, layers=1, warmup_max_steps=0)
+    task = tasks.ReverseTask()
+    sha = lambda path: hashlib.sha256(Path(path).read_bytes()).hexdigest()  # noqa: E731
+    said = lambda: [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warm-up:")]  # noqa: E731
+    first = models.tiny_model_folder(tmp_path, task, max_new=6, **kw)
+    assert said() == []
+    files = ("lab/models.py", "rollout.py", "tasks.py", "tool_use.py")
+    assert json.loads((first / "warmup.json").read_text())["key"]["code"] == {f: sha(ROOT / f) for f in files}
+    edited = tmp_path / "rollout.py"
+    edited.write_text((ROOT / "rollout.py").read_text() + "# an edit\n")
+    monkeypatch.setattr(rollout, "__file__", str(edited))
+    second = models.tiny_model_folder(tmp_path, task, max_new=6, **kw)
+    assert second != first and second.name.rsplit("-", 1)[0] == first.name.rsplit("-", 1)[0]  # same settings
+    assert said() == [f"warm-up: not reusing {first} ({edited}, rollout.py differ): other code built it; "
+                      "warming up again"]
+    code = json.loads((second / "warmup.json").read_text())["key"]["code"]
+    assert code[str(edited)] == sha(edited) and "rollout.py" not in code
+    assert models.tiny_model_folder(tmp_path, task, max_new=6, **kw) == second and said() == []
+    unrecorded = tmp_path / "old" / first.name.rsplit("-", 1)[0]  # a cache folder named as before
+    shutil.copytree(first, unrecorded)
+    info = json.loads((unrecorded / "warmup.json").read_text())
+    del info["key"]["code"]
+    (unrecorded / "warmup.json").write_text(json.dumps(info))
+    monkeypatch.setattr(rollout, "__file__", str(ROOT / "rollout.py"))
+    assert models.tiny_model_folder(tmp_path / "old", task, max_new=6, **kw).name == first.name
+    assert said() == [f"warm-up: not reusing {unrecorded} (its code not recorded): other code built it; "
+                      "warming up again"]
+
+
 def test_a_warm_up_check_above_the_ceiling_is_replayed_step_by_step(monkeypatch):
     """A check over the ceiling goes back to the check before and replays the same batches with a
     check after each step: the model equals one that checked every step, and stops where it would."""
@@ -346,18 +385,20 @@ def saved_table():
 @pytest.mark.saved_results
 def test_the_saved_table_summarises_the_saved_metrics():
     """Every cell of summary.md (initial_success: the mean success of the first 10 saved steps, ...)
-    recomputed from the saved metrics.jsonl of its run."""
+    recomputed from the saved metrics.jsonl of its run: the words and counts exactly, each number as
+    printed or one unit of its last digit away (same_text: a mean that sits on a rounding boundary prints
+    either way on another CPU)."""
     table = saved_table()
-    assert list(table) == [f"{e}-n{n}" for e, n in runs.runs_of(train.Config())]
+    assert list(table) == [f"{e}-n{n}" for e, n in runs.runs_of(train.Config())]  # exact: run names
     for name, cells in table.items():
         rows = metrics(DEFAULT_RUN / name)
         est, n = name.rsplit("-n", 1)
         summary = compare.summarize(dataclasses.replace(train.Config(), estimator=est, group_size=int(n)), rows)
-        assert len(rows) == train.Config().steps
-        assert cells["initial_success"] == f"{sum(r['success'] for r in rows[:10]) / 10:.3f}"
+        assert len(rows) == train.Config().steps  # exact: a count of saved steps
+        same_text(f"{sum(r['success'] for r in rows[:10]) / 10:.3f}", cells["initial_success"], name)
         for col, cell in cells.items():
             x = summary[col]
-            assert cell == ("-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)), (name, col)
+            same_text("-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x), cell, f"{name} {col}")
 
 
 # ----------------------------------------------------------------------------- Ctrl-C and resume

@@ -8,6 +8,7 @@ another CPU (lab/machine.py).
 - The settings under which .ci/run repeats the saved-result tests really change a float, and the
   fingerprint sees them, so those passes cannot pass by running the first one again.
 """
+import ast
 import json
 import os
 import re
@@ -140,3 +141,139 @@ def test_the_other_cpu_settings_change_a_float_and_the_fingerprint(capability):
     assert f"MKL_CBWR={settings['MKL_CBWR']}" in other["fingerprint"]["mkl"]
     if all(os.environ.get(k) == v for k, v in settings.items()):  # that pass of .ci/run
         assert machine.fingerprint() == other["fingerprint"]
+
+
+# ------------------------------------------------------------------ no committed text compared with ==
+# A committed file that a script generated (a table, a guide, a summary, the TA table) holds numbers that
+# were computed in floats; compared with == against text computed at test time, a test passes only on
+# CPUs that round as the one that wrote the file. Such a comparison goes through tests/saved.py
+# (same_text: words and integers exactly, each number to one unit of its last digit; same_record: JSON
+# floats to 1e-9). A comparison of committed text that can hold no float says so on its line with a
+# comment '# exact: <why>'.
+
+FRESH = {"tmp_path", "tmp_path_factory", "out", "tmp"}  # fixtures holding what the test itself wrote
+EXACT = re.compile(r"#\s*exact:\s*\S")
+
+
+def _names(node):
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _literal(node):
+    try:
+        ast.literal_eval(node)
+        return True
+    except ValueError:
+        return False
+
+
+def _bindings(fn):
+    """(target, value) of each assignment, loop and comprehension in ``fn``."""
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Assign):
+            yield from ((t, n.value) for t in n.targets)
+        elif isinstance(n, (ast.AnnAssign, ast.NamedExpr)) and n.value is not None:
+            yield n.target, n.value
+        elif isinstance(n, (ast.For, ast.comprehension)):
+            yield n.target, n.iter
+
+
+def exact_text_comparisons(source):
+    """[(line, comparison)] of each == or != in a test module's ``source`` between the text of a committed
+    file and anything but a literal, without an '# exact:' comment on its lines.
+
+    The text of a committed file: ``<path>.read_text()`` of a path not built from a fixture that holds the
+    test's own output (FRESH) and not a .py source, and what is derived from it, through names, loops,
+    comprehensions and the module's functions that return it. json.loads ends it: a record's floats are
+    floats, compared by same_record or pytest.approx."""
+    tree, lines = ast.parse(source), source.splitlines()
+    functions = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    returns_text, found = set(), {}
+    for _ in range(3):  # a helper that returns committed text may be defined below its caller
+        for fn in functions:
+            fresh, text = {a.arg for a in fn.args.args if a.arg in FRESH}, set()
+
+            def committed(e):
+                if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "loads":
+                    return False
+                if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "read_text":
+                    path = e.func.value
+                    source_file = any(isinstance(c, ast.Constant) and str(c.value).endswith(".py")
+                                      for c in ast.walk(path))
+                    return not (_names(path) & fresh) and not source_file or committed(path)
+                if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id in returns_text:
+                    return True
+                if isinstance(e, ast.Name):
+                    return e.id in text
+                if isinstance(e, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
+                    return committed(e.elt)
+                if isinstance(e, ast.DictComp):
+                    return committed(e.key) or committed(e.value)
+                return any(committed(c) for c in ast.iter_child_nodes(e))
+
+            bindings, grown = list(_bindings(fn)), True
+            while grown:
+                grown = False
+                for target, value in bindings:
+                    named = _names(target)
+                    if _names(value) & fresh and not named <= fresh:
+                        fresh |= named
+                        grown = True
+                    if committed(value) and not named <= text:
+                        text |= named
+                        grown = True
+            if any(isinstance(r, ast.Return) and r.value is not None and committed(r.value) for r in ast.walk(fn)):
+                returns_text.add(fn.name)
+            for c in ast.walk(fn):
+                if not (isinstance(c, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in c.ops)):
+                    continue
+                sides = [c.left, *c.comparators]
+                said = any(EXACT.search(line) for line in lines[c.lineno - 1:c.end_lineno])
+                if not said and not any(_literal(s) for s in sides) and any(committed(s) for s in sides):
+                    found[c.lineno] = ast.unparse(c)
+    return sorted(found.items())
+
+
+PLANTED = '''
+def test_the_table_is_what_the_script_writes():
+    assert (ROOT / "table.md").read_text() == render(rows())
+
+def test_a_line_of_the_guide():
+    lines = (ROOT / "docs" / "guide.md").read_text().splitlines()
+    for line in lines[2:]:
+        cell = line.split("|")[1]
+        assert cell.strip() != f"{power():.2f}"
+
+def saved_cells():
+    return [ln.split("|") for ln in (RESULTS / "summary.md").read_text().splitlines()]
+
+def test_a_cell_of_the_summary():
+    assert saved_cells()[2][1] == f"{mean():.3f}"
+
+def test_what_is_allowed(tmp_path):
+    same_text(render(rows()), (ROOT / "table.md").read_text())
+    assert (tmp_path / "again.md").read_text() == (tmp_path / "first.md").read_text()
+    table = (tmp_path / "table.md").read_text()
+    assert table == render(rows())
+    assert (ROOT / "table.md").read_text().splitlines()[0] == "# Results"
+    assert json.loads((ROOT / "results.json").read_text())["n"] == n()
+    assert (ROOT / "colab.py").read_text() == source()
+    assert list(saved_cells()) == names()  # exact: run names, no number
+'''
+
+
+def test_the_guard_finds_committed_text_compared_with_eq_and_passes_the_tools():
+    """The planted module: the three comparisons of committed text (whole, a line reached through a loop,
+    a cell reached through a helper) are found; the same text through same_text, the test's own outputs
+    compared with each other, a literal, a JSON record, a .py source and a comparison that says why it is
+    exact are not."""
+    found = exact_text_comparisons(PLANTED)
+    assert [line for line, _ in found] == [3, 9, 15], found
+
+
+def test_no_test_compares_committed_text_with_eq():
+    """Every test module (and its helpers) passes the guard: a committed table, guide or summary is held
+    against a fresh one by tests/saved.py's tools, never by ==."""
+    offending = [f"{path.name}:{line}: {comparison}" for path in sorted((ROOT / "tests").glob("*.py"))
+                 if path.name != "saved.py" for line, comparison in exact_text_comparisons(path.read_text())]
+    assert not offending, "\n".join(offending)

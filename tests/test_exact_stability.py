@@ -77,19 +77,22 @@ def test_kaplan_meier_by_hand():
     assert st.survival_at(curve, 1)[0] == 1.0 and math.isnan(st.survival_at(curve, 1)[1]) and st.survival_at(curve, 4)[0] == pytest.approx(0.6)
 
 
-def test_kaplan_meier_is_statsmodels_and_its_median_is_reached_at_one_half():
-    """S, the numbers at risk and Greenwood's error are statsmodels' SurvfuncRight's; the study's otb cell
-    at 7e-4 has S(68) = 1/2 exactly (10 collapses, 2 censored at 120), which statsmodels' exp of a sum of
-    logs gives as 0.5000000000000001: the median is still 68, the first t with S(t) <= 1/2."""
+def test_kaplan_meier_agrees_with_statsmodels_and_its_median_is_reached_at_one_half():
+    """scipy's estimate (what kaplan_meier uses) against statsmodels' SurvfuncRight, another implementation:
+    the same times, numbers at risk and S, and the log-log interval formed by hand from statsmodels'
+    Greenwood error, sigma = se / (S |log S|). The study's otb cell at 7e-4 has S(68) = 1/2 exactly (10
+    collapses, 2 censored at 120), which a float product can give as 0.5000000000000001: the median is
+    still 68, the first t with S(t) <= 1/2."""
     times = [51, 105, 40, 10, 87, 120, 114, 114, 12, 10, 68, 120]
     events = [t != 120 for t in times]
     fit = SurvfuncRight(np.array(times, dtype=float), np.array(events, dtype=float))
     curve = st.kaplan_meier(times, events)
     assert [t for t, *_ in curve] == list(fit.surv_times) and [n for _, n, *_ in curve] == list(fit.n_risk)
-    assert [s for *_, s, _, _ in curve] == list(fit.surv_prob)
-    sigma = fit.surv_prob_se[0] / (fit.surv_prob[0] * -math.log(fit.surv_prob[0]))  # the log-log interval's
-    s0 = fit.surv_prob[0]
-    assert curve[0][4:] == pytest.approx((s0 ** math.exp(Z * sigma), s0 ** math.exp(-Z * sigma)))
+    assert [d for _, _, d, *_ in curve] == list(fit.n_events)
+    assert [s for *_, s, _, _ in curve] == pytest.approx(list(fit.surv_prob), rel=1e-12)
+    for row, s0, se in zip(curve, fit.surv_prob, fit.surv_prob_se):
+        sigma = se / (s0 * -math.log(s0))  # the log-log interval's
+        assert row[4:] == pytest.approx((s0 ** math.exp(Z * sigma), s0 ** math.exp(-Z * sigma)), rel=1e-9), row
     assert st.survival_at(curve, 68)[0] == pytest.approx(0.5) and st.km_median(curve) == 68
 
 

@@ -9,6 +9,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks import grid
@@ -58,6 +59,22 @@ def test_the_protocols_power_table_is_what_the_function_prints():
     doc = (ROOT / "docs" / "stability_replication_protocol.md").read_text().splitlines()
     for line in rp.power_table(ns=(12, 24)):
         assert line in doc, line
+
+
+def test_the_bootstrap_interval_is_the_percentiles_of_every_resample_of_the_seeds():
+    """The secondary interval (scipy.stats.bootstrap, percentile, 10,000 draws) against the exact bootstrap
+    distribution: the means of all 5^5 resamples of five seeds' differences, enumerated, and their 2.5% and
+    97.5% quantiles; within 0.4 steps (the means step by 0.2). The same draws each time (seed 0)."""
+    d = [1, 2, 3, 4, 10]
+    per_run = {("otb", 7e-4): {s: dict(time_steps=20 + x, final_success=0.0) for s, x in enumerate(d)},
+               ("group_mean", 7e-4): {s: dict(time_steps=20, final_success=0.0) for s in range(5)}}
+    c = rp.contrast(per_run, ("otb", 7e-4), ("group_mean", 7e-4))
+    means = [sum(d[i] for i in pick) / 5 for pick in itertools.product(range(5), repeat=5)]
+    lo, hi = np.quantile(means, [0.025, 0.975])
+    assert c["d"] == d
+    assert abs(c["boot_lo"] - lo) <= 0.4 and abs(c["boot_hi"] - hi) <= 0.4, (c["boot_lo"], c["boot_hi"], lo, hi)
+    again = rp.contrast(per_run, ("otb", 7e-4), ("group_mean", 7e-4))
+    assert (again["boot_lo"], again["boot_hi"]) == (c["boot_lo"], c["boot_hi"])
 
 
 def test_contrast_and_failure_by_hand():
@@ -146,9 +163,9 @@ def test_the_committed_tables_are_what_the_script_writes_from_the_saved_runs(tmp
     """summary.md by its words and integers, each rounded number as printed or one unit of its last digit
     away (tests/saved.py: a value at a rounding boundary prints either way on two CPUs); results.json as the same record
     (tests/saved.py: everything exact but floats, those to rel 1e-9). Not byte for byte: the bootstrap
-    interval is a sum of 10,000 x 24 float64 weights times the differences (a matrix product), and
-    another CPU adds them in another order; the same saved runs give boot_lo 2.5416666666666665 on one
-    machine and 2.541666666666666 on another."""
+    interval's 10,000 means of 24 float64 differences and the t intervals' sums are added in another order
+    on another CPU (with the earlier bootstrap the same saved runs gave boot_lo 2.5416666666666665 on one
+    machine and 2.541666666666666 on another)."""
     rp.main(["--from-saved", str(RESULTS), "--out", str(tmp_path)])
     same_text((tmp_path / "summary.md").read_text(), (RESULTS / "summary.md").read_text(), "summary.md")
     same_record(json.loads((tmp_path / "results.json").read_text()), json.loads((RESULTS / "results.json").read_text()))

@@ -77,24 +77,31 @@ def test_welch_interval_uses_the_fractional_welch_satterthwaite_degrees_of_freed
         assert abs(hi - d - sps.t.ppf(0.975, wrong) * math.sqrt(va + vb)) > 1e-4
 
 
-def test_weighted_welch_interval_is_the_weighted_means_with_the_values_degrees_of_freedom():
-    """Weights set each value's share of its mean (the token-weighted success of a run's steps) but not the
-    degrees of freedom: weights scaled by any factor give the same interval, equal weights give the
-    unweighted one, and the weighted variance (statsmodels' DescrStatsW) enters Welch's formula as
-    sum w_i (x_i - xbar_w)^2 / (n - 1), w summing to n."""
-    x, wx = [0.5, 0.4, 0.7, 0.6], [100, 120, 90, 110]
-    y, wy = [0.3, 0.35, 0.2, 0.4, 0.5, 0.1], [400, 420, 380, 450, 500, 390]
+def test_weighted_welch_interval_treats_the_weights_as_reliability_weights():
+    """Weights set each value's share of its mean (the token-weighted success of a run's steps), each value
+    one draw: the weighted mean's variance is s^2 sum w^2 / (sum w)^2 with s^2 numpy's unbiased
+    reliability-weighted variance (np.cov with aweights), and each side has Kish's n_eff - 1 degrees of
+    freedom, n_eff = (sum w)^2 / sum w^2, in Welch-Satterthwaite's formula; computed here without
+    statsmodels. Weights scaled by any factor give the same interval, equal weights the unweighted one; the
+    weights read as frequencies over the values' n - 1 degrees of freedom give a narrower interval."""
+    x, wx = [0.5, 0.4, 0.7, 0.6], [100, 300, 90, 20]
+    y, wy = [0.3, 0.35, 0.2, 0.4, 0.5, 0.1], [400, 60, 380, 450, 90, 390]
     d, lo, hi = stats.welch_interval(x, y, wx=wx, wy=wy)
     assert d == pytest.approx(np.average(x, weights=wx) - np.average(y, weights=wy), rel=1e-12)
     assert (d, lo, hi) == pytest.approx(stats.welch_interval(x, y, wx=[3 * w for w in wx], wy=wy), rel=1e-12)
     assert stats.welch_interval(x, y, wx=[2] * 4, wy=[5] * 6) == pytest.approx(stats.welch_interval(x, y), rel=1e-12)
-    se2 = []
+    se2, dfs, old = [], [], []
     for v, w in ((x, wx), (y, wy)):
-        w = np.array(w) * len(v) / sum(w)
-        m = np.average(v, weights=w)
-        se2.append(np.sum(w * (np.array(v) - m) ** 2) / (len(v) - 1) / len(v))
-    df = sum(se2) ** 2 / (se2[0] ** 2 / 3 + se2[1] ** 2 / 5)
+        w = np.array(w, dtype=float)
+        se2.append(np.cov(v, aweights=w) * (w ** 2).sum() / w.sum() ** 2)
+        dfs.append(w.sum() ** 2 / (w ** 2).sum() - 1)
+        m = np.average(v, weights=w)  # the frequency reading: sum w (x - m)^2 / sum w / (n - 1) per value
+        old.append(np.sum(w * (np.array(v) - m) ** 2) / w.sum() / (len(v) - 1))
+    df = sum(se2) ** 2 / (se2[0] ** 2 / dfs[0] + se2[1] ** 2 / dfs[1])
     assert hi - d == pytest.approx(sps.t.ppf(0.975, df) * math.sqrt(sum(se2)), rel=1e-9)
+    assert d - lo == pytest.approx(hi - d, rel=1e-9)
+    df_old = sum(old) ** 2 / (old[0] ** 2 / 3 + old[1] ** 2 / 5)
+    assert hi - d > 1.05 * sps.t.ppf(0.975, df_old) * math.sqrt(sum(old))  # the frequency reading: too narrow
 
 
 def test_welch_interval_reduces_to_the_known_intervals_and_covers():

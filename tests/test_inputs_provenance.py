@@ -8,8 +8,11 @@ Each run records its own code as it starts (lab/machine.py's ``record_code``: pr
 code.diff, a patch that gives the code back from the commit), so a code file edited while a study
 runs is seen at the next run: the study stops there, or with --allow-dirty goes on and says which
 runs ran which code."""
+import hashlib
 import json
+import os
 import subprocess
+import sys
 
 import pytest
 
@@ -132,3 +135,77 @@ def test_with_allow_dirty_the_study_goes_on_and_says_which_runs_ran_which_code(t
     assert (f"As the runs recorded it when they started: commit {head[:12]} (1 run), commit {head[:12]} with "
             f"uncommitted changes to train.py (diff {own['diff_sha256'][:12]}) (1 run); each run's uncommitted "
             f"changes: runs/<name>.code.diff. Not their sitting's code (--allow-dirty): {second}.") in summary
+
+
+# ----------------------------------------------------------------------------- what git does not say
+
+def test_blob_id_is_what_git_hash_object_prints(tmp_path):
+    for data in (b"", b"x = 1\n", bytes(range(256)) * 3):
+        (tmp_path / "f").write_bytes(data)
+        assert machine.blob_id(data) == subprocess.run(["git", "hash-object", str(tmp_path / "f")], check=True,
+                                                       capture_output=True, text=True).stdout.strip()
+
+
+@pytest.mark.parametrize("flag, mark", [("--assume-unchanged", "h"), ("--skip-worktree", "S")])
+def test_an_edit_that_gits_index_hides_is_a_change_with_its_patch_and_a_study_refuses_it(flag, mark, tmp_path,
+                                                                                        monkeypatch):
+    """train.py marked with ``git update-index --assume-unchanged`` (or --skip-worktree) and then edited: git
+    status lists nothing, but the file read from disk is not the index's blob, so it is an uncommitted change,
+    code.diff gives it back, a study refuses to start, and the repository's index keeps its mark."""
+    repo = tmp_path / "repo"
+    checkout(repo, monkeypatch)
+    git(repo, "update-index", flag, "train.py")
+    edit(repo)
+    assert git(repo, "status", "--porcelain") == "" and git(repo, "diff", "HEAD") == ""  # hidden from git
+    assert machine.hidden_changes() == ["train.py"] and machine.code_changes() == ["train.py"]
+    record, patch = machine.code_record()
+    assert record["code_changes"] == ["train.py"] and "+print('changed')" in patch
+    copy = tmp_path / "copy"  # the commit plus the patch is the code on disk
+    subprocess.run(["git", "clone", "-q", str(repo), str(copy)], check=True)
+    (tmp_path / "code.diff").write_text(patch)
+    git(copy, "apply", str(tmp_path / "code.diff"))
+    assert (copy / "train.py").read_text() == (repo / "train.py").read_text()
+    assert git(repo, "ls-files", "-v", "train.py") == f"{mark} train.py"  # the index is left as it was
+    with pytest.raises(SystemExit, match=r"the code has uncommitted changes \(train.py\)"):
+        st.main(SCRIPTS[0][2] + ["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+
+
+def test_a_sitecustomize_that_patches_otb_is_recorded_in_the_run_folder(tmp_path):
+    """A sitecustomize.py on PYTHONPATH replaces otb.optimal_token_baseline before train.py starts (the
+    file otb.py and git see nothing): the run's provenance.json names the patch, the sitecustomize module
+    with its sha256 and PYTHONPATH, and the sha256 of each project module read from its file."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(st.ROOT)!r})\nimport otb\n_real = otb.optimal_token_baseline\n\n\n"
+        "def optimal_token_baseline(*args, **kwargs):\n    return _real(*args, **kwargs)\n\n\n"
+        "otb.optimal_token_baseline = optimal_token_baseline\n")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    argv = ["--estimator", "otb", "--steps", "1", "--tiny-hidden", "16", "--tiny-layers", "1", "--horizon", "2",
+            "--warmup-max-steps", "0", "--prompts-per-step", "2", "--out", str(tmp_path / "out"), "--name", "r"]
+    done = subprocess.run([sys.executable, "train.py", *argv], cwd=st.ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ran = machine.recorded_code(tmp_path / "out" / "r")["ran"]
+    assert ran["pythonpath"] == str(site)
+    assert ran["customize"] == {"sitecustomize": dict(file=str(site / "sitecustomize.py"), sha256=hashlib.sha256(
+        (site / "sitecustomize.py").read_bytes()).hexdigest())}
+    assert ran["patched"] == [f"otb.optimal_token_baseline (from {site / 'sitecustomize.py'})"]
+    assert ran["outside_checkout"] == {}
+    for name in ("train.py", "otb.py", "rollout.py", "lab/machine.py"):
+        assert ran["modules"][name] == hashlib.sha256((st.ROOT / name).read_bytes()).hexdigest(), name
+    here = machine.what_ran()  # this process: nothing patched, nothing customised
+    assert here["patched"] == [] and "sitecustomize" not in here["customize"]
+
+
+def test_a_project_module_imported_from_another_copy_is_named(tmp_path, monkeypatch):
+    """otb imported from a copy outside the checkout (earlier on sys.path): named with its file, and not
+    among the checkout's modules."""
+    import importlib.util
+    copy = tmp_path / "otb.py"
+    copy.write_text((st.ROOT / "otb.py").read_text() + "# another copy\n")
+    spec = importlib.util.spec_from_file_location("otb", copy)
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    monkeypatch.setitem(sys.modules, "otb", other)
+    ran = machine.what_ran()
+    assert ran["outside_checkout"] == {"otb": str(copy)} and "otb.py" not in ran["modules"]

@@ -6,11 +6,14 @@ reaches by design, what prints it ('when:'); ta_table.py --check fails on a row 
 Each slip is a right answer with one change (written in slips.py from the formulas, not copied from
 otb.py); its expected words were chosen for the slip, so a check that stops naming it fails here.
 """
+import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from saved import same_text
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = ROOT / "notebooks" / "exercises"
@@ -125,13 +128,20 @@ def test_the_padding_case_of_exercise_2_has_scores_that_are_not_all_zero():
     assert (R != 0).any() and (R != R[0]).any()
 
 
-def test_the_ta_table_is_what_the_checks_print(toy):
+@pytest.fixture(scope="module")
+def ta_rows(toy):
+    return ta_table.rows(toy)
+
+
+@pytest.mark.saved_results
+def test_the_ta_table_is_what_the_checks_print(ta_rows):
     """notebooks/exercises/ta_table.md is generated; regenerate with python notebooks/exercises/ta_table.py.
     It has a row for every H(...) of check.py and grade.py (the fallbacks too), and every slip's verdict
-    prints one of them (ta_table.rows stops on a hint that is not written H(...))."""
-    table = ta_table.rows(toy)
-    assert (EXERCISES / "ta_table.md").read_text() == ta_table.render(table), \
-        "run: python notebooks/exercises/ta_table.py"
+    prints one of them (ta_table.rows stops on a hint that is not written H(...)). A slip's case can quote
+    a float32 value the check printed: words exactly, numbers to one unit of their last digit (same_text)."""
+    table = ta_rows
+    same_text(ta_table.render(table), (EXERCISES / "ta_table.md").read_text(),
+              "ta_table.md (run: python notebooks/exercises/ta_table.py)")
     hints = [template for _, template, _ in table]
     assert len(hints) == len(set(hints)) and all(h in hints for h in _FALLBACKS.values() if h.endswith("over k"))
     assert sum(len(found) for _, _, found in table) == len(slips.SLIPS)
@@ -143,6 +153,43 @@ def test_the_ta_table_is_what_the_checks_print(toy):
     landed = [(template, found) for section, template, found in table if section != "grade.py" and when.get(template)
               and found]
     assert not landed, landed
+
+
+def test_a_printed_case_keeps_three_significant_digits_so_every_cpu_writes_the_same_table():
+    """Where a verdict names no case, the table quotes what the check printed: slip 3e's adv_mean, a float32
+    mean that three settings of one machine print as -0.00710392, -0.00710393 and -0.00710394, is written
+    -0.0071 from each; a number printed with three digits or fewer (a case's junk 7.0), integers and
+    exponents keep their form."""
+    for printed in ("-0.00710392", "-0.00710393", "-0.00710394"):
+        assert ta_table._three_digits(f"at training step 1 your run's adv_mean is {printed}, the reference's "
+                                      "0.0071039") == "at training step 1 your run's adv_mean is -0.0071, the " \
+                                                      "reference's 0.0071"
+    assert ta_table._three_digits("junk (7.0) at step 12, 0.125 of 40 rows, 1.23456e-05") == \
+        "junk (7.0) at step 12, 0.125 of 40 rows, 1.23e-05"
+
+
+def test_the_ta_table_holds_against_another_cpus_last_digit_but_not_against_a_changed_hint(
+        ta_rows, monkeypatch, tmp_path):
+    """The stored table with slip 3e's example value one unit of its last digit away (a value on a rounding
+    boundary prints either way on two CPUs) passes the test's comparison and ta_table.py --check; the same
+    table with one word of a hint changed fails both."""
+    fresh = ta_table.render(ta_rows)
+    value = re.search(r"adv_mean is (-?\d+\.\d+)", fresh).group(1)  # the example value the check printed
+    moved = value[:-1] + str(int(value[-1]) + 1 if value[-1] != "9" else 8)
+    row = next(line for line in fresh.splitlines() if value in line)
+    hint = row.split(" | ")[1]
+    reworded = hint.rsplit(" ", 1)[0] + " differently"
+    monkeypatch.setattr(ta_table, "rows", lambda: ta_rows)
+    monkeypatch.setattr(ta_table, "TABLE", tmp_path / "ta_table.md")
+    for stored, holds in ((fresh.replace(value, moved), True), (fresh.replace(hint, reworded), False)):
+        assert stored != fresh
+        ta_table.TABLE.write_text(stored)
+        assert ta_table.main(["--check"]) == (0 if holds else 1)
+        if holds:
+            same_text(fresh, stored)
+        else:
+            with pytest.raises(AssertionError, match="differently"):
+                same_text(fresh, stored)
 
 
 def test_the_table_check_fails_naming_a_row_that_lists_no_slip(monkeypatch, tmp_path, capsys):

@@ -58,6 +58,13 @@ stored as estimated and listed by the caller as out of range (``clip`` says whet
 it); printing clips them and marks every clipped number ``*``.
 
 The normal quantile z of (4) is scipy's (``scipy.stats.norm.ppf``).
+
+Why the draws (1) are made here and not by ``scipy.stats.bootstrap``: one draw of prompts is shared by
+every estimator and every sum of a table (2), each statistic is a weighted sum over prompts computed for
+all R draws at once as a matrix product, the seeds are strata (5), and the set (4') inverts a test over
+those shared replicates; scipy's bootstrap resamples the data passed to one statistic and returns its
+interval, so it holds none of these. Where the form fits, a percentile interval of one mean over seeds,
+the project calls it (benchmarks/stability_replication.py).
 """
 import math
 

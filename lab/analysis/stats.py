@@ -191,13 +191,17 @@ def welch_interval(xs, ys, level=0.95, wx=None, wy=None):
     """(mean(xs) - mean(ys), lo, hi): Welch's t interval for a difference of two independent means, with
     the (fractional) Welch-Satterthwaite degrees of freedom (statsmodels' ``CompareMeans`` of two
     ``DescrStatsW``, ``usevar="unequal"``). Weights wx, wy (default equal) make each mean a weighted one
-    (a run's steps weighted by their tokens); statsmodels counts weights as frequencies, so each side's
-    are rescaled to sum to its number of values: they set each value's share of its mean, and the degrees
-    of freedom stay the values'. nan bounds with fewer than 2 values on a side, or with no spread on either."""
+    (a run's steps weighted by their tokens): reliability weights, each value one draw whose weight sets
+    its share of the mean, so the mean's variance is s^2 sum w^2 / (sum w)^2 with s^2 the unbiased
+    reliability-weighted variance sum w (x - xbar_w)^2 / (sum w - sum w^2 / sum w) (numpy's ``cov`` with
+    ``aweights``). statsmodels counts weights as frequencies, so each side's are rescaled to sum to Kish's
+    effective number of values n_eff = (sum w)^2 / sum w^2, which gives exactly that variance, and n_eff - 1
+    degrees of freedom to each side in Welch-Satterthwaite's formula; equal weights give the unweighted
+    interval. nan bounds with fewer than 2 values on a side, or with no spread on either."""
     xs, ys = [float(x) for x in xs], [float(y) for y in ys]
     if not xs or not ys:
         return math.nan, math.nan, math.nan
-    a, b = (DescrStatsW(np.array(v), weights=w * len(v) / w.sum())
+    a, b = (DescrStatsW(np.array(v), weights=w * w.sum() / (w ** 2).sum())  # sum: n_eff
             for v, w in ((xs, np.ones(len(xs)) if wx is None else np.asarray(wx, dtype=float)),
                          (ys, np.ones(len(ys)) if wy is None else np.asarray(wy, dtype=float))))
     d = float(a.mean - b.mean)
