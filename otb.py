@@ -73,6 +73,7 @@ nothing and would give every estimator a second path to read and test.
 import math
 import numbers
 from functools import partial
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -149,12 +150,12 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     the batch's. Padded positions may hold anything (they are set to 0 first). Plain (nested)
     lists are accepted wherever a tensor is.
     """
-    r, m, gid, n_groups, log_probs, sum_pi_sq, is_weights = _checked_inputs(
-        token_rewards, response_mask, group_index, eps=eps, log_probs=log_probs, sum_pi_sq=sum_pi_sq,
-        is_weights=is_weights)  # r_t, m_t, log pi(y_t), sum pi^2, rho_t: (B, T) tensors; gid (B,)
-    w = _token_energy(log_probs, sum_pi_sq).to(m.dtype)  # w_t, eq. (2) through (7), (B, T)
-    if is_weights is not None:
-        w = w * is_weights.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
+    x = _checked_inputs(token_rewards, response_mask, group_index, log_probs=log_probs, sum_pi_sq=sum_pi_sq,
+                        is_weights=is_weights, eps=eps)  # read by name: x.log_probs, ..., (B, T) each
+    r, m, gid, n_groups = x.token_rewards, x.response_mask, x.gid, x.n_groups  # r_t, m_t (B, T); gid (B,)
+    w = _token_energy(x.log_probs, x.sum_pi_sq).to(m.dtype)  # w_t, eq. (2) through (7), (B, T)
+    if x.is_weights is not None:
+        w = w * x.is_weights.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
     G = (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, eq. (1): reverse cumulative sum, (B, T)
     W = (w * m).cumsum(-1) * m  # W_t m_t, eq. (3): cumulative sum, (B, T)
     B = _token_baseline(G, W, m, gid, n_groups, leave_one_out, zero_tail, eps)  # B_t, eq. (6), (B, T)
@@ -193,10 +194,11 @@ def _leave_one_out_baseline(G, W, m, gid, n_groups, eps):
 def _sequence_setup(token_rewards, response_mask, group_index):
     """R(tau) per row (B,), the mask m (B, T), group ids (B,), their count, and group sizes. The inputs
     are checked as ``optimal_token_baseline``'s are."""
-    r, m, gid, n_groups = _checked_inputs(token_rewards, response_mask, group_index)  # (B, T), (B, T), (B,)
-    score = (r * m).sum(-1)  # R(tau) = sum of r_t m_t, (B,)
-    size = torch.bincount(gid, minlength=n_groups).to(m.dtype)  # rows per group, (G,)
-    return score, m, gid, n_groups, size
+    x = _checked_inputs(token_rewards, response_mask, group_index)  # r_t, m_t: x.token_rewards, x.response_mask
+    m = x.response_mask  # m_t, (B, T)
+    score = (x.token_rewards * m).sum(-1)  # R(tau) = sum of r_t m_t, (B,)
+    size = torch.bincount(x.gid, minlength=x.n_groups).to(m.dtype)  # rows per group, (G,)
+    return score, m, x.gid, x.n_groups, size
 
 
 def _broadcast(adv, score, m):
@@ -263,12 +265,12 @@ def action_aligned_otb(token_rewards, response_mask, group_index, log_probs, sum
     Returns (advantages, returns), both (B, T), 0 at masked positions. Without holes it is
     optimal_token_baseline.
     """
-    r, m, gid, n_groups, log_probs, sum_pi_sq, is_weights = _checked_inputs(
-        token_rewards, response_mask, group_index, eps=eps, log_probs=log_probs, sum_pi_sq=sum_pi_sq,
-        is_weights=is_weights)  # r_t, m_t, log pi(y_t), sum pi^2, rho_t: (B, T) tensors; gid (B,)
-    w = _token_energy(log_probs, sum_pi_sq).to(m.dtype)  # w_t, as in optimal_token_baseline, (B, T)
-    if is_weights is not None:
-        w = w * is_weights.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
+    x = _checked_inputs(token_rewards, response_mask, group_index, log_probs=log_probs, sum_pi_sq=sum_pi_sq,
+                        is_weights=is_weights, eps=eps)  # read by name: x.log_probs, ..., (B, T) each
+    r, m, gid, n_groups = x.token_rewards, x.response_mask, x.gid, x.n_groups  # r_t, m_t (B, T); gid (B,)
+    w = _token_energy(x.log_probs, x.sum_pi_sq).to(m.dtype)  # w_t, as in optimal_token_baseline, (B, T)
+    if x.is_weights is not None:
+        w = w * x.is_weights.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
     G = (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, eq. (1), (B, T)
     W = (w * m).cumsum(-1) * m  # W_t m_t, eq. (3), (B, T)
     t_k = torch.argsort(m == 0, dim=-1, stable=True)  # t_k: where the k-th action sits, then the rest, (B, T)
@@ -391,14 +393,26 @@ LIMITS = {  # name: (lowest, highest, rule) allowed at valid positions; every va
 }
 
 
-def _checked_inputs(token_rewards, response_mask, group_index, eps=0.0, **per_token):
+class Checked(NamedTuple):
+    """An estimator's inputs after ``_checked_inputs``, read by name: (B, T) tensors with padding out of
+    range set to 0, so the maths can mask by multiplying; an input not given stays None."""
+    token_rewards: torch.Tensor  # r_t, (B, T)
+    response_mask: torch.Tensor  # m_t, 0/1 in the working dtype (float64 if token_rewards is, else float32)
+    gid: torch.Tensor  # each row's group, 0..n_groups-1 (``group_ids``), on the mask's device, (B,)
+    n_groups: int
+    log_probs: Optional[torch.Tensor] = None  # log pi(y_t), (B, T)
+    sum_pi_sq: Optional[torch.Tensor] = None  # sum_k pi_k^2, (B, T)
+    is_weights: Optional[torch.Tensor] = None  # rho_t, (B, T)
+
+
+def _checked_inputs(token_rewards, response_mask, group_index, *, log_probs=None, sum_pi_sq=None,
+                    is_weights=None, eps=0.0):
     """Every estimator's first line: its inputs checked (the rules: ``optimal_token_baseline``'s
-    docstring) and given back for the caller to name, (r, m, gid, n_groups, *per_token). The per-token
-    tensors come in the order given; they and r are (B, T) tensors (None stays None) with padding out
-    of range set to 0, so the maths can mask by multiplying. m: the 0/1 mask in the working dtype
-    (float64 if token_rewards is, else float32); gid, n_groups: ``group_ids``. On valid input the cost
-    is one min/max reduction per tensor; the helpers that name a culprit run only on bad input."""
-    x = {"token_rewards": token_rewards, "response_mask": response_mask, **per_token}
+    docstring) and given back as a ``Checked``, each tensor under its own name whatever the order of the
+    call's keywords. On valid input the cost is one min/max reduction per tensor; the helpers that name
+    a culprit run only on bad input."""
+    x = {"token_rewards": token_rewards, "response_mask": response_mask, "log_probs": log_probs,
+         "sum_pi_sq": sum_pi_sq, "is_weights": is_weights}
     x = {name: None if v is None else _as_tensor(name, v) for name, v in x.items()}
     if not (isinstance(eps, numbers.Real) and 0.0 <= eps < math.inf):
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
@@ -410,11 +424,10 @@ def _checked_inputs(token_rewards, response_mask, group_index, eps=0.0, **per_to
         other = m[(m != 0) & (m != 1)][0].item()
         raise ValueError(f"response_mask must contain only 0 and 1, found {other}")
     for name, (lowest, highest, rule) in LIMITS.items():
-        if x.get(name) is not None and not _in_range(x[name], lowest, highest):
+        if x[name] is not None and not _in_range(x[name], lowest, highest):
             x[name] = _zero_padding(name, x[name], m, lowest, highest, rule)  # or the error
     gid, n_groups = group_ids(group_index, len(m))
-    r = x.pop("token_rewards")  # r_t, (B, T); x now holds the per-token tensors, in the order given
-    return (r, m, gid.to(m.device), n_groups, *x.values())
+    return Checked(response_mask=m, gid=gid.to(m.device), n_groups=n_groups, **x)  # each by its name
 
 
 def _checked_logits(logits):
