@@ -1,7 +1,8 @@
 """The Optimal Token Baseline (OTB), the Logit-Gradient Proxy and the group baselines.
 
-Pure tensor functions, no classes. Everything takes right-padded (B, T) tensors:
-B rows (responses), T response positions, ``response_mask`` 1 on valid tokens.
+Pure tensor functions; the one class, ``Checked``, carries the checked inputs by name.
+Everything takes right-padded (B, T) tensors: B rows (responses), T response positions,
+``response_mask`` 1 on valid tokens.
 
 The story
 ---------
@@ -54,7 +55,8 @@ Departures and choices (all matching the widely used verl implementation unless 
 
 How the code computes (6): each equation is one line over the whole batch, the mask m multiplying
 as in the formula (padding out of range is set to 0 first, so 0 * NaN never happens) and the sums
-over each group taken by ``_group_sum``, without a loop over groups.
+over each group's rows at each token's slot (its position t, or its action index (8) with
+``by_action``) taken by ``_pooled``, without a loop over groups.
 
 The variants (leave-one-out, zero tail, importance weights) are in ``optimal_token_baseline``'s
 docstring, tool output inside a response in ``action_aligned_otb``'s (eq. 8), and the rules for the
@@ -64,7 +66,7 @@ diagnostics built on (7) are in ``lab/diagnostics.py``.
 Input checks: always on, one code path. Every public function begins by handing its inputs to a
 checker (``_checked_inputs`` for the estimators; the checkers are at the end of the file), which raises
 a ValueError naming the argument on bad input and otherwise gives them back as tensors, padding out of
-range set to 0, for the caller to name. Inside the file nothing is checked twice: an estimator
+range set to 0, read by name. Inside the file nothing is checked twice: an estimator
 calls the unchecked ``_token_energy``, not ``token_energy``. On valid input the checks are one
 min/max reduction per tensor and the group ids' ``torch.unique``, nothing a training step can feel
 (docs/cost.md, "The estimator itself", has the measurement); a switch to skip them would save
@@ -72,8 +74,9 @@ nothing and would give every estimator a second path to read and test.
 """
 import math
 import numbers
+from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
@@ -120,11 +123,11 @@ def _token_energy(log_probs, sum_pi_sq):
 
 
 # =====================================================================================
-# The Optimal Token Baseline, eqs. (1)-(6)
+# The Optimal Token Baseline, eqs. (1)-(6), pooled by position or by action (8)
 # =====================================================================================
 
 def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, *,
-                           is_weights=None, leave_one_out=False, zero_tail=False, eps=1e-8):
+                           is_weights=None, leave_one_out=False, zero_tail=False, by_action=False, eps=1e-8):
     """OTB advantages A_t = G_t - B_t, eq. (5), with B_t from eq. (6).
 
     token_rewards, response_mask, log_probs (of the sampled tokens), sum_pi_sq, is_weights:
@@ -139,8 +142,9 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
       return (advantage ~ 0). verl 0.9.1 always runs with it on (``handle_zero_tail=True``); here it
       is off by default (why: docs/toy_bandit.md, docs/variance.md); ``otb_zero_tail`` is verl's.
     - ``is_weights``: importance weights rho_t multiply w_t by rho_t^2.
-    - Tool output inside a response (holes, m_t = 0 inside a row): ``action_aligned_otb``
-      (``otb_tir``), which applies (1)-(6) over the policy's own tokens, eq. (8).
+    - ``by_action=True``: for tool output inside a response (holes, m_t = 0 inside a row), the rows
+      share B at the policy's own k-th token, eq. (8), instead of at position t:
+      ``action_aligned_otb`` (``otb_tir``).
 
     Input checks (every estimator, on every call): a ValueError naming the argument for tensors
     that are not 2-D, not of token_rewards' shape or empty; a mask other than 0/1; NaN or inf at a
@@ -152,39 +156,49 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     """
     x = _checked_inputs(token_rewards, response_mask, group_index, log_probs=log_probs, sum_pi_sq=sum_pi_sq,
                         is_weights=is_weights, eps=eps)  # read by name: x.log_probs, ..., (B, T) each
-    r, m, gid, n_groups = x.token_rewards, x.response_mask, x.gid, x.n_groups  # r_t, m_t (B, T); gid (B,)
+    m = x.response_mask  # m_t, (B, T)
     w = _token_energy(x.log_probs, x.sum_pi_sq).to(m.dtype)  # w_t, eq. (2) through (7), (B, T)
     if x.is_weights is not None:
         w = w * x.is_weights.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
-    G = (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, eq. (1): reverse cumulative sum, (B, T)
+    G = (x.token_rewards * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, eq. (1): reverse cumulative sum, (B, T)
     W = (w * m).cumsum(-1) * m  # W_t m_t, eq. (3): cumulative sum, (B, T)
-    B = _token_baseline(G, W, m, gid, n_groups, leave_one_out, zero_tail, eps)  # B_t, eq. (6), (B, T)
+    t = torch.arange(m.shape[-1], device=m.device).expand(m.shape)  # t, (B, T)
+    k = _action_index(m) if by_action else t  # k_t: where a group's rows share B, their k-th action (8) or t
+    if leave_one_out:
+        B = _leave_one_out_baseline(G, W, x, k, eps=eps)  # eq. (6) over the other rows j != i, (B, T)
+    else:
+        num = _pooled(G * W, x, k)  # sum_i G_t W_t m_t over the rows i of the group at k_t, (B, T)
+        den = _pooled(W, x, k)  # sum_i W_t m_t, (B, T)
+        keep = (torch.bincount(x.gid, minlength=x.n_groups) > 1)[x.gid, None]  # singleton groups: B = 0
+        if zero_tail:
+            keep = keep & (_pooled(m, x, k) > 1)  # one row left at k_t (sum_i m_t = 1): B = 0
+        B = torch.where(keep, num / (den + eps), 0.0)  # B_t = E[G_t W_t] / E[W_t] over the group, eq. (6), (B, T)
     A = (G - B) * m  # A_t, eq. (5), 0 on padding
     return A, G
 
 
-def _token_baseline(G, W, m, gid, n_groups, leave_one_out, zero_tail, eps):
-    """B_t, eq. (6), for every row from G_t m_t and W_t m_t, (B, T) each: one B_t per group and position
-    over the group's rows active there (with ``leave_one_out``, over the rows j != i), in m's dtype."""
-    if leave_one_out:
-        return _leave_one_out_baseline(G, W, m, gid, n_groups, eps).to(m.dtype)  # eq. (6) over j != i
-    num = _group_sum(G * W, gid, n_groups)  # sum_i G_t W_t m_t, (groups, T)
-    den = _group_sum(W, gid, n_groups)  # sum_i W_t m_t, (groups, T)
-    keep = (torch.bincount(gid, minlength=n_groups) > 1)[:, None]  # singleton groups: B = 0
-    if zero_tail:
-        keep = keep & (_group_sum(m, gid, n_groups) > 1)  # one row left at t (sum_i m_t = 1): B = 0
-    return torch.where(keep, num / (den + eps), 0.0)[gid]  # each row gets its group's B_t, (B, T)
+def _pooled(v, x, k):
+    """sum_i v^i over the rows i of each group at each slot, given back to every token at its own slot
+    k_t: (B, T) -> (B, T). The slot is the position (k_t = t) or the action index of eq. (8)."""
+    by_slot = torch.zeros_like(v).scatter_add_(-1, k, v)  # each row's values moved to their slots, (B, T)
+    return _group_sum(by_slot, x.gid, x.n_groups)[x.gid].gather(-1, k)  # the group's sum at k_t, (B, T)
 
 
-def _leave_one_out_baseline(G, W, m, gid, n_groups, eps):
-    """Eq. (6) over the *other* rows j != i of each row's group, (B, T); B = 0 where no other row is
-    active. "Group total minus own term" cancels badly in float32 when one row's energy dwarfs the
-    others', so the sums are taken in float64."""
-    GW, W, m = (G * W).double(), W.double(), m.double()  # G_t W_t m_t, W_t m_t, m_t, (B, T) each
-    num_i = _group_sum(GW, gid, n_groups)[gid] - GW  # sum_{j != i} G_t W_t m_t
-    den_i = (_group_sum(W, gid, n_groups)[gid] - W).clamp(min=0.0)  # sum_{j != i} W_t m_t
-    others = _group_sum(m, gid, n_groups)[gid] - m  # active rows besides row i
-    return torch.where(others > 0, num_i / (den_i + eps), 0.0)
+def _action_index(m):
+    """k_t = sum_{j<=t} m_j - 1, eq. (8): the index of token t among its row's actions, (B, T). A masked
+    token before a row's first action gets 0, not -1: it adds only zeros wherever it is pooled."""
+    return (m.cumsum(-1) - 1).clamp(min=0).long()
+
+
+def _leave_one_out_baseline(G, W, x, k, *, eps):
+    """Eq. (6) over the *other* rows j != i of each row's group at its slot k_t, (B, T), in the mask's
+    dtype; B = 0 where no other row is active. "Group total minus own term" cancels badly in float32 when
+    one row's energy dwarfs the others', so the sums are taken in float64."""
+    GW, W, m = (G * W).double(), W.double(), x.response_mask.double()  # G_t W_t m_t, W_t m_t, m_t, (B, T)
+    num_i = _pooled(GW, x, k) - GW  # sum_{j != i} G_t W_t m_t
+    den_i = (_pooled(W, x, k) - W).clamp(min=0.0)  # sum_{j != i} W_t m_t
+    others = _pooled(m, x, k) - m  # active rows besides row i
+    return torch.where(others > 0, num_i / (den_i + eps), 0.0).to(x.response_mask.dtype)
 
 
 # =====================================================================================
@@ -257,7 +271,7 @@ def action_aligned_otb(token_rewards, response_mask, group_index, log_probs, sum
 
     applying (1)-(6) over k and giving token t the advantage A_{k_t}. A row's own sums G and W
     are the same over k as over t (a hole adds 0 to them), so only the pooling, eq. (6), moves: the
-    rows' G_t and W_t are gathered to their k-th actions, B_k is computed there and scattered back.
+    rows share B_t at their k-th actions instead of at their t-th positions.
     Why, an example, and how it matches verl's multi-turn estimator: docs/tool_use.md.
 
     The same inputs, options (leave_one_out, zero_tail, eps), input checks and outputs as
@@ -265,20 +279,9 @@ def action_aligned_otb(token_rewards, response_mask, group_index, log_probs, sum
     Returns (advantages, returns), both (B, T), 0 at masked positions. Without holes it is
     optimal_token_baseline.
     """
-    x = _checked_inputs(token_rewards, response_mask, group_index, log_probs=log_probs, sum_pi_sq=sum_pi_sq,
-                        is_weights=is_weights, eps=eps)  # read by name: x.log_probs, ..., (B, T) each
-    r, m, gid, n_groups = x.token_rewards, x.response_mask, x.gid, x.n_groups  # r_t, m_t (B, T); gid (B,)
-    w = _token_energy(x.log_probs, x.sum_pi_sq).to(m.dtype)  # w_t, as in optimal_token_baseline, (B, T)
-    if x.is_weights is not None:
-        w = w * x.is_weights.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
-    G = (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, eq. (1), (B, T)
-    W = (w * m).cumsum(-1) * m  # W_t m_t, eq. (3), (B, T)
-    t_k = torch.argsort(m == 0, dim=-1, stable=True)  # t_k: where the k-th action sits, then the rest, (B, T)
-    G_k, W_k, m_k = (v.gather(-1, t_k) for v in (G, W, m))  # over k, right-padded, (B, T) each
-    B_k = _token_baseline(G_k, W_k, m_k, gid, n_groups, leave_one_out, zero_tail, eps)  # eq. (6) over k
-    B = torch.zeros_like(B_k).scatter_(-1, t_k, B_k)  # B_t = B_{k_t}, (B, T)
-    A = (G - B) * m  # A_t, eq. (5), 0 on masked positions
-    return A, G
+    return optimal_token_baseline(token_rewards, response_mask, group_index, log_probs, sum_pi_sq,
+                                  is_weights=is_weights, leave_one_out=leave_one_out, zero_tail=zero_tail,
+                                  by_action=True, eps=eps)
 
 
 # =====================================================================================
@@ -393,9 +396,11 @@ LIMITS = {  # name: (lowest, highest, rule) allowed at valid positions; every va
 }
 
 
-class Checked(NamedTuple):
-    """An estimator's inputs after ``_checked_inputs``, read by name: (B, T) tensors with padding out of
-    range set to 0, so the maths can mask by multiplying; an input not given stays None."""
+@dataclass(frozen=True)
+class Checked:
+    """An estimator's inputs after ``_checked_inputs``, read by name only (there is no order to unpack):
+    (B, T) tensors with padding out of range set to 0, so the maths can mask by multiplying; an input
+    not given stays None."""
     token_rewards: torch.Tensor  # r_t, (B, T)
     response_mask: torch.Tensor  # m_t, 0/1 in the working dtype (float64 if token_rewards is, else float32)
     gid: torch.Tensor  # each row's group, 0..n_groups-1 (``group_ids``), on the mask's device, (B,)
