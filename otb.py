@@ -53,24 +53,9 @@ Departures and choices (all matching the widely used verl implementation unless 
 - sum pi^2 is computed in float32 even for bf16 logits (float64 stays float64): in bf16 the
   difference in (7) can go negative.
 
-How the code computes (6): each equation is one line over the whole batch, the mask m multiplying
-as in the formula (padding out of range is set to 0 first, so 0 * NaN never happens) and the sums
-over each group's rows at each token's slot (its position t, or its action index (8) with
-``by_action``) taken by ``_pooled``, without a loop over groups.
-
-The variants (leave-one-out, zero tail, importance weights) are in ``optimal_token_baseline``'s
-docstring, tool output inside a response in ``action_aligned_otb``'s (eq. 8), and the rules for the
-inputs in both: ``help(otb.optimal_token_baseline)`` shows them. The forward-only variance
-diagnostics built on (7) are in ``lab/diagnostics.py``.
-
-Input checks: always on, one code path. Every public function begins by handing its inputs to a
-checker (``_checked_inputs`` for the estimators; the checkers are at the end of the file), which raises
-a ValueError naming the argument on bad input and otherwise gives them back as tensors, padding out of
-range set to 0, read by name. Inside the file nothing is checked twice: an estimator
-calls the unchecked ``_token_energy``, not ``token_energy``. On valid input the checks are one
-min/max reduction per tensor and the group ids' ``torch.unique``, nothing a training step can feel
-(docs/cost.md, "The estimator itself", has the measurement); a switch to skip them would save
-nothing and would give every estimator a second path to read and test.
+The variants (leave-one-out, zero tail, importance weights, pooling by action for tool output) are
+in ``optimal_token_baseline``'s docstring. How the lines compute the equations, and why the input
+checks always run: docs/otb.md.
 """
 import math
 import numbers
