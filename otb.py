@@ -1,7 +1,8 @@
 """The Optimal Token Baseline (OTB), the Logit-Gradient Proxy and the group baselines.
 
-Pure tensor functions, no classes. Everything takes right-padded (B, T) tensors:
-B rows (responses), T response positions, ``response_mask`` 1 on valid tokens.
+Pure tensor functions; the one class, ``Checked``, carries the checked inputs by name.
+Everything takes right-padded (B, T) tensors: B rows (responses), T response positions,
+``response_mask`` 1 on valid tokens.
 
 The story
 ---------
@@ -52,27 +53,15 @@ Departures and choices (all matching the widely used verl implementation unless 
 - sum pi^2 is computed in float32 even for bf16 logits (float64 stays float64): in bf16 the
   difference in (7) can go negative.
 
-How the code computes (6): each equation is one line over the whole batch, the mask m multiplying
-as in the formula (padding out of range is set to 0 first, so 0 * NaN never happens) and the sums
-over each group taken by ``_group_sum``, without a loop over groups.
-
-The variants (leave-one-out, zero tail, importance weights) are in ``optimal_token_baseline``'s
-docstring, tool output inside a response in ``action_aligned_otb``'s (eq. 8), and the rules for the
-inputs in both: ``help(otb.optimal_token_baseline)`` shows them. The forward-only variance
-diagnostics built on (7) are in ``lab/diagnostics.py``.
-
-Input checks: always on, one code path. Every public function begins by handing its inputs to a
-checker (``_checked_inputs`` for the estimators; the checkers are at the end of the file), which raises
-a ValueError naming the argument on bad input and otherwise gives them back as tensors, padding out of
-range set to 0, for the caller to name. Inside the file nothing is checked twice: an estimator
-calls the unchecked ``_token_energy``, not ``token_energy``. On valid input the checks are one
-min/max reduction per tensor and the group ids' ``torch.unique``, nothing a training step can feel
-(docs/cost.md, "The estimator itself", has the measurement); a switch to skip them would save
-nothing and would give every estimator a second path to read and test.
+The variants (leave-one-out, zero tail, importance weights, pooling by action for tool output) are
+in ``optimal_token_baseline``'s docstring. How the lines compute the equations, and why the input
+checks always run: docs/otb.md.
 """
 import math
 import numbers
+from dataclasses import dataclass
 from functools import partial
+from typing import Optional
 
 import torch
 
@@ -119,11 +108,11 @@ def _token_energy(log_probs, sum_pi_sq):
 
 
 # =====================================================================================
-# The Optimal Token Baseline, eqs. (1)-(6)
+# The Optimal Token Baseline, eqs. (1)-(6), pooled by position or by action (8)
 # =====================================================================================
 
 def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs, sum_pi_sq, *,
-                           is_weights=None, leave_one_out=False, zero_tail=False, eps=1e-8):
+                           is_weights=None, leave_one_out=False, zero_tail=False, by_action=False, eps=1e-8):
     """OTB advantages A_t = G_t - B_t, eq. (5), with B_t from eq. (6).
 
     token_rewards, response_mask, log_probs (of the sampled tokens), sum_pi_sq, is_weights:
@@ -138,8 +127,9 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
       return (advantage ~ 0). verl 0.9.1 always runs with it on (``handle_zero_tail=True``); here it
       is off by default (why: docs/toy_bandit.md, docs/variance.md); ``otb_zero_tail`` is verl's.
     - ``is_weights``: importance weights rho_t multiply w_t by rho_t^2.
-    - Tool output inside a response (holes, m_t = 0 inside a row): ``action_aligned_otb``
-      (``otb_tir``), which applies (1)-(6) over the policy's own tokens, eq. (8).
+    - ``by_action=True``: for tool output inside a response (holes, m_t = 0 inside a row), the rows
+      share B at the policy's own k-th token, eq. (8), instead of at position t:
+      ``action_aligned_otb`` (``otb_tir``).
 
     Input checks (every estimator, on every call): a ValueError naming the argument for tensors
     that are not 2-D, not of token_rewards' shape or empty; a mask other than 0/1; NaN or inf at a
@@ -149,41 +139,51 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
     the batch's. Padded positions may hold anything (they are set to 0 first). Plain (nested)
     lists are accepted wherever a tensor is.
     """
-    r, m, gid, n_groups, log_probs, sum_pi_sq, is_weights = _checked_inputs(
-        token_rewards, response_mask, group_index, eps=eps, log_probs=log_probs, sum_pi_sq=sum_pi_sq,
-        is_weights=is_weights)  # r_t, m_t, log pi(y_t), sum pi^2, rho_t: (B, T) tensors; gid (B,)
-    w = _token_energy(log_probs, sum_pi_sq).to(m.dtype)  # w_t, eq. (2) through (7), (B, T)
-    if is_weights is not None:
-        w = w * is_weights.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
-    G = (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, eq. (1): reverse cumulative sum, (B, T)
+    x = _checked_inputs(token_rewards, response_mask, group_index, log_probs=log_probs, sum_pi_sq=sum_pi_sq,
+                        is_weights=is_weights, eps=eps)  # read by name: x.log_probs, ..., (B, T) each
+    m = x.response_mask  # m_t, (B, T)
+    w = _token_energy(x.log_probs, x.sum_pi_sq).to(m.dtype)  # w_t, eq. (2) through (7), (B, T)
+    if x.is_weights is not None:
+        w = w * x.is_weights.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
+    G = (x.token_rewards * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, eq. (1): reverse cumulative sum, (B, T)
     W = (w * m).cumsum(-1) * m  # W_t m_t, eq. (3): cumulative sum, (B, T)
-    B = _token_baseline(G, W, m, gid, n_groups, leave_one_out, zero_tail, eps)  # B_t, eq. (6), (B, T)
+    t = torch.arange(m.shape[-1], device=m.device).expand(m.shape)  # t, (B, T)
+    k = _action_index(m) if by_action else t  # k_t: where a group's rows share B, their k-th action (8) or t
+    if leave_one_out:
+        B = _leave_one_out_baseline(G, W, x, k, eps=eps)  # eq. (6) over the other rows j != i, (B, T)
+    else:
+        num = _pooled(G * W, x, k)  # sum_i G_t W_t m_t over the rows i of the group at k_t, (B, T)
+        den = _pooled(W, x, k)  # sum_i W_t m_t, (B, T)
+        keep = (torch.bincount(x.gid, minlength=x.n_groups) > 1)[x.gid, None]  # singleton groups: B = 0
+        if zero_tail:
+            keep = keep & (_pooled(m, x, k) > 1)  # one row left at k_t (sum_i m_t = 1): B = 0
+        B = torch.where(keep, num / (den + eps), 0.0)  # B_t = E[G_t W_t] / E[W_t] over the group, eq. (6), (B, T)
     A = (G - B) * m  # A_t, eq. (5), 0 on padding
     return A, G
 
 
-def _token_baseline(G, W, m, gid, n_groups, leave_one_out, zero_tail, eps):
-    """B_t, eq. (6), for every row from G_t m_t and W_t m_t, (B, T) each: one B_t per group and position
-    over the group's rows active there (with ``leave_one_out``, over the rows j != i), in m's dtype."""
-    if leave_one_out:
-        return _leave_one_out_baseline(G, W, m, gid, n_groups, eps).to(m.dtype)  # eq. (6) over j != i
-    num = _group_sum(G * W, gid, n_groups)  # sum_i G_t W_t m_t, (groups, T)
-    den = _group_sum(W, gid, n_groups)  # sum_i W_t m_t, (groups, T)
-    keep = (torch.bincount(gid, minlength=n_groups) > 1)[:, None]  # singleton groups: B = 0
-    if zero_tail:
-        keep = keep & (_group_sum(m, gid, n_groups) > 1)  # one row left at t (sum_i m_t = 1): B = 0
-    return torch.where(keep, num / (den + eps), 0.0)[gid]  # each row gets its group's B_t, (B, T)
+def _pooled(v, x, k):
+    """sum_i v^i over the rows i of each group at each slot, given back to every token at its own slot
+    k_t: (B, T) -> (B, T). The slot is the position (k_t = t) or the action index of eq. (8)."""
+    by_slot = torch.zeros_like(v).scatter_add_(-1, k, v)  # each row's values moved to their slots, (B, T)
+    return _group_sum(by_slot, x.gid, x.n_groups)[x.gid].gather(-1, k)  # the group's sum at k_t, (B, T)
 
 
-def _leave_one_out_baseline(G, W, m, gid, n_groups, eps):
-    """Eq. (6) over the *other* rows j != i of each row's group, (B, T); B = 0 where no other row is
-    active. "Group total minus own term" cancels badly in float32 when one row's energy dwarfs the
-    others', so the sums are taken in float64."""
-    GW, W, m = (G * W).double(), W.double(), m.double()  # G_t W_t m_t, W_t m_t, m_t, (B, T) each
-    num_i = _group_sum(GW, gid, n_groups)[gid] - GW  # sum_{j != i} G_t W_t m_t
-    den_i = (_group_sum(W, gid, n_groups)[gid] - W).clamp(min=0.0)  # sum_{j != i} W_t m_t
-    others = _group_sum(m, gid, n_groups)[gid] - m  # active rows besides row i
-    return torch.where(others > 0, num_i / (den_i + eps), 0.0)
+def _action_index(m):
+    """k_t = sum_{j<=t} m_j - 1, eq. (8): the index of token t among its row's actions, (B, T). A masked
+    token before a row's first action gets 0, not -1: it adds only zeros wherever it is pooled."""
+    return (m.cumsum(-1) - 1).clamp(min=0).long()
+
+
+def _leave_one_out_baseline(G, W, x, k, *, eps):
+    """Eq. (6) over the *other* rows j != i of each row's group at its slot k_t, (B, T), in the mask's
+    dtype; B = 0 where no other row is active. "Group total minus own term" cancels badly in float32 when
+    one row's energy dwarfs the others', so the sums are taken in float64."""
+    GW, W, m = (G * W).double(), W.double(), x.response_mask.double()  # G_t W_t m_t, W_t m_t, m_t, (B, T)
+    num_i = _pooled(GW, x, k) - GW  # sum_{j != i} G_t W_t m_t
+    den_i = (_pooled(W, x, k) - W).clamp(min=0.0)  # sum_{j != i} W_t m_t
+    others = _pooled(m, x, k) - m  # active rows besides row i
+    return torch.where(others > 0, num_i / (den_i + eps), 0.0).to(x.response_mask.dtype)
 
 
 # =====================================================================================
@@ -193,10 +193,11 @@ def _leave_one_out_baseline(G, W, m, gid, n_groups, eps):
 def _sequence_setup(token_rewards, response_mask, group_index):
     """R(tau) per row (B,), the mask m (B, T), group ids (B,), their count, and group sizes. The inputs
     are checked as ``optimal_token_baseline``'s are."""
-    r, m, gid, n_groups = _checked_inputs(token_rewards, response_mask, group_index)  # (B, T), (B, T), (B,)
-    score = (r * m).sum(-1)  # R(tau) = sum of r_t m_t, (B,)
-    size = torch.bincount(gid, minlength=n_groups).to(m.dtype)  # rows per group, (G,)
-    return score, m, gid, n_groups, size
+    x = _checked_inputs(token_rewards, response_mask, group_index)  # r_t, m_t: x.token_rewards, x.response_mask
+    m = x.response_mask  # m_t, (B, T)
+    score = (x.token_rewards * m).sum(-1)  # R(tau) = sum of r_t m_t, (B,)
+    size = torch.bincount(x.gid, minlength=x.n_groups).to(m.dtype)  # rows per group, (G,)
+    return score, m, x.gid, x.n_groups, size
 
 
 def _broadcast(adv, score, m):
@@ -255,7 +256,7 @@ def action_aligned_otb(token_rewards, response_mask, group_index, log_probs, sum
 
     applying (1)-(6) over k and giving token t the advantage A_{k_t}. A row's own sums G and W
     are the same over k as over t (a hole adds 0 to them), so only the pooling, eq. (6), moves: the
-    rows' G_t and W_t are gathered to their k-th actions, B_k is computed there and scattered back.
+    rows share B_t at their k-th actions instead of at their t-th positions.
     Why, an example, and how it matches verl's multi-turn estimator: docs/tool_use.md.
 
     The same inputs, options (leave_one_out, zero_tail, eps), input checks and outputs as
@@ -263,20 +264,9 @@ def action_aligned_otb(token_rewards, response_mask, group_index, log_probs, sum
     Returns (advantages, returns), both (B, T), 0 at masked positions. Without holes it is
     optimal_token_baseline.
     """
-    r, m, gid, n_groups, log_probs, sum_pi_sq, is_weights = _checked_inputs(
-        token_rewards, response_mask, group_index, eps=eps, log_probs=log_probs, sum_pi_sq=sum_pi_sq,
-        is_weights=is_weights)  # r_t, m_t, log pi(y_t), sum pi^2, rho_t: (B, T) tensors; gid (B,)
-    w = _token_energy(log_probs, sum_pi_sq).to(m.dtype)  # w_t, as in optimal_token_baseline, (B, T)
-    if is_weights is not None:
-        w = w * is_weights.to(m.dtype) ** 2  # w_t <- rho_t^2 w_t
-    G = (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t m_t, eq. (1), (B, T)
-    W = (w * m).cumsum(-1) * m  # W_t m_t, eq. (3), (B, T)
-    t_k = torch.argsort(m == 0, dim=-1, stable=True)  # t_k: where the k-th action sits, then the rest, (B, T)
-    G_k, W_k, m_k = (v.gather(-1, t_k) for v in (G, W, m))  # over k, right-padded, (B, T) each
-    B_k = _token_baseline(G_k, W_k, m_k, gid, n_groups, leave_one_out, zero_tail, eps)  # eq. (6) over k
-    B = torch.zeros_like(B_k).scatter_(-1, t_k, B_k)  # B_t = B_{k_t}, (B, T)
-    A = (G - B) * m  # A_t, eq. (5), 0 on masked positions
-    return A, G
+    return optimal_token_baseline(token_rewards, response_mask, group_index, log_probs, sum_pi_sq,
+                                  is_weights=is_weights, leave_one_out=leave_one_out, zero_tail=zero_tail,
+                                  by_action=True, eps=eps)
 
 
 # =====================================================================================
@@ -391,14 +381,28 @@ LIMITS = {  # name: (lowest, highest, rule) allowed at valid positions; every va
 }
 
 
-def _checked_inputs(token_rewards, response_mask, group_index, eps=0.0, **per_token):
+@dataclass(frozen=True)
+class Checked:
+    """An estimator's inputs after ``_checked_inputs``, read by name only (there is no order to unpack):
+    (B, T) tensors with padding out of range set to 0, so the maths can mask by multiplying; an input
+    not given stays None."""
+    token_rewards: torch.Tensor  # r_t, (B, T)
+    response_mask: torch.Tensor  # m_t, 0/1 in the working dtype (float64 if token_rewards is, else float32)
+    gid: torch.Tensor  # each row's group, 0..n_groups-1 (``group_ids``), on the mask's device, (B,)
+    n_groups: int
+    log_probs: Optional[torch.Tensor] = None  # log pi(y_t), (B, T)
+    sum_pi_sq: Optional[torch.Tensor] = None  # sum_k pi_k^2, (B, T)
+    is_weights: Optional[torch.Tensor] = None  # rho_t, (B, T)
+
+
+def _checked_inputs(token_rewards, response_mask, group_index, *, log_probs=None, sum_pi_sq=None,
+                    is_weights=None, eps=0.0):
     """Every estimator's first line: its inputs checked (the rules: ``optimal_token_baseline``'s
-    docstring) and given back for the caller to name, (r, m, gid, n_groups, *per_token). The per-token
-    tensors come in the order given; they and r are (B, T) tensors (None stays None) with padding out
-    of range set to 0, so the maths can mask by multiplying. m: the 0/1 mask in the working dtype
-    (float64 if token_rewards is, else float32); gid, n_groups: ``group_ids``. On valid input the cost
-    is one min/max reduction per tensor; the helpers that name a culprit run only on bad input."""
-    x = {"token_rewards": token_rewards, "response_mask": response_mask, **per_token}
+    docstring) and given back as a ``Checked``, each tensor under its own name whatever the order of the
+    call's keywords. On valid input the cost is one min/max reduction per tensor; the helpers that name
+    a culprit run only on bad input."""
+    x = {"token_rewards": token_rewards, "response_mask": response_mask, "log_probs": log_probs,
+         "sum_pi_sq": sum_pi_sq, "is_weights": is_weights}
     x = {name: None if v is None else _as_tensor(name, v) for name, v in x.items()}
     if not (isinstance(eps, numbers.Real) and 0.0 <= eps < math.inf):
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
@@ -410,11 +414,10 @@ def _checked_inputs(token_rewards, response_mask, group_index, eps=0.0, **per_to
         other = m[(m != 0) & (m != 1)][0].item()
         raise ValueError(f"response_mask must contain only 0 and 1, found {other}")
     for name, (lowest, highest, rule) in LIMITS.items():
-        if x.get(name) is not None and not _in_range(x[name], lowest, highest):
+        if x[name] is not None and not _in_range(x[name], lowest, highest):
             x[name] = _zero_padding(name, x[name], m, lowest, highest, rule)  # or the error
     gid, n_groups = group_ids(group_index, len(m))
-    r = x.pop("token_rewards")  # r_t, (B, T); x now holds the per-token tensors, in the order given
-    return (r, m, gid.to(m.device), n_groups, *x.values())
+    return Checked(response_mask=m, gid=gid.to(m.device), n_groups=n_groups, **x)  # each by its name
 
 
 def _checked_logits(logits):

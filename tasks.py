@@ -101,7 +101,8 @@ class PeriodicTask(Task):
     def prompt_text(self, tokenizer, question):
         return f"{tokenizer.bos_token}{question}:"
 
-    reward = ReverseTask.reward  # 1 on an exact match after EOS, else 0
+    def reward(self, text, answer, finished):  # 1 if the row ended (EOS) on exactly the answer, else 0
+        return float(bool(finished) and text == answer)
 
     def max_new_tokens(self):
         """The answer, EOS, and a few tokens of slack to overshoot (cut off = failure)."""
@@ -163,7 +164,9 @@ class CountTask(Task):
         numbers = ", ".join(map(str, range(a, b + 1)))
         return f"List the numbers from {a} to {b}, separated by commas.", numbers
 
-    prompt_text = ArithmeticTask.prompt_text  # the chat template, generation prompt opened
+    def prompt_text(self, tokenizer, question):  # the chat template, generation prompt opened
+        return tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                             add_generation_prompt=True, tokenize=False)
 
     def reward(self, text, answer, finished):
         numbers, want = re.findall(r"\d+", text), answer.split(", ")

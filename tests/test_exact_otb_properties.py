@@ -209,6 +209,32 @@ def test_every_estimator_checks_its_inputs_on_every_call():
             fn(**kw)
 
 
+@pytest.mark.parametrize("name", ["otb", "otb_loo", "otb_zero_tail", "otb_tir", "otb_tir_zero_tail"])
+def test_the_token_estimators_share_one_body_whose_helpers_take_at_most_four_positional_arguments(name):
+    """Every OTB variant runs optimal_token_baseline's own lines (eqs. (1)-(6) are written once), and each
+    private helper it enters takes at most four positional arguments (options beyond are by keyword)."""
+    import sys
+    b = make_batch(3, [2, 2], 4, process=True)
+    entered = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename == otb.__file__:
+            entered.append(frame.f_code.co_name)
+    sys.setprofile(profile)
+    try:
+        otb.ESTIMATORS[name](torch.tensor(b["r"]), torch.tensor(b["m"]), [0, 0, 1, 1], torch.tensor(b["lp"]),
+                             torch.tensor(b["spi"]))
+    finally:
+        sys.setprofile(None)
+    assert entered.count("optimal_token_baseline") == 1, entered
+    helpers = {n for n in entered if n.startswith("_") and not n.startswith("__")}
+    assert helpers >= {"_checked_inputs", "_token_energy"}, helpers
+    for helper in helpers:
+        params = inspect.signature(getattr(otb, helper)).parameters.values()
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        assert len(positional) <= 4, (helper, [p.name for p in positional])
+
+
 # =====================================================================================
 # sum_k pi_k^2 and the token energy w_t
 # =====================================================================================

@@ -293,6 +293,18 @@ def test_ragged_list_names_the_argument():
         call_otb(log_probs=[[-1.0, -2.0], [-1.0]])
 
 
+@pytest.mark.parametrize("order", [("log_probs", "sum_pi_sq", "is_weights"), ("sum_pi_sq", "log_probs", "is_weights"),
+                                   ("is_weights", "sum_pi_sq", "log_probs")], ids=["as-declared", "swapped", "reversed"])
+def test_the_checker_gives_each_input_back_under_its_own_name_whatever_the_keyword_order(order):
+    """The checked inputs are read by name: calling the checker with its keywords in another order
+    changes nothing (a result in the order of the call's keywords would hand sum pi^2 over as log-probs)."""
+    kw = good()
+    x = otb._checked_inputs(kw["token_rewards"], kw["response_mask"], kw["group_index"],
+                            **{name: kw[name] for name in order})
+    for name in ("token_rewards", "log_probs", "sum_pi_sq", "is_weights"):
+        assert torch.equal(getattr(x, name), kw[name]), name  # every value of good() is in range: unchanged
+    assert torch.equal(x.response_mask, kw["response_mask"]) and x.gid.tolist() == [0, 1, 0, 1] and x.n_groups == 2
+
 # sum_pi_squared
 
 

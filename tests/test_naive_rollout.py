@@ -389,3 +389,27 @@ def test_factors_task_replies_with_the_sum_and_its_prime_factors():
     for q, a in task.sample(random.Random(0), 50):
         assert len(a) + 1 <= task.max_new_tokens()
     assert tok.unk_token_id not in tok(task.error + answer, add_special_tokens=False)["input_ids"]
+
+
+def test_every_task_defines_the_methods_in_its_body_and_the_plain_ones_keep_their_answers():
+    """A task's class body holds only methods written there (none assigned from a sibling class, such
+    as ``reward = ReverseTask.reward``); the periodic task's reward is the exact match after EOS, and
+    counting frames its question with the chat template, as arithmetic does."""
+    import inspect
+    classes = [c for module in (tasks, tool_use) for c in vars(module).values()
+               if isinstance(c, type) and issubclass(c, tasks.Task) and c.__module__ == module.__name__]
+    assert {"ReverseTask", "PeriodicTask", "ArithmeticTask", "CountTask"} <= {c.__name__ for c in classes}
+    for cls in classes:
+        for name, value in vars(cls).items():
+            if inspect.isfunction(value):
+                assert value.__qualname__ == f"{cls.__qualname__}.{name}", (cls.__name__, name, value.__qualname__)
+    periodic = tasks.PeriodicTask()
+    assert [periodic.reward("abcab", "abcab", True), periodic.reward("abcab", "abcab", False),
+            periodic.reward("abcaa", "abcab", True)] == [1.0, 0.0, 0.0]
+
+    class Chat:  # a tokenizer's chat template, recording what it is asked
+        def apply_chat_template(self, conversation, add_generation_prompt, tokenize):
+            return conversation, add_generation_prompt, tokenize
+    want = ([{"role": "user", "content": "List the numbers"}], True, False)
+    assert tasks.CountTask().prompt_text(Chat(), "List the numbers") == want
+    assert tasks.ArithmeticTask().prompt_text(Chat(), "List the numbers") == want

@@ -833,7 +833,8 @@ def _loo_by_the_project(r, m, g, lp, s, leave_one_out=False, eps=1e-8):
     G = (r * m).flip(-1).cumsum(-1).flip(-1) * m  # G_t, (B, T)
     W = (otb.token_energy(lp, s) * m).cumsum(-1) * m  # W_t, (B, T)
     gid, n_groups = otb.group_ids(g, len(m))
-    return ((G - otb._leave_one_out_baseline(G, W, m, gid, n_groups, eps)) * m).float()
+    x, t = otb.Checked(r, m, gid, n_groups), torch.arange(m.shape[-1]).expand(m.shape)  # by name; slot k_t = t
+    return ((G - otb._leave_one_out_baseline(G, W, x, t, eps=eps)) * m).float()
 
 
 def test_every_project_function_an_answer_calls_is_watched_but_the_helpers_handed_out(capsys, monkeypatch):
