@@ -288,29 +288,33 @@ def sequence_optimal_baseline(token_rewards, response_mask, group_index, energy,
     leave_one_out b_i does not depend on row i and the gradient is unbiased. b = 0 in a singleton
     group and wherever the energies summed over are 0. Inputs as ``optimal_token_baseline``'s, and
     ``energy``: one finite number >= 0 per row. Returns (advantages, returns), both (B, T)."""
-    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index)  # R_i (B,), m (B, T)
+    score, m, gid, _, _ = _sequence_setup(token_rewards, response_mask, group_index)  # R_i (B,), m (B, T)
     e = _checked_energy(energy, len(m)).to(m.device)  # e_j, (B,)
-    return _broadcast(score - _energy_baseline(score, e, gid, n, size, leave_one_out).to(m.dtype), score, m)
+    b = _energy_baseline(score, e, gid, leave_one_out=leave_one_out)  # b_i, eq. (9), (B,)
+    return _broadcast(score - b.to(m.dtype), score, m)
 
 
 def opo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=None, *, leave_one_out=False):
     """OPO (arXiv 2505.23585, verl 0.9.1's ``compute_opo_outcome_advantage``): eq. (9) with the
     response length as the energy, e_j = l_j = sum_t m_t, own row in. ``opo_loo``: the rows j != i.
     (log_probs and sum_pi_sq are accepted and ignored.)"""
-    score, m, gid, n, size = _sequence_setup(token_rewards, response_mask, group_index)  # R_i (B,), m (B, T)
+    score, m, gid, _, _ = _sequence_setup(token_rewards, response_mask, group_index)  # R_i (B,), m (B, T)
     length = m.sum(-1)  # l_j, (B,)
-    return _broadcast(score - _energy_baseline(score, length, gid, n, size, leave_one_out).to(m.dtype), score, m)
+    b = _energy_baseline(score, length, gid, leave_one_out=leave_one_out)  # b_i, eq. (9), (B,)
+    return _broadcast(score - b.to(m.dtype), score, m)
 
 
-def _energy_baseline(score, e, gid, n_groups, size, leave_one_out):
-    """b_i of eq. (9) for every row, (B,), in float64 (leave-one-out subtracts the own term from the
-    group's total, which cancels badly in float32 when one energy dwarfs the others)."""
-    R, e = score.double(), e.double()  # R_j, e_j, (B,)
-    num = _group_sum(e * R, gid, n_groups)[gid]  # sum_j e_j R_j over the group, (B,)
-    den = _group_sum(e, gid, n_groups)[gid]  # sum_j e_j, (B,)
+def _energy_baseline(score, e, gid, *, leave_one_out):
+    """b_i of eq. (9) for every row, (B,), from R_i, e_i and the group ids (0..G-1), in float64 (leave-one-out
+    subtracts the own term from the group's total, which cancels badly in float32 when one energy dwarfs
+    the others)."""
+    R, e, G = score.double(), e.double(), int(gid.max()) + 1  # R_j, e_j (B,); the number of groups
+    num = _group_sum(e * R, gid, G)[gid]  # sum_j e_j R_j over the group, (B,)
+    den = _group_sum(e, gid, G)[gid]  # sum_j e_j, (B,)
     if leave_one_out:
         num, den = num - e * R, (den - e).clamp(min=0.0)  # over j != i
-    keep = (size[gid] > 1) & (den > 0)  # a singleton, or no energy to weigh by: b = 0
+    size = torch.bincount(gid, minlength=G)[gid]  # rows in the group, (B,)
+    keep = (size > 1) & (den > 0)  # a singleton, or no energy to weigh by: b = 0
     return torch.where(keep, num / den.clamp(min=1e-300), 0.0)  # b_i, (B,)
 
 
