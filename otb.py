@@ -290,7 +290,7 @@ def sequence_optimal_baseline(token_rewards, response_mask, group_index, energy,
     ``energy``: one finite number >= 0 per row. Returns (advantages, returns), both (B, T)."""
     score, m, gid, _, _ = _sequence_setup(token_rewards, response_mask, group_index)  # R_i (B,), m (B, T)
     e = _checked_energy(energy, len(m)).to(m.device)  # e_j, (B,)
-    b = _energy_baseline(score, e, gid, leave_one_out=leave_one_out)  # b_i, eq. (9), (B,)
+    b = _energy_baseline(score, e, gid, leave_one_out)  # b_i, eq. (9), (B,)
     return _broadcast(score - b.to(m.dtype), score, m)
 
 
@@ -300,11 +300,11 @@ def opo(token_rewards, response_mask, group_index, log_probs=None, sum_pi_sq=Non
     (log_probs and sum_pi_sq are accepted and ignored.)"""
     score, m, gid, _, _ = _sequence_setup(token_rewards, response_mask, group_index)  # R_i (B,), m (B, T)
     length = m.sum(-1)  # l_j, (B,)
-    b = _energy_baseline(score, length, gid, leave_one_out=leave_one_out)  # b_i, eq. (9), (B,)
+    b = _energy_baseline(score, length, gid, leave_one_out)  # b_i, eq. (9), (B,)
     return _broadcast(score - b.to(m.dtype), score, m)
 
 
-def _energy_baseline(score, e, gid, *, leave_one_out):
+def _energy_baseline(score, e, gid, leave_one_out):
     """b_i of eq. (9) for every row, (B,), from R_i, e_i and the group ids (0..G-1), in float64 (leave-one-out
     subtracts the own term from the group's total, which cancels badly in float32 when one energy dwarfs
     the others)."""
