@@ -197,19 +197,25 @@ def markdown(report):
              + f"; {report['replicates']} bootstrap draws of prompts, the same for every estimator (paired). "
              "a over b = nvar(b) / nvar(a): above 1 when a has less noise per unit of signal. Protocol: "
              "docs/smollm2_decomposition_protocol.md.\n"]
+    interim = report["unfinished"]  # the protocol's verdicts are read on the whole run only
+    if interim:
+        lines.append("**Interim**: the run is not finished. The numbers below are those of the prompts recorded so "
+                     "far; no verdict is drawn from them (the readings say 'interim').\n")
     primary = [c for c in report["contrasts"] if c["role"] == "primary"]
     for c in primary:
         if c["N"] == PRIMARY_N:
             lines += [f"## The primary question, n = {c['n']}, N = {c['N']}: {c['question']}\n",
-                      f"nvar(otb) / nvar(otb_loo) = **{fmt_ratio(c)}** (bootstrap P {fmt_p(c['p'])}): "
-                      f"{PRIMARY_WORDS[c['verdict']]}.\n"]
+                      f"nvar(otb) / nvar(otb_loo) = **{fmt_ratio(c)}** (bootstrap P {fmt_p(c['p'])})"
+                      + (": interim, no verdict.\n" if interim else f": {PRIMARY_WORDS[c['verdict']]}.\n")]
     lines += ["## The contrasts\n",
               "Secondaries at N = 4 tested with Holm's correction over the five; at other N described, not tested.\n",
               "| n | N | a over b | question | ratio [95% set] | P | Holm P | reading |", "|---|---|---|---|---|---|---|---|"]
     for c in report["contrasts"]:
         holm = fmt_p(c["p_holm"]) if "p_holm" in c else "-"
         if c["role"] == "primary":
-            reading = "primary: " + c["verdict"] if c["N"] == PRIMARY_N else "described"
+            reading = ("interim" if interim else "primary: " + c["verdict"]) if c["N"] == PRIMARY_N else "described"
+        elif c["tested"] and interim:
+            reading = "interim"
         elif c["tested"]:
             reading = ("resolved: " + ("above 1" if c["ratio"][0] > 1 else "below 1")) if c["p_holm"] <= 0.05 \
                 else "not resolved after Holm"
