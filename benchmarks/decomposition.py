@@ -116,8 +116,8 @@ def descriptive(resp, group_sizes=(4, 16)):
                                    pearson_of_logs=stats.pearson(W[logs].log(), S[logs].log())),
                length_vs_exact=dict(pearson=stats.pearson(L, S), spearman=stats.spearman(L, S),
                                     pearson_of_logs=stats.pearson(L[logs].log(), S[logs].log())),
-               mean_length=dict(success=L[R == 1].mean().item() if (R == 1).any() else math.nan,
-                                failure=L[R == 0].mean().item() if (R == 0).any() else math.nan),
+               mean_length=dict(successes=L[R == 1].mean().item() if (R == 1).any() else math.nan,
+                                failures=L[R == 0].mean().item() if (R == 0).any() else math.nan),
                mean_energy=dict(W_T=W.mean().item(), S_sq=S.mean().item()), groups={})
     perm = resp["perm"].long()  # (P, M)
     for N in group_sizes:
@@ -135,8 +135,8 @@ def descriptive(resp, group_sizes=(4, 16)):
         out["groups"][f"N{N}"] = dict(
             groups=len(k), mixed=mixed.double().mean().item(),
             one_success_of_mixed=((k == 1) & mixed).double().sum().item() / max(mixed.sum().item(), 1),
-            rows_active_per_token=dict(success=count[success_tokens].mean().item() if success_tokens.any() else math.nan,
-                                       failure=count[tokens & (wins[..., None] == 0)].mean().item()
+            rows_active_per_token=dict(successes=count[success_tokens].mean().item() if success_tokens.any() else math.nan,
+                                       failures=count[tokens & (wins[..., None] == 0)].mean().item()
                                        if (tokens & (wins[..., None] == 0)).any() else math.nan),
             success_tokens_alone=(count[success_tokens] == 1).double().mean().item() if success_tokens.any() else math.nan,
             tokens_alone=(count[tokens] == 1).double().mean().item())
@@ -227,15 +227,15 @@ def markdown(report):
     for cell, d in report["descriptive"].items():
         pe, le = d["proxy_vs_exact"], d["length_vs_exact"]
         lines += [f"\n## The responses ({cell}, {d['responses']} of them)\n",
-                  f"- success {d['success']:.2f}; mean length {d['mean_length']['success']:.1f} tokens for a success, "
-                  f"{d['mean_length']['failure']:.1f} for a failure;",
+                  f"- success {d['success']:.2f}; mean length {d['mean_length']['successes']:.1f} tokens for a success, "
+                  f"{d['mean_length']['failures']:.1f} for a failure;",
                   f"- the proxy W_T against the exact ||S_i||^2: Pearson {pe['pearson']:.2f}, Spearman "
                   f"{pe['spearman']:.2f}, Pearson of the logs {pe['pearson_of_logs']:.2f}; the length against "
                   f"||S_i||^2: {le['pearson']:.2f}, {le['spearman']:.2f}, {le['pearson_of_logs']:.2f};"]
         for N, g in d["groups"].items():
             lines.append(f"- {N}: {g['mixed']:.2f} of the groups are mixed, {g['one_success_of_mixed']:.2f} of those "
-                         f"hold exactly one success; a success's token has {g['rows_active_per_token']['success']:.2f} "
-                         f"of the group's rows active at its position (a failure's {g['rows_active_per_token']['failure']:.2f}); "
+                         f"hold exactly one success; a success's token has {g['rows_active_per_token']['successes']:.2f} "
+                         f"of the group's rows active at its position (a failure's {g['rows_active_per_token']['failures']:.2f}); "
                          f"{g['success_tokens_alone']:.2f} of successes' tokens run alone;")
         secs = d["seconds_per_prompt"]
         lines.append("- seconds per prompt: " + ", ".join(f"{k} {v:.0f}" for k, v in secs.items() if math.isfinite(v)) + ".")

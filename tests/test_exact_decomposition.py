@@ -50,9 +50,9 @@ def test_descriptive_counts_lone_successes_and_active_rows():
     d = dc.descriptive(resp, group_sizes=(4,))
     g = d["groups"]["N4"]
     assert g["mixed"] == 0.5 and g["one_success_of_mixed"] == 1.0
-    assert g["rows_active_per_token"]["success"] == pytest.approx((4 + 3 + 1 + 1 + 1) / 5)
+    assert g["rows_active_per_token"]["successes"] == pytest.approx((4 + 3 + 1 + 1 + 1) / 5)
     assert g["success_tokens_alone"] == pytest.approx(3 / 5)
-    assert d["mean_length"] == dict(success=5.0, failure=pytest.approx(17 / 7))
+    assert d["mean_length"] == dict(successes=5.0, failures=pytest.approx(17 / 7))
     assert d["proxy_vs_exact"]["spearman"] == pytest.approx(1.0)  # W_T and ||S||^2 both increase with length
     assert d["seconds_per_prompt"] == {"S_i": 4.0, "total": 10.0}
 
