@@ -69,19 +69,15 @@ def bootstrap_p(num_r, den_r):
     return min(1.0, 2 * min((x <= y).double().mean().item(), (x >= y).double().mean().item()))
 
 
-def cell_evaluations(grams_by_cell, replicates=2000):
-    """{(n, N): [(point, boot), ...] over the seeds, factors}: every estimator evaluated on the bootstrap draws
-    horizon_sweep.seed_evaluations takes (seed 1000 n + seed), so a contrast here is paired with the table's gains."""
-    out = {}
-    for (n, seed), grams in sorted(grams_by_cell.items()):
-        for N in sorted({N for _, N in grams}):
-            units = {e: s for (e, NN), s in grams.items() if NN == N}
-            factors = {e: scale_free.FACTORS[e](N) for e in units if e in scale_free.FACTORS}
-            ev = scale_free.evaluations(units, factors, replicates, 1000 * n + seed,
-                                        scale_free.pooled_reference(units["reinforce"]))
-            evals, _ = out.setdefault((n, N), ([], factors))
-            evals.append(ev)
-    return out
+def cell_evaluations(grams_by_cell, replicates=2000, seed_evals=None):
+    """{(n, N): ([(point, boot) per seed], factors)}: every estimator evaluated on the bootstrap draws of
+    horizon_sweep.seed_evaluations (the same draws as the sweep's table, so a contrast here is paired with its
+    gains); ``seed_evals``: that function's result where the caller has it already."""
+    if seed_evals is None:
+        from benchmarks.horizon_sweep import seed_evaluations  # here: horizon_sweep writes this report
+        seed_evals = seed_evaluations(grams_by_cell, replicates)
+    return {key: ([(point, boot) for _, point, boot, _, _ in by_seed.values()], next(iter(by_seed.values()))[3])
+            for key, by_seed in seed_evals.items()}
 
 
 def contrast(evals, a, b, factors, level=0.95):
@@ -166,11 +162,11 @@ def replay(grams_by_cell, earlier, estimators=("group_mean", "otb")):
     return out
 
 
-def analyse(folder, replicates=2000, earlier=None):
-    """The whole report of a saved sweep (finished or not) as a dict."""
+def analyse(folder, replicates=2000, earlier=None, seed_evals=None):
+    """The whole report of a saved sweep (finished or not) as a dict; seed_evals as cell_evaluations'."""
     saved, grams = read_saved(folder)
     responses = read_responses(folder)
-    evaluations = cell_evaluations(grams, replicates)
+    evaluations = cell_evaluations(grams, replicates, seed_evals)
     sizes = {f"n{n}_seed{s}": next(iter(g.values()))["V"].shape[0] for (n, s), g in grams.items()}
     return dict(command=saved["command"], prompts=sizes, replicates=replicates,
                 unfinished=any(c.get("partial") for c in saved["checkpoints"]),

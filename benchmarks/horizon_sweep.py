@@ -90,9 +90,10 @@ from benchmarks.common import (SEQUENCE_ENERGIES, advantages, draw_pool, flatten
                                group_ids_of, is_sequence_level, proxy_energy, reference_gradient, response_scores,
                                sketch, subset, token_group_gradients)
 from benchmarks import cli, decomposition  # noqa: E402
-from benchmarks.sweep_records import (grams_of, info_of, load_grams, load_prompt, progress_file,  # noqa: E402
-                                      read_responses, read_saved, record_path, recorded_cells, resumed, save_grams,
-                                      save_lesson, save_prompt, save_responses, settings, write_responses)
+from benchmarks.sweep_records import (cell_of, grams_of, info_of, load_grams, load_prompt,  # noqa: E402
+                                      progress_file, read_responses, read_saved, record_path, recorded_cells,
+                                      resumed, save_grams, save_lesson, save_prompt, save_responses, settings,
+                                      write_responses)
 from benchmarks.sweep_report import (checkpoints_md, contrasts_md, head_to_head_md, model_note, plot,  # noqa: E402
                                      summary_md, table_md, took)
 from lab import machine  # noqa: E402
@@ -548,7 +549,7 @@ def write(out, command, args, seconds, checkpoints, grams_by_cell, measured_on, 
     if brief:
         (out / "summary.md").write_text(brief)
     if set(decomposition.PRIMARY) <= set(getattr(args, "estimators", ())) and read_responses(out):
-        decomposition.write(out, decomposition.analyse(out, args.replicates))  # OTB taken apart: its report
+        decomposition.write(out, decomposition.analyse(out, args.replicates, seed_evals=evaluations))  # OTB taken apart
     import matplotlib
     matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt
@@ -617,7 +618,7 @@ def main(argv=None):
         grams_by_cell, checkpoints, before, earlier = resumed(out, args)
         provenance = earlier[0] if earlier == [provenance] else earlier + [provenance]  # every commit it ran under
     for folder in (out / "prompts").glob("n*_seed*"):
-        n, seed = (int(x) for x in folder.name[1:].split("_seed"))
+        n, seed = cell_of(folder.name)
         if (n, seed) in grams_by_cell:  # finished: its records are in stats.npz already
             shutil.rmtree(folder)
     t0 = time.time()

@@ -25,6 +25,12 @@ from lab.analysis import compact, scale_free
 from lab.machine import kept_provenance
 
 
+def cell_of(name):
+    """A cell's folder or key name, 'n30_seed0', as (n, seed): (30, 0)."""
+    n, seed = name[1:].split("_seed")
+    return int(n), int(seed)
+
+
 def record_path(records, p):
     """The file of prompt p's statistics in a cell's folder of records."""
     return Path(records) / f"p{p:04d}.npz"
@@ -37,8 +43,8 @@ def save_prompt(path, units, ref, R, R_ref, length, seconds, responses=None, tim
     m_p and r_p are stored as compact.scaled stores numbers, divided by their largest entry and rounded to
     float16 (within 2^-11 of it; a run straight through reads them back the same way, so a resumed run
     gives the same statistics); m_p only where the analysis reads it (compact.needs_signal: not for an
-    estimator whose E g is known, whose signal comes from the references). ``responses``: {name: (M,) tensor} of per-response numbers of the pool, kept
-    as they are (float64); ``timing``: {phase: seconds}. Written to a temporary file and then renamed, so a
+    estimator whose E g is known, whose signal comes from the references). ``responses``: {name: (M,)
+    tensor} of per-response numbers of the pool, kept as they are (float64); ``timing``: {phase: seconds}. Written to a temporary file and then renamed, so a
     stop while writing leaves no half-written record."""
     arrays = {}
     for (e, N), (mean, var, K) in units.items():
@@ -119,10 +125,10 @@ def read_responses(out):
         with np.load(responses_path(out)) as data:
             for k in data.files:
                 cell, name = k.split("/", 1)
-                n, seed = (int(x) for x in cell[1:].split("_seed"))
+                n, seed = cell_of(cell)
                 cells.setdefault((n, seed), {})[name] = torch.from_numpy(data[k])
     for folder in sorted((Path(out) / "prompts").glob("n*_seed*")):
-        n, seed = (int(x) for x in folder.name[1:].split("_seed"))
+        n, seed = cell_of(folder.name)
         done = [load_prompt(f) for f in sorted(folder.glob("p[0-9][0-9][0-9][0-9].npz"))]
         if (n, seed) not in cells and done and done[0]["responses"]:
             cells[(n, seed)] = stacked(done)
@@ -169,7 +175,7 @@ def recorded_cells(out, finished=()):
     {(n, seed): [load_prompt records, in prompt order]}, those with at least 2 prompts."""
     cells = {}
     for folder in sorted((Path(out) / "prompts").glob("n*_seed*")):
-        n, seed = (int(x) for x in folder.name[1:].split("_seed"))
+        n, seed = cell_of(folder.name)
         done = [load_prompt(f) for f in sorted(folder.glob("p[0-9][0-9][0-9][0-9].npz"))]
         if (n, seed) not in finished and len(done) >= 2:
             cells[(n, seed)] = done
