@@ -273,6 +273,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.replicates < 100:
         p.error(f"--replicates {args.replicates}: at least 100")
+    for option, folder in (("--from-saved", args.from_saved), ("--replay-of", args.replay_of)):
+        if folder and not any((Path(folder) / f).is_file() for f in ("sweep.json", "results.json")):
+            p.error(f"{option} {folder}: no sweep saved there (sweep.json or results.json of horizon_sweep.py)")
     report = analyse(args.from_saved, args.replicates, args.replay_of or None)
     write(args.out or args.from_saved, report)
     return report

@@ -83,3 +83,12 @@ def test_the_token_lesson_reads_where_the_success_runs_alone(tmp_path):
     assert lam["shared"] == pytest.approx((1 / 4 + 1 / 3 + 1 / 2) / 3, rel=1e-5) and lam["alone"] == pytest.approx(1.0)
     fig = token_lesson.draw(lesson, tmp_path / "lesson.png")
     assert (tmp_path / "lesson.png").stat().st_size > 0 and len(fig.axes) == 4  # three panels and the colour bar
+
+
+def test_a_folder_without_a_sweep_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        dc.main(["--from-saved", str(tmp_path / "nothing")])
+    assert f"--from-saved {tmp_path / 'nothing'}: no sweep saved there" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        dc.main(["--from-saved", str(tmp_path), "--replicates", "10"])
+    assert "--replicates 10: at least 100" in capsys.readouterr().err
