@@ -157,7 +157,7 @@ def load_stats(path):
 
 def summarize(grams, scatter, replicates=2000, boot_seed=0):
     """Per (estimator, N): scale-free quality (nvar, alpha, cosine, gain over group_mean; paired
-    bootstrap over prompts, nvar and gain as resampling.py's eq. (4) sets), the raw true variance and the
+    bootstrap over prompts, nvar and gain as resampling.py's eq. (4') sets), the raw true variance and the
     proxies; each also relative to group_mean at the same N. boot_seed shifts the bootstrap's draws."""
     rows = []
     for n in sorted({n for _, n in grams}):

@@ -57,8 +57,6 @@ Values with a known range (a cosine lies in [-1, 1], a gain and a squared bias i
 stored as estimated and listed by the caller as out of range (``clip`` says whether a value leaves
 it); printing clips them and marks every clipped number ``*``.
 
-The normal quantile z of (4) is scipy's (``scipy.stats.norm.ppf``).
-
 Why the draws (1) are made here and not by ``scipy.stats.bootstrap``: one draw of prompts is shared by
 every estimator and every sum of a table (2), each statistic is a weighted sum over prompts computed for
 all R draws at once as a matrix product, the seeds are strata (5), and the set (4') inverts a test over
@@ -68,7 +66,6 @@ the project calls it (benchmarks/stability_replication.py).
 """
 import math
 
-from scipy.stats import norm
 import torch
 
 
@@ -103,38 +100,15 @@ def covers_zero(lo, hi):
 
 
 # =====================================================================================
-# Ratios near zero: the test-inversion (Fieller) set, eq. (4)
+# Ratios near zero: the test inverted with the bootstrap's quantiles, eq. (4')
 # =====================================================================================
-
-def fieller(a, b, v_aa, v_bb, v_ab, level=0.95, low=-math.inf, high=math.inf):
-    """Eq. (4): the ratios rho = a / b that a z test of a - rho b = 0 does not reject, given the
-    variances v_aa, v_bb and covariance v_ab of (a, b), intersected with the range [low, high].
-    Returns (lo, hi): a bounded interval; one end at the range's end (a one-sided bound, the other end
-    open); (low, high) when the set says nothing (the whole line, or two pieces within the range)."""
-    z2 = norm.ppf((1 + level) / 2) ** 2
-    A, B, C = b * b - z2 * v_bb, -2 * (a * b - z2 * v_ab), a * a - z2 * v_aa  # A rho^2 + B rho + C <= 0
-    D = B * B - 4 * A * C
-    if A > 0:  # b resolved: a bounded interval (D >= 0, since rho = a / b satisfies (4))
-        r = math.sqrt(max(D, 0.0))
-        pieces = [((-B - r) / (2 * A), (-B + r) / (2 * A))]
-    elif D > 0:  # b not resolved: two rays outside the roots
-        r1, r2 = sorted(((-B - math.sqrt(D)) / (2 * A), (-B + math.sqrt(D)) / (2 * A)))
-        pieces = [(-math.inf, r1), (r2, math.inf)]
-    else:  # nothing is rejected
-        pieces = [(-math.inf, math.inf)]
-    inside = [(max(lo, low), min(hi, high)) for lo, hi in pieces if hi >= low and lo <= high]
-    if len(inside) == 1:
-        return inside[0]
-    if inside:  # two pieces within the range: no single statement
-        return low, high
-    return (low, low) if pieces[0][1] < low else (high, high)  # the data reject the whole range: its end
-
 
 def inverted_set(a_reps, b_reps, a=None, b=None, level=0.95, low=-math.inf, high=math.inf):
     """Eq. (4'): the ratios rho for which neither side of 0 holds more than (1 + level) / 2 of the
     bootstrap replicates of a* - rho b* (the percentile test of a - rho b = 0, inverted), within
     [low, high]. Where every b* > 0 this is the percentile interval of a* / b*; replicates with b* <= 0
-    need no division. Returns (lo, hi) as ``fieller`` does (an end at the range's end is open).
+    need no division. Returns (lo, hi): a bounded interval; one end at the range's end (a one-sided bound,
+    the other end open); (low, high) when the set says nothing (two pieces within the range).
     a, b: the point estimates, only to place the set when it is empty (never in practice)."""
     x, y = torch.as_tensor(a_reps, dtype=torch.float64), torch.as_tensor(b_reps, dtype=torch.float64)
     ok = torch.isfinite(x) & torch.isfinite(y)
@@ -250,7 +224,7 @@ def fmt(value, lo=math.nan, hi=math.nan, digits=2, low=-math.inf, high=math.inf,
 
 
 def fmt_set(value, lo, hi, digits=2, low=-math.inf, high=math.inf, suffix=""):
-    """An eq. (4) or (4') set: 'value [lo, hi]' when bounded inside the range, '>= lo' or '<= hi' when only
+    """An eq. (4') set: 'value [lo, hi]' when bounded inside the range, '>= lo' or '<= hi' when only
     one end is resolved, 'unresolved' when neither is (or value is nan)."""
     open_lo, open_hi = not lo > low, not hi < high
     if value is None or math.isnan(value) or (open_lo and open_hi):
