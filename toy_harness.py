@@ -252,16 +252,16 @@ PALETTE = ("tab:blue", "tab:purple", "tab:brown", "tab:pink", "tab:gray", "tab:o
            "gold", "teal", "lime", "maroon")
 
 
-def plot_metric(rows, path=None, title="", ax=None, key="nvar", times_n=True, ylabel=None):
-    """N x ``key`` (default: N x nvar, flat for noise that falls as 1/N) against N, one line per
-    estimator (oracles dashed), OTB drawn thick and on top. Saved to ``path`` if given."""
+def plot_metric(rows, path=None, title=""):
+    """N x nvar (flat for noise that falls as 1/N) against N, one line per estimator (oracles dashed),
+    OTB drawn thick and on top. Saved to ``path`` if given."""
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.8)) if ax is None else (ax.figure, ax)
+    fig, ax = plt.subplots(figsize=(7, 4.8))
     markers = itertools.cycle("sD^vP*Xhx")
     colors = itertools.cycle(PALETTE)  # one colour per estimator (STYLE's own are not in PALETTE)
     for name in dict.fromkeys(r["estimator"] for r in rows):
-        pts = sorted((r["N"], *(r[key + sfx] * (r["N"] if times_n else 1) for sfx in ("", "_lo", "_hi")))
-                     for r in rows if r["estimator"] == name and math.isfinite(r[key]))
+        pts = sorted((r["N"], *(r["nvar" + sfx] * r["N"] for sfx in ("", "_lo", "_hi")))
+                     for r in rows if r["estimator"] == name and math.isfinite(r["nvar"]))
         if not pts:
             continue  # unresolved at every N
         n, y, lo, hi = zip(*pts)
@@ -273,7 +273,7 @@ def plot_metric(rows, path=None, title="", ax=None, key="nvar", times_n=True, yl
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("group size N (responses per prompt)")
-    ax.set_ylabel(ylabel or ("N x " if times_n else "") + "tr Var(g) / ||E g||^2  (lower is better)")
+    ax.set_ylabel("N x tr Var(g) / ||E g||^2  (lower is better)")
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, ncol=2)

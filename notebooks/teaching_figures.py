@@ -59,12 +59,11 @@ def energy_by_outcome(en, t):
     return out
 
 
-def plot_baselines(en, ax=None):
-    """Draw the baselines of ``baselines_by_position`` against t on ``ax`` (a new figure if None)."""
+def plot_baselines(en):
+    """Draw the baselines of ``baselines_by_position`` against t on a new figure; returns its axes."""
     import matplotlib.pyplot as plt
     b = baselines_by_position(en)
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6.4, 3.8))
+    _, ax = plt.subplots(figsize=(6.4, 3.8))
     t = list(range(len(b["otb"])))
     share = ax.twinx()
     share.bar(t, b["active"].tolist(), color="0.85", width=0.6, zorder=0)
@@ -82,16 +81,15 @@ def plot_baselines(en, ax=None):
     return ax
 
 
-def plot_masks(axes=None):
-    """Draw ``MASKS`` by position t and by action k on two axes (a new figure if None)."""
+def plot_masks():
+    """Draw ``MASKS`` by position t and by action k on the two axes of a new figure; returns them."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch, Rectangle
     m = torch.tensor([[float(c) for c in s] for s in MASKS])  # m_t, (B, T)
     k = torch.where(m.bool(), m.long().cumsum(-1) - 1, -1)  # k_t, eq. (8), (B, T)
     idx = torch.argsort(m == 0, dim=-1, stable=True)  # t_k: where the k-th action sits, (B, T)
     m_k = m.gather(-1, idx)  # the right-padded mask over k, (B, T)
-    if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(11, 2.6))
+    _, axes = plt.subplots(1, 2, figsize=(11, 2.6))
     colours = {"action": "#4c72b0", "tool": "#dd8452", "pad": "0.88"}
     B, T = m.shape
     for ax, by_action in zip(axes, (False, True)):
