@@ -127,16 +127,12 @@ def analyse(load, lrs, optional=False):
     return per_run, rows, paired, missing
 
 
-def verdict(p, who="OTB at N=4"):
-    return compare.verdict(p, who)
-
-
 def verdicts(paired):
     """The pre-registered verdicts (primary endpoint); against group_mean:16 also non-inferiority."""
     def margin(p):  # the non-inferiority test, against group_mean:16 only
         ok = "supported" if p["ci_low"] > -MARGIN else "NOT supported"
         return f"; non-inferiority at margin {MARGIN} {ok}" if p["comparator"] == "group_mean:16" else ""
-    return [dict(comparator=p["comparator"], verdict=verdict(p) + margin(p))
+    return [dict(comparator=p["comparator"], verdict=compare.verdict(p, "OTB at N=4") + margin(p))
             for p in paired if p["endpoint"] == "primary"]
 
 
@@ -146,7 +142,7 @@ def post_hoc_vs_n16(per_run):
     out = [paired_diff(per_run[(est, n)], per_run[("group_mean", 16)], k, f"{est}:{n}")
            for est, n in CONFIGS if n == 4 for k in ("primary", "auc")]
     for p in out:
-        p["verdict"] = verdict(p, p["comparator"]) if p["endpoint"] == "primary" else None
+        p["verdict"] = compare.verdict(p, p["comparator"]) if p["endpoint"] == "primary" else None
     return out
 
 
@@ -163,7 +159,7 @@ def analyse_common_lr(load, lr):
     not_run: the configurations the addendum planned (PLANNED) that lack a seed (Addendum 9)."""
     _, rows, paired, missing = analyse(load, dict.fromkeys(CONFIGS, lr), optional=True)
     for p in paired:
-        p["verdict"] = verdict(p) if p["endpoint"] == "primary" else None
+        p["verdict"] = compare.verdict(p, "OTB at N=4") if p["endpoint"] == "primary" else None
     return dict(lr=lr, addendum=COMMON_LRS[lr], rows=rows, paired=paired,
                 not_run=[c for c in missing if c in PLANNED[lr]])
 
