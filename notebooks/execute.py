@@ -134,11 +134,6 @@ def cpu_moves(text, new_text, tagged):
             if x.group() != y.group()]
 
 
-def stale_cells(stored, fresh, same_machine=True):
-    """The differences a change of code or notebook explains (``compare``'s first list)."""
-    return compare(stored, fresh, same_machine)[0]
-
-
 def how_to_check(paths, recorded):
     """What to do about a STALE notebook: how to see whether a change moved its outputs, and on which
     machine they were stored (``recorded``: {path: the fingerprint in its metadata})."""

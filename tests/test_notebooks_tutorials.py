@@ -41,13 +41,13 @@ def test_the_staleness_check_sees_a_changed_number_but_not_a_time():
     nb = nbformat.v4.new_notebook(cells=[cell])
     other = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(1)")])
     other.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="nvar 12.5, done in 4.9 s\n")]
-    assert execute.stale_cells(nb, other) == []  # only the time changed
+    assert execute.compare(nb, other)[0] == []  # only the time changed
     other.cells[0].outputs[0]["text"] = "nvar 12.6, done in 4.9 s\n"
-    assert execute.stale_cells(nb, other) == [
+    assert execute.compare(nb, other)[0] == [
         "code cell 0: text differs, line 1: stored 'nvar 12.5, done in <time>', here 'nvar 12.6, done in <time>'"]
     other.cells[0].outputs.append(nbformat.v4.new_output("display_data", data={"image/png": "AAAA"}))
     other.cells[0].outputs[0]["text"] = "nvar 12.5, done in 1 s\n"
-    assert execute.stale_cells(nb, other) == ["code cell 0: 0 figure(s) stored, 1 here"]
+    assert execute.compare(nb, other)[0] == ["code cell 0: 0 figure(s) stored, 1 here"]
 
 
 def test_rounding_residues_are_not_stale_but_a_grown_error_is():
