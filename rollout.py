@@ -96,8 +96,8 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
         logps.append(logp_y.masked_fill(~action, 0.0))  # 0 where the policy did not choose
         ends = action & (y == eos_id)  # rows that end at this token, (B,)
         if turns is not None:
-            ends = turns.ends(ends, action, y, tokens)  # not where the token closed a tool call
-            ends = ends | turns.stopped(tokens)  # the stop rule ends a row once its graded part is complete
+            ends = ends & ~turns.run_tool(action, y, tokens)  # a row that closed a call goes on with the reply
+            ends = ends | turns.apply_stop_rule(tokens)  # a row whose graded part is complete ends
         done = done | ends
         if done.all() or t == max_new_tokens - 1:  # no forward pass for a token that is never drawn
             break

@@ -166,11 +166,11 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
         logps.append(logprobs.gather(-1, y[:, None]).squeeze(-1).masked_fill(~action, 0.0))
         ends = action & (y == eos_id)
         if turns is not None:
-            ends = turns.ends(ends, action, y, tokens)
+            ends = ends & ~turns.run_tool(action, y, tokens)
         done = done | ends
         if (t + 1) % sync_every == 0 or t + 1 == max_new_tokens:  # the host looks at the tokens
             if turns is not None:
-                done = done | turns.stopped(tokens)
+                done = done | turns.apply_stop_rule(tokens)
             if bool(done.all()) or t + 1 == max_new_tokens:  # no decode pass for a token never drawn
                 break
         logits = decoder.step(y, pos[:, -1:] + 1 + t)  # (B, V)
