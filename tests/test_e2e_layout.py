@@ -141,8 +141,9 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_train_py_reads_like_one_file_per_algorithm():
-    """One file per algorithm, roughly 150-400 lines (STYLE.md, principle 1), the step near its top. The
-    bound is the style's, not the file's current length: a ceiling just above it asks for packed lines."""
+    """"One concept per file, readable top to bottom, roughly 150-400 lines" (the house style's first
+    principle, after CleanRL's ppo.py of about 300), the step near its top. The bound is the style's, not
+    the file's current length: a ceiling just above it asks for packed lines."""
     lines = (ROOT / "train.py").read_text().splitlines()
     assert len(lines) <= 400
     assert next(i for i, ln in enumerate(lines, 1) if ln.startswith("def train_step(")) < 120
