@@ -198,8 +198,6 @@ class CalculatorTask(tasks.Task):
     """
     horizon: int = 3
     digits: int = 2
-    warmup_lr: float = 1e-3  # 3e-3, the other tasks' rate, stalls this warm-up (docs/tool_use.md)
-    warmup_ceiling: float = 0.4  # success can jump between two checks: replay a check above 40% step by step
 
     def transcript(self, numbers):
         """The correct response to ``numbers``, tool output included (EOS excluded)."""
