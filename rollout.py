@@ -78,8 +78,8 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
     rows = [p for p in prompts for _ in range(group_size)]  # each prompt group_size times, in order
     ids, mask = (x.to(device) for x in left_pad(rows, pad_id))  # (B, P) each
     pos = positions(mask)  # (B, P)
-    decoder = PlainDecoder(model)
-    logits = decoder.prefill(ids, mask, pos)  # z_t of the last prompt position, (B, V)
+    logits, cache = prefill(model, ids, mask, pos)  # z_t of the last prompt position (B, V), and the KV cache
+    attn = mask  # the columns each row attends to, (B, P); one more for every token fed
     turns = Turns(len(ids), tool, stop, device) if tool is not None or stop is not None else None
     tokens, logps, actions = [], [], []
     done = torch.zeros(len(ids), dtype=torch.bool, device=device)  # rows that have ended, (B,)
@@ -96,12 +96,13 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
         logps.append(logp_y.masked_fill(~action, 0.0))  # 0 where the policy did not choose
         ends = action & (y == eos_id)  # rows that end at this token, (B,)
         if turns is not None:
-            ends = turns.ends(ends, action, y, tokens)  # not where the token closed a tool call
-            ends = ends | turns.stopped(tokens)  # the stop rule ends a row once its graded part is complete
+            ends = ends & ~turns.run_tool(action, y, tokens)  # a row that closed a call goes on with the reply
+            ends = ends | turns.apply_stop_rule(tokens)  # a row whose graded part is complete ends
         done = done | ends
         if done.all() or t == max_new_tokens - 1:  # no forward pass for a token that is never drawn
             break
-        logits = decoder.step(y, pos[:, -1:] + 1 + t)  # token y at its position, (B, V)
+        attn = torch.cat([attn, attn.new_ones((len(y), 1))], dim=1)  # (B, P + t + 1)
+        logits, cache = decode_step(model, y, pos[:, -1:] + 1 + t, attn=attn, cache=cache)  # y at its position, (B, V)
     group_index = torch.arange(len(prompts), device=device).repeat_interleave(group_size)  # (B,)
     ro = Rollout(prompt_ids=ids, prompt_mask=mask, response=torch.stack(tokens, 1),  # (B, T) each from here
                  response_mask=torch.stack(actions, 1).float(), logp=torch.stack(logps, 1),
@@ -109,28 +110,19 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
     return ro if turns is None else turns.finish(ro, pad_id)
 
 
-class PlainDecoder:
-    """The forward passes of ``sample``: a prefill over the prompts fills the KV cache, then each
-    ``step`` feeds one token and the cache grows by one column."""
+def prefill(model, ids, mask, pos):
+    """The forward pass over the prompts (B, P) that fills a new KV cache -> the last position's logits
+    z_t (B, V), and the cache."""
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1], getattr(out, cache_name(model))
 
-    def __init__(self, model):  # the model, and what its forward calls the KV cache
-        self.model, self.cache_arg = model, cache_name(model)
 
-    def prefill(self, ids, mask, pos, max_new_tokens=None):
-        """The prompts (B, P) into the cache; returns the last position's logits z_t, (B, V). (A cache
-        that grows needs no ``max_new_tokens``; lab/fast_decode.py's static one sizes itself by it.)"""
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                         logits_to_keep=1)
-        self.cache, self.attn = getattr(out, self.cache_arg), mask
-        return out.logits[:, -1]
-
-    def step(self, y, pos):
-        """Token y (B,) at positions pos (B, 1) -> the next logits, (B, V)."""
-        self.attn = torch.cat([self.attn, self.attn.new_ones((len(y), 1))], dim=1)  # (B, P + t)
-        out = self.model(input_ids=y[:, None], attention_mask=self.attn, position_ids=pos,
-                         **{self.cache_arg: self.cache}, use_cache=True)
-        self.cache = getattr(out, self.cache_arg)
-        return out.logits[:, -1]
+def decode_step(model, y, pos, *, attn, cache):
+    """The forward pass of one token y (B,) at positions pos (B, 1), attending to the columns of attn
+    (B, P + t + 1) -> the next logits (B, V), and the cache one column longer."""
+    arg = cache_name(model)
+    out = model(input_ids=y[:, None], attention_mask=attn, position_ids=pos, use_cache=True, **{arg: cache})
+    return out.logits[:, -1], getattr(out, arg)
 
 
 def cache_name(model):

@@ -32,8 +32,6 @@ import torch
 class Task:
     """What the tasks share: a batch of prompts is n independent draws, and the warm-up's target
     is the answer itself. A task adds ``draw``, ``prompt_text``, ``reward`` and ``max_new_tokens``."""
-    warmup_lr = 3e-3  # the tiny model's supervised warm-up: AdamW's rate (models.warm_up)
-    warmup_ceiling = None  # a check above it is replayed step by step (models.warm_up); None: never
 
     def sample(self, rng, n):
         """n (question, answer) pairs drawn from ``rng`` (a random.Random), one ``draw`` each."""

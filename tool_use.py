@@ -95,7 +95,8 @@ class Turns:
         self.keep = [None] * B  # per row: the tokens the stop rule keeps (None: not stopped)
 
     def force(self, y, action):
-        """The queued tool tokens replace the draws of their rows, which are then not actions."""
+        """The queued tool tokens replace the draws of their rows, which are then not actions: each
+        such row's queue gives up its next token."""
         if not any(self.queue):
             return y, action
         forced = torch.tensor([len(q) > 0 for q in self.queue], device=self.device)  # (B,) bool
@@ -103,12 +104,14 @@ class Turns:
         y[forced] = torch.tensor([q.pop(0) for q in self.queue if q], device=self.device)
         return y, action & ~forced
 
-    def ends(self, ends, action, y, tokens):
-        """The rows that end at this token: EOS, unless the token closed a tool call (a chat's turn
-        end can be both), after which the row receives the tool's output."""
+    def run_tool(self, action, y, tokens):
+        """Answer the calls that this token closes -> the rows that called, (B,) bool. A row whose
+        action is the closing token, with calls left, has ``tool.respond`` turned on its tokens so far;
+        a reply (not None) is queued for ``force`` and counted, and that row goes on past the token even
+        where it is EOS (a chat's turn end can close a call)."""
+        called = torch.zeros_like(action)  # (B,)
         if self.tool is None:
-            return ends
-        goes_on = torch.zeros_like(ends)  # (B,)
+            return called
         for i in torch.nonzero(action & (y == self.tool.close_id)).flatten().tolist():
             call = torch.stack(tokens, 1)[i].tolist()
             output = self.tool.respond(call) if self.calls[i] < self.tool.max_calls else None
@@ -117,12 +120,13 @@ class Turns:
                 self.queue[i] = list(output)
                 self.errors[i] += bool(self.tool.is_error and self.tool.is_error(self.queue[i]))
                 self.forced_in[i] += len(self.queue[i])
-                goes_on[i] = True
-        return ends & ~goes_on
+                called[i] = True
+        return called
 
-    def stopped(self, tokens):
-        """The rows the stop rule has ended, (B,) bool: it is asked about every row not stopped yet (one
-        copy of the tokens to the host); none without a rule."""
+    def apply_stop_rule(self, tokens):
+        """Ask the stop rule about every row it has not stopped yet (one copy of the tokens to the host)
+        and record where each newly stopped row is cut -> the rows stopped so far, (B,) bool; none
+        without a rule."""
         if self.stop is not None:
             so_far = torch.stack(tokens, 1).tolist()  # (B, t) on the host
             for i, row in enumerate(so_far):
@@ -194,8 +198,6 @@ class CalculatorTask(tasks.Task):
     """
     horizon: int = 3
     digits: int = 2
-    warmup_lr: float = 1e-3  # 3e-3, the other tasks' rate, stalls this warm-up (docs/tool_use.md)
-    warmup_ceiling: float = 0.4  # success can jump between two checks: replay a check above 40% step by step
 
     def transcript(self, numbers):
         """The correct response to ``numbers``, tool output included (EOS excluded)."""

@@ -46,6 +46,22 @@ def allow_dirty_option(p):
                    "given")
 
 
+def parse_study_args(p, argv, *, steps):
+    """The command line's tail of a study that trains with train.py and saves each run's metrics under
+    <folder>/runs/ (benchmarks/stability.py, benchmarks/stability_replication.py): --from-saved, --steps
+    (per run, default ``steps``), --train-args and --allow-dirty added to parser p after its own options,
+    then argv parsed; a --from-saved folder without runs/ stops argparse with one line."""
+    p.add_argument("--from-saved", default=None, metavar="FOLDER",
+                   help="no training: analyse the metrics saved in FOLDER/runs/*.jsonl")
+    p.add_argument("--steps", type=at_least(1), default=steps, help="training steps per run")
+    p.add_argument("--train-args", default="", help="extra train.py arguments (smoke tests only)")
+    allow_dirty_option(p)
+    args = p.parse_args(argv)
+    if args.from_saved is not None and not (Path(args.from_saved) / "runs").is_dir():
+        p.error(f"--from-saved {args.from_saved}: no runs/ folder of saved metrics in it")
+    return args
+
+
 def code_to_run(script, allow_dirty):
     """``study_code``, after a SystemExit (status 1, before anything is written) naming the changed files
     where the code has uncommitted changes, or git cannot tell, and ``allow_dirty`` is not set."""

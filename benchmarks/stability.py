@@ -53,8 +53,8 @@ from scipy.stats import CensoredData, ecdf, multinomial
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks import grid  # noqa: E402
-from benchmarks.cli import (allow_dirty_option, at_least, choice_list, code_to_run, int_list,  # noqa: E402
-                            out_folder, parser, positive_float_list, write_results)
+from benchmarks.cli import (at_least, choice_list, code_to_run, int_list, out_folder, parse_study_args,  # noqa: E402
+                            parser, positive_float_list, write_results)
 import otb  # noqa: E402
 from lab import machine  # noqa: E402
 from lab.analysis import stats  # noqa: E402
@@ -601,8 +601,6 @@ def parse_args(argv=None):
     p.add_argument("--out", type=out_folder, default=str(ROOT / "runs" / "stability" / "results"),
                    help="folder for summary.md, results.json, survival.png and the saved metrics (runs/); "
                    "benchmarks/results/stability updates the committed results")
-    p.add_argument("--from-saved", default=None, metavar="FOLDER",
-                   help="no training: analyse the metrics saved in FOLDER/runs/*.jsonl")
     p.add_argument("--no-train", action="store_true", help="collect the finished runs of --runs, then analyse")
     p.add_argument("--jobs", type=at_least(1), default=1, help="training runs at a time (one thread each)")
     p.add_argument("--estimators", type=choice_list(list(otb.ESTIMATORS)), default=",".join(ESTIMATORS),
@@ -612,13 +610,7 @@ def parse_args(argv=None):
     p.add_argument("--lrs", type=positive_float_list, default=",".join(f"{x:g}" for x in LADDER),
                    help="the learning-rate ladder")
     p.add_argument("--primary-lr", type=float, default=PRIMARY_LR, help="the rate of the primary endpoint")
-    p.add_argument("--steps", type=at_least(1), default=STEPS, help="training steps per run")
-    p.add_argument("--train-args", default="", help="extra train.py arguments (smoke tests only)")
-    allow_dirty_option(p)
-    args = p.parse_args(argv)
-    if args.from_saved is not None and not (Path(args.from_saved) / "runs").is_dir():
-        p.error(f"--from-saved {args.from_saved}: no runs/ folder of saved metrics in it")
-    return args
+    return parse_study_args(p, argv, steps=STEPS)
 
 
 def main(argv=None):

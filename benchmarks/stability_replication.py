@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks import grid  # noqa: E402
 from benchmarks import stability as st  # noqa: E402
-from benchmarks.cli import (allow_dirty_option, at_least, code_to_run, int_list, out_folder, parser,  # noqa: E402
+from benchmarks.cli import (code_to_run, int_list, out_folder, parse_study_args, parser,  # noqa: E402
                             write_results)
 from lab.analysis import stats  # noqa: E402
 
@@ -352,17 +352,10 @@ def parse_args(argv=None):
                    help="folder of the training runs (and their warm-up cache)")
     p.add_argument("--out", type=out_folder, default=str(ROOT / "benchmarks" / "results" / "stability_replication"),
                    help="folder for summary.md, results.json, load.jsonl and the saved metrics (runs/)")
-    p.add_argument("--from-saved", default=None, metavar="FOLDER", help="no training: analyse FOLDER/runs/*.jsonl")
     p.add_argument("--seeds", type=int_list(0), default=",".join(map(str, SEEDS)), help="the paired seeds")
     p.add_argument("--blocks", default=",".join(b[0] for b in BLOCKS), help="blocks to run, of R1-R4")
-    p.add_argument("--steps", type=at_least(1), default=TAU, help="training steps per run")
-    p.add_argument("--train-args", default="", help="extra train.py arguments (smoke tests only)")
     p.add_argument("--power", action="store_true", help="print the protocol's power table and stop")
-    allow_dirty_option(p)
-    args = p.parse_args(argv)
-    if args.from_saved is not None and not (Path(args.from_saved) / "runs").is_dir():
-        p.error(f"--from-saved {args.from_saved}: no runs/ folder of saved metrics in it")
-    return args
+    return parse_study_args(p, argv, steps=TAU)
 
 
 def main(argv=None):

@@ -5,8 +5,9 @@ sampler that rarely waits for the device.
 ``DynamicCache`` that grows by one column per token) each pass is a fresh sequence of small
 kernels per layer launched from Python, with new tensor shapes every time; for a model of many
 layers that launch cost, not the arithmetic, can set the time of a step. This file holds the two
-optional decoders, ``decoder(model, "static" | "compiled")``, and ``sample``, rollout.sample's loop
-on such a decoder (the compiled one by default; train.py ``--compile-decode``). The remedy that
+optional decoders, ``decoder(model, "static" | "compiled")`` (and "plain", rollout.sample's own, to
+compare them with), and ``sample``, rollout.sample's loop on such a decoder (the compiled one by
+default; train.py ``--compile-decode``). The remedy that
 transformers and torch provide is in two parts:
 
 1. **A static cache** (``transformers.StaticCache``): keys and values live in tensors of a fixed
@@ -57,7 +58,7 @@ import weakref
 import torch
 from tqdm.auto import tqdm
 
-import rollout  # left_pad, positions, cache_name, PlainDecoder, Rollout
+import rollout  # left_pad, positions, prefill, decode_step, cache_name, Rollout
 import tool_use
 
 BUCKET = 64  # cache length granularity: prompts of nearby lengths reuse one compiled graph
@@ -82,6 +83,27 @@ def compiled_forward(cuda):
         _compiled[key] = torch.compile(_forward, backend=key[0], mode=key[1], fullgraph=True,
                                        dynamic=False)
     return _compiled[key]
+
+
+class PlainDecoder:
+    """rollout.sample's own forward passes (``rollout.prefill``, ``rollout.decode_step``: a cache that grows
+    by one column per token) as a decoder of ``sample``, which holds the cache and the columns attended to."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def prefill(self, ids, mask, pos, max_new_tokens):
+        """The prompts (B, P) into a new cache -> the last position's logits z_t, (B, V). ``max_new_tokens``
+        goes unread: every decoder takes it, and only a cache of fixed size (``StaticDecoder``) needs it."""
+        logits, self.cache = rollout.prefill(self.model, ids, mask, pos)
+        self.attn = mask  # (B, P)
+        return logits
+
+    def step(self, y, pos):
+        """Feed token y (B,) at positions pos (B, 1); returns the next logits, (B, V)."""
+        self.attn = torch.cat([self.attn, self.attn.new_ones((len(y), 1))], dim=1)  # (B, P + t + 1)
+        logits, self.cache = rollout.decode_step(self.model, y, pos, attn=self.attn, cache=self.cache)
+        return logits
 
 
 class StaticDecoder:
@@ -123,7 +145,7 @@ class StaticDecoder:
         return logits.clone() if self.compile else logits  # a CUDA graph reuses its output buffer
 
 
-DECODERS = {"plain": rollout.PlainDecoder, "static": StaticDecoder,
+DECODERS = {"plain": PlainDecoder, "static": StaticDecoder,
             "compiled": lambda model: StaticDecoder(model, compile=True)}
 
 
@@ -166,11 +188,11 @@ def sample(model, prompts, *, group_size, max_new_tokens, temperature, eos_id, p
         logps.append(logprobs.gather(-1, y[:, None]).squeeze(-1).masked_fill(~action, 0.0))
         ends = action & (y == eos_id)
         if turns is not None:
-            ends = turns.ends(ends, action, y, tokens)
+            ends = ends & ~turns.run_tool(action, y, tokens)
         done = done | ends
         if (t + 1) % sync_every == 0 or t + 1 == max_new_tokens:  # the host looks at the tokens
             if turns is not None:
-                done = done | turns.stopped(tokens)
+                done = done | turns.apply_stop_rule(tokens)
             if bool(done.all()) or t + 1 == max_new_tokens:  # no decode pass for a token never drawn
                 break
         logits = decoder.step(y, pos[:, -1:] + 1 + t)  # (B, V)

@@ -7,6 +7,8 @@ in lab/, imports that run one way, a traced reading path that the guide reports,
   module imports lab/ (a command may); every task inherits tasks.Task; ``import train`` leaves the toy
   (toy_env.py) out;
 - no line of a root file is over 120 characters, and train.py's are at most 100 but for its help strings;
+- rollout.sample calls what runs the tool and applies the stop rule by a verb, makes its forward passes
+  through two functions, and no task carries the warm-up's settings;
 - docs/reading_guide.md is what ``python benchmarks/reading_guide.py`` writes from a trace of one default
   training step, with a sentence for every function and class on the path; its total is a report, not a
   ceiling (a longer path shows in the guide's diff);
@@ -104,6 +106,23 @@ def test_every_task_is_a_task_and_tasks_names_none():
     assert "tool_use" not in graph()["tasks"] and not hasattr(tasks, "TASKS")
 
 
+def test_the_sampler_shows_what_changes_state_and_the_tasks_hold_no_warm_up():
+    """rollout.sample calls, by a verb, what runs the tool and what applies the stop rule (Turns.run_tool,
+    Turns.apply_stop_rule), and no query of Turns does either; its two forward passes are functions
+    (rollout.prefill, rollout.decode_step), not a class; the warm-up's settings live with the warm-up
+    (lab/models.py's WARM_UP_SETTINGS), not in the tasks."""
+    import inspect
+    import rollout
+    import tasks
+    import tool_use
+    loop = inspect.getsource(rollout.sample)
+    assert "turns.run_tool(" in loop and "turns.apply_stop_rule(" in loop
+    assert "prefill(model" in loop and "decode_step(model" in loop
+    assert not hasattr(tool_use.Turns, "ends") and not hasattr(tool_use.Turns, "stopped")
+    assert not [name for name, x in vars(rollout).items() if inspect.isclass(x) and name.endswith("Decoder")]
+    assert not [name for task in (tasks.Task, tool_use.CalculatorTask) for name in vars(task) if "warmup" in name]
+
+
 def test_importing_train_leaves_the_toy_out():
     """train.py's step, options and apparatus do not need the toy bandit: ``import train`` (in a fresh
     process) does not import toy_env.py."""
@@ -141,8 +160,9 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_train_py_reads_like_one_file_per_algorithm():
-    """One file per algorithm, roughly 150-400 lines (STYLE.md, principle 1), the step near its top. The
-    bound is the style's, not the file's current length: a ceiling just above it asks for packed lines."""
+    """"One concept per file, readable top to bottom, roughly 150-400 lines" (the house style's first
+    principle, after CleanRL's ppo.py of about 300), the step near its top. The bound is the style's, not
+    the file's current length: a ceiling just above it asks for packed lines."""
     lines = (ROOT / "train.py").read_text().splitlines()
     assert len(lines) <= 400
     assert next(i for i, ln in enumerate(lines, 1) if ln.startswith("def train_step(")) < 120

@@ -229,16 +229,16 @@ def test_mean_gradient_norm_equals_explicit_logit_space_vectors():
         power.sum().item() / len(m) ** 2, rel=1e-4)
 
 
-def test_warm_up_cache_is_keyed_by_every_setting_it_depends_on(tmp_path):
+def test_warm_up_cache_is_keyed_by_every_setting_it_depends_on(tmp_path, monkeypatch):
     """The warm-up evaluates with max_new_tokens, so two limits must not share one cached model."""
     kw = dict(hidden=16, layers=1, warmup_max_steps=0)
     task = tasks.ReverseTask()
     short, long_ = (models.tiny_model_folder(tmp_path, task, max_new=n, **kw) for n in (10, 40))
     assert short != long_ and (short / "warmup.json").exists() and (long_ / "warmup.json").exists()
     assert models.tiny_model_folder(tmp_path, task, max_new=10, **kw) == short  # the same settings reuse it
-    own = tasks.ReverseTask()
-    own.warmup_ceiling = 0.5  # a task's own warm-up setting is part of the key too
-    assert models.tiny_model_folder(tmp_path, own, max_new=10, **kw) not in (short, long_)
+    own = dict(models.WARM_UP_SETTINGS[tasks.Task], ceiling=0.5)  # a task's own warm-up setting is part of the key too
+    monkeypatch.setitem(models.WARM_UP_SETTINGS, tasks.ReverseTask, own)
+    assert models.tiny_model_folder(tmp_path, task, max_new=10, **kw) not in (short, long_)
 
 
 def test_a_warm_up_cache_built_by_other_code_is_rebuilt_and_the_run_says_so(tmp_path, monkeypatch, capsys):

@@ -1,6 +1,6 @@
 """fast_decode.py against the plain loop: the static cache (eager and compiled) gives its rollouts.
 
-The plain loop (``rollout.sample``: ``rollout.PlainDecoder``, a cache that grows by one column per token,
+The plain loop (``rollout.sample``: ``rollout.decode_step``, a cache that grows by one column per token,
 and torch.multinomial) is the reference; ``fast_decode.sample`` runs the static decoders. On the same
 generator seed the static cache must give the same tokens, masks and finished flags,
 and the log-probs to float32 rounding (attention over L slots sums in another order), with and
