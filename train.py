@@ -24,6 +24,7 @@ comes from it (not the sampler): the PPO ratio is 1 in the first epoch and the s
 is logged, not corrected. The memory options change what is held at once, never the gradient
 (tests/test_exact_memory.py). What surrounds this file lives in lab/ (lab/__init__.py maps it).
 """
+import logging
 import math
 import os
 import sys
@@ -44,6 +45,10 @@ import tasks
 from lab import compare, fast_decode, logbook, lr_schedule, options, parse_options, preflight
 from lab import progress, runs
 from lab.options import arg
+
+# train_step writes a DEBUG record here as each of its phases begins: nothing is written unless
+# someone listens (lab/preflight.py's timed_step times the phases from these records)
+step_log = logging.getLogger("train.step")
 
 
 @dataclass
@@ -96,7 +101,7 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     ``sampler``: the model, or its lower-precision copy (--rollout-dtype). Returns its
     StepResult."""
     device = next(model.parameters()).device
-    # ---- rollout: N responses to each prompt, and their rewards
+    step_log.debug("rollout")  # ---- N responses to each prompt, and their rewards
     prompts, answers = tasks.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
     seed = tasks.step_seed(cfg.seed, step)
     gen = torch.Generator(device).manual_seed(seed)  # the sampler's draws, then the minibatch order
@@ -112,7 +117,7 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
                     tool=task.tool(tok),  # None: a single-turn task
                     stop=task.stop_rule(tok, answers, cfg.group_size))  # None: a row ends at EOS
     R, token_rewards, _ = tasks.rewards(task, tok, ro, answers, cfg.group_size)  # R (B,), r_t (B,T)
-    # ---- score: the training forward pass, a micro-batch at a time (one block by default).
+    step_log.debug("score")  # ---- the training forward pass, a micro-batch at a time
     # One forward pass per step: when one optimizer step takes the whole batch in one block (the
     # default), the scoring pass keeps its graph and the update's loss is built on it (a step with a
     # second forward is slower: docs/cost.md); otherwise the scoring pass keeps no graph and the
@@ -121,10 +126,10 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     one_pass = one_update_per_batch(cfg, len(ro.response_mask))
     logp, sum_pi_sq, entropy = score_batch(model, cfg, ro, keep_graph=one_pass)  # (B, T) each
     old_logp = logp.detach()  # log pi_old(y_t), (B, T)
-    # ---- estimate: the one line that differs between configurations, A_t (B, T)
+    step_log.debug("estimate")  # ---- the one line that differs between configurations, A_t (B, T)
     adv, _ = estimator(token_rewards=token_rewards.to(device), response_mask=ro.response_mask,
                        group_index=ro.group_index, log_probs=old_logp, sum_pi_sq=sum_pi_sq)
-    # ---- update
+    step_log.debug("update")
     norms, clip_frac, loss = policy_update(model, opt, cfg, ro, old_logp, adv, gen,
                                            logp=logp if one_pass else None)
     return StepResult(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss)
