@@ -236,17 +236,17 @@ def step_record(s, seconds, run, compiled=None, t_first=None):
 
 def score_estimate_update(train, cfg, model, opt, ro, token_rewards, estimator):
     """train.py's train_step after its rollout, on a batch of the preflight's own (``full_length_batch``):
-    the step's calls in its order, score (``score_batch``) -> estimate -> update (``policy_update``).
-    tests/test_inputs_preflight.py checks that on the step's own batch it updates the weights as the step
-    does. ``train``: train.py's module; the update's minibatch order (if any) from a fixed seed."""
+    the step's calls in its order, score (``score_rows``, its graph kept as ``keep_scoring_graph`` says) ->
+    estimate -> update (``policy_update``). tests/test_inputs_preflight.py checks that on the step's own
+    batch it updates the weights as the step does. ``train``: train.py's module; the update's minibatch order
+    (if any) from a fixed seed."""
     model.train()
-    one_pass = train.one_update_per_batch(cfg, len(ro.response_mask))
-    logp, sum_pi_sq, _ = train.score_batch(model, cfg, ro, keep_graph=one_pass)  # (B, T) each
-    old_logp = logp.detach()
+    B = len(ro.response_mask)
+    with torch.set_grad_enabled(train.keep_scoring_graph(cfg, B)):
+        logp, sum_pi_sq, _ = train.score_rows(model, cfg, ro, torch.arange(B, device=ro.response.device))
     adv, _ = estimator(token_rewards=token_rewards, response_mask=ro.response_mask, group_index=ro.group_index,
-                       log_probs=old_logp, sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
-    train.policy_update(model, opt, cfg, ro, old_logp, adv, torch.Generator().manual_seed(0),
-                        logp=logp if one_pass else None)
+                       log_probs=logp.detach(), sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
+    train.policy_update(model, opt, cfg, ro, logp, adv, torch.Generator().manual_seed(0))
 
 
 def timed_step(train, cfg, model, sampler, opt, task, tok, estimator, step, rollout_done=lambda: None):

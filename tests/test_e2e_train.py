@@ -321,7 +321,7 @@ def test_one_forward_pass_gives_the_metrics_and_weights_of_two(out, monkeypatch)
     run(out, "one-pass", "--estimator", "otb", "--steps", "3")
     assert calls == [True] * 3  # one forward per step, with its graph
     calls.clear()
-    monkeypatch.setattr(train, "one_update_per_batch", lambda cfg, batch: False)
+    monkeypatch.setattr(train, "keep_scoring_graph", lambda cfg, batch: False)
     run(out, "two-pass", "--estimator", "otb", "--steps", "3")
     assert calls == [False, True] * 3  # scoring pass without a graph, then the update's forward
     one, two = without_times(metrics(out / "one-pass")), without_times(metrics(out / "two-pass"))

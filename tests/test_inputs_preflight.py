@@ -101,7 +101,7 @@ def test_no_option_is_proposed_at_a_value_that_changes_nothing():
 def test_peaks_are_split_where_train_steps_rollout_ends(out, monkeypatch):
     """A fake allocator peak: 111 during the rollout, 222 during learn (reset_peak does nothing), so each
     phase's peak is the value at its end only if the split falls between rollout.sample and the scoring
-    pass (train_step's call of score_batch)."""
+    pass (where train_step writes its "score" record)."""
     level = [50]
     monkeypatch.setattr(preflight, "reset_peak", lambda device: None)
     monkeypatch.setattr(preflight, "peak", lambda device: level[0])
