@@ -101,7 +101,8 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     ``sampler``: the model, or its lower-precision copy (--rollout-dtype). Returns its
     StepResult."""
     device = next(model.parameters()).device
-    step_log.debug("rollout")  # ---- N responses to each prompt, and their rewards
+    step_log.debug("rollout")  # each phase begins with its record (for whoever listens, if anyone)
+    # ---- rollout: N responses to each prompt, and their rewards
     prompts, answers = tasks.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
     seed = tasks.step_seed(cfg.seed, step)
     gen = torch.Generator(device).manual_seed(seed)  # the sampler's draws, then the minibatch order
@@ -117,16 +118,19 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
                     tool=task.tool(tok),  # None: a single-turn task
                     stop=task.stop_rule(tok, answers, cfg.group_size))  # None: a row ends at EOS
     R, token_rewards, _ = tasks.rewards(task, tok, ro, answers, cfg.group_size)  # R (B,), r_t (B,T)
-    step_log.debug("score")  # ---- the training forward pass, in train mode (checkpointed if asked)
+    step_log.debug("score")
+    # ---- score: the training forward pass, in train mode (its layers checkpointed, if asked)
     model.train()
     B = len(ro.response_mask)
     with torch.set_grad_enabled(keep_scoring_graph(cfg, B)):  # by default: the update's forward too
         logp, sum_pi_sq, entropy = score_rows(model, cfg, ro, torch.arange(B, device=device))
     old_logp = logp.detach()  # log pi_old(y_t); logp, sum_pi_sq, entropy: (B, T) each
-    step_log.debug("estimate")  # ---- the one line that differs between configurations, A_t (B, T)
+    step_log.debug("estimate")
+    # ---- estimate: the one line that differs between configurations, A_t (B, T)
     adv, _ = estimator(token_rewards=token_rewards.to(device), response_mask=ro.response_mask,
                        group_index=ro.group_index, log_probs=old_logp, sum_pi_sq=sum_pi_sq)
     step_log.debug("update")
+    # ---- update: the loss L of the module docstring, one AdamW step per minibatch
     norms, clip_frac, loss = policy_update(model, opt, cfg, ro, logp, adv, gen)
     return StepResult(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss)
 
