@@ -24,6 +24,7 @@ comes from it (not the sampler): the PPO ratio is 1 in the first epoch and the s
 is logged, not corrected. The memory options change what is held at once, never the gradient
 (tests/test_exact_memory.py). What surrounds this file lives in lab/ (lab/__init__.py maps it).
 """
+import logging
 import math
 import os
 import sys
@@ -44,6 +45,10 @@ import tasks
 from lab import compare, fast_decode, logbook, lr_schedule, options, parse_options, preflight
 from lab import progress, runs
 from lab.options import arg
+
+# train_step writes a DEBUG record here as each of its phases begins: nothing is written unless
+# someone listens (lab/preflight.py's timed_step times the phases from these records)
+step_log = logging.getLogger("train.step")
 
 
 @dataclass
@@ -96,6 +101,7 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     ``sampler``: the model, or its lower-precision copy (--rollout-dtype). Returns its
     StepResult."""
     device = next(model.parameters()).device
+    step_log.debug("rollout")  # each phase begins with its record (for whoever listens, if anyone)
     # ---- rollout: N responses to each prompt, and their rewards
     prompts, answers = tasks.prompt_batch(task, tok, cfg.seed, step, cfg.prompts_per_step)
     seed = tasks.step_seed(cfg.seed, step)
@@ -112,49 +118,49 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
                     tool=task.tool(tok),  # None: a single-turn task
                     stop=task.stop_rule(tok, answers, cfg.group_size))  # None: a row ends at EOS
     R, token_rewards, _ = tasks.rewards(task, tok, ro, answers, cfg.group_size)  # R (B,), r_t (B,T)
-    # ---- score: the training forward pass, a micro-batch at a time (one block by default).
-    # One forward pass per step: when one optimizer step takes the whole batch in one block (the
-    # default), the scoring pass keeps its graph and the update's loss is built on it (a step with a
-    # second forward is slower: docs/cost.md); otherwise the scoring pass keeps no graph and the
-    # update runs its own. The update begins: train mode (its layers checkpointed, if asked).
+    step_log.debug("score")
+    # ---- score: the training forward pass, in train mode (its layers checkpointed, if asked)
     model.train()
-    one_pass = one_update_per_batch(cfg, len(ro.response_mask))
-    logp, sum_pi_sq, entropy = score_batch(model, cfg, ro, keep_graph=one_pass)  # (B, T) each
-    old_logp = logp.detach()  # log pi_old(y_t), (B, T)
+    B = len(ro.response_mask)
+    with torch.set_grad_enabled(keep_scoring_graph(cfg, B)):  # by default: the update's forward too
+        logp, sum_pi_sq, entropy = score_rows(model, cfg, ro, torch.arange(B, device=device))
+    old_logp = logp.detach()  # log pi_old(y_t); logp, sum_pi_sq, entropy: (B, T) each
+    step_log.debug("estimate")
     # ---- estimate: the one line that differs between configurations, A_t (B, T)
     adv, _ = estimator(token_rewards=token_rewards.to(device), response_mask=ro.response_mask,
                        group_index=ro.group_index, log_probs=old_logp, sum_pi_sq=sum_pi_sq)
-    # ---- update
-    norms, clip_frac, loss = policy_update(model, opt, cfg, ro, old_logp, adv, gen,
-                                           logp=logp if one_pass else None)
+    step_log.debug("update")
+    # ---- update: the loss L of the module docstring, one AdamW step per minibatch
+    norms, clip_frac, loss = policy_update(model, opt, cfg, ro, logp, adv, gen)
     return StepResult(ro, R, adv, old_logp, sum_pi_sq, entropy, norms, clip_frac, loss)
 
 
-def score_batch(model, cfg, ro, keep_graph):
-    """The scoring pass over the whole batch, ``micro_batch_rows`` rows at a time (one block by
-    default): (logp, sum_pi_sq, entropy), (B, T) each. ``keep_graph``: logp keeps its graph (the
-    update's forward)."""
-    B = len(ro.response_mask)
-    with torch.set_grad_enabled(keep_graph):
-        rows = torch.arange(B, device=ro.response.device)  # row indices
-        blocks = rows.split(cfg.micro_batch_rows or B)
-        parts = [score_rows(model, cfg, ro, rows) for rows in blocks]
-    return tuple(torch.cat(x) for x in zip(*parts))  # (B, T) each
+def keep_scoring_graph(cfg, batch):
+    """Whether the scoring pass keeps its graph for the update's loss: where one optimizer step
+    takes the whole batch in one block (one epoch, one minibatch, one micro-batch: the default), so
+    that the step runs the model forward once, not twice (docs/cost.md, "One forward pass per
+    step")."""
+    one_block = (cfg.minibatch_size or batch) >= batch and (cfg.micro_batch_rows or batch) >= batch
+    return cfg.ppo_epochs == 1 and one_block
 
 
 def score_rows(model, cfg, ro, rows):
-    """rollout.score of the batch's rows ``rows`` in the step's precision (``autocast``):
-    (logp, sum_pi_sq, entropy), (b, T) each."""
-    with autocast(ro.response.device):
-        return rollout.score(model, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.response[rows],
-                             ro.response_mask[rows], cfg.temperature, cfg.chunk_size)
+    """rollout.score of the batch's rows ``rows`` (indices), ``micro_batch_rows`` at a time, in the
+    step's precision (``autocast``): (logp, sum_pi_sq, entropy), (len(rows), T) each."""
+    parts = []
+    for block in rows.split(cfg.micro_batch_rows or len(rows)):  # one block by default
+        with autocast(ro.response.device):
+            parts.append(rollout.score(model, ro.prompt_ids[block], ro.prompt_mask[block],
+                                       ro.response[block], ro.response_mask[block], cfg.temperature,
+                                       cfg.chunk_size))
+    return tuple(torch.cat(x) for x in zip(*parts))
 
 
-def policy_update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
+def policy_update(model, opt, cfg, ro, logp, adv, generator):
     """The policy-gradient step(s) on the loss L of the module docstring, identical for every
-    estimator: (grad norms, clip fraction, loss). ``logp``: the scoring pass's log-probs with their
-    graph, the forward of an update that takes the whole batch in one block
-    (``one_update_per_batch``); None: each block is scored again.
+    estimator: (grad norms, clip fraction, loss). ``logp``: the scoring pass's log pi(y_t), (B, T):
+    log pi_old of the ratio and, where it kept its graph (``keep_scoring_graph``), the update's
+    forward; otherwise each block is scored again.
 
     Each minibatch is one optimizer step. Its rows go through the model ``micro_batch_rows`` at a
     time (gradient accumulation): each block's loss is divided by the token count of the whole
@@ -162,21 +168,22 @@ def policy_update(model, opt, cfg, ro, old_logp, adv, generator, logp=None):
     the same as one pass over all its rows would give (tests/test_exact_memory.py)."""
     B = adv.shape[0]
     size = cfg.minibatch_size or B
+    old_logp = logp.detach()  # log pi_old(y_t), (B, T)
     norms, clipped, losses = [], [], []
     for _ in range(cfg.ppo_epochs):
         if size < B:  # minibatches of random rows
             order = torch.randperm(B, generator=generator, device=generator.device)
         else:
             order = torch.arange(B)
-        for idx in order.to(adv.device).split(size):
-            n_tokens = ro.response_mask[idx].sum()  # sum m over the whole minibatch
+        for minibatch in order.to(adv.device).split(size):
+            n_tokens = ro.response_mask[minibatch].sum()  # sum m over the whole minibatch
             opt.zero_grad(set_to_none=True)
             loss, n_clipped = 0.0, 0.0
-            for rows in idx.split(cfg.micro_batch_rows or len(idx)):  # one block by default
-                m, a = ro.response_mask[rows], adv[rows]  # m_t, A_t, (b, T)
-                # log pi(y_t), (b, T): the scoring pass's, or this block's own forward
-                logp_mb = score_rows(model, cfg, ro, rows)[0] if logp is None else logp
-                rho = torch.exp(logp_mb - old_logp[rows])  # rho_t = pi / pi_old, (b, T)
+            for block in minibatch.split(cfg.micro_batch_rows or len(minibatch)):  # one by default
+                m, a = ro.response_mask[block], adv[block]  # m_t, A_t, (b, T)
+                # log pi(y_t), (b, T): the scoring pass's where it kept its graph, else scored again
+                logp_b = logp[block] if logp.requires_grad else score_rows(model, cfg, ro, block)[0]
+                rho = torch.exp(logp_b - old_logp[block])  # rho_t = pi / pi_old, (b, T)
                 clipped_rho = rho.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)
                 surrogate = torch.minimum(rho * a, clipped_rho * a)
                 part = -(surrogate * m).sum() / n_tokens  # its share of the minibatch's token mean
@@ -203,13 +210,6 @@ class StepResult:
     norms: list  # gradient norm (before clipping) of each optimizer step
     clip_frac: float  # fraction of tokens whose PPO ratio was clipped
     loss: float
-
-
-def one_update_per_batch(cfg, batch):
-    """One optimizer step on the whole batch in one pass: the scoring pass's graph is then the
-    update's."""
-    one_block = (cfg.minibatch_size or batch) >= batch and (cfg.micro_batch_rows or batch) >= batch
-    return cfg.ppo_epochs == 1 and one_block
 
 
 def autocast(device):

@@ -88,10 +88,11 @@ def prompt_rows(tok, task, cfg, steps):
 
 def project_step(model, opt, tok, task, cfg, step):
     """One train.train_step, as train.train runs it without its logging: phase times (s), success. The
-    phases end where the step calls score_batch (the rollout, rewards included, is done) and policy_update
-    (scoring and advantages are done), marked from outside the step (preflight.timed_step)."""
+    phases are those the step marks on its step log (preflight.timed_step): its rollout (rewards included),
+    score (with the advantages, as TRL's) and update."""
     estimator = train.make_estimator(cfg.estimator, cfg.zero_tail)
-    s, seconds = preflight.timed_step(train, cfg, model, model, opt, task, tok, estimator, step)
+    s, t = preflight.timed_step(train, cfg, model, model, opt, task, tok, estimator, step)
+    seconds = dict(rollout=t["rollout"], score=t["score"] + t["estimate"], update=t["update"])
     return dict(seconds, step=sum(seconds.values()), success=(s.R >= 1).float().mean().item())
 
 

@@ -230,7 +230,7 @@ def alternating(model, tok, cfg, task, sizes, rounds, device):
         for g in sizes:
             peaks = {}
 
-            def rollout_done():  # train_step's rollout has ended (it calls score_batch): its peak
+            def rollout_done():  # train_step's rollout has ended (its scoring begins): its peak
                 peaks["rollout"] = preflight.peak(device)
                 preflight.reset_peak(device)
             preflight.reset_peak(device)
@@ -240,7 +240,8 @@ def alternating(model, tok, cfg, task, sizes, rounds, device):
             opt.zero_grad(set_to_none=True)  # as train.train: no gradients held through the next rollout
             m = s.ro.response_mask  # (B, T)
             steps.append(dict(round=r, group_size=g, rows=len(m), seconds_rollout=t["rollout"],
-                              decode_steps=s.ro.response.shape[1], seconds_learn=t["score"] + t["update"],
+                              decode_steps=s.ro.response.shape[1],
+                              seconds_learn=t["score"] + t["estimate"] + t["update"],
                               peak_bytes_rollout=peaks["rollout"], peak_bytes_learn=peaks["learn"],
                               success=(s.R >= 1).float().mean().item(), mean_response_length=m.sum(-1).mean().item()))
             dtypes = dict(log_pi=str(s.old_logp.dtype), sum_pi_sq=str(s.sum_pi_sq.dtype), advantage=str(s.adv.dtype))

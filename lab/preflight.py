@@ -21,8 +21,8 @@ A comparison's largest configuration is the one with the most rows per step (``g
    hit, so they came from this machine's cache folder).
 
 It reports the peak memory of each phase (the full-length update; the real steps' rollouts and their
-score and update, split where train_step's rollout ends and it calls score_batch (``calls_first``),
-the largest over the batch sizes; CUDA:
+score and update, split where train_step's rollout ends: the record it writes on its step log as its
+scoring begins (``timed_step``), the largest over the batch sizes; CUDA:
 ``torch.cuda.max_memory_allocated``; CPU on Linux: the process's resident peak, VmHWM), the seconds per
 step of each batch size, the largest configuration's success and sampler / trainer mismatch (what
 training starts from on this device, in its precision), and a projection for the whole run:
@@ -55,6 +55,7 @@ one line naming the phase and the options that lower that phase. Everything goes
 ``<run folder>/preflight.json``.
 """
 import json
+import logging
 import math
 import time
 from dataclasses import replace
@@ -190,7 +191,7 @@ def run(cfg, model, tok, folder, train):
             opt = adamw()
             reset_peak(device)
             s, t = timed_step(train, step_cfg, model, sampler, opt, task, tok, estimator, 0, rollout_done)
-            seconds = (t["rollout"], t["score"] + t["update"])  # rollout, score + update
+            seconds = (t["rollout"], t["score"] + t["estimate"] + t["update"])  # rollout, learn
             peaks["learn"] = max(peaks.get("learn") or 0, peak(device) or 0) or None
             measured[g] = step_record(s, seconds, f"{e}:{g}", compiled, t_first)
             model.zero_grad(set_to_none=True)
@@ -235,58 +236,64 @@ def step_record(s, seconds, run, compiled=None, t_first=None):
 
 def score_estimate_update(train, cfg, model, opt, ro, token_rewards, estimator):
     """train.py's train_step after its rollout, on a batch of the preflight's own (``full_length_batch``):
-    the step's calls in its order, score (``score_batch``) -> estimate -> update (``policy_update``).
-    tests/test_inputs_preflight.py checks that on the step's own batch it updates the weights as the step
-    does. ``train``: train.py's module; the update's minibatch order (if any) from a fixed seed."""
+    the step's calls in its order, score (``score_rows``, its graph kept as ``keep_scoring_graph`` says) ->
+    estimate -> update (``policy_update``). tests/test_inputs_preflight.py checks that on the step's own
+    batch it updates the weights as the step does. ``train``: train.py's module; the update's minibatch order
+    (if any) from a fixed seed."""
     model.train()
-    one_pass = train.one_update_per_batch(cfg, len(ro.response_mask))
-    logp, sum_pi_sq, _ = train.score_batch(model, cfg, ro, keep_graph=one_pass)  # (B, T) each
-    old_logp = logp.detach()
+    B = len(ro.response_mask)
+    with torch.set_grad_enabled(train.keep_scoring_graph(cfg, B)):
+        logp, sum_pi_sq, _ = train.score_rows(model, cfg, ro, torch.arange(B, device=ro.response.device))
     adv, _ = estimator(token_rewards=token_rewards, response_mask=ro.response_mask, group_index=ro.group_index,
-                       log_probs=old_logp, sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
-    train.policy_update(model, opt, cfg, ro, old_logp, adv, torch.Generator().manual_seed(0),
-                        logp=logp if one_pass else None)
+                       log_probs=logp.detach(), sum_pi_sq=sum_pi_sq)  # A_t, (B, T)
+    train.policy_update(model, opt, cfg, ro, logp, adv, torch.Generator().manual_seed(0))
 
 
 def timed_step(train, cfg, model, sampler, opt, task, tok, estimator, step, rollout_done=lambda: None):
-    """train.py's train_step with its phases timed from outside it: (its StepResult, seconds), seconds =
-    dict(rollout, score, update). The rollout ends where the step calls score_batch, scoring and the
-    advantages where it calls policy_update (``calls_first``); ``rollout_done()`` runs as the rollout
-    ends (the caller reads a phase's peak memory there). ``train``: train.py's module."""
-    ends = {}
+    """train.py's train_step, its phases timed from the records it writes on ``train.step_log`` as each
+    begins: (its StepResult, seconds), seconds = dict(rollout, score, estimate, update), in the step's
+    order; they add up to the step. On CUDA the device is synchronized at each record, so that a phase's
+    seconds are its own kernels'. ``rollout_done()`` runs as the rollout ends (the caller reads a phase's
+    peak memory there). ``train``: train.py's module."""
+    device = next(model.parameters()).device
+    begun = {}  # phase -> the time it began
 
-    def mark(phase, then=lambda: None):
-        def hook():
-            ends[phase] = time.perf_counter()
-            then()
-        return hook
-    t0 = time.perf_counter()
-    with calls_first(train.train_step, train.score_batch, mark("rollout", rollout_done)), \
-            calls_first(train.train_step, train.policy_update, mark("score")):
+    def hear(record):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the phase before has finished on the device
+        begun[record.getMessage()] = time.perf_counter()
+        if record.getMessage() == "score":
+            rollout_done()
+    with Listening(train.step_log, hear):
         s = train.train_step(cfg, model, sampler, opt, task, tok, estimator, step)
-    end = time.perf_counter()
-    return s, dict(rollout=ends["rollout"] - t0, score=ends["score"] - ends["rollout"], update=end - ends["score"])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    ends = list(begun.values())[1:] + [time.perf_counter()]  # a phase ends where the next begins
+    return s, {phase: end - t for (phase, t), end in zip(begun.items(), ends)}
 
 
-class calls_first:
-    """Within the block, train_step's call of ``fn`` (one of its module's functions) first calls
-    ``hook()``: the preflight learns where a phase of the step ends (its rollout: the call of
-    score_batch) without a second copy of train_step. (train_step finds fn among its module's globals;
-    the block puts a wrapper there and puts fn back on leaving.)"""
+class Listening(logging.Handler):
+    """Within the block, ``hear(record)`` gets each record written on ``log``, its DEBUG records
+    included; they do not reach the handlers above it. The log's level and propagation are put back on
+    leaving."""
 
-    def __init__(self, train_step, fn, hook):
-        self.names, self.name, self.fn = train_step.__globals__, fn.__name__, fn
+    def __init__(self, log, hear):
+        super().__init__(logging.DEBUG)
+        self.log, self.hear = log, hear
 
-        def wrapped(*args, **kwargs):
-            hook()
-            return fn(*args, **kwargs)
-        self.wrapped = wrapped
+    def emit(self, record):
+        self.hear(record)
 
     def __enter__(self):
-        self.names[self.name] = self.wrapped
+        self.before = self.log.level, self.log.propagate
+        self.log.setLevel(logging.DEBUG)
+        self.log.propagate = False
+        self.log.addHandler(self)
 
     def __exit__(self, *exc):
-        self.names[self.name] = self.fn
+        self.log.removeHandler(self)
+        self.log.setLevel(self.before[0])  # (and clears the log's cache of what is enabled)
+        self.log.propagate = self.before[1]
 
 
 def time_save(path, model, opt):

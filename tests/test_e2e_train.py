@@ -314,16 +314,23 @@ def test_a_warm_up_that_misses_its_target_says_so_even_from_the_cache(tmp_path, 
 
 def test_one_forward_pass_gives_the_metrics_and_weights_of_two(out, monkeypatch):
     """With one update per batch the scoring pass's graph is the update's forward pass. Forcing the
-    old two-pass path (a no-grad scoring pass, then the update's own forward) changes nothing."""
-    calls = []
+    two-pass path (keep_scoring_graph, the one place that chooses: a no-grad scoring pass, then the
+    update's own forward) changes nothing. rollout.score is one call below train_step (score_rows)."""
+    calls, callers = [], set()
     real_score = rollout.score
-    monkeypatch.setattr(rollout, "score", lambda *a, **k: calls.append(torch.is_grad_enabled()) or real_score(*a, **k))
+
+    def score(*a, **k):
+        calls.append(torch.is_grad_enabled())
+        callers.add((sys._getframe(1).f_code.co_name, sys._getframe(2).f_code.co_name))
+        return real_score(*a, **k)
+    monkeypatch.setattr(rollout, "score", score)
     run(out, "one-pass", "--estimator", "otb", "--steps", "3")
-    assert calls == [True] * 3  # one forward per step, with its graph
+    assert calls == [True] * 3 and callers == {("score_rows", "train_step")}  # one forward a step, its graph kept
     calls.clear()
-    monkeypatch.setattr(train, "one_update_per_batch", lambda cfg, batch: False)
+    monkeypatch.setattr(train, "keep_scoring_graph", lambda cfg, batch: False)
     run(out, "two-pass", "--estimator", "otb", "--steps", "3")
     assert calls == [False, True] * 3  # scoring pass without a graph, then the update's forward
+    assert callers == {("score_rows", "train_step"), ("score_rows", "policy_update")}
     one, two = without_times(metrics(out / "one-pass")), without_times(metrics(out / "two-pass"))
     for a, b in zip(one, two, strict=True):
         assert a.keys() == b.keys()

@@ -62,10 +62,9 @@ def gradient(model, cfg, ro, adv):
     for p in model.parameters():
         p.grad = None
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    one_pass = train.one_update_per_batch(cfg, len(adv))
-    logp, spp, ent = train.score_batch(model, cfg, ro, keep_graph=one_pass)  # micro-batch by micro-batch
-    _, _, loss = train.policy_update(model, opt, cfg, ro, logp.detach(), adv, torch.Generator(),
-                                     logp=logp if one_pass else None)
+    with torch.set_grad_enabled(train.keep_scoring_graph(cfg, len(adv))):  # micro-batch by micro-batch
+        logp, spp, ent = train.score_rows(model, cfg, ro, torch.arange(len(adv)))
+    _, _, loss = train.policy_update(model, opt, cfg, ro, logp, adv, torch.Generator())
     assert model.is_activation_checkpointing == cfg.activation_checkpointing
     return {n: p.grad.clone() for n, p in model.named_parameters()}, (logp.detach(), spp, ent), loss
 

@@ -8,7 +8,9 @@ An out-of-memory error is simulated on the CPU: rollout.sample (the rollout) or 
 score and update) raises torch.OutOfMemoryError, as CUDA's allocator does.
 """
 import json
+import logging
 import os
+import time
 
 import pytest
 import torch
@@ -99,7 +101,7 @@ def test_no_option_is_proposed_at_a_value_that_changes_nothing():
 def test_peaks_are_split_where_train_steps_rollout_ends(out, monkeypatch):
     """A fake allocator peak: 111 during the rollout, 222 during learn (reset_peak does nothing), so each
     phase's peak is the value at its end only if the split falls between rollout.sample and the scoring
-    pass (train_step's call of score_batch)."""
+    pass (where train_step writes its "score" record)."""
     level = [50]
     monkeypatch.setattr(preflight, "reset_peak", lambda device: None)
     monkeypatch.setattr(preflight, "peak", lambda device: level[0])
@@ -116,7 +118,38 @@ def test_peaks_are_split_where_train_steps_rollout_ends(out, monkeypatch):
     monkeypatch.setattr(rollout, "score", scoring)
     r = preflight_run(out, "peaks", "--memory-limit", "1000")
     assert r["peaks"] == {"learn_full_length": 50, "rollout": 111, "learn": 222} and r["peak_memory"] == 222
-    assert not [f for f in vars(train).values() if "calls_first" in getattr(f, "__qualname__", "")]  # put back
+
+
+def test_the_phases_are_timed_from_the_steps_own_records_and_add_up_to_it(out, monkeypatch):
+    """timed_step reads the records train_step writes on its step log as each phase begins: the four
+    phases in the step's order, each from its record to the next (the rollout to the scoring pass's start,
+    as rollout.score sees it), adding up to the step's seconds measured outside it. train.py's names are
+    untouched (nothing of it is replaced while the step runs), and the log is left as it was: unheard,
+    its records reaching no handler above it while heard."""
+    cfg = parse_options.parse(TINY + ["--out", str(out), "--estimator", "otb"], train.Config, options.PRESETS)
+    model, tok, _ = options.load(cfg, torch.device("cpu"))
+    task, estimator = options.make_task(cfg), train.make_estimator("otb", False)
+    names, heard_above = dict(vars(train)), []
+    scoring_began, score = [], rollout.score
+
+    def scoring(*a, **k):
+        scoring_began.append(time.perf_counter())
+        return score(*a, **k)
+    monkeypatch.setattr(rollout, "score", scoring)
+    rollout_ended = []
+    above = preflight.Listening(logging.getLogger("train"), heard_above.append)
+    with above:
+        t0 = time.perf_counter()
+        s, t = preflight.timed_step(train, cfg, model, model, torch.optim.AdamW(model.parameters()), task, tok,
+                                    estimator, 0, lambda: rollout_ended.append(time.perf_counter()))
+        step = time.perf_counter() - t0
+    assert list(t) == ["rollout", "score", "estimate", "update"] and all(v > 0 for v in t.values())
+    assert sum(t.values()) == pytest.approx(step, rel=0.05) and sum(t.values()) <= step
+    assert t0 < rollout_ended[0] <= scoring_began[0] and t0 + t["rollout"] <= scoring_began[0]
+    assert len(s.ro.response) == 16 and heard_above == []
+    assert all(vars(train)[k] is v for k, v in names.items())
+    assert train.step_log.handlers == [] and not train.step_log.isEnabledFor(logging.DEBUG)
+    assert train.step_log.propagate
 
 
 @pytest.mark.parametrize("extra", [[], ["--micro-batch-rows", "4"]])
