@@ -280,6 +280,7 @@ def graded_stop_rule(task, tokenizer, answers, group_size):
     return stop
 
 
-def response_limit(cfg, task):
-    """Most tokens a response may have: --max-new-tokens, or the task's own limit."""
-    return cfg.max_new_tokens or task.max_new_tokens()
+def response_limit(task, max_new_tokens=None):
+    """Most tokens a response may have: ``max_new_tokens`` where one is given (train.py's
+    --max-new-tokens), else the task's own limit."""
+    return max_new_tokens or task.max_new_tokens()

@@ -113,7 +113,7 @@ def train_step(cfg, model, sampler, opt, task, tok, estimator, step):
     sample = fast_decode.sample if cfg.compile_decode else rollout.sample  # same tokens, compiled
     with autocast(device):
         ro = sample(sampler, prompts, group_size=cfg.group_size, temperature=cfg.temperature,
-                    max_new_tokens=cfg.max_new_tokens or task.max_new_tokens(), generator=gen,
+                    max_new_tokens=tasks.response_limit(task, cfg.max_new_tokens), generator=gen,
                     eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                     tool=task.tool(tok),  # None: a single-turn task
                     stop=task.stop_rule(tok, answers, cfg.group_size))  # None: a row ends at EOS

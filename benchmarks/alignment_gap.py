@@ -45,7 +45,7 @@ def alone(m, gid):
 def measure(model, tok, task, cfg, prompts, answers, pool, N, seed):
     """Per prompt: (alone_position, alone_action, gap) as three lists."""
     ro, (R, token_rewards, _) = draw_pool(model, tok, task, prompts, answers, pool, seed,
-                                          tasks.response_limit(cfg, task), cfg.temperature)
+                                          tasks.response_limit(task, cfg.max_new_tokens), cfg.temperature)
     out = {"alone_position": [], "alone_action": [], "gap": []}
     for p in range(len(prompts)):
         rows = torch.arange(p * pool, (p + 1) * pool)

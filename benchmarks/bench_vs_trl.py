@@ -69,7 +69,7 @@ def setup(args):
     cfg = train.Config(estimator=args.estimator, seed=args.seed, prompts_per_step=args.prompts_per_step,
                        group_size=args.group_size, task=args.task, horizon=args.horizon,
                        max_new_tokens=args.max_new_tokens, out=str(ROOT / "runs"))
-    cfg.max_new_tokens = tasks.response_limit(cfg, options.make_task(cfg))  # explicit for TRL's config
+    cfg.max_new_tokens = tasks.response_limit(options.make_task(cfg), cfg.max_new_tokens)  # explicit for TRL's config
     _, tok, source = options.load(cfg, torch.device("cpu"))  # builds and caches the warm-up if needed
     return source["path"], tok, options.make_task(cfg), cfg
 

@@ -339,7 +339,7 @@ def probe(args, argv, device, t_start, fresh):
     flags += ["--max-new-tokens", str(args.max_new_tokens)] if args.max_new_tokens else []
     cfg = parse_options.parse(flags, train.Config, options.PRESETS)
     task = options.make_task(cfg)
-    cfg = replace(cfg, max_new_tokens=tasks.response_limit(cfg, task))
+    cfg = replace(cfg, max_new_tokens=tasks.response_limit(task, cfg.max_new_tokens))
     sizes = list(dict.fromkeys(args.group_sizes))
     name = f"gpu_probe-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
     info = machine.info()

@@ -225,7 +225,7 @@ def measure_checkpoint(model, tok, task, cfg, args, seed, records, saved=lambda:
     Per prompt the record also keeps every pool response's length, proxy energy W_T and ||S_i||^2 (exact, and
     projected) and the group permutation; ``lesson``: a file for one N = 4 group with exactly one success
     (its tokens and their advantages, ``save_lesson``), written at the first prompt that has one."""
-    limit = tasks.response_limit(cfg, task)
+    limit = tasks.response_limit(task, cfg.max_new_tokens)
     prompts, answers = tasks.prompt_batch(task, tok, 10_000 + seed, 0, args.prompts)  # unseen by RL
     block = args.sample_prompts or args.prompts  # prompts per sampling call
     records.mkdir(parents=True, exist_ok=True)

@@ -290,7 +290,7 @@ def load(cfg, device):
               "seconds (docs/training.md gives a smoke check that runs in minutes)",
               file=sys.stderr, flush=True)
     try:
-        return models.load_model(cfg.model, task, device, max_new=tasks.response_limit(cfg, task),
+        return models.load_model(cfg.model, task, device, max_new=tasks.response_limit(task, cfg.max_new_tokens),
                                  cache_dir=Path(cfg.out) / "_cache", tiny=tiny,
                                  activation_checkpointing=cfg.activation_checkpointing)
     except models.ModelError as e:

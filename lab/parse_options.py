@@ -109,7 +109,7 @@ def header(cfg, folder, command, device):
     threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
     folder_of_cache = tiny_cache_folder(cfg)
     warm_up_runs = folder_of_cache is not None and not (folder_of_cache / "warmup.json").exists()
-    took = progress.estimate(cfg, runs_of(cfg), tasks.response_limit(cfg, task), warm_up_runs) \
+    took = progress.estimate(cfg, runs_of(cfg), tasks.response_limit(task, cfg.max_new_tokens), warm_up_runs) \
         if device.type == "cpu" else None
     return "\n".join([
         command,
@@ -142,7 +142,7 @@ def tiny_cache_folder(cfg):
     if cfg.model != "tiny":
         return None
     task = make_task(cfg)
-    return models.tiny_cache(Path(cfg.out) / "_cache", task, max_new=tasks.response_limit(cfg, task),
+    return models.tiny_cache(Path(cfg.out) / "_cache", task, max_new=tasks.response_limit(task, cfg.max_new_tokens),
                              **tiny_settings(cfg))[0]
 
 
@@ -318,7 +318,7 @@ def check(cfg):
     except ValueError as e:  # e.g. "floor=2.0 is invalid: ..." -> --lr-floor
         raise UsageError(f"{flag('lr_' + str(e).split('=')[0])}: {e}") from None
     try:
-        limit = tasks.response_limit(cfg, make_task(cfg))
+        limit = tasks.response_limit(make_task(cfg), cfg.max_new_tokens)
     except ValueError as e:  # a horizon the task cannot draw
         raise UsageError(f"--horizon {cfg.horizon}: {e}") from None
     if cfg.model == "tiny" and limit > 480:

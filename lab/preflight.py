@@ -149,7 +149,7 @@ def run(cfg, model, tok, folder, train):
     sub = replace(cfg, estimator=est, group_size=n, compare=None, seeds=None)
     task = options.make_task(cfg)
     init = compare.weights(model)  # restored at the end
-    limit = tasks.response_limit(cfg, task)
+    limit = tasks.response_limit(task, cfg.max_new_tokens)
     rows = cfg.prompts_per_step * n
     folder.mkdir(parents=True, exist_ok=True)
     peaks, phase, measured, t_full, save = {}, ["learn"], {}, None, None  # phase: where an out-of-memory error lands

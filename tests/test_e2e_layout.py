@@ -123,6 +123,21 @@ def test_the_sampler_shows_what_changes_state_and_the_tasks_hold_no_warm_up():
     assert not [name for task in (tasks.Task, tool_use.CalculatorTask) for name in vars(task) if "warmup" in name]
 
 
+def test_the_response_limit_is_read_one_way_and_the_concept_files_take_no_config():
+    """--max-new-tokens or the task's own limit: one function of the task and a number
+    (tasks.response_limit), which train_step calls like every other caller; no function of the
+    concept files takes train.py's Config."""
+    import inspect
+    import tasks
+    import train
+    step = inspect.getsource(train.train_step)
+    assert "tasks.response_limit(task, cfg.max_new_tokens)" in step and "cfg.max_new_tokens or" not in step
+    assert tasks.response_limit(tasks.ReverseTask(), 5) == 5
+    assert tasks.response_limit(tasks.ReverseTask()) == tasks.ReverseTask().max_new_tokens() != 5
+    callers = [name for name, f in vars(tasks).items() if inspect.isfunction(f) and "cfg" in inspect.signature(f).parameters]
+    assert not callers, callers
+
+
 def test_importing_train_leaves_the_toy_out():
     """train.py's step, options and apparatus do not need the toy bandit: ``import train`` (in a fresh
     process) does not import toy_env.py."""
