@@ -131,13 +131,8 @@ def optimal_token_baseline(token_rewards, response_mask, group_index, log_probs,
       share B at the policy's own k-th token, eq. (8), instead of at position t:
       ``action_aligned_otb`` (``otb_tir``).
 
-    Input checks (every estimator, on every call): a ValueError naming the argument for tensors
-    that are not 2-D, not of token_rewards' shape or empty; a mask other than 0/1; NaN or inf at a
-    valid position; log-probs above 0; sum pi^2 outside [0, 1] (a rounding error of 1e-4 is
-    accepted in both); importance weights above 1e18 in size; an eps that is not a finite number
-    >= 0; a string, a ragged sequence or a float tensor as group_index, or one whose length is not
-    the batch's. Padded positions may hold anything (they are set to 0 first). Plain (nested)
-    lists are accepted wherever a tensor is.
+    Bad input raises a ValueError naming the argument (what is checked: docs/otb.md); padded
+    positions may hold anything, and plain (nested) lists are accepted wherever a tensor is.
     """
     x = _checked_inputs(token_rewards, response_mask, group_index, log_probs=log_probs, sum_pi_sq=sum_pi_sq,
                         is_weights=is_weights, eps=eps)  # read by name: x.log_probs, ..., (B, T) each
