@@ -16,19 +16,23 @@ seconds, so only a loop that never ends gets there) is interrupted, reported, an
 The grader decides, not the notebook. It knows each notebook's check cells from check.py
 (``check.NOTEBOOKS``, the cells as they are handed out) and recognises the notebook by them and by the
 functions it defines, whatever its file is called. Each check cell found unchanged (compared as code:
-spacing and comments do not matter) is run in its place by the grader's own code: a fresh copy of
-check.py, the verdict passed back under a random token, so a printed verdict, a rebound name and a
-patched ``check`` module do not count. A check cell that is missing (deleted, or replaced by a line
-printing CORRECT), edited, or placed above the cell that defines the function it checks is NOT YET with
-one line saying so.
+spacing and comments do not matter) is run in its place by the grader's own code, and decided here, in
+this process, on inputs no notebook can know in advance: one seed a run, drawn from os.urandom (or
+``--seed``, to grade again on the same inputs), printed at the end and kept in the gradebook. In the
+kernel a fresh copy of check.py hands the inputs drawn from it to the student's functions and saves
+only what they return (``check.record``); here the same check draws the same inputs, computes its
+references and reads the saved results as plain data in place of calling the student's code
+(``check.replay``). So a printed verdict, a rebound name, a patched ``check`` module or torch, and a
+table of the notebook's fixed examples do not count. A check cell that is missing (deleted, or replaced
+by a line printing CORRECT), edited, or placed above the cell that defines the function it checks is NOT
+YET with one line saying so.
 
-The checks still run in the student's kernel, next to the student's code, which could change what they
-see (patch torch or print, read the grader's frames, switch off the watch on calls into otb.py). So
-before running anything the grader scans the notebook's own cells (``scan.flags``: the constructs only
-tampering needs, the project's functions the exercises do not hand out, copies of otb.py's functions by
-syntax tree); a notebook it flags is not run, every check reads FLAGGED with the line and the reason,
-never CORRECT, and the exit status is 1: a lecturer reads it. What no scan sees is in scan.py's
-docstring.
+The student's functions still run in the kernel, where they could reach for the reference (call otb.py,
+switch off the watch on such calls, read the check's frames). So before running anything the grader
+scans the notebook's own cells (``scan.flags``: the constructs only tampering needs, the project's
+functions the exercises do not hand out, copies of otb.py's functions by syntax tree); a notebook it
+flags is not run, every check reads FLAGGED with the line and the reason, never CORRECT, and the exit
+status is 1: a lecturer reads it. What no scan sees is in scan.py's docstring.
 
 For every check of the notebook it prints one line, CORRECT or NOT YET, titled by its exercise, with
 the check's problem and hint under a NOT YET, and an error of the notebook's own cells (a syntax error
@@ -56,7 +60,7 @@ the scan flags gets one FLAGGED line per finding and FLAGGED for each check:
 With ``--class DIR`` (one folder per student, named by the student, holding the student's notebooks
 under any names) every block is titled ``student/notebook``, each student's full texts go to a folder
 of their own (LOGS/student/), and a gradebook CSV is written (``--gradebook``, by default
-DIR/gradebook.csv): one row per check, ``student, notebook, exercise, verdict, flag, hint``, the flag
+DIR/gradebook.csv): one row per check, ``student, notebook, exercise, verdict, flag, hint, seed``, the flag
 saying why a verdict was not decided by the check as handed out (a check cell missing, edited or moved,
 a time budget spent, a file that cannot be read, tampering or a copy of otb.py flagged by the scan:
 verdict FLAGGED), and one row per problem of the other cells (verdict PROBLEM).
