@@ -726,7 +726,8 @@ def test_a_table_of_the_fixed_examples_passes_the_notebook_but_not_the_grader(tm
     same again), while the honest 1b of the same notebook stays CORRECT. The scan does not flag it: only
     the inputs drawn at grading time catch it. Patches of torch that would make the kernel's comparison
     pass change nothing either (run without the scan, which would flag them): the grader replays the
-    check in its own process."""
+    check in its own process, on the results it read as soon as the check cell ran (a later cell finds no
+    file to rewrite)."""
     with contextlib.redirect_stdout(io.StringIO()):
         assert check.ex1a_sum_pi_squared(_table_forge())
     nb = _built(NAMES[0])[0]
@@ -743,13 +744,14 @@ def test_a_table_of_the_fixed_examples_passes_the_notebook_but_not_the_grader(tm
     patched = _built(NAMES[0])[0]
     patched.cells[_cells(patched, "def sum_pi_squared")].source = TABLE_FORGE
     at = _cells(patched, "check.ex1a_")
-    patched.cells.insert(at + 1, nbformat.v4.new_code_cell("print('the kernel says', ok_1a)"))
+    patched.cells.insert(at + 1, nbformat.v4.new_code_cell(  # and its saved results are gone: read at once
+        "import glob, tempfile\nprint('the kernel says', ok_1a, glob.glob(tempfile.gettempdir() + '/otb_tapes_*/*'))"))
     patched.cells.insert(at, nbformat.v4.new_code_cell(
         "torch.Tensor.any = lambda self, *a, **k: torch.tensor(False)  # no value of yours differs\n"
         "torch.allclose = lambda *a, **k: False  # and none is a slip"))
     (tmp_path / "patched.ipynb").write_text(build._dumps(patched))
     nb = grade.run_copy(tmp_path / "patched.ipynb")
-    assert grade._stdout(nb.cells[at + 2]) == "the kernel says True\n"  # its own check, bent, on the drawn inputs
+    assert grade._stdout(nb.cells[at + 2]) == "the kernel says True []\n"  # its own check, bent, on the drawn inputs
     found = grade.results(nb)
     assert [ok for _, ok, _ in found] == [False, True], found
 
@@ -1123,8 +1125,8 @@ class _Bent(torch.Tensor):
 
 def test_the_grader_decides_on_inputs_no_one_knew_and_on_its_own_comparison():
     """The checks' inputs are fixed in a notebook and drawn afresh when grading (the same for the same
-    seed); the table forge fails on them; a result that is not a plain tensor (a subclass, whose methods the
-    kernel could bend) is not read; and a comparison forged in the kernel (here: check._compare made to
+    seed); the table forge fails on them; a result that is not plain data (a tensor subclass, whose methods
+    the kernel could bend) is not read, numpy numbers are; and a comparison forged in the kernel (here: check._compare made to
     pass everything) does not reach the grader's verdict."""
     def inputs(seed):
         seen = []
@@ -1138,6 +1140,11 @@ def test_the_grader_decides_on_inputs_no_one_knew_and_on_its_own_comparison():
         return torch.exp(torch.logsumexp(2 * z.float(), -1) - 2 * torch.logsumexp(z.float(), -1))
     kernel, ok, out = _graded(check.ex1a_sum_pi_squared, 5, lambda z: right(z).as_subclass(_Bent))
     assert not ok and "not a plain tensor" in out, out
+
+    import numpy as np  # plain data all the same: numpy numbers, as an answer written with numpy returns
+    kernel, ok, out = _graded(check.ex4b_bias_and_variance, 5,
+                              lambda g_hat, grad_J: tuple(np.float64(x) for x in _my_bias_and_variance(g_hat, grad_J)))
+    assert ok and kernel, out
 
     class Local(torch.Tensor):  # a class pickle cannot even save
         pass

@@ -319,8 +319,9 @@ _TAPE = None  # while grade.py grades: the student's results, being recorded (ke
 
 def _seed(seed):
     """The seed a check draws its inputs from: ``seed`` itself in a notebook's check cell (the documented
-    examples); mixed with grade.py's seed while it grades (inputs that no one knew before)."""
-    return seed if _DRAW is None else (_DRAW * 6364136223846793005 + seed) % 2 ** 63
+    examples); mixed with grade.py's seed (0 .. 2**62 - 1) while it grades, by Knuth's 64-bit multiplier
+    (odd), so that neighbouring seeds give unrelated inputs and no drawn seed gives the examples' own."""
+    return seed if _DRAW is None else ((_DRAW + 1) * 6364136223846793005 + seed) % 2 ** 63
 
 
 def _rng(seed):
@@ -381,10 +382,11 @@ def _plain(data, case):
     """A result torch.save wrote in the kernel, read back as plain data (torch.load with weights_only: tensors,
     numbers, numpy arrays, tuples; never code or a class of the notebook's); NotYet if it is anything else."""
     import numpy as np
+    core = getattr(np, "_core", None) or np.core  # numpy 2 renamed np.core
     dtypes = [type(np.dtype(t)) for t in ("float64", "float32", "float16", "int64", "int32", "bool")]
     try:
-        with torch.serialization.safe_globals([np.dtype, np.ndarray, np._core.multiarray.scalar,
-                                               np._core.multiarray._reconstruct, *dtypes]):
+        with torch.serialization.safe_globals([np.dtype, np.ndarray, core.multiarray.scalar,
+                                               core.multiarray._reconstruct, *dtypes]):
             return torch.load(io.BytesIO(data), weights_only=True)
     except Exception:
         raise NotYet(f"on the case '{case}' your function returned an object that is not a plain tensor or number "

@@ -199,10 +199,12 @@ def _grader_cell(source, token, check_path, seed, tape):
 
 class _Budgeted(NotebookClient):
     """nbclient's runner with one time budget for the whole notebook: each cell may run for what is left
-    of it; once a cell has been interrupted at the budget's end, the code cells after it are not run."""
+    of it; once a cell has been interrupted at the budget's end, the code cells after it are not run.
+    ``tapes``: {id(check cell): the file its results are saved to}, read (and removed) as soon as that
+    cell has run, so that no later cell can change them."""
 
-    def __init__(self, nb, budget, **kwargs):
-        self.deadline, self.spent = time.monotonic() + budget, False
+    def __init__(self, nb, budget, tapes, **kwargs):
+        self.deadline, self.spent, self.tapes = time.monotonic() + budget, False, tapes
         super().__init__(nb, timeout_func=lambda cell: max(1, math.ceil(self.deadline - time.monotonic())),
                          interrupt_on_timeout=True, on_cell_executed=self._mark,
                          error_on_timeout={"ename": _TIMED_OUT, "evalue": f"{budget} s", "traceback": []}, **kwargs)
@@ -210,6 +212,10 @@ class _Budgeted(NotebookClient):
     def _mark(self, cell, execute_reply, **_):  # nbclient's hook, after each code cell
         if (execute_reply or {}).get("content", {}).get("ename") == _TIMED_OUT:
             cell.metadata["timed_out"], self.spent = True, True
+        tape = self.tapes.get(id(cell))
+        if tape is not None and tape.is_file():
+            cell.metadata["otb_tape"] = tape.read_bytes()
+            tape.unlink()
 
     async def async_execute_cell(self, cell, cell_index, *args, **kwargs):
         if cell.cell_type == "code" and self.spent:
@@ -219,8 +225,8 @@ class _Budgeted(NotebookClient):
 
 
 def draw_seed():
-    """A seed for the checks' inputs that no notebook can know in advance (63 bits from os.urandom)."""
-    return secrets.randbits(63)
+    """A seed for the checks' inputs that no notebook can know in advance (62 bits from os.urandom)."""
+    return secrets.randbits(62)
 
 
 def run_copy(path, budget=BUDGET, seed=None):
@@ -228,24 +234,23 @@ def run_copy(path, budget=BUDGET, seed=None):
 
     Each check cell of check.NOTEBOOKS found unchanged is run as the grader's own cell (``_grader_cell``)
     on inputs drawn from ``seed`` (``draw_seed()`` if None) and marked ``metadata.otb_check``; the
-    student's results it saved are kept in ``metadata.otb_tape`` (bytes, for ``results`` to replay). The
-    copy's ``metadata.otb_grading`` holds which notebook it is, the token of the grader's lines, the seed,
-    the budget and the kernel's stderr. The cell running when the ``budget`` seconds run out gets
-    ``metadata.timed_out``, the code cells after it ``metadata.not_run`` (in the copy only); if the run
-    stops early (the kernel died), the copy's ``metadata.run_stopped`` says why. Unreadable if the file is
-    not a notebook."""
+    student's results it saved are read as soon as it has run and kept in ``metadata.otb_tape`` (bytes,
+    for ``results`` to replay). The copy's ``metadata.otb_grading`` holds which notebook it is, the token
+    of the grader's lines, the seed, the budget and the kernel's stderr. The cell running when the
+    ``budget`` seconds run out gets ``metadata.timed_out``, the code cells after it ``metadata.not_run``
+    (in the copy only); if the run stops early (the kernel died), the copy's ``metadata.run_stopped`` says
+    why. Unreadable if the file is not a notebook."""
     nb = read(path)
     kind, token, seed = kind_of(nb), secrets.token_hex(8), draw_seed() if seed is None else seed
     nb.metadata["otb_grading"] = {"kind": kind, "token": token, "seed": seed, "budget": budget}
-    tapes = Path(tempfile.mkdtemp(prefix="otb_tapes_"))  # the kernel's saved results, read back below
-    checks = []
+    folder = Path(tempfile.mkdtemp(prefix="otb_tapes_"))  # the kernel's saved results, one file a check cell
+    tapes = {}
     for cell in nb.cells:
         expected = _EXPECTED.get(_code(cell.source)) if cell.cell_type == "code" else None
         if kind is not None and expected is not None and expected[0] == kind:
-            tape = tapes / f"{token}_{len(checks)}.pt"
+            tapes[id(cell)] = folder / f"{token}_{len(tapes)}.pt"
             cell.metadata["otb_check"] = expected[1]
-            cell.source = _grader_cell(expected[1], token, HERE / "check.py", seed, tape)
-            checks.append((cell, tape))
+            cell.source = _grader_cell(expected[1], token, HERE / "check.py", seed, tapes[id(cell)])
 
     saved = {k: os.environ.get(k) for k in ("OTB_ROOT", "OTB_GRADING")}
     os.environ["OTB_ROOT"] = saved["OTB_ROOT"] or str(ROOT)  # the kernel inherits it: notebooks anywhere work
@@ -256,18 +261,15 @@ def run_copy(path, budget=BUDGET, seed=None):
     try:
         with tempfile.TemporaryFile("w+") as stderr:  # the kernel's stderr (an interrupt's traceback)
             try:
-                _Budgeted(nb, budget, kernel_name="python3", allow_errors=True, log=quiet,
+                _Budgeted(nb, budget, tapes, kernel_name="python3", allow_errors=True, log=quiet,
                           extra_arguments=["--IPKernelApp.log_level=ERROR"],  # no kernel chatter on the screen
                           resources={"metadata": {"path": str(Path(path).resolve().parent)}}).execute(stderr=stderr)
             except Exception as e:  # the kernel died (os._exit, out of memory): grade what ran
                 nb.metadata["run_stopped"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip(": ")
             stderr.seek(0)
             nb.metadata["otb_grading"]["stderr"] = stderr.read()
-        for cell, tape in checks:
-            if tape.is_file():
-                cell.metadata["otb_tape"] = tape.read_bytes()
     finally:
-        shutil.rmtree(tapes, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -542,6 +544,8 @@ def main(argv=None):
     seed = draw_seed() if args.seed is None else args.seed
     if args.budget < 1:
         parser.error(f"--budget must be at least 1 second, got {args.budget}")
+    if not 0 <= seed < 2 ** 62:
+        parser.error(f"--seed must be in 0 .. 2**62 - 1, got {seed}")
     if args.klass is not None:
         if args.notebooks:
             parser.error("give either notebooks or --class DIR, not both")
