@@ -14,11 +14,14 @@ Four kinds of test:
    every run (each usual slip and the hint that names it: tests/test_notebooks_teaching_slips.py, over
    the catalogue in solutions/slips.py).
 """
+import contextlib
 import functools
+import io
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -626,23 +629,22 @@ def _stream(text, name="stdout"):
     return nbformat.v4.new_output("stream", name=name, text=text)
 
 
-@pytest.mark.parametrize("ok, out, want", [
-    (True, "Exercise 1a (sum_k pi_k^2 from logits): CORRECT.\n", (True, [])),
-    (False, "Exercise 1a (sum_k pi_k^2 from logits): NOT YET CORRECT.\n  problem: off by 2\n  hint:    clamp\n",
-     (False, ["problem: off by 2", "hint:    clamp"]))])
-def test_a_verdict_split_anywhere_across_two_messages_is_read(ok, out, want):
+@pytest.mark.parametrize("error", [None, "NameError: name 'sum_pi_squared' is not defined"])
+def test_the_graders_line_split_anywhere_across_two_messages_is_read(error):
     """The kernel may deliver the grader's one printed line as two stream messages split at any character
     (the line is ASCII: json.dumps escapes the rest), with stderr between them: every split reads the
-    same verdict, and a line cut short (the kernel died while printing it) reads as no verdict, never a
-    JSON error."""
+    same line (and an error in it is the check's line), and a line cut short (the kernel died while
+    printing it) reads as no verdict, never a JSON error."""
     import json
     token = "0123456789abcdef"
-    printed = "a line the notebook printed\n" + token + " " + json.dumps({"ok": ok, "out": out, "error": None}) + "\n"
+    printed = "a line the notebook printed\n" + token + " " + json.dumps({"error": error}) + "\n"
     assert printed.isascii()
     for k in range(len(printed) + 1):
         for between in ([], [_stream("a warning\n", "stderr")]):
             cell = nbformat.v4.new_code_cell(outputs=[_stream(printed[:k])] + between + [_stream(printed[k:])])
-            assert grade._verdict_of(cell, None, token) == want, k
+            assert grade._line_of(cell, token) == {"error": error}, k
+            if error:
+                assert grade._verdict_of(cell, None, token) == (False, [f"this check cell raised {error}"]), k
     for k in range(printed.index(token), len(printed) - 2):  # cut inside the grader's line
         cell = nbformat.v4.new_code_cell(outputs=[_stream(printed[:k])])
         assert grade._verdict_of(cell, None, token) == (False, ["this check cell printed no verdict"]), k
@@ -687,6 +689,87 @@ def test_the_grader_decides_not_the_notebook(tmp_path, capsys):
     assert "1 of 7 checks correct in 3 notebook(s)" in out, out
     for line in out.splitlines():
         assert len(line) <= 300, line
+
+
+# Exercise 1a answered by a table of its six fixed examples (rebuilt from check.py's seed, the answers from
+# otb.py at the top of the notebook, where the handed-out cells call it too): the forge of a student who
+# read check.py. It passes the notebook's own check cell; the grader draws other inputs.
+TABLE_FORGE = """g = torch.Generator().manual_seed(1)
+confident = 4.0 * torch.randn(64, 50, generator=g)
+confident[:, 0] += 30.0
+moderate = torch.cat([torch.tensor([[5.0, 1.0, 0.3, -1.0], [5.0, 2.0, 0.3, -1.0]]),
+                      1.5 * torch.randn(6, 4, generator=g) + torch.tensor([3.0, 0.0, 0.0, 0.0])])
+examples = [torch.randn(3, 5, generator=g), 1000.0 * torch.randn(4, 7, generator=g), moderate.bfloat16(),
+            confident.bfloat16(), torch.randn(5, 9, generator=g, dtype=torch.float64),
+            torch.randn(2, 3, 4, 6, generator=g)]
+table = [(z, otb.sum_pi_squared(z)) for z in examples]
+
+
+def sum_pi_squared(logits):
+    for z, answer in table:
+        if z.shape == logits.shape and z.dtype == logits.dtype and torch.equal(z, logits):
+            return answer.clone()
+    return torch.full(logits.shape[:-1], 0.5, dtype=torch.float64 if logits.dtype == torch.float64 else torch.float32)
+"""
+
+
+def _table_forge(name="sum_pi_squared"):
+    """The forge's ``name`` (its answer, or its ``examples``), defined here as the notebook defines it."""
+    space = {"torch": torch, "otb": otb}
+    exec(TABLE_FORGE, space)
+    return space[name]
+
+
+def test_a_table_of_the_fixed_examples_passes_the_notebook_but_not_the_grader(tmp_path, capsys):
+    """The table forge is CORRECT in the notebook's own check cell (its examples are fixed and documented)
+    and NOT YET when graded: the grader draws the inputs afresh (the seed it prints, and --seed draws the
+    same again), while the honest 1b of the same notebook stays CORRECT. The scan does not flag it: only
+    the inputs drawn at grading time catch it. Patches of torch that would make the kernel's comparison
+    pass change nothing either (run without the scan, which would flag them): the grader replays the
+    check in its own process, on the results it read as soon as the check cell ran (a later cell finds no
+    file to rewrite)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert check.ex1a_sum_pi_squared(_table_forge())
+    nb = _built(NAMES[0])[0]
+    nb.cells[_cells(nb, "def sum_pi_squared")].source = TABLE_FORGE
+    (tmp_path / "table.ipynb").write_text(build._dumps(nb))
+    assert grade.scan.flags(nb, grade.kind_of(nb)) == []
+    assert grade.main([str(tmp_path / "table.ipynb"), "--seed", "20260101"]) == 1
+    out = capsys.readouterr().out
+    assert f"NOT YET   {check.TITLES['ex1a_sum_pi_squared']}" in out, out
+    assert f"CORRECT   {check.TITLES['ex1b_token_energy']}" in out, out
+    assert "the checks' inputs were drawn with seed 20260101 (grade.py --seed 20260101 ... draws them again)" in out
+    assert grade.main([str(tmp_path / "table.ipynb"), "--seed", "20260101"]) == 1
+    assert capsys.readouterr().out == out  # the same inputs, the same verdicts
+    patched = _built(NAMES[0])[0]
+    patched.cells[_cells(patched, "def sum_pi_squared")].source = TABLE_FORGE
+    at = _cells(patched, "check.ex1a_")
+    patched.cells.insert(at + 1, nbformat.v4.new_code_cell(  # and its saved results are gone: read at once
+        "import glob, tempfile\nprint('the kernel says', ok_1a, glob.glob(tempfile.gettempdir() + '/otb_tapes_*/*'))"))
+    patched.cells.insert(at, nbformat.v4.new_code_cell(
+        "torch.Tensor.any = lambda self, *a, **k: torch.tensor(False)  # no value of yours differs\n"
+        "torch.allclose = lambda *a, **k: False  # and none is a slip"))
+    (tmp_path / "patched.ipynb").write_text(build._dumps(patched))
+    nb = grade.run_copy(tmp_path / "patched.ipynb")
+    assert grade._stdout(nb.cells[at + 2]) == "the kernel says True []\n"  # its own check, bent, on the drawn inputs
+    found = grade.results(nb)
+    assert [ok for _, ok, _ in found] == [False, True], found
+
+
+def _graded(check_fn, seed, *args, **kwargs):
+    """(the kernel's verdict, the grader's verdict, what the grader's run printed) of ``check_fn`` on the
+    answers ``args``: recorded at ``seed`` as grade.py's cell records it, then replayed as grade.py does,
+    with stand-ins that raise if called in place of the answers."""
+    import tempfile
+    name = getattr(check_fn, "func", check_fn).__name__
+    kwargs = {**getattr(check_fn, "keywords", {}), **kwargs}
+    with tempfile.TemporaryDirectory() as folder:
+        tape = Path(folder) / "tape.pt"
+        kernel = check.record(getattr(check, name), seed, tape, *args, **kwargs)
+        saved = tape.read_bytes()
+    stand_ins = [a if a is None or not callable(a) else check.Recorded("answer") for a in args]
+    ok, out = check.replay(name, seed, saved, *stand_ins, **kwargs)
+    return kernel, ok, out
 
 
 # =====================================================================================
@@ -1021,6 +1104,63 @@ def test_a_right_answer_in_either_float_type_passes_every_exercise(label, dtype,
         assert len(out.splitlines()) == 3, out
     else:
         assert ok, out
+
+
+@pytest.mark.parametrize("label", sorted(_right_answers(torch.float32)))
+def test_a_right_answer_passes_when_graded_on_inputs_drawn_at_grading_time(label, monkeypatch, toy):
+    """Graded as grade.py grades (the check recorded in the kernel at a drawn seed, replayed in the
+    grader's process on the saved results, no answer called there), every right answer is CORRECT, and the
+    kernel's verdict is the grader's."""
+    monkeypatch.setattr(check._Watch, "_hook", lambda self, frame, event, arg: None)  # the answers lean on otb.py
+    fn, answer, rest = _right_answers(torch.float64)[label]
+    answer = otb.sum_pi_squared if label == "1a" else answer  # 1a asks for the input's float type
+    for seed in (grade.draw_seed(), 3):
+        kernel, ok, out = _graded(fn, seed, answer, *(toy if r == "toy" else r for r in rest))
+        assert ok and kernel, (seed, out)
+
+
+class _Bent(torch.Tensor):
+    """A tensor whose methods a student could have changed."""
+
+
+def test_the_grader_decides_on_inputs_no_one_knew_and_on_its_own_comparison():
+    """The checks' inputs are fixed in a notebook and drawn afresh when grading (the same for the same
+    seed); the table forge fails on them; a result that is not plain data (a tensor subclass, whose methods
+    the kernel could bend) is not read, numpy numbers are; and a comparison forged in the kernel (here: check._compare made to
+    pass everything) does not reach the grader's verdict."""
+    def inputs(seed):
+        seen = []
+        check.record(check.ex1a_sum_pi_squared, seed, os.devnull, lambda z: seen.append(z) or z.sum(-1))
+        return seen[0]
+    assert torch.equal(inputs(None), _table_forge("examples")[0])  # the table's first example
+    assert not torch.equal(inputs(5), inputs(None)) and torch.equal(inputs(5), inputs(5))
+    kernel, ok, out = _graded(check.ex1a_sum_pi_squared, grade.draw_seed(), _table_forge())
+    assert not ok and not kernel and "your values differ" in out, out
+    def right(z):
+        return torch.exp(torch.logsumexp(2 * z.float(), -1) - 2 * torch.logsumexp(z.float(), -1))
+    kernel, ok, out = _graded(check.ex1a_sum_pi_squared, 5, lambda z: right(z).as_subclass(_Bent))
+    assert not ok and "not a plain tensor" in out, out
+
+    import numpy as np  # plain data all the same: numpy numbers, as an answer written with numpy returns
+    kernel, ok, out = _graded(check.ex4b_bias_and_variance, 5,
+                              lambda g_hat, grad_J: tuple(np.float64(x) for x in _my_bias_and_variance(g_hat, grad_J)))
+    assert ok and kernel, out
+
+    class Local(torch.Tensor):  # a class pickle cannot even save
+        pass
+    kernel, ok, out = _graded(check.ex1a_sum_pi_squared, 5, lambda z: right(z).as_subclass(Local))
+    assert not ok and "returned a Local, which the grader cannot read back" in out, out
+    compare = check._compare
+    try:
+        check._compare = lambda *a, **k: 0.0
+        with tempfile.TemporaryDirectory() as folder:
+            tape = Path(folder) / "tape.pt"
+            assert check.record(check.ex1b_token_energy, 5, tape, lambda lp, s: lp * 0 + 0.5)
+            saved = tape.read_bytes()
+    finally:
+        check._compare = compare
+    ok, out = check.replay("ex1b_token_energy", 5, saved, check.Recorded("token_energy"))
+    assert not ok and "your values differ" in out, out
 
 
 @pytest.mark.parametrize("label", ["2b", "2c", "3c", "3d", "4a", "5c"])

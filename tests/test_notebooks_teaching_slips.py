@@ -7,6 +7,7 @@ Each slip is a right answer with one change (written in slips.py from the formul
 otb.py); its expected words were chosen for the slip, so a check that stops naming it fails here.
 """
 import re
+import secrets
 import sys
 from pathlib import Path
 
@@ -42,6 +43,22 @@ def test_each_slip_gets_its_hint(slip, request):
     assert not ok and check.NOT_YET in out and "hint:" in out, out
     for word in slip.words:
         assert word in out, (word, out)
+
+
+SEED = secrets.randbits(62)  # the checks' inputs for marks, drawn once a run as grade.py draws them
+
+
+@pytest.mark.parametrize("slip", slips.SLIPS, ids=_id)
+def test_each_slip_is_not_yet_when_graded_at_a_drawn_seed(slip, request, tmp_path):
+    """Graded as grade.py grades (the check recorded at a drawn seed, then replayed on the saved results with
+    stand-ins for the answers), no slip passes: no check lets a slip through on inputs it did not choose."""
+    en = request.getfixturevalue("toy") if slip.toy else None
+    answers = slip.answer if isinstance(slip.answer, tuple) else (slip.answer,)
+    tape = tmp_path / "tape.pt"
+    check.record(getattr(check, slip.check), SEED, tape, *answers, *((en,) if slip.toy else ()), **slip.kwargs)
+    stand_ins = [check.Recorded("answer")] * len(answers) + ([en] if slip.toy else [])
+    ok, out = check.replay(slip.check, SEED, tape.read_bytes(), *stand_ins, **slip.kwargs)
+    assert not ok and check.NOT_YET in out and "hint:" in out, (SEED, out)
 
 
 def test_the_catalogue_covers_every_exercise_and_the_slips_named_in_the_issue():
@@ -214,7 +231,7 @@ def test_every_line_of_grade_py_says_when_it_is_printed():
     carries a '# when: ...' comment, and the table lists it in the row's last column."""
     when = ta_table.situations()
     own = [template for section, template in ta_table.hints() if section == "grade.py"]
-    assert len(own) == 13 and all(when.get(t) for t in own), [t for t in own if not when.get(t)]
+    assert len(own) == 15 and all(when.get(t) for t in own), [t for t in own if not when.get(t)]
     table = (EXERCISES / "ta_table.md").read_text().splitlines()
     assert all(any(line.startswith("| grade.py |") and f"when: {when[t][0]}" in line for line in table) for t in own)
 

@@ -16,19 +16,23 @@ seconds, so only a loop that never ends gets there) is interrupted, reported, an
 The grader decides, not the notebook. It knows each notebook's check cells from check.py
 (``check.NOTEBOOKS``, the cells as they are handed out) and recognises the notebook by them and by the
 functions it defines, whatever its file is called. Each check cell found unchanged (compared as code:
-spacing and comments do not matter) is run in its place by the grader's own code: a fresh copy of
-check.py, the verdict passed back under a random token, so a printed verdict, a rebound name and a
-patched ``check`` module do not count. A check cell that is missing (deleted, or replaced by a line
-printing CORRECT), edited, or placed above the cell that defines the function it checks is NOT YET with
-one line saying so.
+spacing and comments do not matter) is run in its place by the grader's own code, and decided here, in
+this process, on inputs no notebook can know in advance: one seed a run, drawn from os.urandom (or
+``--seed``, to grade again on the same inputs), printed at the end and kept in the gradebook. In the
+kernel a fresh copy of check.py hands the inputs drawn from it to the student's functions and saves
+only what they return (``check.record``); here the same check draws the same inputs, computes its
+references and reads the saved results as plain data in place of calling the student's code
+(``check.replay``). So a printed verdict, a rebound name, a patched ``check`` module or torch, and a
+table of the notebook's fixed examples do not count. A check cell that is missing (deleted, or replaced
+by a line printing CORRECT), edited, or placed above the cell that defines the function it checks is NOT
+YET with one line saying so.
 
-The checks still run in the student's kernel, next to the student's code, which could change what they
-see (patch torch or print, read the grader's frames, switch off the watch on calls into otb.py). So
-before running anything the grader scans the notebook's own cells (``scan.flags``: the constructs only
-tampering needs, the project's functions the exercises do not hand out, copies of otb.py's functions by
-syntax tree); a notebook it flags is not run, every check reads FLAGGED with the line and the reason,
-never CORRECT, and the exit status is 1: a lecturer reads it. What no scan sees is in scan.py's
-docstring.
+The student's functions still run in the kernel, where they could reach for the reference (call otb.py,
+switch off the watch on such calls, read the check's frames). So before running anything the grader
+scans the notebook's own cells (``scan.flags``: the constructs only tampering needs, the project's
+functions the exercises do not hand out, copies of otb.py's functions by syntax tree); a notebook it
+flags is not run, every check reads FLAGGED with the line and the reason, never CORRECT, and the exit
+status is 1: a lecturer reads it. What no scan sees is in scan.py's docstring.
 
 For every check of the notebook it prints one line, CORRECT or NOT YET, titled by its exercise, with
 the check's problem and hint under a NOT YET, and an error of the notebook's own cells (a syntax error
@@ -56,7 +60,7 @@ the scan flags gets one FLAGGED line per finding and FLAGGED for each check:
 With ``--class DIR`` (one folder per student, named by the student, holding the student's notebooks
 under any names) every block is titled ``student/notebook``, each student's full texts go to a folder
 of their own (LOGS/student/), and a gradebook CSV is written (``--gradebook``, by default
-DIR/gradebook.csv): one row per check, ``student, notebook, exercise, verdict, flag, hint``, the flag
+DIR/gradebook.csv): one row per check, ``student, notebook, exercise, verdict, flag, hint, seed``, the flag
 saying why a verdict was not decided by the check as handed out (a check cell missing, edited or moved,
 a time budget spent, a file that cannot be read, tampering or a copy of otb.py flagged by the scan:
 verdict FLAGGED), and one row per problem of the other cells (verdict PROBLEM).
@@ -73,6 +77,7 @@ import math
 import os
 import re
 import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -87,6 +92,7 @@ for _path in (ROOT, HERE):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+import check  # noqa: E402  (the checks, replayed in this process: check.replay)
 import scan  # noqa: E402  (what only tampering needs, flagged before a notebook runs)
 from check import NOTEBOOKS, TITLES, H  # noqa: E402  (the check cells; the title of every exercise; the marker of
 #                                                  what a student reads)
@@ -165,26 +171,27 @@ def kind_of(nb):
     return best if score[best] else None
 
 
-def _grader_cell(source, token, check_path):
+def _grader_cell(source, token, check_path, seed, tape):
     """The code the grader runs in place of the check cell ``source``: the same check from a fresh copy of
-    check.py, its printed verdict captured and passed back on one line that starts with ``token``."""
+    check.py, on inputs drawn from ``seed``, saving the student's results to the file ``tape``
+    (check.record); an error (a function not defined) is passed back on one line that starts with
+    ``token``. The verdict is not decided here: ``results`` replays the check in the grader's process."""
     name, target, args = _call_of(source)
     module = f"_otb_grade_{token}"
     return (f"def {module}():\n"
-            f"    import contextlib, importlib.util, io, json, sys\n"
+            f"    import importlib.util, json, sys\n"
             f"    mod = sys.modules.get({module!r})\n"
             f"    if mod is None:\n"
             f"        sys.path[:0] = [p for p in ({str(ROOT)!r}, {str(HERE)!r}) if p not in sys.path]\n"
             f"        spec = importlib.util.spec_from_file_location({module!r}, {str(check_path)!r})\n"
             f"        mod = sys.modules[{module!r}] = importlib.util.module_from_spec(spec)\n"
             f"        spec.loader.exec_module(mod)\n"
-            f"    out, ok, error = io.StringIO(), False, None\n"
+            f"    ok, error = False, None\n"
             f"    try:\n"
-            f"        with contextlib.redirect_stdout(out):\n"
-            f"            ok = mod.{name}({args})\n"
+            f"        ok = mod.record(mod.{name}, {seed}, {str(tape)!r}, {args})\n"
             f"    except Exception as e:\n"
             f"        error = f'{{type(e).__name__}}: {{e}}'\n"
-            f"    print({token!r}, json.dumps({{'ok': ok is True, 'out': out.getvalue(), 'error': error}}))\n"
+            f"    print({token!r}, json.dumps({{'error': error}}))\n"
             f"    return ok\n"
             f"{target + ' = ' if target else ''}{module}()\n"
             f"del {module}\n")
@@ -192,10 +199,12 @@ def _grader_cell(source, token, check_path):
 
 class _Budgeted(NotebookClient):
     """nbclient's runner with one time budget for the whole notebook: each cell may run for what is left
-    of it; once a cell has been interrupted at the budget's end, the code cells after it are not run."""
+    of it; once a cell has been interrupted at the budget's end, the code cells after it are not run.
+    ``tapes``: {id(check cell): the file its results are saved to}, read (and removed) as soon as that
+    cell has run, so that no later cell can change them."""
 
-    def __init__(self, nb, budget, **kwargs):
-        self.deadline, self.spent = time.monotonic() + budget, False
+    def __init__(self, nb, budget, tapes, **kwargs):
+        self.deadline, self.spent, self.tapes = time.monotonic() + budget, False, tapes
         super().__init__(nb, timeout_func=lambda cell: max(1, math.ceil(self.deadline - time.monotonic())),
                          interrupt_on_timeout=True, on_cell_executed=self._mark,
                          error_on_timeout={"ename": _TIMED_OUT, "evalue": f"{budget} s", "traceback": []}, **kwargs)
@@ -203,6 +212,10 @@ class _Budgeted(NotebookClient):
     def _mark(self, cell, execute_reply, **_):  # nbclient's hook, after each code cell
         if (execute_reply or {}).get("content", {}).get("ename") == _TIMED_OUT:
             cell.metadata["timed_out"], self.spent = True, True
+        tape = self.tapes.get(id(cell))
+        if tape is not None and tape.is_file():
+            cell.metadata["otb_tape"] = tape.read_bytes()
+            tape.unlink()
 
     async def async_execute_cell(self, cell, cell_index, *args, **kwargs):
         if cell.cell_type == "code" and self.spent:
@@ -211,23 +224,33 @@ class _Budgeted(NotebookClient):
         return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
 
 
-def run_copy(path, budget=BUDGET):
+def draw_seed():
+    """A seed for the checks' inputs that no notebook can know in advance (62 bits from os.urandom)."""
+    return secrets.randbits(62)
+
+
+def run_copy(path, budget=BUDGET, seed=None):
     """The notebook at ``path``, executed in memory (the file is only read); returns the executed copy.
 
     Each check cell of check.NOTEBOOKS found unchanged is run as the grader's own cell (``_grader_cell``)
-    and marked ``metadata.otb_check``; the copy's ``metadata.otb_grading`` holds which notebook it is, the
-    token of the grader's lines, the budget and the kernel's stderr. The cell running when the ``budget``
-    seconds run out gets ``metadata.timed_out``, the code cells after it ``metadata.not_run`` (in the copy
-    only); if the run stops early (the kernel died), the copy's ``metadata.run_stopped`` says why.
-    Unreadable if the file is not a notebook."""
+    on inputs drawn from ``seed`` (``draw_seed()`` if None) and marked ``metadata.otb_check``; the
+    student's results it saved are read as soon as it has run and kept in ``metadata.otb_tape`` (bytes,
+    for ``results`` to replay). The copy's ``metadata.otb_grading`` holds which notebook it is, the token
+    of the grader's lines, the seed, the budget and the kernel's stderr. The cell running when the
+    ``budget`` seconds run out gets ``metadata.timed_out``, the code cells after it ``metadata.not_run``
+    (in the copy only); if the run stops early (the kernel died), the copy's ``metadata.run_stopped`` says
+    why. Unreadable if the file is not a notebook."""
     nb = read(path)
-    kind, token = kind_of(nb), secrets.token_hex(8)
-    nb.metadata["otb_grading"] = {"kind": kind, "token": token, "budget": budget}
+    kind, token, seed = kind_of(nb), secrets.token_hex(8), draw_seed() if seed is None else seed
+    nb.metadata["otb_grading"] = {"kind": kind, "token": token, "seed": seed, "budget": budget}
+    folder = Path(tempfile.mkdtemp(prefix="otb_tapes_"))  # the kernel's saved results, one file a check cell
+    tapes = {}
     for cell in nb.cells:
         expected = _EXPECTED.get(_code(cell.source)) if cell.cell_type == "code" else None
         if kind is not None and expected is not None and expected[0] == kind:
+            tapes[id(cell)] = folder / f"{token}_{len(tapes)}.pt"
             cell.metadata["otb_check"] = expected[1]
-            cell.source = _grader_cell(expected[1], token, HERE / "check.py")
+            cell.source = _grader_cell(expected[1], token, HERE / "check.py", seed, tapes[id(cell)])
 
     saved = {k: os.environ.get(k) for k in ("OTB_ROOT", "OTB_GRADING")}
     os.environ["OTB_ROOT"] = saved["OTB_ROOT"] or str(ROOT)  # the kernel inherits it: notebooks anywhere work
@@ -238,7 +261,7 @@ def run_copy(path, budget=BUDGET):
     try:
         with tempfile.TemporaryFile("w+") as stderr:  # the kernel's stderr (an interrupt's traceback)
             try:
-                _Budgeted(nb, budget, kernel_name="python3", allow_errors=True, log=quiet,
+                _Budgeted(nb, budget, tapes, kernel_name="python3", allow_errors=True, log=quiet,
                           extra_arguments=["--IPKernelApp.log_level=ERROR"],  # no kernel chatter on the screen
                           resources={"metadata": {"path": str(Path(path).resolve().parent)}}).execute(stderr=stderr)
             except Exception as e:  # the kernel died (os._exit, out of memory): grade what ran
@@ -246,6 +269,7 @@ def run_copy(path, budget=BUDGET):
             stderr.seek(0)
             nb.metadata["otb_grading"]["stderr"] = stderr.read()
     finally:
+        shutil.rmtree(folder, ignore_errors=True)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -289,9 +313,11 @@ def _line_of(cell, token):
     return data if isinstance(data, dict) else None
 
 
-def _verdict_of(cell, stopped, token):
-    """(ok, detail lines) of a check cell the grader ran (``run_copy``), from its line under ``token`` in
-    the cell's whole stdout."""
+def _verdict_of(cell, stopped, token, seed=None, built=None):
+    """(ok, detail lines) of a check cell the grader ran (``run_copy``): an error or a missing line from its
+    line under ``token`` in the cell's whole stdout; else the verdict of the check replayed here, in the
+    grader's process, on the inputs drawn from ``seed`` and the results the kernel saved (``_replayed``).
+    ``built``: the check cells' other arguments built so far (check.BUILT), shared by a notebook's checks."""
     data = _line_of(cell, token)
     error = data.get("error") if data else _error(cell)
     if error:
@@ -303,9 +329,27 @@ def _verdict_of(cell, stopped, token):
     if data is None:
         # when: the cell's output never reached the grader (a cell above that sets sys.stdout to something else)
         return False, [H("this check cell printed no verdict")]
-    lines = str(data.get("out", "")).splitlines()
+    if "otb_tape" not in cell.get("metadata", {}):
+        # when: the check cell ran but its results never reached the grader (their file removed by the notebook)
+        return False, [H("this check cell saved no results for the grader: run the notebook as handed out")]
+    return _replayed(cell, seed, built)
+
+
+def _replayed(cell, seed, built):
+    """(ok, detail lines) of the check cell ``cell``, decided here: check.replay runs the check again in this
+    process on the inputs drawn from ``seed``, with the student's results that the kernel saved."""
+    name, _, _ = _call_of(cell.metadata["otb_check"])
+    call = ast.parse(cell.metadata["otb_check"]).body[0].value
+    args = [check.argument(a.id, built) for a in call.args]  # the student's functions: stand-ins
+    kwargs = {k.arg: check.argument(k.value.id, built) for k in call.keywords}
+    try:
+        ok, out = check.replay(name, seed, cell.metadata["otb_tape"], *args, **kwargs)
+    except Exception as e:  # a file the kernel wrote that is not check.record's
+        # when: the results the kernel saved cannot be read (a file written by something else than check.record)
+        return False, [H(f"the results this check cell saved cannot be read ({type(e).__name__}: {e})")]
+    lines = out.splitlines()
     verdicts = [k for k, line in enumerate(lines) if _VERDICT.match(line)]
-    if data.get("ok") is True:
+    if ok:
         return True, []
     if not verdicts:
         # when: the check returned False without printing a verdict (check.py's checks always print one: a guard)
@@ -350,7 +394,8 @@ def problems(nb):
 
 def results(nb):
     """[(title, ok, detail lines)] for every check of the executed notebook's exercises (check.NOTEBOOKS),
-    in order. Only the grader's own runs of the check cells count; a check cell that is missing, edited,
+    in order. Only the grader's own runs of the check cells count, each decided in this process (the check
+    replayed on the kernel's saved results: ``_verdict_of``); a check cell that is missing, edited,
     above its answer, timed out or not run (the budget ran out before it) is NOT YET with one line saying
     so. The other cells' errors are ``problems(nb)``."""
     grading = nb.metadata.get("otb_grading", {})
@@ -358,7 +403,7 @@ def results(nb):
     if kind is None:
         return []
     stopped = nb.metadata.get("run_stopped")
-    graded = {}
+    graded, built = {}, {}
     for k, cell in enumerate(nb.cells):
         source = cell.get("metadata", {}).get("otb_check")
         if cell.cell_type != "code" or source is None:
@@ -377,7 +422,7 @@ def results(nb):
             graded[source] = (title, False, [H(
                 "this check cell did not run: the notebook's time budget ran out in an earlier cell")])
         else:
-            ok, detail = _verdict_of(cell, stopped, token)
+            ok, detail = _verdict_of(cell, stopped, token, grading.get("seed"), built)
             graded[source] = (title, ok, [] if ok else detail)
     found = []
     for source in NOTEBOOKS[kind]:
@@ -450,7 +495,7 @@ def students(folder):
 # at by hand. Each is read from the start of the line results() writes for it.
 _FLAGS = {"its check cell is missing": "check cell missing", "its check cell was edited": "check cell edited",
           "this check cell comes before": "check cell moved", "this check cell did not run": "not run"}
-GRADEBOOK = ("student", "notebook", "exercise", "verdict", "flag", "hint")  # the gradebook's columns
+GRADEBOOK = ("student", "notebook", "exercise", "verdict", "flag", "hint", "seed")  # the gradebook's columns
 
 
 def _rows(student, notebook, found, cells, flagged=()):
@@ -488,12 +533,19 @@ def main(argv=None):
                         help="a whole class: DIR holds one folder per student (named by the student) with the "
                              "student's notebooks under any names; every block is titled student/notebook and "
                              "a gradebook CSV is written (--gradebook)")
+    parser.add_argument("--seed", type=int,
+                        help="the seed of the checks' inputs, to grade again on the inputs of an earlier run "
+                             "(printed at the end of every run and in the gradebook); by default drawn afresh "
+                             "from os.urandom, so no notebook can know the inputs in advance")
     parser.add_argument("--gradebook", type=Path,
                         help="with --class: the CSV file written, one row per check (student, notebook, exercise, "
-                             "verdict, flag, hint) and per problem of the other cells (default DIR/gradebook.csv)")
+                             "verdict, flag, hint, seed) and per problem of the other cells (default DIR/gradebook.csv)")
     args = parser.parse_args(argv)
+    seed = draw_seed() if args.seed is None else args.seed
     if args.budget < 1:
         parser.error(f"--budget must be at least 1 second, got {args.budget}")
+    if not 0 <= seed < 2 ** 62:
+        parser.error(f"--seed must be in 0 .. 2**62 - 1, got {seed}")
     if args.klass is not None:
         if args.notebooks:
             parser.error("give either notebooks or --class DIR, not both")
@@ -501,7 +553,7 @@ def main(argv=None):
             parser.error(f"--class {args.klass}: not a folder")
         if args.gradebook is not None and args.gradebook.is_dir():
             parser.error(f"--gradebook {args.gradebook}: a folder, not a file")
-        return grade_class(args.klass, args.budget, args.gradebook or args.klass / "gradebook.csv")
+        return grade_class(args.klass, args.budget, args.gradebook or args.klass / "gradebook.csv", seed)
     if args.gradebook is not None:
         parser.error("--gradebook goes with --class DIR")
     paths = args.notebooks or sorted(HERE.glob("0*.ipynb"))
@@ -510,17 +562,23 @@ def main(argv=None):
             parser.error(f"{path}: not a notebook file (expected an existing .ipynb)")
     bad = total = broken = 0
     for path in paths:
-        found, cells, _, _ = _grade(path, args.budget)
+        found, cells, _, _ = _grade(path, args.budget, seed)
         bad += sum(not ok for _, ok, _ in found) or not found
         total += max(len(found), 1)
         broken += len(cells)
+    print(_drawn(seed))
     print(f"{total - bad} of {total} checks correct in {len(paths)} notebook(s)"
           + (f"; {broken} other cell(s) raised an error or timed out" if broken else "")
           + ("" if bad or broken else ": all done"))
     return 1 if bad or broken else 0
 
 
-def _grade(path, budget, title=None, log=None):
+def _drawn(seed):
+    """The line that says which inputs the checks were given, so a grading can be repeated."""
+    return f"the checks' inputs were drawn with seed {seed} (grade.py --seed {seed} ... draws them again)"
+
+
+def _grade(path, budget, seed, title=None, log=None):
     """Grade one notebook and print its block (``report``); (found, problems, why it cannot be read or None,
     the scan's findings). A notebook the scan flags (scan.flags) is not run: each of its checks is FLAGGED,
     never CORRECT, and a lecturer reads the lines the scan names."""
@@ -528,7 +586,7 @@ def _grade(path, budget, title=None, log=None):
         nb = read(path)
         flagged = scan.flags(nb, kind_of(nb))
         if not flagged:
-            nb = run_copy(path, budget)
+            nb = run_copy(path, budget, seed)
     except Unreadable as why:
         # when: a file cut short, or JSON that is not a notebook
         line = H(f"cannot be read as a notebook ({why}); open it in Jupyter and save it again")
@@ -543,9 +601,10 @@ def _grade(path, budget, title=None, log=None):
     return found, cells, None, flagged
 
 
-def grade_class(folder, budget, gradebook):
+def grade_class(folder, budget, gradebook, seed):
     """Grade every student's notebooks in ``folder`` (``students``), each block titled student/notebook,
-    each student's full texts in a folder of their own under LOGS; write the gradebook CSV; 0 if every
+    each student's full texts in a folder of their own under LOGS, every check on inputs drawn from the one
+    ``seed``; write the gradebook CSV (the seed in its last column); 0 if every
     check of every student is CORRECT and nothing else went wrong, else 1."""
     import csv
     classes, loose = students(folder)
@@ -565,7 +624,7 @@ def grade_class(folder, budget, gradebook):
             bad += 1
         for path in paths:
             name = path.relative_to(folder / student).as_posix()
-            found, cells, unreadable, flagged = _grade(path, budget, title=f"{student}/{name}",
+            found, cells, unreadable, flagged = _grade(path, budget, seed, title=f"{student}/{name}",
                                                        log=LOGS / student / Path(name).with_suffix(".txt"))
             if unreadable:
                 rows.append((student, name, "", "NOT YET", "unreadable", unreadable))
@@ -578,8 +637,9 @@ def grade_class(folder, budget, gradebook):
     with open(gradebook, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(GRADEBOOK)
-        writer.writerows(rows)
+        writer.writerows(row + (seed,) for row in rows)
     checks = [row for row in rows if row[3] != "PROBLEM"]
+    print(_drawn(seed))
     print(f"{sum(row[3] == 'CORRECT' for row in checks)} of {len(checks)} checks correct for {len(classes)} "
           f"student(s); the gradebook is {gradebook}")
     return 1 if bad else 0

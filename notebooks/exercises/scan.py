@@ -3,8 +3,10 @@
     import scan
     scan.flags(nb, "01_sum_pi_squared")   # [(code cell number, line number, the line, why)], [] if none
 
-grade.py runs the checks in the student's kernel, so the student's code runs next to them and could
-change what they see. An honest answer to these exercises computes tensors from tensors: it never
+grade.py decides every verdict in its own process, on inputs drawn when it grades, from the results the
+student's functions return in the kernel; but those functions run there, where they could reach for the
+reference (call otb.py, switch off the watch on such calls, read the check's frames) or change what the
+kernel hands back. An honest answer to these exercises computes tensors from tensors: it never
 needs to reach outside its function. This scan reads the syntax tree of every code cell but the two
 Colab cells (the teacher's, matched whatever URL they hold) and flags:
 
@@ -32,7 +34,7 @@ Colab cells (the teacher's, matched whatever URL they hold) and flags:
 What no scan sees: a student who understands otb.py's function well enough to rewrite it in their own
 structure has learned it; and a table of a check's fixed inputs and their answers, built at the top of
 the notebook (where otb.py may be called, as the handed-out cells do to show numbers), is not flagged:
-the checks' examples are fixed and documented, for learning.
+the checks' examples are fixed and documented, for learning, and grade.py draws other inputs for marks.
 """
 import ast
 import functools
