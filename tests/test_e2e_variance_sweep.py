@@ -208,8 +208,9 @@ def test_the_gpu_window_command_runs_end_to_end_at_a_tiny_shape(counting_model, 
             "--success-prompts", "8", "--prompts", "4", "--budget", "900"]
     sweep_args = ["--pool", "8", "--ref-pool", "8", "--group-sizes", "2,4", "--project", "64", "--sample-prompts",
                   "2", "--replicates", "200"]
-    record = gv.main(tiny + ["--train-steps", "2", "--train-args", "--horizon 4", "--out", str(tmp_path / "full"),
-                             "--"] + sweep_args)
+    # --train-seconds as long as the budget: a loaded CI machine must not stop the smoke by its clock
+    record = gv.main(tiny + ["--train-steps", "2", "--train-seconds", "900", "--train-args", "--horizon 4",
+                             "--out", str(tmp_path / "full"), "--"] + sweep_args)
     parts = json.loads((tmp_path / "full" / "gpu_variance.json").read_text())["parts"]
     assert list(parts) == ["train", "load", "success", "sweep"] and record["decode"] == "plain"  # compiled on a GPU only
     train = parts["train"]  # the gpu preset's preflight, then 2 steps of each of its configurations
