@@ -65,10 +65,13 @@ def gain_cell(g, suffix="x", verdict=None):
 
 
 def random_effects_cell(r):
-    """'gain [lo, hi]; Q = q (p), I2' of a cell's random-effects check, '-' where a seed has no log gain."""
+    """'gain [lo, hi]; Q = q (p), I2' of a cell's random-effects check, '-' where a seed has no log gain
+    or where there is one seed (no spread between seeds to measure: Q's p value is undefined)."""
     re = r["random_effects"]
     if re.get("exact"):
         return "- (no sampling error)"
+    if re.get("df") == 0:
+        return "- (one seed)"
     if math.isnan(re["gain"][0]):
         return "- (a seed not resolved)"
     return (f"{resampling.fmt(*re['gain'], suffix='x')}; Q = {re['Q']:.1f} (p {re['p']:.2f}), "

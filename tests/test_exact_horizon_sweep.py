@@ -64,6 +64,17 @@ def test_a_weak_signal_gives_a_one_sided_set_not_a_number():
     assert "- (a seed not resolved)" in line and "1.00* [0.90, 1.00*]" in line  # a clipped cosine is marked
 
 
+def test_one_seed_prints_no_random_effects_check():
+    # with one seed there is no spread between seeds: the column says so instead of "Q = 0.0 (p nan)"
+    g = dict(estimator="otb", N=4, n=30, seeds=1, factor=None, gain=[1.14, 0.74, 1.63], verdict="covers",
+             per_seed=[[1.14, 0.74, 1.63]], per_seed_verdict=["covers"],
+             random_effects=dict(gain=[1.14, 0.77, 1.69], Q=0.0, df=0, p=math.nan, I2=0.0, tau2=0.0),
+             alpha=[0.54, 0.44, 0.67], cosine=[0.99, 0.95, 1.0], raw_var_ratio=0.5)
+    line = report.table_md([g]).splitlines()[-1]
+    assert "| - (one seed) |" in line and "nan" not in line
+    two = dict(g, seeds=2, random_effects=dict(g["random_effects"], df=1, p=0.5, Q=0.4))
+    assert "Q = 0.4 (p 0.50)" in report.table_md([two]).splitlines()[-1]
+
 def test_saved_statistics_round_trip_and_reproduce_the_analysis(tmp_path):
     # stats.npz keeps what the analysis reads (lab/analysis/compact.py): V exactly; the references' Gram
     # matrix once per cell; gram and cross (its symmetric part) only for estimators whose E g is not known,
