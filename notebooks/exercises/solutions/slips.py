@@ -669,7 +669,7 @@ SLIPS = [
     Slip("3d", "own term removed with w_t, not W_t", "ex3c_optimal_token_baseline", otb_plain(own_by_w=True),
          ["one group of 4 rows", "row i's own term leaves both sums"], kwargs=LOO, named_in="#58"),
     Slip("3d", "a singleton group keeps its own return as baseline (leave-one-out only in groups of 2+)",
-         "ex3c_optimal_token_baseline", otb_plain(singleton_own=True), ["a singleton group", "no other active row"],
+         "ex3c_optimal_token_baseline", otb_plain(singleton_own=True), ["a singleton group", "no other", "active"],
          kwargs=LOO, named_in="#58"),
     Slip("3d", "eps added to the numerator too: (num + eps) / (den + eps)", "ex3c_optimal_token_baseline",
          otb_plain(eps_num=True), ["all certain", "the other rows' sum of W_t is 0"], kwargs=LOO, named_in="#58"),
