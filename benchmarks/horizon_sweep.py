@@ -421,7 +421,7 @@ def analyse(grams_by_cell, replicates=2000, boot_seed=0, baseline="group_mean"):
             alpha, cosine = pooled_direction(evals, e, factors.get(e))
             V = {x: sum(pt[x]["raw_variance"].item() for pt, _ in evals) for x in (e, baseline)}
             row = dict(estimator=e, N=N, n=n, seeds=len(evals), factor=factors.get(e), alpha=alpha, cosine=cosine,
-                       raw_var_ratio=V[e] / V[baseline])
+                       raw_var_ratio=V[e] / V[baseline] if V[baseline] else math.nan)
             if e != baseline:
                 row.update(combined(evals, e, baseline, factors))
             row["out_of_range"] = [k for k in ("cosine",) if resampling.clip(*row[k], *scale_free.RANGE[k])[3]]

@@ -435,3 +435,14 @@ def test_the_smollm2_sweep_rebuilds_its_table_from_what_it_saved(folder, card, t
     if shown is not None:
         assert report.compact_md(shown["gains"], estimators=("otb", "reinforce", "rloo")) in \
             (ROOT / "docs" / "variance.md").read_text()
+
+
+def test_a_cell_without_variance_has_no_variance_ratio_and_does_not_stop_the_analysis():
+    """Prompts whose responses all earn the same reward give zero gradients (an interim analysis of a few
+    prompts can hold only such): the raw variance ratio to group_mean is then undefined, NaN in every row
+    and summary of that cell, while the other cells are analysed as before."""
+    grams = two_seeds()
+    grams[(16, 0)] = {key: {k: torch.zeros_like(v) for k, v in g.items()} for key, g in grams[(64, 0)].items()}
+    rows, summary, _ = hs.analyse(grams, replicates=200)
+    assert all(math.isnan(r["raw_var_ratio"]) for r in rows + summary if r["n"] == 16)
+    assert all(math.isfinite(r["raw_var_ratio"]) for r in rows + summary if r["n"] == 64)
