@@ -5,6 +5,7 @@ can be negative, a cosine from estimated norms can exceed 1) is allowed only whe
 holds it lists the metric in ``out_of_range``, which the printed tables turn into a mark."""
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,11 @@ def test_metric_names_and_flags():
 def test_saved_values_are_in_range_or_flagged(path):
     bad = list(violations(json.loads(path.read_text())))
     assert not bad, f"{len(bad)} values out of range and not flagged, e.g. {bad[:3]}"
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.rglob("*.md")), ids=lambda p: str(p.relative_to(RESULTS)))
+def test_no_printed_p_value_is_nan(path):
+    """A probability is printed in [0, 1], or replaced by words where it has no value ("- (one seed)"): a
+    "p nan" in a table is a number outside its range with no mark."""
+    bad = [line[:120] for line in path.read_text().splitlines() if re.search(r"\(p nan\)|\bp = nan\b", line)]
+    assert not bad, f"{len(bad)} printed lines with p nan, e.g. {bad[:2]}"
