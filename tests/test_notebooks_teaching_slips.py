@@ -263,3 +263,37 @@ def test_slips_that_a_lucky_draw_could_hide_get_their_hint_at_every_drawn_seed(w
         finally:
             seed, check._DRAW = check._DRAW, None
         assert not ok and all(w in out for w in slip.words), (seed, out)
+
+
+def test_a_sorted_reshape_is_named_also_on_a_draw_where_its_blocks_have_the_batch_mean():
+    """Sorted by id and cut into 2 blocks of 4, the groups of sizes 3 and 5 give each block the batch mean
+    wherever the two blocks' scores sum alike (dense rewards have one decimal, so some draws do): the slip
+    is still told as the reshape, not as a baseline over the whole batch."""
+    slip = next(s for s in slips.SLIPS if s.what == "rows sorted by id, then reshape(n_groups, -1)")
+    case = next(c for c in check._GROUP_CASES if c[0] == "groups of sizes 3 and 5")
+    order = torch.argsort(torch.tensor(case[2]), stable=True)
+    for _ in range(2000):
+        check._DRAW = secrets.randbits(62)
+        try:
+            b = check._batch(case[1], seed=10 + check._GROUP_CASES.index(case), **case[3])
+            R = (b["token_rewards"] * b["response_mask"]).sum(-1)[order]  # (8,), sorted by group
+            if abs(R[:4].sum() - R[4:].sum()) > 1e-6:
+                continue  # blocks whose means differ from the batch's: the usual draw
+            ok, out = slips.run(slip)
+        finally:
+            check._DRAW = None
+        assert not ok and "blocks of 4" in out and "different sizes" in out, out
+        return
+    pytest.fail("no draw in 2000 had two blocks of equal sums")
+
+
+def test_of_two_half_precisions_that_explain_a_result_the_closer_is_named():
+    """float16's rounding can fall near bf16's on a draw: both then lie far closer to the result than the
+    right answer does, and the one closer to it names the slip (listed second or first)."""
+    want, got = torch.tensor([1.0]), torch.tensor([1.01])
+    for order in ([torch.bfloat16, torch.float16], [torch.float16, torch.bfloat16]):
+        values = {torch.bfloat16: [torch.tensor([1.0110])], torch.float16: [torch.tensor([1.0101])]}
+        assert check._half_precision(got, want, {d: values[d] for d in order}) == torch.float16
+    nan_first = {torch.bfloat16: [torch.tensor([float("nan")]), torch.tensor([1.0102])]}
+    assert check._half_precision(got, want, nan_first) == torch.bfloat16  # a NaN way of computing is skipped
+    assert check._half_precision(got, want, {torch.bfloat16: [torch.tensor([1.005])]}) is None  # not near enough

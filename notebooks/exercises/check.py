@@ -597,15 +597,14 @@ def _dtype_hint(z, got_dtype, want_dtype):
 def _half_precision(got, want, candidates):
     """The half-precision dtype whose rounding explains ``got``: one of ``candidates`` ({dtype: [values the
     right formula gives when computed in that dtype]}) lies much closer to ``got`` than the right answer
-    ``want`` does. None if there is none."""
+    ``want`` does; of two that do (float16's rounding can fall near bf16's on a draw), the closer. None if
+    there is none."""
     got_d, want_d = got.detach().double(), want.detach().double()
     off = (got_d - want_d).abs().max().item()
-    for dtype, values in candidates.items():
-        for value in values:
-            near = (got_d - value.double()).abs().max().item()
-            if near == near and near <= 0.25 * off:  # near == near: not NaN
-                return dtype
-    return None
+    nearest = {dtype: min((d for d in ((got_d - v.double()).abs().max().item() for v in values) if d == d),
+                          default=math.inf) for dtype, values in candidates.items()}  # d == d: not NaN
+    near = {dtype: d for dtype, d in nearest.items() if d <= 0.25 * off}
+    return min(near, key=near.get) if near else None
 
 
 def _precision_hint(dtype, what):
@@ -796,7 +795,7 @@ _GROUP_CASES = [  # (case, lengths, group_index, batch options, hint; None: the 
      H("group by id, not by position: rows of a group need not be next to each other (otb.group_ids maps "
        "ids to 0..n-1)")),
     ("groups of sizes 3 and 5", [3, 4, 5, 3, 4, 5, 3, 4], [0, 1, 0, 1, 1, 0, 1, 1], {"dense": True},
-     H("do not reshape to (n_groups, N): groups can have different sizes")),
+     H("do not reshape to (n_groups, N): groups can have different sizes")),  # also a slip's (_group_slips)
     ("a singleton group next to a group of 3", [4, 4, 4, 4], ["solo", "x", "x", "x"], {"dense": True},
      H("a group with one response has nothing to compare with: like otb.py (and verl), use baseline 0 "
        "there, so a singleton keeps its score as its advantage")),
@@ -809,6 +808,11 @@ _FIRST_HINT = {
     "rloo": H("b_i = the mean score of the *other* rows of i's group, (sum of the group - R_i) / (n - 1); "
               "A = R - b on every valid token"),
 }
+
+
+def _and(items):
+    """[3, 5] -> '3 and 5', [1, 2, 4] -> '1, 2 and 4'."""
+    return " and ".join(filter(None, [", ".join(map(str, items[:-1])), str(items[-1])]))
 
 
 def _group_slips(b, gi, name):
@@ -839,7 +843,19 @@ def _group_slips(b, gi, name):
     LR = torch.zeros(n_groups).index_add_(0, gid, L * R)[gid]  # sum of L_j R_j over row i's group, (B,)
     L_sum = torch.zeros(n_groups).index_add_(0, gid, L)[gid]  # sum of L_j over the group, (B,)
     by_tokens = LR / L_sum if name == "group_mean" else (LR - L * R) / (L_sum - L).clamp(min=1)
-    slips = {
+    slips = {}
+    sizes = torch.bincount(gid, minlength=n_groups)  # (n_groups,)
+    if len(R) % n_groups == 0 and (sizes != sizes[0]).any():  # the rows sorted by group, cut into equal blocks
+        k = len(R) // n_groups  # (on some draws these blocks' means equal the batch's: this slip is told first)
+        order = torch.argsort(gid, stable=True)  # (B,)
+        block = torch.zeros_like(R)
+        block[order] = R[order].reshape(n_groups, k).sum(1).repeat_interleave(k)  # the sum over row i's block, (B,)
+        slips["sorted_blocks"] = (
+            adv(block / k if name == "group_mean" else (block - R) / (k - 1)),
+            f"a baseline over the rows sorted by group and cut into {n_groups} blocks of {k} (a reshape("
+            f"n_groups, -1)), but the groups have {_and(sizes.tolist())} rows",
+            H("do not reshape to (n_groups, N): groups can have different sizes"))
+    slips.update({
         "group_mean": (adv(total / size), "a baseline that includes the row's own score (the group mean of 2b)",
                        H("leave row i out: b_i = (sum of the group - R_i) / (n - 1), the mean of the others")),
         "rloo": (adv((total - R) / (size - 1).clamp(min=1)),
@@ -868,7 +884,7 @@ def _group_slips(b, gi, name):
                       H("the baseline is a mean over the group's *responses*, one score R_j each: a mean over "
                         "valid tokens (sum of R_j m_t divided by the number of valid tokens) weights long "
                         "responses more")),
-    }
+    })
     if name == "rloo":  # "the others" found by their score, not their row: every equal score left out
         differ = (gid[:, None] == gid[None, :]) & (R[:, None] != R[None, :])  # j in i's group, R_j != R_i, (B, B)
         n_differ = differ.sum(1)  # (B,)
