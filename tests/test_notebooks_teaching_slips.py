@@ -322,4 +322,29 @@ def test_every_slip_is_not_yet_with_its_hint_at_many_drawn_seeds(toy):
                 missed.append((slip.exercise, slip.what, seed, out))
     print(f"\n{len(slips.SLIPS)} slips, {graded} gradings at drawn seeds: {len(passed)} passed, "
           f"{len(missed)} named another slip")
-    assert not passed and not missed, (passed, missed[:3])
+    for exercise, what, seed, out in missed:  # the slip, the seed that repeats it, and what was said
+        print(f"  {exercise} {what!r} at seed {seed}: " + " / ".join(line.strip() for line in out.splitlines()[1:]))
+    assert not passed and not missed, (passed, [m[:3] for m in missed])
+
+
+def test_two_4c_slips_that_give_the_same_numbers_on_a_draw_are_both_named(toy):
+    """With 500 groups of 2, a draw may sample no successful response twice: grouped by their response
+    index, the rows are then groups of one or groups of equal failures, so every advantage is the row's
+    score, which is what the returns are. The numbers cannot tell the two slips apart, so both are named."""
+    import toy_harness
+    by_rows, returns = (next(s for s in slips.SLIPS if s.exercise == "4c" and s.what == what) for what in
+                        ("group_index=rows", "the estimator's returns ([1]), not its advantages"))
+    for _ in range(2000):
+        check._DRAW = secrets.randbits(62)
+        try:
+            rows, _ = toy_harness.sample_groups(toy, 2, 500, torch.Generator().manual_seed(check._seed(0)))
+            won = rows[toy.R[rows] != 0]  # the sampled rows of a response with a reward
+            if len(won.unique()) < len(won):
+                continue  # a success drawn twice: grouped by index its advantage is 0, its return is not
+            outs = [slips.run(slip, toy) for slip in (by_rows, returns)]
+        finally:
+            check._DRAW = None
+        for ok, out in outs:
+            assert not ok and all(w in out for w in by_rows.words + returns.words), out
+        return
+    pytest.fail("no draw in 2000 sampled every success once")

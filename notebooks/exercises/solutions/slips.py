@@ -708,7 +708,7 @@ SLIPS = [
                                                       log_probs=lp, sum_pi_sq=s)[0],
          ["otb.ESTIMATORS['otb']", "calls itself", "write this step yourself"]),
     Slip("3e", "B_t - G_t instead of G_t - B_t", "ex3e_trains", otb_plain(sign=-1),
-         ["at training step 1", "your advantages differ"], named_in="#58"),
+         ["at training step", "your advantages differ"], named_in="#58"),  # step 1 unless its rewards are all 0
     # ---- 4a: one gradient per group
     Slip("4a", "the sum over the group, not the mean", "ex4a_batch_gradients", batch_gradients("sum"),
          ["times too large", "*mean*"], toy=True),
