@@ -301,7 +301,7 @@ def test_of_two_half_precisions_that_explain_a_result_the_closer_is_named():
 
 
 @pytest.mark.skipif(not os.environ.get("OTB_SLIP_SEEDS"),
-                    reason="slow (about 30 minutes at 100): OTB_SLIP_SEEDS=100 grades every slip at 100 drawn seeds "
+                    reason="slow (about 3 minutes at 100): OTB_SLIP_SEEDS=100 grades every slip at 100 drawn seeds "
                            "(3e, which trains, at a fifth of them)")
 def test_every_slip_is_not_yet_with_its_hint_at_many_drawn_seeds(toy):
     """At OTB_SLIP_SEEDS drawn seeds each, every slip of the catalogue is NOT YET and its verdict has the
