@@ -6,6 +6,7 @@ reaches by design, what prints it ('when:'); ta_table.py --check fails on a row 
 Each slip is a right answer with one change (written in slips.py from the formulas, not copied from
 otb.py); its expected words were chosen for the slip, so a check that stops naming it fails here.
 """
+import contextlib
 import os
 import re
 import secrets
@@ -47,6 +48,16 @@ def test_each_slip_gets_its_hint(slip, request):
 
 
 SEED = secrets.randbits(62)  # the checks' inputs for marks, drawn once a run as grade.py draws them
+
+
+@contextlib.contextmanager
+def drawn_seed():
+    """The checks inside draw their inputs from a new seed, as when grade.py grades; yields the seed."""
+    check._DRAW = secrets.randbits(62)
+    try:
+        yield check._DRAW
+    finally:
+        check._DRAW = None
 
 
 @pytest.mark.parametrize("slip", slips.SLIPS, ids=_id)
@@ -258,11 +269,8 @@ def test_slips_that_a_lucky_draw_could_hide_get_their_hint_at_every_drawn_seed(w
     examples were chosen for, so at each of 40 drawn seeds the slip is NOT YET with the hint that names it."""
     slip = next(s for s in slips.SLIPS if s.what == what)
     for _ in range(40):
-        check._DRAW = secrets.randbits(62)
-        try:
+        with drawn_seed() as seed:
             ok, out = slips.run(slip)
-        finally:
-            seed, check._DRAW = check._DRAW, None
         assert not ok and all(w in out for w in slip.words), (seed, out)
 
 
@@ -274,15 +282,12 @@ def test_a_sorted_reshape_is_named_also_on_a_draw_where_its_blocks_have_the_batc
     case = next(c for c in check._GROUP_CASES if c[0] == "groups of sizes 3 and 5")
     order = torch.argsort(torch.tensor(case[2]), stable=True)
     for _ in range(2000):
-        check._DRAW = secrets.randbits(62)
-        try:
+        with drawn_seed():
             b = check._batch(case[1], seed=10 + check._GROUP_CASES.index(case), **case[3])
             R = (b["token_rewards"] * b["response_mask"]).sum(-1)[order]  # (8,), sorted by group
             if abs(R[:4].sum() - R[4:].sum()) > 1e-6:
                 continue  # blocks whose means differ from the batch's: the usual draw
             ok, out = slips.run(slip)
-        finally:
-            check._DRAW = None
         assert not ok and "blocks of 4" in out and "different sizes" in out, out
         return
     pytest.fail("no draw in 2000 had two blocks of equal sums")
@@ -310,11 +315,8 @@ def test_every_slip_is_not_yet_with_its_hint_at_many_drawn_seeds(toy):
     graded, passed, missed = 0, [], []
     for slip in slips.SLIPS:
         for _ in range(max(1, n // 5) if slip.exercise == "3e" else n):
-            check._DRAW = secrets.randbits(62)
-            try:
+            with drawn_seed() as seed:
                 ok, out = slips.run(slip, toy if slip.toy else None)
-            finally:
-                seed, check._DRAW = check._DRAW, None
             graded += 1
             if ok:
                 passed.append((slip.exercise, slip.what, seed))
@@ -335,15 +337,12 @@ def test_two_4c_slips_that_give_the_same_numbers_on_a_draw_are_both_named(toy):
     by_rows, returns = (next(s for s in slips.SLIPS if s.exercise == "4c" and s.what == what) for what in
                         ("group_index=rows", "the estimator's returns ([1]), not its advantages"))
     for _ in range(2000):
-        check._DRAW = secrets.randbits(62)
-        try:
+        with drawn_seed():
             rows, _ = toy_harness.sample_groups(toy, 2, 500, torch.Generator().manual_seed(check._seed(0)))
             won = rows[toy.R[rows] != 0]  # the sampled rows of a response with a reward
             if len(won.unique()) < len(won):
                 continue  # a success drawn twice: grouped by index its advantage is 0, its return is not
             outs = [slips.run(slip, toy) for slip in (by_rows, returns)]
-        finally:
-            check._DRAW = None
         for ok, out in outs:
             assert not ok and all(w in out for w in by_rows.words + returns.words), out
         return

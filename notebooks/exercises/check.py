@@ -783,6 +783,8 @@ def ex1b_token_energy(student_fn):
 # Exercise 2: group baselines
 # =====================================================================================
 
+_UNEQUAL_SIZES = H("do not reshape to (n_groups, N): groups can have different sizes")  # a case's and a slip's
+
 _GROUP_CASES = [  # (case, lengths, group_index, batch options, hint; None: the estimator's own first hint)
     ("one group of 4 rows, no padding, rewards 1, 0, 0, 1", [5, 5, 5, 5], [0, 0, 0, 0], {"outcome": [1, 0, 0, 1]},
      None),
@@ -795,7 +797,7 @@ _GROUP_CASES = [  # (case, lengths, group_index, batch options, hint; None: the 
      H("group by id, not by position: rows of a group need not be next to each other (otb.group_ids maps "
        "ids to 0..n-1)")),
     ("groups of sizes 3 and 5", [3, 4, 5, 3, 4, 5, 3, 4], [0, 1, 0, 1, 1, 0, 1, 1], {"dense": True},
-     H("do not reshape to (n_groups, N): groups can have different sizes")),  # also a slip's (_group_slips)
+     _UNEQUAL_SIZES),
     ("a singleton group next to a group of 3", [4, 4, 4, 4], ["solo", "x", "x", "x"], {"dense": True},
      H("a group with one response has nothing to compare with: like otb.py (and verl), use baseline 0 "
        "there, so a singleton keeps its score as its advantage")),
@@ -821,7 +823,8 @@ def _group_slips(b, gi, name):
     m = b["response_mask"]
     R = (b["token_rewards"] * m).sum(-1)  # R_i, (B,)
     gid, n_groups = otb.group_ids(gi, len(R))
-    size = torch.bincount(gid, minlength=n_groups).float()[gid]  # n, the size of row i's group, (B,)
+    sizes = torch.bincount(gid, minlength=n_groups)  # each group's number of rows, (n_groups,)
+    size = sizes.float()[gid]  # n, the size of row i's group, (B,)
     total = torch.zeros(n_groups).index_add_(0, gid, R)[gid]  # sum of R over row i's group, (B,)
     square = torch.zeros(n_groups).index_add_(0, gid, R ** 2)[gid]  # sum of R^2 over the group, (B,)
     single = size == 1
@@ -844,7 +847,6 @@ def _group_slips(b, gi, name):
     L_sum = torch.zeros(n_groups).index_add_(0, gid, L)[gid]  # sum of L_j over the group, (B,)
     by_tokens = LR / L_sum if name == "group_mean" else (LR - L * R) / (L_sum - L).clamp(min=1)
     slips = {}
-    sizes = torch.bincount(gid, minlength=n_groups)  # (n_groups,)
     if len(R) % n_groups == 0 and (sizes != sizes[0]).any():  # the rows sorted by group, cut into equal blocks
         k = len(R) // n_groups  # (on some draws these blocks' means equal the batch's: this slip is told first)
         order = torch.argsort(gid, stable=True)  # (B,)
@@ -853,8 +855,7 @@ def _group_slips(b, gi, name):
         slips["sorted_blocks"] = (
             adv(block / k if name == "group_mean" else (block - R) / (k - 1)),
             f"a baseline over the rows sorted by group and cut into {n_groups} blocks of {k} (a reshape("
-            f"n_groups, -1)), but the groups have {_and(sizes.tolist())} rows",
-            H("do not reshape to (n_groups, N): groups can have different sizes"))
+            f"n_groups, -1)), but the groups have {_and(sizes.tolist())} rows", _UNEQUAL_SIZES)
     slips.update({
         "group_mean": (adv(total / size), "a baseline that includes the row's own score (the group mean of 2b)",
                        H("leave row i out: b_i = (sum of the group - R_i) / (n - 1), the mean of the others")),
