@@ -601,9 +601,11 @@ def _half_precision(got, want, candidates):
     there is none."""
     got_d, want_d = got.detach().double(), want.detach().double()
     off = (got_d - want_d).abs().max().item()
-    nearest = {dtype: min((d for d in ((got_d - v.double()).abs().max().item() for v in values) if d == d),
-                          default=math.inf) for dtype, values in candidates.items()}  # d == d: not NaN
-    near = {dtype: d for dtype, d in nearest.items() if d <= 0.25 * off}
+
+    def nearest(values):  # the distance from got to the closest of a dtype's ways of computing
+        distances = [(got_d - value.double()).abs().max().item() for value in values]
+        return min((d for d in distances if d == d), default=math.inf)  # d == d: not NaN
+    near = {dtype: d for dtype, values in candidates.items() if (d := nearest(values)) <= 0.25 * off}
     return min(near, key=near.get) if near else None
 
 
